@@ -1,0 +1,163 @@
+"""Bazel repositories for the Debian packages the project builds against.
+
+Each repository checks that its package is installed and fails with the
+package name and the set-up command when it is not, so a missing package is
+never reported as a download failure. Headers come from the system include
+path (/usr/include); each repository's targets carry the link flags, defines
+and extra include directories of its library, so BUILD files elsewhere name
+labels, never raw `-l` flags.
+"""
+
+_SETUP_HINT = "run `tools/setup.sh` as root to install it"
+
+def _debian_package_repository_impl(ctx):
+    for path in ctx.attr.required_files:
+        if not ctx.path(path).exists:
+            fail("Debian package '{}' is missing: {} not found; {}".format(
+                ctx.attr.package,
+                path,
+                _SETUP_HINT,
+            ))
+    ctx.symlink("/usr/include", "include")
+    for build_path, content in ctx.attr.build_files.items():
+        ctx.file(build_path, content, executable = False)
+
+debian_package_repository = repository_rule(
+    implementation = _debian_package_repository_impl,
+    attrs = {
+        "package": attr.string(mandatory = True),
+        "required_files": attr.string_list(mandatory = True),
+        "build_files": attr.string_dict(mandatory = True),
+    },
+    local = True,
+)
+
+_LIB = "/usr/lib/x86_64-linux-gnu/"
+
+def _system_cc_library(name, libs, deps = [], defines = [], includes = [], hdrs_glob = []):
+    return """
+cc_library(
+    name = "{name}",
+    hdrs = glob({hdrs_glob}),
+    includes = {includes},
+    defines = {defines},
+    linkopts = {linkopts},
+    deps = {deps},
+    visibility = ["//visibility:public"],
+)
+""".format(
+        name = name,
+        hdrs_glob = repr(hdrs_glob),
+        includes = repr(includes),
+        defines = repr(defines),
+        linkopts = repr(["-l" + lib for lib in libs]),
+        deps = repr(deps),
+    )
+
+# Abseil targets under their upstream labels, so code written against
+# @com_google_absl builds unchanged. Each lists the shared libraries its inline
+# code calls into (Debian's libabsl_*.so carry their own dependencies).
+_ABSL_PACKAGES = {
+    "absl/base": {
+        "base": ["absl_base", "absl_raw_logging_internal", "absl_log_severity", "absl_spinlock_wait"],
+        "core_headers": [],
+    },
+    "absl/strings": {
+        "strings": ["absl_strings", "absl_strings_internal", "absl_int128", "absl_throw_delegate"],
+        "str_format": ["absl_str_format_internal", "absl_strings", "absl_int128"],
+        "cord": ["absl_cord", "absl_cord_internal", "absl_cordz_info", "absl_cordz_functions", "absl_strings"],
+    },
+    "absl/status": {
+        "status": ["absl_status", "absl_cord", "absl_cord_internal", "absl_strings", "absl_raw_logging_internal"],
+        "statusor": ["absl_statusor", "absl_status", "absl_bad_variant_access", "absl_strings", "absl_raw_logging_internal"],
+    },
+    "absl/flags": {
+        "flag": ["absl_flags_internal", "absl_flags_marshalling", "absl_flags_commandlineflag", "absl_flags_reflection", "absl_flags_config", "absl_strings", "absl_str_format_internal", "absl_synchronization"],
+        "parse": ["absl_flags_parse", "absl_flags_usage", "absl_flags_usage_internal", "absl_flags_program_name", "absl_flags_internal", "absl_flags_reflection", "absl_strings"],
+        "usage": ["absl_flags_usage", "absl_flags_program_name"],
+    },
+    "absl/synchronization": {
+        "synchronization": ["absl_synchronization", "absl_time", "absl_time_zone", "absl_graphcycles_internal", "absl_base", "absl_raw_logging_internal"],
+    },
+    "absl/time": {
+        "time": ["absl_time", "absl_time_zone", "absl_civil_time", "absl_int128"],
+    },
+    "absl/container": {
+        "flat_hash_map": ["absl_raw_hash_set", "absl_hash", "absl_city", "absl_low_level_hash"],
+        "flat_hash_set": ["absl_raw_hash_set", "absl_hash", "absl_city", "absl_low_level_hash"],
+        "btree": ["absl_raw_hash_set"],
+        "inlined_vector": [],
+    },
+    "absl/hash": {
+        "hash": ["absl_hash", "absl_city", "absl_low_level_hash"],
+    },
+    "absl/types": {
+        "optional": ["absl_bad_optional_access"],
+        "span": [],
+        "variant": ["absl_bad_variant_access"],
+    },
+    "absl/cleanup": {
+        "cleanup": [],
+    },
+    "absl/random": {
+        "random": ["absl_random_internal_pool_urbg", "absl_random_internal_randen", "absl_random_internal_randen_hwaes", "absl_random_internal_randen_hwaes_impl", "absl_random_internal_randen_slow", "absl_random_internal_platform", "absl_random_seed_gen_exception", "absl_random_internal_seed_material", "absl_random_seed_sequences"],
+    },
+}
+
+def _absl_build_files():
+    files = {"BUILD": ""}
+    for package, targets in _ABSL_PACKAGES.items():
+        files[package + "/BUILD"] = "".join([
+            _system_cc_library(name, libs)
+            for name, libs in targets.items()
+        ])
+    return files
+
+def system_dependencies():
+    """Declares @libtorch, @com_google_absl, @com_google_googletest, @com_github_google_benchmark."""
+    debian_package_repository(
+        name = "libtorch",
+        package = "libtorch-dev (and libgloo-dev for c10d/Gloo)",
+        required_files = [
+            _LIB + "libtorch.so",
+            "/usr/include/torch/csrc/api/include/torch/torch.h",
+            "/usr/include/gloo/config.h",
+        ],
+        build_files = {
+            # USE_C10D_GLOO makes ProcessGroupGloo visible (LibTorch wraps its
+            # header in it); the C++ frontend's headers live under api/include.
+            "BUILD": _system_cc_library(
+                "libtorch",
+                libs = ["torch", "torch_cpu", "c10"],
+                defines = ["USE_C10D_GLOO", "USE_DISTRIBUTED", "USE_C10D"],
+                includes = ["include/torch/csrc/api/include"],
+                hdrs_glob = ["include/torch/csrc/api/include/**/*.h"],
+            ),
+        },
+    )
+    debian_package_repository(
+        name = "com_google_absl",
+        package = "libabsl-dev",
+        required_files = [_LIB + "libabsl_status.so", "/usr/include/absl/status/status.h"],
+        build_files = _absl_build_files(),
+    )
+    debian_package_repository(
+        name = "com_google_googletest",
+        package = "libgtest-dev and libgmock-dev",
+        required_files = [_LIB + "libgtest.a", _LIB + "libgmock.a", "/usr/include/gmock/gmock.h"],
+        build_files = {"BUILD": "".join([
+            _system_cc_library("gtest", ["gtest", "pthread"]),
+            _system_cc_library("gtest_main", ["gtest_main"], deps = [":gtest"]),
+            _system_cc_library("gmock", ["gmock", "gtest", "pthread"]),
+            _system_cc_library("gmock_main", ["gmock_main"], deps = [":gmock"]),
+        ])},
+    )
+    debian_package_repository(
+        name = "com_github_google_benchmark",
+        package = "libbenchmark-dev",
+        required_files = [_LIB + "libbenchmark.so", "/usr/include/benchmark/benchmark.h"],
+        build_files = {"BUILD": "".join([
+            _system_cc_library("benchmark", ["benchmark", "pthread"]),
+            _system_cc_library("benchmark_main", ["benchmark_main"], deps = [":benchmark"]),
+        ])},
+    )
