@@ -1,0 +1,242 @@
+#include "comm/collectives.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/internal/group_state.h"
+#include "comm/internal/work_state.h"
+
+namespace comm {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// Gloo in LibTorch 1.13 handles float, double, half and the integer types,
+// but rejects bfloat16 ("Invalid scalar type") in every collective.
+bool gloo_handles(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kChar:
+    case at::kByte: case at::kInt: case at::kLong:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_supported(at::ScalarType type) {
+  return gloo_handles(type) || type == at::kBFloat16 || type == at::kBool;
+}
+
+// For operations that only move bytes (gather, broadcast, all-to-all): a
+// same-width type Gloo accepts, so bfloat16 travels bit-exact as half
+// without being converted.
+at::Tensor as_transport(const at::Tensor& t) {
+  if (t.scalar_type() == at::kBFloat16) return t.view(at::kHalf);
+  if (t.scalar_type() == at::kBool) return t.view(at::kByte);
+  return t;
+}
+
+const internal::GroupState& member_state(const ProcessGroup& group,
+                                         const char* op) {
+  const auto& state = group.state();
+  TORCH_CHECK(state && state->pg, "comm::", op, ": this process (world rank ",
+              state ? state->global_rank : -1,
+              ") is not a member of group '", state ? state->name : "",
+              "': expected a group returned to a member (is_member() true)");
+  return *state;
+}
+
+void check_flat(const char* op, const char* arg, const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), "comm::", op, ": ", arg,
+              " is undefined: expected a contiguous 1-D CPU tensor");
+  TORCH_CHECK(t.dim() == 1, "comm::", op, ": ", arg, " has shape ", t.sizes(),
+              ": expected a 1-D (flat) tensor");
+  TORCH_CHECK(t.is_contiguous(), "comm::", op, ": ", arg,
+              " is not contiguous (stride ", t.strides(),
+              "): expected a contiguous tensor");
+  TORCH_CHECK(t.device().is_cpu(), "comm::", op, ": ", arg, " is on ",
+              t.device(), ": expected a CPU tensor (backend gloo)");
+  TORCH_CHECK(is_supported(t.scalar_type()), "comm::", op, ": ", arg,
+              " has dtype ", t.scalar_type(),
+              ": expected float32, float64, float16, bfloat16, bool or an "
+              "integer type Gloo supports (int8, uint8, int32, int64)");
+}
+
+void check_reducible(const char* op, const at::Tensor& t, ReduceOp reduce) {
+  TORCH_CHECK(t.scalar_type() != at::kBool, "comm::", op,
+              ": dtype Bool cannot be reduced: expected a numeric dtype");
+  TORCH_CHECK(reduce != ReduceOp::kAvg || at::isFloatingType(t.scalar_type()),
+              "comm::", op, ": ReduceOp avg on dtype ", t.scalar_type(),
+              ": expected a floating-point dtype (an integer average would "
+              "truncate)");
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:  // Gloo rejects AVG; we divide the sum.
+      return c10d::ReduceOp::SUM;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+std::string describe(const char* op, const internal::GroupState& state) {
+  return absl::StrCat(op, " on group '", state.name, "' (rank ", state.rank,
+                      " of ", state.size, ")");
+}
+
+Work make_work(const internal::GroupState& state, std::string what,
+               c10::intrusive_ptr<c10d::Work> work,
+               std::function<void()> finish, std::vector<at::Tensor> keep) {
+  auto ws = std::make_shared<internal::WorkState>();
+  ws->work = std::move(work);
+  ws->finish = std::move(finish);
+  ws->keep_alive = std::move(keep);
+  ws->what = std::move(what);
+  ws->default_timeout = state.timeout;
+  return Work(std::move(ws));
+}
+
+}  // namespace
+
+Work all_gather_into_tensor(const ProcessGroup& group, const at::Tensor& output,
+                            const at::Tensor& input) {
+  constexpr const char* kOp = "all_gather_into_tensor";
+  const auto& state = member_state(group, kOp);
+  check_flat(kOp, "input", input);
+  check_flat(kOp, "output", output);
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "comm::", kOp,
+              ": output has dtype ", output.scalar_type(),
+              ": expected the input's dtype ", input.scalar_type());
+  const int64_t n = input.numel();
+  TORCH_CHECK(output.numel() == n * state.size, "comm::", kOp,
+              ": output has ", output.numel(), " elements: expected group size ",
+              state.size, " x input's ", n, " = ", n * state.size);
+  at::Tensor out = as_transport(output);
+  std::vector<at::Tensor> inputs{as_transport(input)};
+  // Gloo 1.13 has no _allgather_base ("no support for _allgather_base in
+  // Gloo process group"); its list allgather, given views of the flat output,
+  // writes every rank's part straight into place.
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  outputs[0].reserve(state.size);
+  for (int r = 0; r < state.size; ++r) {
+    outputs[0].push_back(out.narrow(0, r * n, n));
+  }
+  auto work = state.pg->allgather(outputs, inputs);
+  return make_work(state, describe(kOp, state), std::move(work), nullptr,
+                   {output, input});
+}
+
+Work reduce_scatter_tensor(const ProcessGroup& group, const at::Tensor& output,
+                           const at::Tensor& input, ReduceOp op) {
+  constexpr const char* kOp = "reduce_scatter_tensor";
+  const auto& state = member_state(group, kOp);
+  check_flat(kOp, "input", input);
+  check_flat(kOp, "output", output);
+  check_reducible(kOp, input, op);
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "comm::", kOp,
+              ": output has dtype ", output.scalar_type(),
+              ": expected the input's dtype ", input.scalar_type());
+  const int64_t n = output.numel();
+  const int world = state.size;
+  TORCH_CHECK(input.numel() == n * world, "comm::", kOp, ": input has ",
+              input.numel(), " elements: expected group size ", world,
+              " x output's ", n, " = ", n * world,
+              " (pad the flat tensor to a multiple of the group size)");
+  // Gloo 1.13 has neither reduce_scatter nor _reduce_scatter_base. Built as
+  // an all-to-all (rank r receives everyone's chunk r: (world-1)/world of the
+  // input per rank, what a ring reduce-scatter moves, half of what
+  // all-reduce-then-slice moves) followed by a local reduction over the
+  // `world` received chunks. benchmarks/comm_bench compares both.
+  at::Tensor received = at::empty({n * world}, input.options());
+  at::Tensor received_t = as_transport(received);
+  at::Tensor input_t = as_transport(input);
+  std::vector<int64_t> even_splits;  // empty = equal splits
+  auto work = state.pg->alltoall_base(received_t, input_t, even_splits,
+                                      even_splits);
+  auto finish = [received, output, op, world, n]() {
+    at::Tensor chunks = received.view({world, n});
+    // Reduce bfloat16/half in float32: one rounding at the end instead of
+    // one per rank.
+    const bool upcast = output.scalar_type() == at::kBFloat16 ||
+                        output.scalar_type() == at::kHalf;
+    if (upcast) chunks = chunks.to(at::kFloat);
+    at::Tensor result;
+    switch (op) {
+      case ReduceOp::kSum: result = chunks.sum(0); break;
+      case ReduceOp::kAvg: result = chunks.sum(0).div_(world); break;
+      case ReduceOp::kMax: result = std::get<0>(chunks.max(0)); break;
+      case ReduceOp::kMin: result = std::get<0>(chunks.min(0)); break;
+    }
+    output.copy_(result);
+  };
+  return make_work(state,
+                   absl::StrCat(describe(kOp, state), " op=", reduce_op_name(op)),
+                   std::move(work), std::move(finish), {output, input});
+}
+
+Work all_reduce(const ProcessGroup& group, const at::Tensor& tensor,
+                ReduceOp op) {
+  constexpr const char* kOp = "all_reduce";
+  const auto& state = member_state(group, kOp);
+  check_flat(kOp, "tensor", tensor);
+  check_reducible(kOp, tensor, op);
+  // Gloo cannot reduce bfloat16: reduce a float32 copy and round once.
+  const bool upcast = tensor.scalar_type() == at::kBFloat16;
+  at::Tensor buffer = upcast ? tensor.to(at::kFloat) : tensor;
+  std::vector<at::Tensor> tensors{buffer};
+  c10d::AllreduceOptions options;
+  options.reduceOp = to_c10d(op);
+  auto work = state.pg->allreduce(tensors, options);
+  std::function<void()> finish;
+  const int world = state.size;
+  if (upcast || op == ReduceOp::kAvg) {
+    finish = [tensor, buffer, upcast, op, world]() {
+      if (op == ReduceOp::kAvg) buffer.div_(world);
+      if (upcast) tensor.copy_(buffer);
+    };
+  }
+  return make_work(state,
+                   absl::StrCat(describe(kOp, state), " op=", reduce_op_name(op)),
+                   std::move(work), std::move(finish), {tensor, buffer});
+}
+
+Work broadcast(const ProcessGroup& group, const at::Tensor& tensor, int root) {
+  constexpr const char* kOp = "broadcast";
+  const auto& state = member_state(group, kOp);
+  check_flat(kOp, "tensor", tensor);
+  TORCH_CHECK(root >= 0 && root < state.size, "comm::", kOp, ": root=", root,
+              ": expected a rank of the group in [0, ", state.size,
+              ") (a group rank, not a world rank)");
+  std::vector<at::Tensor> tensors{as_transport(tensor)};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  auto work = state.pg->broadcast(tensors, options);
+  return make_work(state, absl::StrCat(describe(kOp, state), " root=", root),
+                   std::move(work), nullptr, {tensor});
+}
+
+Work barrier(const ProcessGroup& group) {
+  constexpr const char* kOp = "barrier";
+  const auto& state = member_state(group, kOp);
+  auto work = state.pg->barrier();
+  return make_work(state, describe(kOp, state), std::move(work), nullptr, {});
+}
+
+}  // namespace comm

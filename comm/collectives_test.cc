@@ -1,0 +1,183 @@
+// Each collective on real ranks against a single-process reference, for
+// float32 / float64 / bfloat16 and odd sizes; argument errors; async
+// handles.
+#include "comm/collectives.h"
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "comm/launcher.h"
+#include "comm/testing/multiprocess.h"
+
+namespace comm {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Rank r's input of n elements. Small integers and halves: exact in bfloat16,
+// so every dtype has an exact reference.
+at::Tensor input_of(int rank, int64_t n, at::ScalarType dtype) {
+  return (at::arange(n, at::kDouble) * (rank % 2 ? -1 : 1) + rank * 1.5 -
+          (n % 5))
+      .to(dtype);
+}
+
+at::Tensor reduce_reference(const std::vector<at::Tensor>& per_rank, ReduceOp op) {
+  at::Tensor stacked = at::stack(per_rank).to(at::kDouble);
+  switch (op) {
+    case ReduceOp::kSum: return stacked.sum(0);
+    case ReduceOp::kAvg: return stacked.mean(0);
+    case ReduceOp::kMax: return std::get<0>(stacked.max(0));
+    case ReduceOp::kMin: return std::get<0>(stacked.min(0));
+  }
+  return {};
+}
+
+void expect_close(const at::Tensor& actual, const at::Tensor& expected,
+                  const std::string& what) {
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  // Sums of small integers and halves are exact; averages over 3 ranks are
+  // rounded once (bfloat16 keeps 8 bits).
+  const double tol = actual.scalar_type() == at::kBFloat16 ? 1e-2
+                     : actual.scalar_type() == at::kFloat  ? 1e-6
+                                                            : 1e-12;
+  EXPECT_TRUE(at::allclose(actual.to(at::kDouble), expected.to(at::kDouble), tol, tol))
+      << what << "\nactual:   " << actual << "\nexpected: " << expected;
+}
+
+void check_all_collectives(ProcessGroup& pg) {
+  const int world = pg.size();
+  const int rank = pg.rank();
+  for (at::ScalarType dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
+    for (int64_t n : {1, 5, 7}) {  // shards of odd length; totals world*n
+      const std::string where = std::string(c10::toString(dtype)) +
+                                " n=" + std::to_string(n) + " world=" +
+                                std::to_string(world);
+      std::vector<at::Tensor> inputs;
+      for (int r = 0; r < world; ++r) inputs.push_back(input_of(r, n, dtype));
+
+      // all_gather_into_tensor
+      at::Tensor gathered = at::empty({world * n}, dtype);
+      all_gather_into_tensor(pg, gathered, inputs[rank]).wait();
+      EXPECT_TRUE(gathered.equal(at::cat(inputs))) << "all_gather " << where;
+
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+        const std::string what = std::string(reduce_op_name(op)) + " " + where;
+        // reduce_scatter_tensor: rank r's flat input is the concatenation of
+        // world chunks; the reference reduces chunk `rank` over ranks.
+        std::vector<at::Tensor> flat_inputs, my_chunks;
+        for (int r = 0; r < world; ++r) {
+          flat_inputs.push_back(input_of(r + 10, world * n, dtype));
+          my_chunks.push_back(flat_inputs[r].narrow(0, rank * n, n));
+        }
+        at::Tensor scattered = at::empty({n}, dtype);
+        reduce_scatter_tensor(pg, scattered, flat_inputs[rank], op).wait();
+        expect_close(scattered, reduce_reference(my_chunks, op), "reduce_scatter " + what);
+
+        // all_reduce over a length not divisible by the world size.
+        const int64_t len = world * n + 1;
+        std::vector<at::Tensor> full;
+        for (int r = 0; r < world; ++r) full.push_back(input_of(r, len, dtype));
+        at::Tensor reduced = full[rank].clone();
+        all_reduce(pg, reduced, op).wait();
+        expect_close(reduced, reduce_reference(full, op), "all_reduce " + what);
+      }
+
+      // broadcast from the last rank.
+      at::Tensor b = input_of(rank, n + 2, dtype);
+      broadcast(pg, b, world - 1).wait();
+      EXPECT_TRUE(b.equal(input_of(world - 1, n + 2, dtype))) << "broadcast " << where;
+    }
+  }
+  barrier(pg).wait();
+}
+
+TEST(Collectives, MatchReferenceOnTwoRanks) {
+  testing::RunOnRanks(2, [](ProcessGroup& pg) { check_all_collectives(pg); });
+}
+
+TEST(Collectives, MatchReferenceOnThreeRanks) {
+  testing::RunOnRanks(3, [](ProcessGroup& pg) { check_all_collectives(pg); });
+}
+
+TEST(Collectives, AsyncHandlesOverlapAndWaitInAnyOrder) {
+  testing::RunOnRanks(2, [](ProcessGroup& pg) {
+    at::Tensor a = at::full({1000}, pg.rank() + 1.0);
+    at::Tensor b = at::full({3}, pg.rank() * 10.0);
+    at::Tensor gathered = at::empty({6});
+    Work wa = all_reduce(pg, a);
+    Work wb = all_gather_into_tensor(pg, gathered, b);
+    Work wc = barrier(pg);
+    // Compute while the collectives run.
+    at::Tensor busy = at::matmul(at::ones({64, 64}), at::ones({64, 64}));
+    EXPECT_EQ(busy[0][0].item<float>(), 64.0f);
+    wc.wait();
+    wb.wait();
+    wa.wait(std::chrono::seconds(10));
+    EXPECT_TRUE(wa.is_completed());
+    wa.wait();  // idempotent
+    EXPECT_TRUE(a.equal(at::full({1000}, 3.0)));
+    EXPECT_TRUE(gathered.equal(at::cat({at::zeros({3}), at::full({3}, 10.0)})));
+  });
+}
+
+// Argument checks run before anything is sent: one process is enough.
+TEST(Collectives, BadArgumentsAreClearErrors) {
+  auto port = pick_free_port();
+  ASSERT_TRUE(port.ok());
+  InitOptions init;
+  init.init_method = "tcp://127.0.0.1:" + std::to_string(*port);
+  init.rank = 0;
+  init.world_size = 1;
+  init.timeout = std::chrono::seconds(10);
+  auto pg = init_process_group(init);
+  ASSERT_TRUE(pg.ok()) << pg.status();
+
+  auto message = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const c10::Error& e) {
+      return e.what_without_backtrace();
+    }
+    return "<no error>";
+  };
+  const at::Tensor v = at::ones({4});
+  EXPECT_THAT(message([&] { all_reduce(*pg, at::ones({2, 2})); }),
+              HasSubstr("tensor has shape [2, 2]: expected a 1-D"));
+  EXPECT_THAT(message([&] { all_reduce(*pg, at::ones({4, 2}).select(1, 0)); }),
+              HasSubstr("tensor is not contiguous"));
+  EXPECT_THAT(message([&] { all_gather_into_tensor(*pg, at::empty({5}), v); }),
+              HasSubstr("output has 5 elements: expected group size 1 x input's 4 = 4"));
+  EXPECT_THAT(message([&] { all_gather_into_tensor(*pg, at::empty({4}, at::kDouble), v); }),
+              HasSubstr("output has dtype Double: expected the input's dtype Float"));
+  EXPECT_THAT(message([&] { reduce_scatter_tensor(*pg, at::empty({3}), v); }),
+              HasSubstr("input has 4 elements: expected group size 1 x output's 3 = 3"));
+  EXPECT_THAT(message([&] { broadcast(*pg, v, 1); }),
+              HasSubstr("root=1: expected a rank of the group in [0, 1)"));
+  EXPECT_THAT(message([&] { all_reduce(*pg, at::ones({4}, at::kLong), ReduceOp::kAvg); }),
+              HasSubstr("ReduceOp avg on dtype Long"));
+  EXPECT_THAT(message([&] { all_reduce(*pg, at::ones({4}, at::kComplexFloat)); }),
+              HasSubstr("has dtype ComplexFloat"));
+  EXPECT_THAT(message([&] { all_reduce(ProcessGroup(), v); }),
+              HasSubstr("is not a member of group"));
+  EXPECT_THAT(message([&] { all_reduce(*pg, v).wait(std::chrono::milliseconds(0)); }),
+              HasSubstr("timeout=0 ms"));
+
+  // A one-rank world still runs every collective.
+  at::Tensor out = at::empty({4});
+  reduce_scatter_tensor(*pg, out, at::arange(4.0), ReduceOp::kAvg).wait();
+  EXPECT_TRUE(out.equal(at::arange(4.0)));
+  at::Tensor flags = at::zeros({2}, at::kBool);
+  flags[0] = true;
+  const at::Tensor expected_flags = flags.clone();
+  broadcast(*pg, flags).wait();
+  EXPECT_TRUE(flags.equal(expected_flags));
+}
+
+}  // namespace
+}  // namespace comm

@@ -1,0 +1,500 @@
+#include "comm/launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+extern char** environ;
+
+namespace comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Child {
+  int rank = -1;
+  pid_t pid = -1;
+  int out_fd = -1;  // read ends of the rank's stdout / stderr pipes
+  int err_fd = -1;
+  std::string out_partial, err_partial;
+  bool reaped = false;
+  int status = 0;
+};
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+// Builds "KEY=VALUE" strings for the child: inherited environment, minus
+// `unset`, with `overrides` applied.
+std::vector<std::string> child_environment(
+    const std::map<std::string, std::string>& overrides,
+    const std::vector<std::string>& unset) {
+  std::vector<std::string> result;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry = *e;
+    const std::string key = entry.substr(0, entry.find('='));
+    bool drop = overrides.count(key) > 0;
+    for (const auto& u : unset) drop = drop || u == key;
+    if (!drop) result.push_back(std::move(entry));
+  }
+  for (const auto& [key, value] : overrides) {
+    result.push_back(key + "=" + value);
+  }
+  return result;
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& strings) {
+  std::vector<char*> result;
+  for (auto& s : strings) result.push_back(s.data());
+  result.push_back(nullptr);
+  return result;
+}
+
+// Finds `program` as execvp would, before forking, so a typo is an error of
+// launch() rather than N failing ranks.
+absl::StatusOr<std::string> resolve_program(const std::string& program) {
+  if (program.find('/') != std::string::npos) {
+    if (access(program.c_str(), X_OK) != 0) {
+      return absl::NotFoundError(absl::StrCat(
+          "program '", program, "' is not executable: ", errno_text(errno)));
+    }
+    return program;
+  }
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    std::string dir = dirs.substr(start, end - start);
+    if (dir.empty()) dir = ".";
+    std::string candidate = dir + "/" + program;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("program '", program, "' was not found in PATH=", dirs));
+}
+
+void emit(const LaunchOptions& options, int rank, bool is_stderr,
+          const std::string& line) {
+  if (options.on_line) {
+    options.on_line(rank, is_stderr, line);
+    return;
+  }
+  std::string text = absl::StrCat("[rank ", rank, "] ", line, "\n");
+  FILE* stream = is_stderr ? stderr : stdout;
+  std::fwrite(text.data(), 1, text.size(), stream);
+  std::fflush(stream);
+}
+
+// Reads what is available on `fd`, emits complete lines; returns false at EOF.
+bool drain(const LaunchOptions& options, int rank, bool is_stderr, int fd,
+           std::string& partial) {
+  char buffer[4096];
+  ssize_t got = read(fd, buffer, sizeof buffer);
+  if (got < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+  if (got <= 0) {
+    if (!partial.empty()) emit(options, rank, is_stderr, partial);
+    partial.clear();
+    return false;
+  }
+  partial.append(buffer, static_cast<size_t>(got));
+  size_t newline;
+  while ((newline = partial.find('\n')) != std::string::npos) {
+    emit(options, rank, is_stderr, partial.substr(0, newline));
+    partial.erase(0, newline + 1);
+  }
+  return true;
+}
+
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) {
+    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
+                        strsignal(WTERMSIG(status)), ")");
+  }
+  return absl::StrCat("exited with status ", WEXITSTATUS(status));
+}
+
+int shell_status(int status) {
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+}  // namespace
+
+absl::StatusOr<int> pick_free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("pick_free_port: socket(): ", errno_text(errno)));
+  }
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::UnavailableError(absl::StrCat(
+        "pick_free_port: cannot bind 127.0.0.1:0: ", errno_text(err)));
+  }
+  close(fd);
+  return static_cast<int>(ntohs(addr.sin_port));
+}
+
+absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
+  if (options.nproc_per_node <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nproc=", options.nproc_per_node, ": expected a positive integer"));
+  }
+  if (options.nnodes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nnodes=", options.nnodes, ": expected a positive integer"));
+  }
+  if (options.node_rank < 0 || options.node_rank >= options.nnodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--node-rank=", options.node_rank,
+                     ": expected an integer in [0, --nnodes=", options.nnodes,
+                     ")"));
+  }
+  if (options.master_port < 0 || options.master_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--master-port=", options.master_port,
+        ": expected a TCP port in [1, 65535] (or 0 to pick a free one)"));
+  }
+  if (options.master_port == 0 && options.nnodes > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--master-port is unset with --nnodes=", options.nnodes,
+        ": expected an explicit port every node agrees on"));
+  }
+  if (options.command.empty()) {
+    return absl::InvalidArgumentError(
+        "no program to launch: expected `-- PROGRAM [ARGS...]`");
+  }
+  auto program = resolve_program(options.command[0]);
+  if (!program.ok()) return program.status();
+  int port = options.master_port;
+  if (port == 0) {
+    auto picked = pick_free_port();
+    if (!picked.ok()) return picked.status();
+    port = *picked;
+  }
+
+  const int nproc = options.nproc_per_node;
+  const int world = nproc * options.nnodes;
+  std::vector<std::string> argv_strings = options.command;
+  std::vector<char*> argv = c_strings(argv_strings);
+  // Every string the children need is built here: between fork and exec
+  // only async-signal-safe calls are allowed (the parent may have threads).
+  std::vector<std::vector<std::string>> env_strings(nproc);
+  std::vector<std::vector<char*>> envs(nproc);
+  for (int local = 0; local < nproc; ++local) {
+    std::map<std::string, std::string> vars = options.env;
+    const int rank = options.node_rank * nproc + local;
+    vars["RANK"] = std::to_string(rank);
+    vars["WORLD_SIZE"] = std::to_string(world);
+    vars["LOCAL_RANK"] = std::to_string(local);
+    vars["LOCAL_WORLD_SIZE"] = std::to_string(nproc);
+    vars["GROUP_RANK"] = std::to_string(options.node_rank);
+    vars["MASTER_ADDR"] = options.master_addr;
+    vars["MASTER_PORT"] = std::to_string(port);
+    // As torchrun: N ranks on one machine each spawning a thread per core
+    // oversubscribe it badly.
+    if (std::getenv("OMP_NUM_THREADS") == nullptr && !vars.count("OMP_NUM_THREADS")) {
+      vars["OMP_NUM_THREADS"] = "1";
+    }
+    env_strings[local] = child_environment(vars, options.unset_env);
+    envs[local] = c_strings(env_strings[local]);
+  }
+
+  // Grandchildren whose rank dies are re-parented to us, so they can be
+  // reaped rather than left to init.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  const pid_t launcher_pid = getpid();
+  std::vector<Child> children(nproc);
+  absl::Status spawn_error;
+  for (int local = 0; local < nproc; ++local) {
+    Child& child = children[local];
+    child.rank = options.node_rank * nproc + local;
+    int out_pipe[2], err_pipe[2];
+    if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
+      spawn_error = absl::ResourceExhaustedError(
+          absl::StrCat("pipe(): ", errno_text(errno)));
+      break;
+    }
+    const pid_t pid = fork();
+    if (pid < 0) {
+      spawn_error = absl::ResourceExhaustedError(
+          absl::StrCat("fork(): ", errno_text(errno)));
+      close(out_pipe[0]); close(out_pipe[1]);
+      close(err_pipe[0]); close(err_pipe[1]);
+      break;
+    }
+    if (pid == 0) {
+      // Child: async-signal-safe calls only.
+      setpgid(0, 0);  // its own process group, killed as a whole
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher_pid) _exit(127);  // launcher already gone
+      dup2(out_pipe[1], STDOUT_FILENO);
+      dup2(err_pipe[1], STDERR_FILENO);
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      execve(program->c_str(), argv.data(), envs[local].data());
+      const char message[] = "comm::launch: execve failed\n";
+      ssize_t ignored = write(STDERR_FILENO, message, sizeof message - 1);
+      (void)ignored;
+      _exit(127);
+    }
+    setpgid(pid, pid);  // also from the parent, to win the race with kill()
+    close(out_pipe[1]);
+    close(err_pipe[1]);
+    child.pid = pid;
+    child.out_fd = out_pipe[0];
+    child.err_fd = err_pipe[0];
+    fcntl(child.out_fd, F_SETFL, O_NONBLOCK);
+    fcntl(child.err_fd, F_SETFL, O_NONBLOCK);
+  }
+
+  LaunchResult result;
+  const auto start = Clock::now();
+  bool ending = false;  // SIGTERM sent to the survivors
+  Clock::time_point term_sent;
+  bool killed = false;
+  auto end_all = [&](int signal) {
+    for (auto& c : children) {
+      if (c.pid > 0 && !c.reaped) kill(-c.pid, signal);
+    }
+  };
+  if (!spawn_error.ok()) {
+    ending = true;
+    term_sent = Clock::now();
+    end_all(SIGTERM);
+  }
+  std::vector<bool> ended_by_us(nproc, false);
+
+  while (true) {
+    // Forward output.
+    std::vector<pollfd> fds;
+    std::vector<std::pair<int, bool>> owners;  // (child index, is_stderr)
+    for (int i = 0; i < nproc; ++i) {
+      if (children[i].out_fd >= 0) {
+        fds.push_back({children[i].out_fd, POLLIN, 0});
+        owners.push_back({i, false});
+      }
+      if (children[i].err_fd >= 0) {
+        fds.push_back({children[i].err_fd, POLLIN, 0});
+        owners.push_back({i, true});
+      }
+    }
+    if (!fds.empty()) {
+      poll(fds.data(), fds.size(), 50);
+      for (size_t k = 0; k < fds.size(); ++k) {
+        if (fds[k].revents == 0) continue;
+        Child& c = children[owners[k].first];
+        const bool is_err = owners[k].second;
+        int& fd = is_err ? c.err_fd : c.out_fd;
+        if (!drain(options, c.rank, is_err, fd,
+                   is_err ? c.err_partial : c.out_partial)) {
+          close(fd);
+          fd = -1;
+        }
+      }
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+
+    // Reap.
+    int status = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (int i = 0; i < nproc; ++i) {
+        Child& c = children[i];
+        if (c.pid != pid) continue;
+        c.reaped = true;
+        c.status = status;
+        const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (failed && !ending) {
+          result.first_failed_rank = c.rank;
+          result.exit_code = shell_status(status);
+          result.summary = absl::StrCat("rank ", c.rank, " (pid ", c.pid, ") ",
+                                        describe_status(status),
+                                        " first; ended the other ranks");
+          ending = true;
+          term_sent = Clock::now();
+          for (int j = 0; j < nproc; ++j) {
+            if (!children[j].reaped) ended_by_us[j] = true;
+          }
+          end_all(SIGTERM);
+        }
+        // The rank's own process group may hold grandchildren: end them.
+        kill(-c.pid, SIGKILL);
+      }
+    }
+
+    bool all_reaped = true;
+    for (auto& c : children) all_reaped = all_reaped && (c.pid < 0 || c.reaped);
+    bool all_closed = true;
+    for (auto& c : children) all_closed = all_closed && c.out_fd < 0 && c.err_fd < 0;
+    if (all_reaped && (all_closed || (ending && Clock::now() - term_sent >
+                                                    options.kill_grace))) {
+      break;
+    }
+    if (all_reaped && !ending) {
+      // Grandchildren may keep the pipes open; give them a moment, then stop.
+      ending = true;
+      term_sent = Clock::now();
+    }
+
+    // Timeout and external stop.
+    if (!ending && options.timeout.count() > 0 &&
+        Clock::now() - start > options.timeout) {
+      result.timed_out = true;
+      result.exit_code = 124;
+      result.summary = absl::StrCat("timeout: ranks still running after ",
+                                    options.timeout.count(),
+                                    " ms were ended");
+      ending = true;
+      term_sent = Clock::now();
+      for (int j = 0; j < nproc; ++j) {
+        if (!children[j].reaped) ended_by_us[j] = true;
+      }
+      end_all(SIGTERM);
+    }
+    if (!ending && options.stop_signal != nullptr &&
+        options.stop_signal->load() != 0) {
+      const int sig = options.stop_signal->load();
+      result.exit_code = 128 + sig;
+      result.summary = absl::StrCat("launcher received signal ", sig, " (",
+                                    strsignal(sig), "); ended the ranks");
+      ending = true;
+      term_sent = Clock::now();
+      for (int j = 0; j < nproc; ++j) {
+        if (!children[j].reaped) ended_by_us[j] = true;
+      }
+      end_all(SIGTERM);
+    }
+    if (ending && !killed && Clock::now() - term_sent > options.kill_grace) {
+      end_all(SIGKILL);
+      killed = true;
+    }
+  }
+  for (auto& c : children) {
+    if (c.out_fd >= 0) close(c.out_fd);
+    if (c.err_fd >= 0) close(c.err_fd);
+  }
+  // Reap re-parented grandchildren (killed above with their rank's process
+  // group), so none lingers even as a zombie; bounded, since the caller may
+  // have unrelated children of its own.
+  const auto reap_deadline = Clock::now() + std::chrono::milliseconds(500);
+  while (Clock::now() < reap_deadline) {
+    const pid_t reaped = waitpid(-1, nullptr, WNOHANG);
+    if (reaped < 0) break;  // ECHILD: none left
+    if (reaped == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!spawn_error.ok()) return spawn_error;
+
+  for (int i = 0; i < nproc; ++i) {
+    RankExit exit;
+    exit.rank = children[i].rank;
+    exit.pid = children[i].pid;
+    if (WIFEXITED(children[i].status)) exit.exit_code = WEXITSTATUS(children[i].status);
+    if (WIFSIGNALED(children[i].status)) exit.term_signal = WTERMSIG(children[i].status);
+    exit.ended_by_launcher = ended_by_us[i];
+    result.ranks.push_back(exit);
+  }
+  return result;
+}
+
+absl::StatusOr<LaunchOptions> parse_launch_args(
+    const std::vector<std::string>& args) {
+  LaunchOptions options;
+  bool have_nproc = false;
+  size_t i = 0;
+  auto take_int = [&](const std::string& flag, const std::string& value,
+                      int low, int* out) -> absl::Status {
+    if (!absl::SimpleAtoi(value, out) || *out < low) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, "='", value, "': expected an integer >= ", low));
+    }
+    return absl::OkStatus();
+  };
+  for (; i < args.size(); ++i) {
+    std::string flag = args[i];
+    if (flag == "--") {
+      ++i;
+      break;
+    }
+    if (!absl::StartsWith(flag, "--")) break;  // the program itself
+    std::string value;
+    const auto eq = flag.find('=');
+    if (eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else {
+      if (i + 1 >= args.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(flag, " needs a value"));
+      }
+      value = args[++i];
+    }
+    absl::Status status;
+    if (flag == "--nproc" || flag == "--nproc-per-node" ||
+        flag == "--nproc_per_node") {
+      status = take_int(flag, value, 1, &options.nproc_per_node);
+      have_nproc = true;
+    } else if (flag == "--nnodes") {
+      status = take_int(flag, value, 1, &options.nnodes);
+    } else if (flag == "--node-rank" || flag == "--node_rank") {
+      status = take_int(flag, value, 0, &options.node_rank);
+    } else if (flag == "--master-addr" || flag == "--master_addr") {
+      options.master_addr = value;
+    } else if (flag == "--master-port" || flag == "--master_port") {
+      status = take_int(flag, value, 1, &options.master_port);
+    } else if (flag == "--timeout") {
+      double seconds = 0;
+      if (!absl::SimpleAtod(value, &seconds) || seconds <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--timeout='", value, "': expected a positive number of seconds"));
+      }
+      options.timeout = std::chrono::milliseconds(
+          static_cast<int64_t>(seconds * 1000));
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown flag ", flag,
+          ": expected --nproc, --nnodes, --node-rank, --master-addr, "
+          "--master-port, --timeout"));
+    }
+    if (!status.ok()) return status;
+  }
+  if (!have_nproc) {
+    return absl::InvalidArgumentError(
+        "--nproc is missing: expected --nproc N (ranks on this node)");
+  }
+  options.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  if (options.command.empty()) {
+    return absl::InvalidArgumentError(
+        "no program given: expected `-- PROGRAM [ARGS...]` after the flags");
+  }
+  return options;
+}
+
+}  // namespace comm

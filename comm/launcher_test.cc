@@ -1,0 +1,314 @@
+// The launcher, through the library (comm::launch) and the command line
+// (//tools:launch): environment, output prefixes, exit codes, ending the
+// other ranks, timeouts, and that no process outlives a launch.
+#include "comm/launcher.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace comm {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+std::string runfile(const std::string& path) {
+  const char* dir = std::getenv("TEST_SRCDIR");
+  const char* ws = std::getenv("TEST_WORKSPACE");
+  return std::string(dir ? dir : ".") + "/" + (ws ? ws : "torchfsdp_cpp") + "/" + path;
+}
+
+std::string child_program() { return runfile("comm/testing/launch_test_child"); }
+
+std::string temp_dir() {
+  std::string pattern = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/launchXXXXXX";
+  return mkdtemp(pattern.data());
+}
+
+bool process_alive(int pid) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0) return false;
+  // A zombie has exited; only its parent has not collected it yet.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const auto close_paren = line.rfind(')');
+  return close_paren == std::string::npos || line.size() < close_paren + 3 ||
+         line[close_paren + 2] != 'Z';
+}
+
+// PIDs each rank wrote ("PID GRANDCHILD") to dir/rank_K.
+std::vector<int> read_pids(const std::string& dir, int nproc) {
+  std::vector<int> pids;
+  for (int r = 0; r < nproc; ++r) {
+    std::ifstream f(dir + "/rank_" + std::to_string(r));
+    int pid = 0, grandchild = 0;
+    if (f >> pid >> grandchild) {
+      pids.push_back(pid);
+      if (grandchild > 0) pids.push_back(grandchild);
+    }
+  }
+  return pids;
+}
+
+struct Captured {
+  std::mutex mutex;
+  std::vector<std::string> out, err;
+};
+
+LaunchOptions options_for(int nproc, std::vector<std::string> args, Captured* captured) {
+  LaunchOptions options;
+  options.nproc_per_node = nproc;
+  options.command = {child_program()};
+  options.command.insert(options.command.end(), args.begin(), args.end());
+  options.kill_grace = std::chrono::milliseconds(1000);
+  options.timeout = std::chrono::seconds(20);
+  options.on_line = [captured](int rank, bool is_stderr, const std::string& line) {
+    std::lock_guard<std::mutex> lock(captured->mutex);
+    (is_stderr ? captured->err : captured->out)
+        .push_back("[rank " + std::to_string(rank) + "] " + line);
+  };
+  return options;
+}
+
+TEST(Launcher, SetsRankEnvironmentAndPrefixesOutput) {
+  Captured captured;
+  auto result = launch(options_for(3, {"--print-env"}, &captured));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 0) << result->summary;
+  EXPECT_FALSE(result->first_failed_rank.has_value());
+  ASSERT_EQ(result->ranks.size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    const std::string p = "[rank " + std::to_string(r) + "] ";
+    EXPECT_THAT(captured.out, ::testing::Contains(p + "RANK=" + std::to_string(r)));
+    EXPECT_THAT(captured.out, ::testing::Contains(p + "LOCAL_RANK=" + std::to_string(r)));
+    EXPECT_THAT(captured.out, ::testing::Contains(p + "WORLD_SIZE=3"));
+    EXPECT_THAT(captured.out, ::testing::Contains(p + "LOCAL_WORLD_SIZE=3"));
+    EXPECT_THAT(captured.out, ::testing::Contains(p + "MASTER_ADDR=127.0.0.1"));
+    EXPECT_THAT(captured.err, ::testing::Contains(p + "hello from stderr"));
+  }
+  // A free port was picked and every rank got the same one.
+  std::string port_line;
+  for (const auto& line : captured.out) {
+    if (line.find("MASTER_PORT=") != std::string::npos) {
+      const std::string port = line.substr(line.find('=') + 1);
+      EXPECT_GT(std::atoi(port.c_str()), 0);
+      if (port_line.empty()) port_line = port;
+      EXPECT_EQ(port, port_line);
+    }
+  }
+}
+
+TEST(Launcher, MultiNodeRanksAndGlobalWorldSize) {
+  Captured captured;
+  auto options = options_for(2, {"--print-env"}, &captured);
+  options.nnodes = 3;
+  options.node_rank = 1;
+  options.master_port = 29999;
+  auto result = launch(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_THAT(captured.out, ::testing::Contains("[rank 2] RANK=2"));
+  EXPECT_THAT(captured.out, ::testing::Contains("[rank 3] LOCAL_RANK=1"));
+  EXPECT_THAT(captured.out, ::testing::Contains("[rank 3] WORLD_SIZE=6"));
+  EXPECT_THAT(captured.out, ::testing::Contains("[rank 2] MASTER_PORT=29999"));
+}
+
+TEST(Launcher, FailingRankEndsOthersAndItsStatusPropagates) {
+  Captured captured;
+  const std::string dir = temp_dir();
+  const auto start = Clock::now();
+  auto result = launch(options_for(
+      3, {"--fail-rank", "1", "--fail-code", "7", "--pid-dir", dir,
+          "--spawn-grandchild"},
+      &captured));
+  const double seconds =
+      std::chrono::duration<double>(Clock::now() - start).count();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 7);
+  ASSERT_TRUE(result->first_failed_rank.has_value());
+  EXPECT_EQ(*result->first_failed_rank, 1);
+  EXPECT_THAT(result->summary, HasSubstr("rank 1"));
+  EXPECT_THAT(result->summary, HasSubstr("exited with status 7"));
+  EXPECT_LT(seconds, 5.0);
+  EXPECT_TRUE(result->ranks[0].ended_by_launcher);
+  EXPECT_FALSE(result->ranks[1].ended_by_launcher);
+  const auto pids = read_pids(dir, 3);
+  EXPECT_EQ(pids.size(), 6u);  // 3 ranks + 3 grandchildren
+  for (int pid : pids) EXPECT_FALSE(process_alive(pid)) << "pid " << pid << " survived";
+}
+
+TEST(Launcher, KilledRankReportsSignalStatus) {
+  Captured captured;
+  auto result = launch(options_for(2, {"--kill-self-rank", "0"}, &captured));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 128 + SIGKILL);
+  EXPECT_EQ(result->first_failed_rank.value_or(-1), 0);
+  EXPECT_THAT(result->summary, HasSubstr("killed by signal 9"));
+}
+
+TEST(Launcher, RankIgnoringSigtermIsKilledAfterGrace) {
+  Captured captured;
+  const auto start = Clock::now();
+  auto result = launch(options_for(
+      2, {"--fail-rank", "1", "--fail-code", "3", "--ignore-sigterm"}, &captured));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 3);
+  EXPECT_EQ(result->ranks[0].term_signal, SIGKILL);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 5.0);
+}
+
+TEST(Launcher, TimeoutEndsHungRanks) {
+  Captured captured;
+  auto options = options_for(2, {"--sleep"}, &captured);
+  options.timeout = std::chrono::milliseconds(800);
+  const auto start = Clock::now();
+  auto result = launch(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->timed_out);
+  EXPECT_EQ(result->exit_code, 124);
+  EXPECT_THAT(result->summary, HasSubstr("timeout"));
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 5.0);
+}
+
+TEST(Launcher, BadOptionsAreErrors) {
+  LaunchOptions options;
+  options.command = {child_program()};
+  options.nproc_per_node = 0;
+  EXPECT_THAT(std::string(launch(options).status().message()), HasSubstr("--nproc=0"));
+  options.nproc_per_node = 2;
+  options.nnodes = 2;
+  EXPECT_THAT(std::string(launch(options).status().message()),
+              HasSubstr("--master-port is unset"));
+  options.nnodes = 1;
+  options.node_rank = 1;
+  EXPECT_THAT(std::string(launch(options).status().message()), HasSubstr("--node-rank=1"));
+  options.node_rank = 0;
+  options.command = {"/no/such/program"};
+  EXPECT_EQ(launch(options).status().code(), absl::StatusCode::kNotFound);
+  options.command = {};
+  EXPECT_FALSE(launch(options).ok());
+}
+
+TEST(Launcher, ParsesCommandLine) {
+  auto options = parse_launch_args({"--nproc", "4", "--nnodes=2", "--node-rank", "1",
+                                    "--master-addr", "10.0.0.1", "--master-port",
+                                    "1234", "--timeout", "2.5", "--", "prog", "--x"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->nproc_per_node, 4);
+  EXPECT_EQ(options->nnodes, 2);
+  EXPECT_EQ(options->node_rank, 1);
+  EXPECT_EQ(options->master_addr, "10.0.0.1");
+  EXPECT_EQ(options->master_port, 1234);
+  EXPECT_EQ(options->timeout.count(), 2500);
+  EXPECT_EQ(options->command, (std::vector<std::string>{"prog", "--x"}));
+  EXPECT_THAT(std::string(parse_launch_args({"--nproc", "x", "--", "p"}).status().message()),
+              HasSubstr("--nproc='x'"));
+  EXPECT_THAT(std::string(parse_launch_args({"--", "p"}).status().message()),
+              HasSubstr("--nproc is missing"));
+  EXPECT_THAT(std::string(parse_launch_args({"--nproc", "2", "--bogus", "1", "--", "p"})
+                              .status()
+                              .message()),
+              HasSubstr("unknown flag --bogus"));
+  EXPECT_THAT(std::string(parse_launch_args({"--nproc", "2"}).status().message()),
+              HasSubstr("no program"));
+}
+
+// The command-line tool, as a user runs it.
+struct ToolRun {
+  int status = -1;
+  std::string output;
+};
+
+ToolRun run_tool(const std::vector<std::string>& args, const std::string& pid_dir = "",
+                 int kill_rank = -1) {
+  const std::string out_path = temp_dir() + "/out";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    FILE* out = std::freopen(out_path.c_str(), "w", stdout);
+    (void)out;
+    dup2(fileno(stdout), STDERR_FILENO);
+    std::vector<std::string> argv_strings{runfile("tools/launch")};
+    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& s : argv_strings) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  if (kill_rank >= 0) {
+    // Kill one rank from outside once it is up.
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    std::vector<int> pids;
+    while (Clock::now() < deadline) {
+      std::ifstream f(pid_dir + "/rank_" + std::to_string(kill_rank));
+      int rank_pid = 0, grandchild = 0;
+      if (f >> rank_pid >> grandchild) {
+        kill(rank_pid, SIGKILL);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  ToolRun run;
+  int status = 0;
+  waitpid(pid, &status, 0);
+  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream f(out_path);
+  run.output.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  return run;
+}
+
+TEST(LaunchTool, ExitCodePropagatesAndFirstFailureIsReported) {
+  auto run = run_tool({"--nproc", "2", "--", child_program(), "--fail-rank", "1",
+                       "--fail-code", "5"});
+  EXPECT_EQ(run.status, 5) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("[rank 1] rank 1 failing with 5"));
+  EXPECT_THAT(run.output, HasSubstr("launch: rank 1 (pid"));
+  auto ok = run_tool({"--nproc=2", "--", child_program(), "--print-env"});
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  EXPECT_THAT(ok.output, HasSubstr("[rank 1] RANK=1"));
+  auto usage = run_tool({"--nproc", "2"});
+  EXPECT_EQ(usage.status, 2);
+  EXPECT_THAT(usage.output, HasSubstr("no program"));
+}
+
+TEST(LaunchTool, KillingOneRankEndsAllWithinSecondsAndLeavesNoProcess) {
+  const std::string dir = temp_dir();
+  const auto start = Clock::now();
+  auto run = run_tool({"--nproc", "3", "--", child_program(), "--sleep", "--pid-dir",
+                       dir, "--spawn-grandchild"},
+                      dir, /*kill_rank=*/2);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_EQ(run.status, 128 + SIGKILL) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("rank 2"));
+  EXPECT_THAT(run.output, HasSubstr("killed by signal 9"));
+  EXPECT_LT(seconds, 8.0);
+  // Ranks and their grandchildren: all gone once the launcher has exited
+  // (grandchildren were re-parented to it, killed and reaped).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto pids = read_pids(dir, 3);
+  EXPECT_EQ(pids.size(), 6u);
+  for (int pid : pids) EXPECT_FALSE(process_alive(pid)) << "pid " << pid << " survived";
+}
+
+TEST(LaunchTool, TimeoutFlagEndsHungRanks) {
+  auto run = run_tool({"--nproc", "2", "--timeout", "0.8", "--", child_program(), "--sleep"});
+  EXPECT_EQ(run.status, 124) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("timeout"));
+}
+
+}  // namespace
+}  // namespace comm

@@ -1,0 +1,389 @@
+#include "comm/process_group.h"
+
+#include <arpa/inet.h>
+
+#include <cstdlib>
+#include <exception>
+#include <thread>
+#include <utility>
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "comm/internal/group_state.h"
+
+namespace comm {
+
+ProcessGroup::ProcessGroup()
+    : state_(std::make_shared<internal::GroupState>()) {}
+
+ProcessGroup::ProcessGroup(std::shared_ptr<internal::GroupState> state)
+    : state_(std::move(state)) {}
+
+int ProcessGroup::rank() const { return state_->rank; }
+int ProcessGroup::size() const { return state_->size; }
+bool ProcessGroup::is_member() const { return state_->pg.defined(); }
+const std::vector<int>& ProcessGroup::global_ranks() const {
+  return state_->global_ranks;
+}
+int ProcessGroup::global_rank() const { return state_->global_rank; }
+const std::string& ProcessGroup::backend() const { return state_->backend; }
+std::chrono::milliseconds ProcessGroup::timeout() const {
+  return state_->timeout;
+}
+const std::string& ProcessGroup::name() const { return state_->name; }
+c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroup::c10d_group() const {
+  return state_->pg;
+}
+
+namespace {
+
+// The message of an exception from c10d without the C++ backtrace c10::Error
+// appends, so our errors stay one readable paragraph.
+std::string describe(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
+absl::StatusOr<int> int_from_env(const char* name, bool required,
+                                 int fallback, const std::string& expected) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') {
+    if (required) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "environment variable ", name, " is not set: expected ", expected,
+          " (set by //tools:launch or torchrun, or pass it explicitly)"));
+    }
+    return fallback;
+  }
+  int parsed = 0;
+  if (!absl::SimpleAtoi(value, &parsed)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "environment variable ", name, "='", value, "': expected ", expected));
+  }
+  return parsed;
+}
+
+bool is_loopback(const std::string& host) {
+  if (host == "localhost") return true;
+  in_addr addr{};
+  if (inet_pton(AF_INET, host.c_str(), &addr) == 1) {
+    return (ntohl(addr.s_addr) >> 24) == 127;
+  }
+  return host == "::1";
+}
+
+struct Rendezvous {
+  c10::intrusive_ptr<c10d::Store> store;
+  std::string description;
+  std::string master_addr;
+};
+
+absl::StatusOr<Rendezvous> connect_tcp(const std::string& host, int port,
+                                       int rank, int world_size,
+                                       std::chrono::milliseconds timeout,
+                                       const std::string& port_source) {
+  if (port <= 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        port_source, "=", port, ": expected a TCP port in [1, 65535]"));
+  }
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(port);
+  store_options.isServer = rank == 0;
+  store_options.numWorkers = static_cast<std::size_t>(world_size);
+  store_options.waitWorkers = true;
+  store_options.timeout = timeout;
+  const std::string address = absl::StrCat(host, ":", port);
+  try {
+    auto store = c10::make_intrusive<c10d::TCPStore>(host, store_options);
+    return Rendezvous{store, absl::StrCat("tcp://", address), host};
+  } catch (const std::exception& e) {
+    const std::string why = describe(e);
+    if (rank == 0 && (absl::StrContains(why, "listen") ||
+                      absl::StrContains(why, "in use") ||
+                      absl::StrContains(why, "bind"))) {
+      return absl::UnavailableError(absl::StrCat(
+          "rank 0 could not serve the rendezvous store on port ", port,
+          " (MASTER_ADDR:MASTER_PORT=", address,
+          "): is the port already in use? c10d said: ", why));
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "rank ", rank, " could not complete the rendezvous with the master at ",
+        address, " within ", timeout.count(),
+        " ms (is MASTER_ADDR/MASTER_PORT right, and are all ", world_size,
+        " ranks started?). c10d said: ", why));
+  }
+}
+
+absl::Status wait_for_all_ranks(const c10::intrusive_ptr<c10d::Store>& store,
+                                int world_size,
+                                std::chrono::milliseconds timeout,
+                                const std::string& where) {
+  const std::string key = "comm/ranks_arrived";
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  try {
+    int64_t arrived = store->add(key, 1);
+    while (arrived < world_size) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "only ", arrived, " of WORLD_SIZE=", world_size,
+            " ranks reached the rendezvous at ", where, " within ",
+            timeout.count(), " ms: expected all of them (did every rank start?)"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      arrived = store->add(key, 0);
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "the rendezvous store at ", where, " failed: ", describe(e)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<RankEnvironment> read_rank_environment() {
+  RankEnvironment env;
+  auto world = int_from_env("WORLD_SIZE", true, 0, "a positive integer");
+  if (!world.ok()) return world.status();
+  if (*world <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "environment variable WORLD_SIZE='", *world,
+        "': expected a positive integer"));
+  }
+  env.world_size = *world;
+  const std::string rank_range =
+      absl::StrCat("an integer in [0, WORLD_SIZE=", env.world_size, ")");
+  auto rank = int_from_env("RANK", true, 0, rank_range);
+  if (!rank.ok()) return rank.status();
+  if (*rank < 0 || *rank >= env.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "environment variable RANK='", *rank, "': expected ", rank_range));
+  }
+  env.rank = *rank;
+  auto local_world =
+      int_from_env("LOCAL_WORLD_SIZE", false, env.world_size,
+                   "a positive integer dividing WORLD_SIZE");
+  if (!local_world.ok()) return local_world.status();
+  if (*local_world <= 0 || env.world_size % *local_world != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "environment variable LOCAL_WORLD_SIZE='", *local_world,
+        "': expected a positive integer dividing WORLD_SIZE=",
+        env.world_size));
+  }
+  env.local_world_size = *local_world;
+  const std::string local_range = absl::StrCat(
+      "an integer in [0, LOCAL_WORLD_SIZE=", env.local_world_size, ")");
+  auto local_rank = int_from_env("LOCAL_RANK", false,
+                                 env.rank % env.local_world_size, local_range);
+  if (!local_rank.ok()) return local_rank.status();
+  if (*local_rank < 0 || *local_rank >= env.local_world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "environment variable LOCAL_RANK='", *local_rank, "': expected ",
+        local_range));
+  }
+  env.local_rank = *local_rank;
+  const char* addr = std::getenv("MASTER_ADDR");
+  if (addr == nullptr || *addr == '\0') {
+    return absl::InvalidArgumentError(
+        "environment variable MASTER_ADDR is not set: expected the host name "
+        "or address of rank 0 (e.g. 127.0.0.1)");
+  }
+  env.master_addr = addr;
+  auto port = int_from_env("MASTER_PORT", true, 0,
+                           "a TCP port in [1, 65535]");
+  if (!port.ok()) return port.status();
+  if (*port <= 0 || *port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "environment variable MASTER_PORT='", *port,
+        "': expected a TCP port in [1, 65535]"));
+  }
+  env.master_port = *port;
+  return env;
+}
+
+namespace internal {
+
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_backend_group(
+    const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store,
+    int rank, int size, std::chrono::milliseconds timeout,
+    const std::string& master_addr) {
+  if (backend == "nccl") {
+    // Compile-time: LibTorch's c10d exposes ProcessGroupNCCL only under
+    // USE_C10D_NCCL, which a CUDA build defines. Debian's libtorch-dev 1.13.1
+    // is CPU-only, so this path cannot be built or tested here.
+    return absl::UnimplementedError(
+        "backend 'nccl' is not available: the linked LibTorch (1.13.1, "
+        "Debian libtorch-dev) was built without CUDA and NCCL "
+        "(USE_C10D_NCCL is undefined, c10d has no ProcessGroupNCCL); use "
+        "backend 'gloo' (CPU tensors)");
+  }
+  if (backend != "gloo") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backend '", backend, "': expected 'gloo' (or 'nccl' with a CUDA "
+        "LibTorch)"));
+  }
+  try {
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    // Loopback rendezvous: pin Gloo to 127.0.0.1 instead of resolving the
+    // host name (which sandboxes often cannot). GLOO_SOCKET_IFNAME wins, as
+    // in torch.distributed.
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    if (ifname != nullptr && *ifname != '\0') {
+      options->devices.push_back(
+          c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    } else if (!master_addr.empty() && is_loopback(master_addr)) {
+      options->devices.push_back(
+          c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    } else {
+      options->devices.push_back(
+          c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    c10::intrusive_ptr<c10d::ProcessGroup> group =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size,
+                                                    options);
+    return group;
+  } catch (const std::exception& e) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "rank ", rank, " of ", size,
+        " could not connect the Gloo group within ", timeout.count(),
+        " ms: ", describe(e)));
+  }
+}
+
+}  // namespace internal
+
+absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options) {
+  if (options.timeout.count() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "timeout=", options.timeout.count(), " ms: expected a positive duration"));
+  }
+  if (options.backend != "gloo") {
+    // Fail before any rendezvous, so every rank reports it at once.
+    auto probe = internal::make_backend_group(options.backend, {}, 0, 1,
+                                              options.timeout, "");
+    if (!probe.ok()) return probe.status();
+  }
+  const std::chrono::milliseconds rendezvous_timeout =
+      options.rendezvous_timeout.count() > 0 ? options.rendezvous_timeout
+                                             : options.timeout;
+  int rank = options.rank;
+  int world_size = options.world_size;
+  const bool env_method = options.init_method == "env://";
+  if (env_method && (rank < 0 || world_size < 0)) {
+    auto env = read_rank_environment();
+    if (!env.ok()) return env.status();
+    if (rank < 0) rank = env->rank;
+    if (world_size < 0) world_size = env->world_size;
+  } else {
+    if (world_size < 0) {
+      auto w = int_from_env("WORLD_SIZE", true, 0, "a positive integer");
+      if (!w.ok()) return w.status();
+      world_size = *w;
+    }
+    if (rank < 0) {
+      auto r = int_from_env("RANK", true, 0, "an integer in [0, WORLD_SIZE)");
+      if (!r.ok()) return r.status();
+      rank = *r;
+    }
+  }
+  if (world_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world_size=", world_size, ": expected a positive integer"));
+  }
+  if (rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank=", rank, ": expected an integer in [0, world_size=", world_size,
+        ")"));
+  }
+
+  absl::StatusOr<Rendezvous> rendezvous;
+  const std::string& method = options.init_method;
+  if (env_method) {
+    const char* addr = std::getenv("MASTER_ADDR");
+    if (addr == nullptr || *addr == '\0') {
+      return absl::InvalidArgumentError(
+          "environment variable MASTER_ADDR is not set: expected the host "
+          "name or address of rank 0 (e.g. 127.0.0.1)");
+    }
+    auto port = int_from_env("MASTER_PORT", true, 0, "a TCP port in [1, 65535]");
+    if (!port.ok()) return port.status();
+    rendezvous = connect_tcp(addr, *port, rank, world_size, rendezvous_timeout,
+                             "MASTER_PORT");
+  } else if (absl::StartsWith(method, "tcp://")) {
+    const std::string host_port = method.substr(6);
+    const auto colon = host_port.rfind(':');
+    int port = 0;
+    if (colon == std::string::npos || colon == 0 ||
+        !absl::SimpleAtoi(host_port.substr(colon + 1), &port)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "init_method='", method, "': expected tcp://HOST:PORT"));
+    }
+    rendezvous = connect_tcp(host_port.substr(0, colon), port, rank,
+                             world_size, rendezvous_timeout,
+                             "init_method port");
+  } else if (absl::StartsWith(method, "file://")) {
+    const std::string path = method.substr(7);
+    if (path.empty() || path[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "init_method='", method, "': expected file:///ABSOLUTE/PATH"));
+    }
+    try {
+      c10::intrusive_ptr<c10d::Store> store =
+          c10::make_intrusive<c10d::FileStore>(path, world_size);
+      store->setTimeout(rendezvous_timeout);
+      rendezvous = Rendezvous{store, method, ""};
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot open the FileStore at '", path, "': ", describe(e)));
+    }
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "init_method='", method,
+        "': expected 'env://', 'tcp://HOST:PORT' or 'file:///PATH'"));
+  }
+  if (!rendezvous.ok()) return rendezvous.status();
+  // Wait (up to the rendezvous timeout) until every rank has reached the
+  // store, so Gloo's own connection step, bounded by the collective timeout,
+  // does not also absorb the ranks' start-up skew.
+  if (absl::Status arrived = wait_for_all_ranks(rendezvous->store, world_size,
+                                                rendezvous_timeout,
+                                                rendezvous->description);
+      !arrived.ok()) {
+    return arrived;
+  }
+
+  auto state = std::make_shared<internal::GroupState>();
+  state->root_store = rendezvous->store;
+  state->rank = rank;
+  state->size = world_size;
+  state->global_rank = rank;
+  state->global_ranks.resize(world_size);
+  for (int r = 0; r < world_size; ++r) state->global_ranks[r] = r;
+  state->backend = options.backend;
+  state->name = "0";
+  state->timeout = options.timeout;
+  state->rendezvous = rendezvous->description;
+  state->master_addr = rendezvous->master_addr;
+  auto group = internal::make_backend_group(
+      options.backend,
+      c10::make_intrusive<c10d::PrefixStore>(state->name + "/",
+                                             rendezvous->store),
+      rank, world_size, options.timeout, rendezvous->master_addr);
+  if (!group.ok()) {
+    return absl::Status(group.status().code(),
+                        absl::StrCat(group.status().message(), " (rendezvous ",
+                                     rendezvous->description, ")"));
+  }
+  state->pg = *group;
+  return ProcessGroup(std::move(state));
+}
+
+}  // namespace comm

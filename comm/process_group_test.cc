@@ -1,0 +1,262 @@
+// Initialisation from the environment and its errors, and faults: a rank
+// that dies or hangs mid-collective makes the others fail within the
+// timeout instead of hanging.
+#include "comm/process_group.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "comm/collectives.h"
+#include "comm/launcher.h"
+#include "comm/testing/multiprocess.h"
+
+namespace comm {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+std::string message(const absl::Status& status) { return std::string(status.message()); }
+
+// Sets the launcher's variables for one test and restores them after.
+class EnvTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* name : kNames) unsetenv(name);
+  }
+  void TearDown() override {
+    for (const char* name : kNames) unsetenv(name);
+  }
+  static constexpr const char* kNames[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                           "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                           "MASTER_PORT"};
+  void set_env(int rank, int world, int port) {
+    setenv("RANK", std::to_string(rank).c_str(), 1);
+    setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  }
+};
+
+TEST_F(EnvTest, MissingOrMalformedVariablesAreNamed) {
+  auto status = init_process_group().status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(message(status), HasSubstr("WORLD_SIZE is not set"));
+
+  set_env(0, 2, 29500);
+  setenv("RANK", "abc", 1);
+  EXPECT_THAT(message(init_process_group().status()),
+              HasSubstr("RANK='abc': expected an integer in [0, WORLD_SIZE=2)"));
+  setenv("RANK", "2", 1);
+  EXPECT_THAT(message(init_process_group().status()),
+              HasSubstr("RANK='2': expected an integer in [0, WORLD_SIZE=2)"));
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "-1", 1);
+  EXPECT_THAT(message(init_process_group().status()),
+              HasSubstr("WORLD_SIZE='-1': expected a positive integer"));
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("LOCAL_WORLD_SIZE", "3", 1);
+  EXPECT_THAT(message(init_process_group().status()),
+              HasSubstr("LOCAL_WORLD_SIZE='3': expected a positive integer dividing "
+                        "WORLD_SIZE=4"));
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  setenv("LOCAL_RANK", "2", 1);
+  EXPECT_THAT(message(read_rank_environment().status()),
+              HasSubstr("LOCAL_RANK='2': expected an integer in [0, LOCAL_WORLD_SIZE=2)"));
+  unsetenv("LOCAL_RANK");
+  setenv("MASTER_PORT", "70000", 1);
+  EXPECT_THAT(message(init_process_group().status()),
+              HasSubstr("MASTER_PORT='70000': expected a TCP port in [1, 65535]"));
+  unsetenv("MASTER_ADDR");
+  EXPECT_THAT(message(init_process_group().status()), HasSubstr("MASTER_ADDR is not set"));
+
+  set_env(3, 4, 29500);
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  auto env = read_rank_environment();
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->local_rank, 1);  // defaults to RANK % LOCAL_WORLD_SIZE
+  EXPECT_EQ(env->local_world_size, 2);
+}
+
+TEST_F(EnvTest, ExplicitArgumentsAreChecked) {
+  InitOptions options;
+  options.init_method = "tcp://127.0.0.1:1";
+  options.rank = 2;
+  options.world_size = 2;
+  EXPECT_THAT(message(init_process_group(options).status()),
+              HasSubstr("rank=2: expected an integer in [0, world_size=2)"));
+  options.rank = 0;
+  options.init_method = "tcp://nowhere";
+  EXPECT_THAT(message(init_process_group(options).status()),
+              HasSubstr("init_method='tcp://nowhere': expected tcp://HOST:PORT"));
+  options.init_method = "udp://x";
+  EXPECT_THAT(message(init_process_group(options).status()),
+              HasSubstr("expected 'env://', 'tcp://HOST:PORT' or 'file:///PATH'"));
+  options.init_method = "file://relative";
+  EXPECT_THAT(message(init_process_group(options).status()),
+              HasSubstr("expected file:///ABSOLUTE/PATH"));
+  options.backend = "mpi";
+  EXPECT_THAT(message(init_process_group(options).status()),
+              HasSubstr("backend 'mpi': expected 'gloo'"));
+  options.backend = "nccl";
+  auto nccl = init_process_group(options).status();
+  EXPECT_EQ(nccl.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(message(nccl), HasSubstr("without CUDA and NCCL"));
+  EXPECT_THAT(message(nccl), HasSubstr("use backend 'gloo'"));
+  options.backend = "gloo";
+  options.timeout = std::chrono::milliseconds(0);
+  EXPECT_THAT(message(init_process_group(options).status()), HasSubstr("timeout=0 ms"));
+}
+
+TEST_F(EnvTest, UnreachableMasterFailsWithinTimeout) {
+  auto port = pick_free_port();  // nobody listens there
+  ASSERT_TRUE(port.ok());
+  set_env(1, 2, *port);
+  InitOptions options;
+  options.timeout = std::chrono::milliseconds(1500);
+  const auto start = Clock::now();
+  auto status = init_process_group(options).status();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(message(status), HasSubstr("127.0.0.1:" + std::to_string(*port)));
+  EXPECT_LT(seconds, 10.0);
+}
+
+TEST_F(EnvTest, MasterPortInUseIsNamed) {
+  // Hold a listening socket on a port, then try to serve the store there.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+  set_env(0, 2, port);
+  InitOptions options;
+  options.timeout = std::chrono::milliseconds(1500);
+  const auto start = Clock::now();
+  auto status = init_process_group(options).status();
+  close(fd);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(message(status), HasSubstr("port " + std::to_string(port)));
+  EXPECT_THAT(message(status), HasSubstr("already in use"));
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0);
+}
+
+TEST_F(EnvTest, FileAndTcpInitMethods) {
+  const std::string path =
+      std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") +
+      "/filestore_" + std::to_string(getpid());
+  InitOptions options;
+  options.init_method = "file://" + path;
+  options.rank = 0;
+  options.world_size = 1;
+  options.timeout = std::chrono::seconds(10);
+  auto pg = init_process_group(options);
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  EXPECT_EQ(pg->rank(), 0);
+  EXPECT_EQ(pg->size(), 1);
+  EXPECT_EQ(pg->backend(), "gloo");
+  EXPECT_EQ(pg->global_ranks(), std::vector<int>{0});
+  at::Tensor t = at::ones({3});
+  all_reduce(*pg, t).wait();
+  EXPECT_TRUE(t.equal(at::ones({3})));
+}
+
+TEST(ProcessGroupOnRanks, EnvInitGivesRanksAndTimeout) {
+  testing::RunOptions options;
+  options.collective_timeout = std::chrono::seconds(7);
+  testing::RunOnRanks(
+      2,
+      [](ProcessGroup& pg) {
+        EXPECT_EQ(pg.size(), 2);
+        EXPECT_EQ(pg.rank(), std::atoi(std::getenv("RANK")));
+        EXPECT_EQ(pg.global_rank(), pg.rank());
+        EXPECT_TRUE(pg.is_member());
+        EXPECT_EQ(pg.name(), "0");
+        EXPECT_EQ(pg.timeout(), std::chrono::seconds(7));
+        EXPECT_TRUE(pg.c10d_group().defined());
+      },
+      options);
+}
+
+TEST(Faults, RankDyingMidCollectiveFailsTheOthersQuickly) {
+  testing::RunOptions options;
+  options.collective_timeout = std::chrono::seconds(10);
+  options.closing_barrier = false;
+  testing::RunOnRanks(
+      2,
+      [](ProcessGroup& pg) {
+        at::Tensor t = at::ones({1 << 16});
+        all_reduce(pg, t).wait();  // both alive: fine
+        if (pg.rank() == 1) {
+          // Dies while rank 0 waits in the next collective.
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          _exit(0);
+        }
+        const auto start = Clock::now();
+        try {
+          all_reduce(pg, t).wait();
+          ADD_FAILURE() << "all_reduce with a dead peer succeeded";
+        } catch (const c10::Error& e) {
+          EXPECT_THAT(e.what_without_backtrace(), HasSubstr("all_reduce"));
+          EXPECT_THAT(e.what_without_backtrace(), HasSubstr("failed"));
+        }
+        EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0);
+      },
+      options);
+}
+
+TEST(Faults, HungPeerTimesOutInsteadOfHanging) {
+  testing::RunOptions options;
+  options.collective_timeout = std::chrono::milliseconds(1500);
+  options.closing_barrier = false;
+  testing::RunOnRanks(
+      2,
+      [](ProcessGroup& pg) {
+        if (pg.rank() == 1) {
+          std::this_thread::sleep_for(std::chrono::seconds(4));  // never joins
+          return;
+        }
+        at::Tensor t = at::ones({8});
+        const auto start = Clock::now();
+        EXPECT_THROW(all_reduce(pg, t).wait(), c10::Error);
+        const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        EXPECT_GE(seconds, 1.0);
+        EXPECT_LT(seconds, 4.0);
+      },
+      options);
+}
+
+TEST(Faults, FailingRankFailsTheRunWithItsOutput) {
+  testing::RunOptions options;
+  options.expect_failure = true;
+  options.closing_barrier = false;
+  const int status = testing::RunOnRanks(
+      2,
+      [](ProcessGroup& pg) {
+        if (pg.rank() == 1) ADD_FAILURE() << "deliberate failure on rank 1";
+      },
+      options);
+  if (!testing::IsRankProcess()) {
+    EXPECT_NE(status, 0);
+  }
+}
+
+}  // namespace
+}  // namespace comm

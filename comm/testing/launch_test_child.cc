@@ -1,0 +1,75 @@
+// A rank program for the launcher tests: behaves as its flags say.
+//   --print-env           print the rank variables (stdout) and a line on stderr
+//   --fail-rank R --fail-code C   rank R exits with C after 200 ms
+//   --kill-self-rank R    rank R kills itself with SIGKILL after 200 ms
+//   --pid-dir D           write "PID GRANDCHILD_PID" to D/rank_K
+//   --spawn-grandchild    fork a child that sleeps forever
+//   --ignore-sigterm      ignore SIGTERM (the launcher must SIGKILL)
+//   --sleep               sleep forever after the above (else exit 0)
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+int main(int argc, char** argv) {
+  const char* rank_text = std::getenv("RANK");
+  const int rank = rank_text ? std::atoi(rank_text) : -1;
+  bool print_env = false, spawn = false, ignore_term = false, sleep = false;
+  int fail_rank = -1, fail_code = 0, kill_rank = -1;
+  std::string pid_dir;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--print-env") print_env = true;
+    else if (a == "--fail-rank") fail_rank = std::atoi(next().c_str());
+    else if (a == "--fail-code") fail_code = std::atoi(next().c_str());
+    else if (a == "--kill-self-rank") kill_rank = std::atoi(next().c_str());
+    else if (a == "--pid-dir") pid_dir = next();
+    else if (a == "--spawn-grandchild") spawn = true;
+    else if (a == "--ignore-sigterm") ignore_term = true;
+    else if (a == "--sleep") sleep = true;
+    else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 64; }
+  }
+  if (ignore_term) signal(SIGTERM, SIG_IGN);
+  if (print_env) {
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                             "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"}) {
+      const char* v = std::getenv(name);
+      std::printf("%s=%s\n", name, v ? v : "<unset>");
+    }
+    std::fprintf(stderr, "hello from stderr\n");
+    std::fflush(stdout);
+  }
+  pid_t grandchild = 0;
+  if (spawn) {
+    grandchild = fork();
+    if (grandchild == 0) {
+      for (;;) pause();
+    }
+  }
+  if (!pid_dir.empty()) {
+    const std::string path = pid_dir + "/rank_" + std::to_string(rank);
+    const std::string tmp = path + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f) {
+      std::fprintf(f, "%d %d\n", static_cast<int>(getpid()), static_cast<int>(grandchild));
+      std::fclose(f);
+      std::rename(tmp.c_str(), path.c_str());
+    }
+  }
+  if (rank == fail_rank || rank == kill_rank) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (rank == kill_rank) raise(SIGKILL);
+    std::printf("rank %d failing with %d\n", rank, fail_code);
+    return fail_code;
+  }
+  if (sleep || fail_rank >= 0 || kill_rank >= 0) {
+    for (;;) pause();
+  }
+  return 0;
+}

@@ -1,0 +1,40 @@
+// The handle of an asynchronous collective, so callers (fsdp) can overlap
+// communication with compute and wait later.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+namespace comm {
+
+namespace internal {
+struct WorkState;
+}  // namespace internal
+
+// Copyable; copies share one operation. Waiting is idempotent: after the
+// first wait() returns, later ones return at once (or rethrow its error).
+class Work {
+ public:
+  // An already-completed no-op (e.g. a collective on a one-rank group).
+  Work();
+
+  // Blocks until the collective (and any local post-processing, e.g. the
+  // reduction step of a reduce-scatter built from all-to-all) has finished and
+  // the output tensors may be read. Bounded by the group's timeout: never
+  // waits forever. Throws c10::Error when the collective failed (e.g. a peer
+  // died: "Connection closed by peer") or the timeout passed. After a
+  // timeout the group is unusable (as in torch.distributed).
+  void wait();
+  void wait(std::chrono::milliseconds timeout);
+
+  // Non-blocking: true when wait() would return without blocking.
+  bool is_completed() const;
+
+  // Internal: built by collectives.cc.
+  explicit Work(std::shared_ptr<internal::WorkState> state);
+
+ private:
+  std::shared_ptr<internal::WorkState> state_;
+};
+
+}  // namespace comm

@@ -1,0 +1,304 @@
+// The flat parameter of one FSDP unit and the handle that manages it
+// (PyTorch's FlatParameter / FlatParamHandle).
+//
+// The parameters a unit owns are flattened, in registration order, into one
+// 1-D tensor padded to a multiple of the shard group's size; rank r keeps the
+// contiguous chunk r (the "shard"). Around compute the runtime drives the
+// handle through
+//
+//   unshard()                 all-gather the shard into the padded buffer
+//   use_unsharded_views()     point the module's parameters at views of it
+//   ... forward / backward ...
+//   reduce_grad()             reduce-scatter the flat gradient into the shard
+//   reshard()                 free the gathered storage
+//
+// Lifetimes. The unsharded flat parameter is one autograd leaf for the whole
+// life of the handle; reshard() releases its storage (nbytes() becomes 0) and
+// the next unshard() re-allocates the same StorageImpl, so views made before
+// (including the ones autograd saved during forward) see the new data. Views
+// are cheap to rebuild (no copy) and are rebuilt by use_unsharded_views().
+//
+// Gradients. Backward accumulates into the unsharded flat parameter's .grad
+// (unsharded_grad()); reduce_grad() reduces it over the ranks and adds the
+// result to the shard's .grad (flat_param().grad(), or the original
+// parameters' .grad views with use_orig_params). Skipping reduce_grad()
+// (no_sync) keeps accumulating the unsharded gradient; the next
+// reduce_grad() reduces the sum.
+//
+// Not thread-safe; every rank of the shard (and replicate) group must make
+// the same collective calls in the same order.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/util/Optional.h>
+
+#include "comm/process_group.h"
+#include "comm/work.h"
+#include "fsdp/mixed_precision.h"
+#include "fsdp/sharding_strategy.h"
+
+namespace torch {
+namespace nn {
+class Module;
+}  // namespace nn
+namespace autograd {
+struct Node;
+}  // namespace autograd
+}  // namespace torch
+
+namespace functorch {
+class NamedMemberAccessor;
+}  // namespace functorch
+
+namespace fsdp {
+
+// Where one original parameter lives in the flat parameter.
+struct FlatParamInfo {
+  // The name it was flattened under (the first of its names in registration
+  // order), relative to the handle's module.
+  std::string fqn;
+  // Its other names (tied/shared parameters): every alias is pointed at the
+  // same view.
+  std::vector<std::string> alias_fqns;
+  std::vector<int64_t> shape;
+  // The original's strides. Views are rebuilt contiguous (flattening reads
+  // the parameter in logical order); recorded for checkpoint code.
+  std::vector<int64_t> stride;
+  int64_t numel = 0;
+  // First element in the unsharded flat parameter.
+  int64_t offset = 0;
+  bool requires_grad = true;
+
+  // This rank's part of it (what a use_orig_params view covers): elements
+  // [offset_in_param, offset_in_param + numel_in_shard) of the flattened
+  // parameter sit at [offset_in_shard, offset_in_shard + numel_in_shard) of
+  // the local shard. numel_in_shard == 0 when this rank holds none of it.
+  int64_t offset_in_shard = 0;
+  int64_t numel_in_shard = 0;
+  int64_t offset_in_param = 0;
+};
+
+// Concatenates the tensors' elements (logical order, any strides) into one
+// new 1-D tensor, zero-padded at the end to a multiple of `pad_to_multiple`
+// (>= 1). All tensors must share dtype and device; the result does not
+// require grad. `infos` (optional) receives shape/stride/numel/offset per
+// tensor (names left empty).
+at::Tensor flatten_tensors(const std::vector<at::Tensor>& tensors,
+                           int64_t pad_to_multiple = 1,
+                           std::vector<FlatParamInfo>* infos = nullptr);
+
+// Views of `flat` (1-D) shaped as `infos` describe: no copy. If `flat`
+// requires grad the views are autograd views, so gradients flow to `flat`.
+std::vector<at::Tensor> unflatten_views(const at::Tensor& flat,
+                                        const std::vector<FlatParamInfo>& infos);
+
+// PyTorch's _get_gradient_predivide_factor: the power of two, about
+// sqrt(world_size), that gradients are divided by before the reduction (the
+// rest, world_size / factor, after it) so float16/bfloat16 sums stay in
+// range.
+double gradient_predivide_factor(int64_t world_size);
+
+struct FlatParamOptions {
+  ShardingStrategy sharding_strategy = ShardingStrategy::kFullShard;
+  MixedPrecision mixed_precision;
+  // CPU offload: the shard and its gradient live on the CPU; the shard is
+  // copied to the compute device for the all-gather. (Pinned memory only
+  // for a CUDA compute device.)
+  bool offload_params = false;
+  // Keep the original parameter tensors as the optimizer-facing parameters
+  // (views of this rank's part of the shard) and allow mixing frozen and
+  // trainable parameters.
+  bool use_orig_params = false;
+  // Where gathering and compute happen. Unset: the parameters' device.
+  c10::optional<c10::Device> compute_device;
+};
+
+// What unshard() gathers.
+struct UnshardOptions {
+  // Gather the full-precision shard even under mixed precision (what
+  // summon_full_params does, so writes can be written back losslessly).
+  // The gathered parameter then does not take part in autograd.
+  bool full_precision = false;
+};
+
+class FlatParamHandle {
+ public:
+  // Flattens and shards the parameters `param_fqns` (names relative to
+  // `module`, as module->named_parameters() spells them) of one unit, in the
+  // order given -- pass them in registration order, leaving out ignored
+  // parameters and those owned by nested units. Other names of the same
+  // tensors in `module` (tied weights) become aliases: stored once, viewed
+  // under every name. Afterwards each original parameter tensor keeps its
+  // identity but its data is a 1-D view of this rank's part of the shard
+  // (possibly empty), and the module's names point at it.
+  //
+  // `shard_group` is the group the flat parameter is sharded over (all of
+  // data parallelism, or one node for the hybrid strategies); for kNoShard it
+  // is the group gradients are all-reduced over. `replicate_group` is
+  // required for the hybrid strategies and must be empty otherwise.
+  //
+  // Errors (c10::Error): unknown or empty names, non-floating or mixed
+  // dtypes/devices, mixed requires_grad without use_orig_params, a missing
+  // or superfluous replicate group, a caller not in the groups.
+  FlatParamHandle(std::shared_ptr<torch::nn::Module> module,
+                  const std::vector<std::string>& param_fqns,
+                  comm::ProcessGroup shard_group, FlatParamOptions options = {},
+                  comm::ProcessGroup replicate_group = comm::ProcessGroup());
+  ~FlatParamHandle();
+  FlatParamHandle(const FlatParamHandle&) = delete;
+  FlatParamHandle& operator=(const FlatParamHandle&) = delete;
+
+  // ---- unshard / reshard -------------------------------------------------
+
+  // Starts the all-gather into the unsharded buffer (re-allocating its
+  // storage). With async=false it also waits. Calling it while already
+  // unsharded (or unsharding) with the same options is a no-op, so a
+  // pre-backward unshard after SHARD_GRAD_OP's forward costs nothing.
+  void unshard(bool async = false, UnshardOptions options = {});
+  // Completes a pending async unshard (no-op otherwise). Must be called
+  // before the unsharded parameter is read.
+  void wait_for_unshard();
+  // Rebuilds one view per original parameter from the unsharded flat
+  // parameter (no copy) and points the module's names (and aliases) at them,
+  // so forward() computes on the gathered parameters. Waits for a pending
+  // unshard. Requires the handle to be unsharded.
+  void use_unsharded_views();
+  // Frees the unsharded storage (unless it is the shard itself: kNoShard
+  // without mixed precision) and points the module's names back at the
+  // original parameters (views of the shard). With writeback, first copies
+  // this rank's chunk of the unsharded parameter into the shard, so writes
+  // made to the full parameters while unsharded (summon_full_params with
+  // writeback) persist. Every rank must pass the same writeback; a pending
+  // unshard is waited for.
+  void reshard(bool writeback = false);
+
+  bool is_unsharded() const { return state_ == State::kUnsharded; }
+  bool is_unsharding() const { return state_ == State::kUnsharding; }
+
+  // ---- gradients ---------------------------------------------------------
+
+  // Reduces the accumulated unsharded gradient over the ranks and adds it to
+  // the sharded gradient: cast to reduce dtype, divide by the pre-divide
+  // factor, reduce-scatter (all-reduce for kNoShard), for the hybrid
+  // strategies all-reduce across the replicate group, divide by the
+  // post-divide factor, cast back (unless keep_low_precision_grads), move to
+  // the shard's device, accumulate. The result is the average over all data
+  // parallel ranks. Clears the unsharded gradient. Does nothing (returns
+  // false) when backward produced no gradient for this unit.
+  bool reduce_grad();
+  // Calls `hook` each time backward has accumulated into the unsharded
+  // gradient (an AccumulateGrad post hook): where the runtime runs
+  // reduce_grad() unless in no_sync. Error if no parameter requires grad.
+  void register_post_backward_hook(std::function<void()> hook);
+  // Drops the accumulated unsharded gradient (e.g. after an aborted step).
+  void clear_unsharded_grad();
+
+  // ---- introspection -----------------------------------------------------
+
+  // The local shard: 1-D, full precision, an autograd leaf that requires
+  // grad when any parameter does. With use_orig_params=false this is what
+  // the optimizer steps.
+  const at::Tensor& flat_param() const { return flat_param_; }
+  // The unsharded, padded flat parameter (compute dtype). Its storage is
+  // empty while sharded.
+  const at::Tensor& unsharded_flat_param() const { return unsharded_; }
+  // Its accumulated gradient (undefined when none).
+  at::Tensor unsharded_grad() const;
+  // The original parameter tensors (one per FlatParamInfo), which outside
+  // forward/backward view this rank's part of the shard.
+  const std::vector<at::Tensor>& orig_params() const { return orig_params_; }
+  const std::vector<FlatParamInfo>& param_infos() const { return infos_; }
+  // Every name the handle manages (primary names and aliases).
+  std::vector<std::string> managed_fqns() const;
+
+  int64_t unpadded_numel() const { return unpadded_numel_; }
+  int64_t padded_numel() const { return padded_numel_; }
+  int64_t shard_numel() const { return shard_numel_; }
+  // This rank's index within the shard group (0 for kNoShard).
+  int64_t shard_rank() const { return shard_rank_; }
+  int64_t shard_world_size() const { return shard_world_size_; }
+
+  ShardingStrategy sharding_strategy() const { return options_.sharding_strategy; }
+  bool reshard_after_forward() const {
+    return fsdp::reshard_after_forward(options_.sharding_strategy);
+  }
+  const FlatParamOptions& options() const { return options_; }
+  c10::ScalarType compute_dtype() const { return compute_dtype_; }
+  c10::ScalarType reduce_dtype() const { return reduce_dtype_; }
+  double predivide_factor() const { return predivide_factor_; }
+  double postdivide_factor() const { return postdivide_factor_; }
+
+  // Bytes held right now by the unsharded buffer(s) (for kNoShard without
+  // mixed precision that is the shard itself), by the cast/moved copy of the
+  // shard an in-flight gather reads (0 once it is done), and by the shard:
+  // what tests check to see memory really freed.
+  int64_t unsharded_storage_nbytes() const;
+  int64_t low_precision_shard_nbytes() const;
+  int64_t sharded_storage_nbytes() const;
+
+  const std::shared_ptr<torch::nn::Module>& module() const;
+
+ private:
+  enum class State { kSharded, kUnsharding, kUnsharded };
+
+  void init_flat_param(const std::vector<std::string>& param_fqns);
+  void point_originals_at_shard();
+  void sync_orig_grads_from_flat();
+  bool orig_grads_were_cleared() const;
+  void set_module_tensors(const std::vector<at::Tensor>& values);
+
+  std::shared_ptr<torch::nn::Module> module_;
+  std::unique_ptr<functorch::NamedMemberAccessor> accessor_;
+  comm::ProcessGroup shard_group_;
+  comm::ProcessGroup replicate_group_;
+  FlatParamOptions options_;
+
+  std::vector<FlatParamInfo> infos_;
+  std::vector<at::Tensor> orig_params_;
+  bool any_requires_grad_ = false;
+
+  int64_t unpadded_numel_ = 0;
+  int64_t padded_numel_ = 0;
+  int64_t shard_numel_ = 0;
+  int64_t shard_rank_ = 0;
+  int64_t shard_world_size_ = 1;
+  c10::Device compute_device_{c10::kCPU};
+  c10::ScalarType param_dtype_ = c10::kFloat;  // the full-precision dtype
+  c10::ScalarType compute_dtype_ = c10::kFloat;
+  c10::ScalarType reduce_dtype_ = c10::kFloat;
+  double predivide_factor_ = 1.0;
+  double postdivide_factor_ = 1.0;
+
+  // The shard (full precision; the optimizer's tensor).
+  at::Tensor flat_param_;
+  // The all-gather's input when the shard has to be cast (mixed precision)
+  // or moved (CPU offload) first; dropped once the gather is done.
+  at::Tensor gather_input_;
+  // The unsharded padded flat parameter in compute dtype: an autograd leaf
+  // (when anything requires grad) whose storage comes and goes.
+  at::Tensor unsharded_;
+  // Same storage, separate version counter: collectives and copies write
+  // through it so autograd's saved-tensor version checks are not tripped.
+  at::Tensor unsharded_data_;
+  // Full-precision gather target for UnshardOptions::full_precision under
+  // mixed precision.
+  at::Tensor full_precision_unsharded_;
+  // True when unsharded_ aliases the shard's storage (kNoShard without mixed
+  // precision): nothing to gather or free.
+  bool unsharded_is_shard_ = false;
+
+  State state_ = State::kSharded;
+  bool active_full_precision_ = false;
+  comm::Work pending_gather_;
+  std::vector<at::Tensor> unsharded_views_;
+  std::shared_ptr<torch::autograd::Node> grad_accumulator_;
+};
+
+}  // namespace fsdp

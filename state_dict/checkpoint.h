@@ -1,0 +1,114 @@
+// Crash-safe checkpoint directories.
+//
+//   <root>/step_<N>/MANIFEST          written last (see manifest.h)
+//   <root>/step_<N>/model.pt          FULL: one PyTorch-format file
+//   <root>/step_<N>/rank_<RRRRR>.pt   SHARDED: one per rank, 1-D pieces
+//   <root>/step_<N>/rank_<RRRRR>.meta SHARDED: a rank's part of the manifest
+//
+// Every file is written under a temporary name, fsynced, renamed and its
+// directory fsynced; the MANIFEST comes last. A step directory without a
+// complete MANIFEST is an interrupted save: LatestCheckpoint skips it, so a
+// crash at any moment leaves the previous checkpoint the one that loads.
+//
+// Loading checks everything before returning anything — format version,
+// world size and that every rank's file is present, file sizes and CRC-32C
+// checksums, each tensor's dtype, shape and checksum — and errors name the
+// file and the tensor. Nothing is loaded into a model here; the returned
+// dicts go to LoadModuleStateDict (module_state.h) or FSDP, which check them
+// against the model before copying.
+//
+// Sharded saves need no communication: each rank calls SaveShard, then — once
+// all ranks returned (the caller's barrier) — one rank calls
+// CommitShardedCheckpoint, which gathers the ranks' .meta files into the
+// MANIFEST. A sharded checkpoint written by N ranks loads on any M ranks
+// through LoadResharded.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "state_dict/manifest.h"
+#include "state_dict/pytorch_format.h"
+#include "state_dict/sharded_tensor.h"
+
+namespace state_dict {
+
+// "<root>/step_<step>".
+std::string StepDirectory(const std::string& root, int64_t step);
+
+// FULL checkpoint: `state` goes to model.pt in PyTorch's format (Python's
+// torch.load opens it as a dict with the same names). AlreadyExists when the
+// step already has a complete checkpoint (never overwritten in place).
+absl::Status SaveFullCheckpoint(const std::string& root, int64_t step,
+                                const TensorDict& state);
+
+// SHARDED checkpoint, one rank's part: writes rank_<rank>.pt (a dict of the
+// rank's pieces; a tensor's first piece is keyed by its name, later ones
+// "<name>#<k>") and rank_<rank>.meta.
+absl::Status SaveShard(const std::string& root, int64_t step, int rank,
+                       int world_size, const ShardedStateDict& shard);
+
+// After every rank's SaveShard returned: checks all `world_size` ranks'
+// files are there and agree on step, world size and global shapes/dtypes,
+// then writes the MANIFEST, which makes the checkpoint visible.
+absl::Status CommitShardedCheckpoint(const std::string& root, int64_t step,
+                                     int world_size);
+
+// SaveShard for every rank in turn, then CommitShardedCheckpoint (one process
+// holding all ranks' shards: tests, tools).
+absl::Status SaveShardedCheckpoint(const std::string& root, int64_t step,
+                                   const std::vector<ShardedStateDict>& shards);
+
+// The complete checkpoint step directories under `root`, by ascending step.
+// Directories without a valid MANIFEST are skipped.
+absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& root);
+
+// The step directory of the newest complete checkpoint; NotFound if none.
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& root);
+
+// The parsed MANIFEST of a step directory (NotFound when there is none).
+absl::StatusOr<Manifest> ReadManifest(const std::string& step_dir);
+
+// Checks every file the manifest lists: present, size, checksum, each
+// tensor's key, dtype, size and checksum; for sharded checkpoints also that
+// ranks 0..world_size-1 each have exactly one file.
+absl::Status VerifyCheckpoint(const std::string& step_dir);
+
+// The FULL state dict of a checkpoint of either kind (sharded ones are
+// assembled from all ranks' pieces), verified.
+absl::StatusOr<TensorDict> LoadFullStateDict(const std::string& step_dir);
+
+// What a rank needs of one tensor when loading a sharded checkpoint: its
+// expected global shape and dtype (checked against the checkpoint) and the
+// ranges of the flattened tensor it holds under the current world size.
+struct ShardRequest {
+  std::vector<int64_t> global_shape;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<FlatRange> ranges;
+};
+
+// Reshard on load: for each requested name, the requested pieces filled
+// from whichever saved ranks hold them (only those files are read, and each
+// is verified first). Errors: an unknown name, a shape or dtype differing
+// from the request, a missing rank file, a checksum failure.
+absl::StatusOr<ShardedStateDict> LoadResharded(
+    const std::string& step_dir,
+    const std::vector<std::pair<std::string, ShardRequest>>& requests);
+
+// LOCAL: the raw contents of rank `rank`'s file (as SaveShard wrote it),
+// only if the checkpoint was written by `world_size` ranks.
+absl::StatusOr<TensorDict> LoadLocalShard(const std::string& step_dir,
+                                          int rank, int world_size);
+
+namespace internal {
+// Test hook: called after each file of a save is durably in place, with its
+// path. Lets a test kill a process between two files of one checkpoint.
+void SetAfterFileWrittenHookForTesting(std::function<void(const std::string&)> hook);
+}  // namespace internal
+
+}  // namespace state_dict

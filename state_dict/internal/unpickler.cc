@@ -1,0 +1,653 @@
+#include "state_dict/internal/unpickler.h"
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace state_dict {
+namespace internal {
+namespace {
+
+// Python objects as the VM sees them. Containers are shared (memo + later
+// SETITEMS mutate the same object), hence shared_ptr.
+struct PyObject;
+using PyRef = std::shared_ptr<PyObject>;
+
+struct PyObject {
+  enum class Kind { kNone, kBool, kInt, kFloat, kStr, kTuple, kList, kDict,
+                    kGlobal, kStorage, kTensor };
+  Kind kind = Kind::kNone;
+  bool b = false;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;  // kStr; kGlobal: "module.name"
+  std::vector<PyRef> items;  // kTuple, kList
+  std::vector<std::pair<PyRef, PyRef>> entries;  // kDict
+  PyRef attributes;  // kDict: state applied by BUILD (OrderedDict attrs)
+  at::Storage storage;
+  at::ScalarType storage_dtype = at::kFloat;
+  at::Tensor tensor;
+};
+
+PyRef Make(PyObject::Kind kind) {
+  auto o = std::make_shared<PyObject>();
+  o->kind = kind;
+  return o;
+}
+
+struct StorageType {
+  const char* name;
+  at::ScalarType dtype;
+};
+constexpr StorageType kStorageTypes[] = {
+    {"torch.FloatStorage", at::kFloat},       {"torch.DoubleStorage", at::kDouble},
+    {"torch.HalfStorage", at::kHalf},         {"torch.BFloat16Storage", at::kBFloat16},
+    {"torch.LongStorage", at::kLong},         {"torch.IntStorage", at::kInt},
+    {"torch.ShortStorage", at::kShort},       {"torch.CharStorage", at::kChar},
+    {"torch.ByteStorage", at::kByte},         {"torch.BoolStorage", at::kBool},
+    {"torch.ComplexFloatStorage", at::kComplexFloat},
+    {"torch.ComplexDoubleStorage", at::kComplexDouble},
+};
+
+class Vm {
+ public:
+  Vm(std::string path, const std::string& pickle,
+     caffe2::serialize::PyTorchStreamReader* reader)
+      : path_(std::move(path)), data_(pickle), reader_(reader) {}
+
+  absl::StatusOr<PyRef> Run() {
+    while (true) {
+      if (pos_ >= data_.size()) return Error("pickle ends without STOP");
+      const size_t at = pos_;
+      const uint8_t op = Byte();
+      if (op == '.') break;
+      absl::Status status = Step(op);
+      if (!status.ok()) {
+        return absl::Status(status.code(),
+                            absl::StrCat(status.message(), " (opcode 0x",
+                                         absl::Hex(op), " at byte ", at, ")"));
+      }
+    }
+    if (stack_.size() != 1) return Error("pickle leaves a malformed stack");
+    return stack_.back();
+  }
+
+ private:
+  absl::Status Error(absl::string_view what) const {
+    return absl::DataLossError(
+        absl::StrCat(path_, ": cannot read PyTorch archive: ", what));
+  }
+
+  uint8_t Byte() { return static_cast<uint8_t>(data_[pos_++]); }
+
+  absl::StatusOr<std::string> Bytes(size_t n) {
+    if (n > data_.size() - pos_) return Error("pickle is truncated");
+    std::string out = data_.substr(pos_, n);
+    pos_ += n;
+    return out;
+  }
+
+  template <typename T>
+  absl::StatusOr<T> LittleEndian() {
+    auto bytes = Bytes(sizeof(T));
+    if (!bytes.ok()) return bytes.status();
+    T value;
+    std::memcpy(&value, bytes->data(), sizeof(T));  // x86-64: little endian
+    return value;
+  }
+
+  absl::StatusOr<std::string> Line() {
+    size_t end = data_.find('\n', pos_);
+    if (end == std::string::npos) return Error("pickle is truncated in GLOBAL");
+    std::string out = data_.substr(pos_, end - pos_);
+    pos_ = end + 1;
+    return out;
+  }
+
+  absl::StatusOr<PyRef> Pop() {
+    if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back())) {
+      return Error("pickle pops an empty stack");
+    }
+    PyRef top = stack_.back();
+    stack_.pop_back();
+    return top;
+  }
+
+  absl::StatusOr<std::vector<PyRef>> PopToMark() {
+    if (marks_.empty()) return Error("pickle has no MARK");
+    size_t mark = marks_.back();
+    marks_.pop_back();
+    std::vector<PyRef> items(stack_.begin() + static_cast<std::ptrdiff_t>(mark), stack_.end());
+    stack_.resize(mark);
+    return items;
+  }
+
+  void Push(PyRef o) { stack_.push_back(std::move(o)); }
+
+  absl::Status PushString(size_t n) {
+    auto s = Bytes(n);
+    if (!s.ok()) return s.status();
+    PyRef o = Make(PyObject::Kind::kStr);
+    o->s = *std::move(s);
+    Push(o);
+    return absl::OkStatus();
+  }
+
+  absl::Status PushInt(int64_t v) {
+    PyRef o = Make(PyObject::Kind::kInt);
+    o->i = v;
+    Push(o);
+    return absl::OkStatus();
+  }
+
+  absl::Status PushTuple(std::vector<PyRef> items) {
+    PyRef o = Make(PyObject::Kind::kTuple);
+    o->items = std::move(items);
+    Push(o);
+    return absl::OkStatus();
+  }
+
+  absl::Status PopTupleOf(size_t n) {
+    std::vector<PyRef> items(n);
+    for (size_t k = n; k-- > 0;) {
+      auto o = Pop();
+      if (!o.ok()) return o.status();
+      items[k] = *o;
+    }
+    return PushTuple(std::move(items));
+  }
+
+  absl::Status Memoize(int64_t index) {
+    if (stack_.empty()) return Error("memoize on an empty stack");
+    memo_[index] = stack_.back();
+    return absl::OkStatus();
+  }
+
+  absl::Status Recall(int64_t index) {
+    auto it = memo_.find(index);
+    if (it == memo_.end()) return Error(absl::StrCat("memo ", index, " unset"));
+    Push(it->second);
+    return absl::OkStatus();
+  }
+
+  absl::Status SetItems(const PyRef& dict, const std::vector<PyRef>& kv) {
+    if (dict->kind != PyObject::Kind::kDict) return Error("SETITEMS on a non-dict");
+    if (kv.size() % 2 != 0) return Error("SETITEMS with an odd item count");
+    for (size_t k = 0; k < kv.size(); k += 2) {
+      bool replaced = false;
+      for (auto& entry : dict->entries) {
+        if (SameKey(*entry.first, *kv[k])) {
+          entry.second = kv[k + 1];
+          replaced = true;
+        }
+      }
+      if (!replaced) dict->entries.emplace_back(kv[k], kv[k + 1]);
+    }
+    return absl::OkStatus();
+  }
+
+  static bool SameKey(const PyObject& a, const PyObject& b) {
+    if (a.kind != b.kind) return false;
+    if (a.kind == PyObject::Kind::kStr) return a.s == b.s;
+    if (a.kind == PyObject::Kind::kInt) return a.i == b.i;
+    return false;
+  }
+
+  absl::StatusOr<PyRef> LoadStorage(const PyRef& pid) {
+    // ('storage', torch.<Type>Storage, key, location, numel)
+    if (pid->kind != PyObject::Kind::kTuple || pid->items.size() != 5 ||
+        pid->items[0]->s != "storage" ||
+        pid->items[1]->kind != PyObject::Kind::kGlobal ||
+        pid->items[2]->kind != PyObject::Kind::kStr) {
+      return Error("unsupported persistent id (expected a storage)");
+    }
+    const std::string& type = pid->items[1]->s;
+    const std::string& key = pid->items[2]->s;
+    const StorageType* found = nullptr;
+    for (const StorageType& t : kStorageTypes) {
+      if (type == t.name) found = &t;
+    }
+    if (found == nullptr) return Error(absl::StrCat("unsupported storage type ", type));
+    auto cached = storages_.find(key);
+    if (cached != storages_.end()) return cached->second;
+    PyRef o = Make(PyObject::Kind::kStorage);
+    o->storage_dtype = found->dtype;
+    const std::string record = "data/" + key;
+    if (!reader_->hasRecord(record)) {
+      return Error(absl::StrCat("record ", record, " is missing"));
+    }
+    at::DataPtr ptr;
+    size_t nbytes = 0;
+    std::tie(ptr, nbytes) = reader_->getRecord(record);
+    o->storage = at::Storage(at::Storage::use_byte_size_t(), nbytes,
+                             std::move(ptr), /*allocator=*/nullptr,
+                             /*resizable=*/false);
+    storages_[key] = o;
+    return o;
+  }
+
+  static absl::StatusOr<std::vector<int64_t>> IntTuple(const PyRef& o) {
+    std::vector<int64_t> out;
+    if (o->kind != PyObject::Kind::kTuple && o->kind != PyObject::Kind::kList) {
+      return absl::InvalidArgumentError("expected a tuple of ints");
+    }
+    for (const PyRef& item : o->items) {
+      if (item->kind != PyObject::Kind::kInt) {
+        return absl::InvalidArgumentError("expected a tuple of ints");
+      }
+      out.push_back(item->i);
+    }
+    return out;
+  }
+
+  absl::StatusOr<PyRef> Call(const PyRef& func, const PyRef& args) {
+    if (func->kind != PyObject::Kind::kGlobal) return Error("REDUCE of a non-global");
+    if (args->kind != PyObject::Kind::kTuple) return Error("REDUCE without an argument tuple");
+    const std::string& name = func->s;
+    const std::vector<PyRef>& a = args->items;
+    if (name == "collections.OrderedDict") {
+      if (!a.empty()) return Error("OrderedDict(...) with arguments is unsupported");
+      return Make(PyObject::Kind::kDict);
+    }
+    if (name == "torch._utils._rebuild_tensor_v2") {
+      // (storage, storage_offset, size, stride, requires_grad, backward_hooks[, metadata])
+      if (a.size() < 4 || a[0]->kind != PyObject::Kind::kStorage ||
+          a[1]->kind != PyObject::Kind::kInt) {
+        return Error("malformed _rebuild_tensor_v2 arguments");
+      }
+      auto sizes = IntTuple(a[2]);
+      auto strides = IntTuple(a[3]);
+      if (!sizes.ok() || !strides.ok() || sizes->size() != strides->size()) {
+        return Error("malformed tensor size/stride");
+      }
+      const at::Storage& storage = a[0]->storage;
+      const int64_t element = static_cast<int64_t>(c10::elementSize(a[0]->storage_dtype));
+      int64_t extent = a[1]->i;  // one past the last element addressed
+      bool empty = false;
+      for (size_t d = 0; d < sizes->size(); ++d) {
+        if ((*sizes)[d] < 0 || (*strides)[d] < 0) return Error("negative tensor size/stride");
+        if ((*sizes)[d] == 0) empty = true;
+        extent += ((*sizes)[d] - 1) * (*strides)[d];
+      }
+      if (!empty && (a[1]->i < 0 ||
+                     (extent + 1) * element > static_cast<int64_t>(storage.nbytes()))) {
+        return Error(absl::StrCat("tensor of size [", absl::StrJoin(*sizes, ","),
+                                  "] runs past its storage of ", storage.nbytes(),
+                                  " bytes (truncated or corrupted archive)"));
+      }
+      PyRef o = Make(PyObject::Kind::kTensor);
+      o->tensor = at::empty({0}, at::TensorOptions().dtype(a[0]->storage_dtype))
+                      .set_(storage, a[1]->i, *sizes, *strides);
+      if (a.size() > 4 && a[4]->kind == PyObject::Kind::kBool && a[4]->b) {
+        o->tensor.set_requires_grad(true);
+      }
+      return o;
+    }
+    if (name == "torch._utils._rebuild_parameter") {
+      // (data, requires_grad, backward_hooks)
+      if (a.empty() || a[0]->kind != PyObject::Kind::kTensor) {
+        return Error("malformed _rebuild_parameter arguments");
+      }
+      return a[0];
+    }
+    if (name == "torch.jit._pickle.restore_type_tag") {
+      if (a.empty()) return Error("malformed restore_type_tag arguments");
+      return a[0];
+    }
+    if (name == "torch.jit._pickle.build_intlist" ||
+        name == "torch.jit._pickle.build_doublelist" ||
+        name == "torch.jit._pickle.build_boollist" ||
+        name == "torch.jit._pickle.build_tensorlist") {
+      if (a.size() != 1) return Error(absl::StrCat("malformed ", name, " arguments"));
+      return a[0];
+    }
+    return Error(absl::StrCat("unsupported global ", name,
+                              " (only tensors, containers and scalars are read)"));
+  }
+
+  absl::Status Step(uint8_t op) {
+    using K = PyObject::Kind;
+    switch (op) {
+      case 0x80:  // PROTO
+        if (pos_ >= data_.size()) return Error("pickle is truncated");
+        if (Byte() > 4) return Error("pickle protocol newer than 4");
+        return absl::OkStatus();
+      case 0x95: {  // FRAME
+        auto n = LittleEndian<uint64_t>();
+        return n.ok() ? absl::OkStatus() : n.status();
+      }
+      case '(':
+        marks_.push_back(stack_.size());
+        return absl::OkStatus();
+      case '0': {
+        auto o = Pop();
+        return o.ok() ? absl::OkStatus() : o.status();
+      }
+      case '1': {
+        auto items = PopToMark();
+        return items.ok() ? absl::OkStatus() : items.status();
+      }
+      case '2':
+        if (stack_.empty()) return Error("DUP on an empty stack");
+        Push(stack_.back());
+        return absl::OkStatus();
+      case 'N':
+        Push(Make(K::kNone));
+        return absl::OkStatus();
+      case 0x88:
+      case 0x89: {
+        PyRef o = Make(K::kBool);
+        o->b = op == 0x88;
+        Push(o);
+        return absl::OkStatus();
+      }
+      case 'J': {
+        auto v = LittleEndian<int32_t>();
+        return v.ok() ? PushInt(*v) : v.status();
+      }
+      case 'K': {
+        auto v = LittleEndian<uint8_t>();
+        return v.ok() ? PushInt(*v) : v.status();
+      }
+      case 'M': {
+        auto v = LittleEndian<uint16_t>();
+        return v.ok() ? PushInt(*v) : v.status();
+      }
+      case 0x8a: {  // LONG1: little-endian two's complement of n bytes
+        auto n = LittleEndian<uint8_t>();
+        if (!n.ok()) return n.status();
+        if (*n > 8) return Error("integer wider than 64 bits");
+        auto bytes = Bytes(*n);
+        if (!bytes.ok()) return bytes.status();
+        uint64_t u = 0;
+        for (size_t k = 0; k < *n; ++k) {
+          u |= static_cast<uint64_t>(static_cast<uint8_t>((*bytes)[k])) << (8 * k);
+        }
+        if (*n > 0 && *n < 8 && (static_cast<uint8_t>((*bytes)[*n - 1]) & 0x80)) {
+          u |= ~uint64_t{0} << (8 * *n);  // sign extend
+        }
+        return PushInt(static_cast<int64_t>(u));
+      }
+      case 'G': {  // BINFLOAT, big endian
+        auto bytes = Bytes(8);
+        if (!bytes.ok()) return bytes.status();
+        uint64_t u = 0;
+        for (char c : *bytes) u = (u << 8) | static_cast<uint8_t>(c);
+        PyRef o = Make(K::kFloat);
+        std::memcpy(&o->f, &u, sizeof(double));
+        Push(o);
+        return absl::OkStatus();
+      }
+      case 'X':
+      case 'B':
+      case 'T': {
+        auto n = LittleEndian<uint32_t>();
+        return n.ok() ? PushString(*n) : n.status();
+      }
+      case 0x8c:
+      case 'C':
+      case 'U': {
+        auto n = LittleEndian<uint8_t>();
+        return n.ok() ? PushString(*n) : n.status();
+      }
+      case 0x8d:
+      case 0x8e: {
+        auto n = LittleEndian<uint64_t>();
+        return n.ok() ? PushString(*n) : n.status();
+      }
+      case ')':
+        return PushTuple({});
+      case 't': {
+        auto items = PopToMark();
+        return items.ok() ? PushTuple(*std::move(items)) : items.status();
+      }
+      case 0x85:
+        return PopTupleOf(1);
+      case 0x86:
+        return PopTupleOf(2);
+      case 0x87:
+        return PopTupleOf(3);
+      case ']':
+        Push(Make(K::kList));
+        return absl::OkStatus();
+      case 'l': {
+        auto items = PopToMark();
+        if (!items.ok()) return items.status();
+        PyRef o = Make(K::kList);
+        o->items = *std::move(items);
+        Push(o);
+        return absl::OkStatus();
+      }
+      case 'a': {
+        auto item = Pop();
+        if (!item.ok()) return item.status();
+        if (stack_.empty() || stack_.back()->kind != K::kList) return Error("APPEND to a non-list");
+        stack_.back()->items.push_back(*item);
+        return absl::OkStatus();
+      }
+      case 'e': {
+        auto items = PopToMark();
+        if (!items.ok()) return items.status();
+        if (stack_.empty() || stack_.back()->kind != K::kList) return Error("APPENDS to a non-list");
+        for (PyRef& item : *items) stack_.back()->items.push_back(item);
+        return absl::OkStatus();
+      }
+      case '}':
+        Push(Make(K::kDict));
+        return absl::OkStatus();
+      case 'd': {
+        auto items = PopToMark();
+        if (!items.ok()) return items.status();
+        PyRef o = Make(K::kDict);
+        absl::Status status = SetItems(o, *items);
+        if (!status.ok()) return status;
+        Push(o);
+        return absl::OkStatus();
+      }
+      case 's': {
+        auto value = Pop();
+        if (!value.ok()) return value.status();
+        auto key = Pop();
+        if (!key.ok()) return key.status();
+        if (stack_.empty()) return Error("SETITEM without a dict");
+        return SetItems(stack_.back(), {*key, *value});
+      }
+      case 'u': {
+        auto items = PopToMark();
+        if (!items.ok()) return items.status();
+        if (stack_.empty()) return Error("SETITEMS without a dict");
+        return SetItems(stack_.back(), *items);
+      }
+      case 'c': {
+        auto module = Line();
+        if (!module.ok()) return module.status();
+        auto name = Line();
+        if (!name.ok()) return name.status();
+        PyRef o = Make(K::kGlobal);
+        o->s = absl::StrCat(*module, ".", *name);
+        Push(o);
+        return absl::OkStatus();
+      }
+      case 0x93: {  // STACK_GLOBAL
+        auto name = Pop();
+        if (!name.ok()) return name.status();
+        auto module = Pop();
+        if (!module.ok()) return module.status();
+        PyRef o = Make(K::kGlobal);
+        o->s = absl::StrCat((*module)->s, ".", (*name)->s);
+        Push(o);
+        return absl::OkStatus();
+      }
+      case 'q': {
+        auto n = LittleEndian<uint8_t>();
+        return n.ok() ? Memoize(*n) : n.status();
+      }
+      case 'r': {
+        auto n = LittleEndian<uint32_t>();
+        return n.ok() ? Memoize(*n) : n.status();
+      }
+      case 0x94:
+        return Memoize(static_cast<int64_t>(memo_.size()));
+      case 'h': {
+        auto n = LittleEndian<uint8_t>();
+        return n.ok() ? Recall(*n) : n.status();
+      }
+      case 'j': {
+        auto n = LittleEndian<uint32_t>();
+        return n.ok() ? Recall(*n) : n.status();
+      }
+      case 'R': {
+        auto args = Pop();
+        if (!args.ok()) return args.status();
+        auto func = Pop();
+        if (!func.ok()) return func.status();
+        auto result = Call(*func, *args);
+        if (!result.ok()) return result.status();
+        Push(*result);
+        return absl::OkStatus();
+      }
+      case 'b': {  // BUILD: obj.__dict__.update(state)
+        auto state = Pop();
+        if (!state.ok()) return state.status();
+        if (stack_.empty()) return Error("BUILD without an object");
+        PyRef& obj = stack_.back();
+        if (obj->kind == K::kDict && (*state)->kind == K::kDict) {
+          obj->attributes = *state;
+          return absl::OkStatus();
+        }
+        if (obj->kind == K::kTensor) return absl::OkStatus();  // Parameter state
+        return Error("BUILD on an unsupported object");
+      }
+      case 'Q': {
+        auto pid = Pop();
+        if (!pid.ok()) return pid.status();
+        auto storage = LoadStorage(*pid);
+        if (!storage.ok()) return storage.status();
+        Push(*storage);
+        return absl::OkStatus();
+      }
+      default:
+        return Error("unsupported pickle opcode");
+    }
+  }
+
+  std::string path_;
+  const std::string& data_;
+  caffe2::serialize::PyTorchStreamReader* reader_;
+  size_t pos_ = 0;
+  std::vector<PyRef> stack_;
+  std::vector<size_t> marks_;
+  std::unordered_map<int64_t, PyRef> memo_;
+  std::map<std::string, PyRef> storages_;
+};
+
+absl::StatusOr<c10::IValue> ToIValue(const std::string& path, const PyRef& o) {
+  using K = PyObject::Kind;
+  switch (o->kind) {
+    case K::kNone:
+      return c10::IValue();
+    case K::kBool:
+      return c10::IValue(o->b);
+    case K::kInt:
+      return c10::IValue(o->i);
+    case K::kFloat:
+      return c10::IValue(o->f);
+    case K::kStr:
+      return c10::IValue(o->s);
+    case K::kTensor:
+      return c10::IValue(o->tensor);
+    case K::kTuple: {
+      std::vector<c10::IValue> items;
+      for (const PyRef& item : o->items) {
+        auto v = ToIValue(path, item);
+        if (!v.ok()) return v.status();
+        items.push_back(*std::move(v));
+      }
+      return c10::IValue(c10::ivalue::Tuple::create(std::move(items)));
+    }
+    case K::kList: {
+      c10::impl::GenericList list(c10::AnyType::get());
+      for (const PyRef& item : o->items) {
+        auto v = ToIValue(path, item);
+        if (!v.ok()) return v.status();
+        list.push_back(*std::move(v));
+      }
+      return c10::IValue(list);
+    }
+    case K::kDict: {
+      c10::TypePtr key_type = c10::StringType::get();
+      if (!o->entries.empty() && o->entries.front().first->kind == K::kInt) {
+        key_type = c10::IntType::get();
+      }
+      c10::impl::GenericDict dict(key_type, c10::AnyType::get());
+      for (const auto& entry : o->entries) {
+        const K want = key_type == c10::IntType::get() ? K::kInt : K::kStr;
+        if (entry.first->kind != want) {
+          return absl::DataLossError(absl::StrCat(
+              path, ": dict keys must be all str or all int"));
+        }
+        auto v = ToIValue(path, entry.second);
+        if (!v.ok()) return v.status();
+        c10::IValue key = want == K::kInt ? c10::IValue(entry.first->i)
+                                          : c10::IValue(entry.first->s);
+        dict.insert_or_assign(std::move(key), *std::move(v));
+      }
+      return c10::IValue(dict);
+    }
+    case K::kGlobal:
+    case K::kStorage:
+      break;
+  }
+  return absl::DataLossError(
+      absl::StrCat(path, ": archive holds a bare class or storage, not data"));
+}
+
+}  // namespace
+
+absl::StatusOr<UnpickledArchive> ReadTorchArchive(const std::string& path) {
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    if (!reader.hasRecord("data.pkl")) {
+      return absl::DataLossError(absl::StrCat(path, ": no data.pkl record"));
+    }
+    at::DataPtr ptr;
+    size_t size = 0;
+    std::tie(ptr, size) = reader.getRecord("data.pkl");
+    const std::string pickle(static_cast<const char*>(ptr.get()), size);
+    Vm vm(path, pickle, &reader);
+    auto top = vm.Run();
+    if (!top.ok()) return top.status();
+    UnpickledArchive out;
+    auto value = ToIValue(path, *top);
+    if (!value.ok()) return value.status();
+    out.value = *std::move(value);
+    if ((*top)->attributes != nullptr) {
+      for (const auto& entry : (*top)->attributes->entries) {
+        if (entry.first->kind == PyObject::Kind::kStr && entry.first->s == "_metadata") {
+          auto metadata = ToIValue(path, entry.second);
+          if (!metadata.ok()) return metadata.status();
+          out.metadata = *std::move(metadata);
+        }
+      }
+    }
+    return out;
+  } catch (const c10::Error& e) {
+    // PyTorchStreamReader reports a damaged zip (bad header, CRC mismatch of
+    // a record, short file) by throwing.
+    return absl::DataLossError(absl::StrCat(
+        path, ": not a readable PyTorch archive (truncated or corrupted?): ",
+        e.what_without_backtrace()));
+  }
+}
+
+}  // namespace internal
+}  // namespace state_dict

@@ -1,0 +1,205 @@
+#include "state_dict/manifest.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace state_dict {
+namespace {
+
+constexpr char kMagic[] = "torchfsdp-checkpoint";
+
+absl::StatusOr<c10::ScalarType> ParseDtype(const std::string& name) {
+for (int i = 0; i < static_cast<int>(c10::ScalarType::NumOptions); ++i) {
+    const auto type = static_cast<c10::ScalarType>(i);
+    if (name == c10::toString(type)) return type;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", name, "'"));
+}
+
+// One line split into words, with errors that name the manifest and line.
+class Line {
+ public:
+  Line(const std::string& source, int number, absl::string_view text)
+      : source_(source), number_(number),
+        words_(absl::StrSplit(text, ' ', absl::SkipEmpty())) {}
+
+  size_t size() const { return words_.size(); }
+  const std::string& word(size_t i) const { return words_[i]; }
+
+  absl::Status Error(absl::string_view what) const {
+    return absl::DataLossError(
+        absl::StrCat("manifest ", source_, " line ", number_, ": ", what));
+  }
+
+  // Expects words_[i] == label and returns words_[i + 1].
+  absl::StatusOr<std::string> Field(size_t i, absl::string_view label) const {
+    if (i + 1 >= words_.size() || words_[i] != label) {
+      return Error(absl::StrCat("expected '", label, " <value>'"));
+    }
+    return words_[i + 1];
+  }
+
+  absl::StatusOr<int64_t> IntField(size_t i, absl::string_view label) const {
+    auto text = Field(i, label);
+    if (!text.ok()) return text.status();
+    int64_t v;
+    if (!absl::SimpleAtoi(*text, &v)) {
+      return Error(absl::StrCat(label, " '", *text, "' is not an integer"));
+    }
+    return v;
+  }
+
+  absl::StatusOr<uint32_t> CrcField(size_t i) const {
+    auto text = Field(i, "crc32c");
+    if (!text.ok()) return text.status();
+    uint32_t v;
+    if (!absl::SimpleHexAtoi(*text, &v)) {
+      return Error(absl::StrCat("crc32c '", *text, "' is not hexadecimal"));
+    }
+    return v;
+  }
+
+ private:
+  const std::string& source_;
+  int number_;
+  std::vector<std::string> words_;
+};
+
+#define STATE_DICT_ASSIGN(lhs, expr)      \
+  do {                                    \
+    auto _value = (expr);                 \
+    if (!_value.ok()) return _value.status(); \
+    lhs = *std::move(_value);             \
+  } while (false)
+
+}  // namespace
+
+const char* CheckpointKindName(CheckpointKind kind) {
+  return kind == CheckpointKind::kFull ? "full" : "sharded";
+}
+
+std::string FormatManifest(const Manifest& m) {
+  std::string out = absl::StrCat(kMagic, " ", m.format_version, "\nkind ",
+                                 CheckpointKindName(m.kind), "\nstep ", m.step,
+                                 "\nworld_size ", m.world_size, "\n");
+  for (const ManifestFile& f : m.files) {
+    absl::StrAppend(&out, "file ", f.name, " rank ", f.rank, " bytes ", f.bytes,
+                    " crc32c ", absl::Hex(f.crc32c, absl::kZeroPad8), " tensors ",
+                    f.tensors.size(), "\n");
+    for (const ManifestTensor& t : f.tensors) {
+      absl::StrAppend(&out, "tensor ", t.key, " name ", t.name, " dtype ",
+                      c10::toString(t.dtype), " shape ",
+                      t.global_shape.empty() ? "-" : absl::StrJoin(t.global_shape, ","),
+                      " offset ", t.range.offset, " numel ", t.range.numel,
+                      " crc32c ", absl::Hex(t.crc32c, absl::kZeroPad8), "\n");
+    }
+  }
+  out += "end\n";
+  return out;
+}
+
+absl::StatusOr<Manifest> ParseManifest(const std::string& text,
+                                       const std::string& source) {
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
+  // A complete manifest ends with "end\n" (so the split's last piece is "").
+  if (lines.size() < 2 || lines.back() != "" || lines[lines.size() - 2] != "end") {
+    return absl::DataLossError(absl::StrCat(
+        "manifest ", source, " is incomplete (no final 'end' line)"));
+  }
+  lines.resize(lines.size() - 2);
+  Manifest m;
+  if (lines.size() < 4) {
+    return absl::DataLossError(absl::StrCat("manifest ", source, " is too short"));
+  }
+  {
+    Line header(source, 1, lines[0]);
+    int64_t version;
+    STATE_DICT_ASSIGN(version, header.IntField(0, kMagic));
+    if (version > kCheckpointFormatVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "manifest ", source, " has format version ", version,
+          ", newer than this build reads (up to ", kCheckpointFormatVersion,
+          "); use a newer build"));
+    }
+    if (version < 1) return header.Error("format version must be >= 1");
+    m.format_version = static_cast<int>(version);
+  }
+  {
+    Line line(source, 2, lines[1]);
+    std::string kind;
+    STATE_DICT_ASSIGN(kind, line.Field(0, "kind"));
+    if (kind == "full") {
+      m.kind = CheckpointKind::kFull;
+    } else if (kind == "sharded") {
+      m.kind = CheckpointKind::kSharded;
+    } else {
+      return line.Error(absl::StrCat("unknown kind '", kind, "'"));
+    }
+  }
+  STATE_DICT_ASSIGN(m.step, Line(source, 3, lines[2]).IntField(0, "step"));
+  {
+    Line line(source, 4, lines[3]);
+    int64_t world;
+    STATE_DICT_ASSIGN(world, line.IntField(0, "world_size"));
+    if (world < 1) return line.Error("world_size must be >= 1");
+    m.world_size = static_cast<int>(world);
+  }
+  size_t remaining_tensors = 0;
+  for (size_t i = 4; i < lines.size(); ++i) {
+    Line line(source, static_cast<int>(i + 1), lines[i]);
+    if (line.size() == 0) return line.Error("empty line");
+    if (line.word(0) == "file") {
+      if (remaining_tensors != 0) return line.Error("previous file lists too few tensors");
+      ManifestFile f;
+      int64_t rank, bytes, count;
+      STATE_DICT_ASSIGN(f.name, line.Field(0, "file"));
+      STATE_DICT_ASSIGN(rank, line.IntField(2, "rank"));
+      STATE_DICT_ASSIGN(bytes, line.IntField(4, "bytes"));
+      STATE_DICT_ASSIGN(f.crc32c, line.CrcField(6));
+      STATE_DICT_ASSIGN(count, line.IntField(8, "tensors"));
+      if (rank < 0 || bytes < 0 || count < 0) return line.Error("negative field");
+      f.rank = static_cast<int>(rank);
+      f.bytes = static_cast<uint64_t>(bytes);
+      remaining_tensors = static_cast<size_t>(count);
+      m.files.push_back(std::move(f));
+    } else if (line.word(0) == "tensor") {
+      if (m.files.empty() || remaining_tensors == 0) {
+        return line.Error("tensor line outside a file's list");
+      }
+      --remaining_tensors;
+      ManifestTensor t;
+      std::string dtype, shape;
+      STATE_DICT_ASSIGN(t.key, line.Field(0, "tensor"));
+      STATE_DICT_ASSIGN(t.name, line.Field(2, "name"));
+      STATE_DICT_ASSIGN(dtype, line.Field(4, "dtype"));
+      auto parsed = ParseDtype(dtype);
+      if (!parsed.ok()) return line.Error(parsed.status().message());
+      t.dtype = *parsed;
+      STATE_DICT_ASSIGN(shape, line.Field(6, "shape"));
+      if (shape != "-") {
+        for (absl::string_view dim : absl::StrSplit(shape, ',')) {
+          int64_t d;
+          if (!absl::SimpleAtoi(dim, &d) || d < 0) {
+            return line.Error(absl::StrCat("bad shape '", shape, "'"));
+          }
+          t.global_shape.push_back(d);
+        }
+      }
+      STATE_DICT_ASSIGN(t.range.offset, line.IntField(8, "offset"));
+      STATE_DICT_ASSIGN(t.range.numel, line.IntField(10, "numel"));
+      STATE_DICT_ASSIGN(t.crc32c, line.CrcField(12));
+      m.files.back().tensors.push_back(std::move(t));
+    } else {
+      return line.Error(absl::StrCat("unknown entry '", line.word(0), "'"));
+    }
+  }
+  if (remaining_tensors != 0) {
+    return absl::DataLossError(absl::StrCat(
+        "manifest ", source, ": last file lists too few tensors"));
+  }
+  return m;
+}
+
+}  // namespace state_dict

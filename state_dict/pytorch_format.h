@@ -1,0 +1,54 @@
+// State dicts in PyTorch's own file format (the zip archive of torch.save),
+// readable from Python with `torch.load(path)`.
+//
+//   state_dict::TensorDict sd = ...;            // "0.weight" -> tensor, ...
+//   SaveTensorDict(sd, "model.pt");             // Python: torch.load -> dict
+//   auto loaded = LoadTensorDict("py_model.pt");  // from torch.save(
+//                                                 //   model.state_dict(), ...)
+//
+// Saving writes a plain dict (Python >= 3.7 dicts keep insertion order, and
+// nn.Module.load_state_dict accepts it). Loading accepts both a plain dict and
+// the collections.OrderedDict (with its `_metadata`) that state_dict() returns,
+// which LibTorch 1.13's torch::pickle_load rejects (see
+// internal/unpickler.h for why and how).
+#pragma once
+
+#include <string>
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>  // torch/ordered_dict.h uses TORCH_CHECK unincluded
+#include <torch/ordered_dict.h>
+#include <torch/types.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace state_dict {
+
+// Name (fully qualified, "layer.0.weight") -> tensor, in module order.
+using TensorDict = torch::OrderedDict<std::string, torch::Tensor>;
+
+struct LoadedTensorDict {
+  TensorDict tensors;
+  // Python's state_dict()._metadata when present ({prefix: {"version": N}}),
+  // a GenericDict; None for files without it.
+  c10::IValue metadata;
+};
+
+// Writes `tensors` to `path` (atomically: temporary file, fsync, rename).
+// Tensors are written contiguous and on the CPU.
+absl::Status SaveTensorDict(const TensorDict& tensors, const std::string& path);
+
+// The exact bytes SaveTensorDict writes (for callers that checksum them).
+absl::StatusOr<std::string> SerializeTensorDict(const TensorDict& tensors);
+
+// Reads a dict of tensors written by SaveTensorDict or Python's torch.save.
+// Errors name the file and, for a non-tensor value, its key.
+absl::StatusOr<LoadedTensorDict> LoadTensorDict(const std::string& path);
+
+// Any picklable IValue (dicts with str/int keys, lists, tuples, scalars,
+// strings, tensors), e.g. an optimizer state dict in Python's layout.
+absl::Status SaveIValue(const c10::IValue& value, const std::string& path);
+absl::StatusOr<c10::IValue> LoadIValue(const std::string& path);
+
+}  // namespace state_dict

@@ -1,0 +1,186 @@
+#include "state_dict/sharded_tensor.h"
+
+#include <algorithm>
+
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace state_dict {
+namespace {
+
+std::string Shape(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// All pieces of all ranks, sorted by offset.
+std::vector<const ShardPiece*> SortedPieces(const std::vector<ShardedTensor>& shards) {
+  std::vector<const ShardPiece*> pieces;
+  for (const ShardedTensor& shard : shards) {
+    for (const ShardPiece& piece : shard.pieces) {
+      if (piece.range.numel > 0) pieces.push_back(&piece);
+    }
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const ShardPiece* a, const ShardPiece* b) {
+    return a->range.offset < b->range.offset;
+  });
+  return pieces;
+}
+
+absl::Status CheckSameGlobal(const std::string& name,
+                             const std::vector<ShardedTensor>& shards) {
+  if (shards.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': no shards"));
+  }
+  for (size_t r = 0; r < shards.size(); ++r) {
+    if (shards[r].global_shape != shards[0].global_shape ||
+        shards[r].dtype != shards[0].dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "': shard ", r, " says ", Shape(shards[r].global_shape),
+          " ", c10::toString(shards[r].dtype), ", shard 0 says ",
+          Shape(shards[0].global_shape), " ", c10::toString(shards[0].dtype)));
+    }
+    absl::Status status = ValidateShardedTensor(name, shards[r]);
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t ShardedTensor::global_numel() const {
+  int64_t n = 1;
+  for (int64_t d : global_shape) n *= d;
+  return n;
+}
+
+FlatRange EvenShardRange(int64_t numel, int world_size, int rank) {
+  const int64_t chunk = (numel + world_size - 1) / world_size;
+  const int64_t begin = std::min(numel, chunk * rank);
+  const int64_t end = std::min(numel, chunk * (rank + 1));
+  return FlatRange{begin, end - begin};
+}
+
+std::vector<FlatRange> OriginalRangesInShard(const std::vector<int64_t>& numels,
+                                             FlatRange shard) {
+  std::vector<FlatRange> out;
+  int64_t start = 0;  // offset of the current original in the flat parameter
+  for (int64_t numel : numels) {
+    const int64_t begin = std::max(start, shard.offset);
+    const int64_t end = std::min(start + numel, shard.end());
+    if (begin < end) {
+      out.push_back(FlatRange{begin - start, end - begin});
+    } else {
+      out.push_back(FlatRange{0, 0});
+    }
+    start += numel;
+  }
+  return out;
+}
+
+absl::Status ValidateShardedTensor(const std::string& name,
+                                   const ShardedTensor& tensor) {
+  const int64_t numel = tensor.global_numel();
+  for (const ShardPiece& piece : tensor.pieces) {
+    const FlatRange& r = piece.range;
+    if (r.offset < 0 || r.numel < 0 || r.end() > numel) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "': piece [", r.offset, ", ", r.end(),
+          ") lies outside its ", numel, " elements (shape ",
+          Shape(tensor.global_shape), ")"));
+    }
+    if (!piece.data.defined() || piece.data.dim() != 1 ||
+        piece.data.numel() != r.numel) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "': piece at offset ", r.offset, " must be 1-D with ",
+          r.numel, " elements, has shape ",
+          piece.data.defined() ? Shape(piece.data.sizes().vec()) : "undefined"));
+    }
+    if (piece.data.scalar_type() != tensor.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "': piece at offset ", r.offset, " is ",
+          c10::toString(piece.data.scalar_type()), ", expected ",
+          c10::toString(tensor.dtype)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<torch::Tensor> AssembleFullTensor(
+    const std::string& name, const std::vector<ShardedTensor>& shards) {
+  absl::Status status = CheckSameGlobal(name, shards);
+  if (!status.ok()) return status;
+  const ShardedTensor& first = shards.front();
+  const int64_t numel = first.global_numel();
+  torch::Tensor flat = torch::empty({numel}, torch::TensorOptions().dtype(first.dtype));
+  int64_t covered = 0;  // elements [0, covered) are filled
+  for (const ShardPiece* piece : SortedPieces(shards)) {
+    if (piece->range.offset > covered) break;  // gap, reported below
+    if (piece->range.offset < covered) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "': pieces overlap at elements [", piece->range.offset,
+          ", ", std::min(covered, piece->range.end()), ")"));
+    }
+    flat.narrow(0, piece->range.offset, piece->range.numel).copy_(piece->data);
+    covered = piece->range.end();
+  }
+  if (covered != numel) {
+    return absl::NotFoundError(absl::StrCat(
+        "tensor '", name, "': no shard holds elements from ", covered,
+        " on (of ", numel, "); a rank's shard is missing"));
+  }
+  return flat.view(first.global_shape);
+}
+
+absl::StatusOr<ShardedTensor> Reshard(const std::string& name,
+                                      const std::vector<ShardedTensor>& saved,
+                                      const std::vector<FlatRange>& needed) {
+  absl::Status status = CheckSameGlobal(name, saved);
+  if (!status.ok()) return status;
+  ShardedTensor out;
+  out.global_shape = saved.front().global_shape;
+  out.dtype = saved.front().dtype;
+  const int64_t numel = out.global_numel();
+  const std::vector<const ShardPiece*> pieces = SortedPieces(saved);
+  for (const FlatRange& want : needed) {
+    if (want.offset < 0 || want.numel < 0 || want.end() > numel) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "': requested range [", want.offset, ", ", want.end(),
+          ") lies outside its ", numel, " elements"));
+    }
+    torch::Tensor data = torch::empty({want.numel}, torch::TensorOptions().dtype(out.dtype));
+    int64_t filled = want.offset;  // [want.offset, filled) done
+    for (const ShardPiece* piece : pieces) {
+      if (filled >= want.end()) break;
+      if (piece->range.end() <= filled || piece->range.offset > filled) continue;
+      const int64_t end = std::min(piece->range.end(), want.end());
+      data.narrow(0, filled - want.offset, end - filled)
+          .copy_(piece->data.narrow(0, filled - piece->range.offset, end - filled));
+      filled = end;
+    }
+    if (filled < want.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "tensor '", name, "': no saved shard holds element ", filled,
+          " (needed for range [", want.offset, ", ", want.end(),
+          ")); a rank's shard is missing"));
+    }
+    out.pieces.push_back(ShardPiece{want, data});
+  }
+  return out;
+}
+
+ShardedTensor ShardFullTensor(const torch::Tensor& full,
+                              const std::vector<FlatRange>& ranges) {
+  ShardedTensor out;
+  out.global_shape = full.sizes().vec();
+  out.dtype = full.scalar_type();
+  torch::Tensor flat = full.detach().contiguous().view({-1});
+  for (const FlatRange& r : ranges) {
+    if (r.numel == 0) continue;
+    out.pieces.push_back(ShardPiece{r, flat.narrow(0, r.offset, r.numel).clone()});
+  }
+  return out;
+}
+
+}  // namespace state_dict

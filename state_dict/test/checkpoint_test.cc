@@ -1,0 +1,275 @@
+#include "state_dict/checkpoint.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "state_dict/test/python_interop.h"
+
+namespace state_dict {
+namespace {
+
+using testing::TempDir;
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+void Spit(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+bool Contains(const absl::Status& status, const std::string& text) {
+  return status.message().find(text) != absl::string_view::npos;
+}
+
+// A model-like state: uneven sizes so 4 ranks split it unevenly.
+TensorDict MakeState(double scale) {
+  TensorDict sd;
+  sd.insert("encoder.weight", torch::arange(35, torch::kFloat).view({5, 7}) * scale);
+  sd.insert("encoder.bias", torch::arange(5, torch::kFloat) * -scale);
+  sd.insert("head.weight", torch::arange(6, torch::kDouble).view({2, 3}) * scale);
+  sd.insert("steps", torch::tensor({int64_t(scale)}, torch::kLong));
+  return sd;
+}
+
+// FSDP-style shards of `sd` over `world` ranks: the state's tensors are
+// flattened into one flat parameter and split evenly.
+std::vector<ShardedStateDict> Shard(const TensorDict& sd, int world) {
+  std::vector<int64_t> numels;
+  int64_t total = 0;
+  for (const auto& item : sd) {
+    numels.push_back(item.value().numel());
+    total += item.value().numel();
+  }
+  std::vector<ShardedStateDict> out(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    auto ranges = OriginalRangesInShard(numels, EvenShardRange(total, world, r));
+    size_t i = 0;
+    for (const auto& item : sd) {
+      out[static_cast<size_t>(r)].insert(item.key(),
+                                         ShardFullTensor(item.value(), {ranges[i++]}));
+    }
+  }
+  return out;
+}
+
+void ExpectSameState(const TensorDict& got, const TensorDict& want) {
+  ASSERT_EQ(got.keys(), want.keys());
+  for (const auto& item : want) {
+    EXPECT_EQ(got[item.key()].scalar_type(), item.value().scalar_type()) << item.key();
+    EXPECT_TRUE(torch::equal(got[item.key()], item.value())) << item.key();
+  }
+}
+
+TEST(CheckpointTest, FullRoundTripAndLatest) {
+  const std::string root = TempDir("full");
+  ASSERT_TRUE(SaveFullCheckpoint(root, 10, MakeState(1)).ok());
+  ASSERT_TRUE(SaveFullCheckpoint(root, 20, MakeState(2)).ok());
+  auto latest = LatestCheckpoint(root);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, root + "/step_20");
+  ASSERT_TRUE(VerifyCheckpoint(*latest).ok());
+  auto loaded = LoadFullStateDict(*latest);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSameState(*loaded, MakeState(2));
+  // The data file is PyTorch's own format.
+  auto direct = LoadTensorDict(*latest + "/model.pt");
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  ExpectSameState(direct->tensors, MakeState(2));
+  // A complete step is never overwritten in place.
+  EXPECT_TRUE(absl::IsAlreadyExists(SaveFullCheckpoint(root, 20, MakeState(3))));
+}
+
+TEST(CheckpointTest, ShardedOnFourRanksLoadsOnOneTwoAndThree) {
+  const std::string root = TempDir("sharded");
+  const TensorDict state = MakeState(3);
+  ASSERT_TRUE(SaveShardedCheckpoint(root, 5, Shard(state, 4)).ok());
+  const std::string dir = StepDirectory(root, 5);
+  ASSERT_TRUE(VerifyCheckpoint(dir).ok());
+  auto manifest = ReadManifest(dir);
+  ASSERT_TRUE(manifest.ok());
+  EXPECT_EQ(manifest->world_size, 4);
+  EXPECT_EQ(manifest->kind, CheckpointKind::kSharded);
+
+  auto full = LoadFullStateDict(dir);  // world size 1
+  ASSERT_TRUE(full.ok()) << full.status();
+  ExpectSameState(*full, state);
+
+  for (int world : {2, 3}) {
+    const std::vector<ShardedStateDict> expected = Shard(state, world);
+    for (int rank = 0; rank < world; ++rank) {
+      std::vector<std::pair<std::string, ShardRequest>> requests;
+      for (const auto& item : expected[static_cast<size_t>(rank)]) {
+        ShardRequest request;
+        request.global_shape = item.value().global_shape;
+        request.dtype = item.value().dtype;
+        for (const ShardPiece& p : item.value().pieces) request.ranges.push_back(p.range);
+        requests.emplace_back(item.key(), request);
+      }
+      auto got = LoadResharded(dir, requests);
+      ASSERT_TRUE(got.ok()) << got.status();
+      for (const auto& item : expected[static_cast<size_t>(rank)]) {
+        const ShardedTensor& g = (*got)[item.key()];
+        ASSERT_EQ(g.pieces.size(), item.value().pieces.size());
+        for (size_t k = 0; k < g.pieces.size(); ++k) {
+          EXPECT_TRUE(torch::equal(g.pieces[k].data, item.value().pieces[k].data))
+              << item.key() << " world " << world << " rank " << rank;
+        }
+      }
+    }
+  }
+  // LOCAL: only for the same world size.
+  EXPECT_TRUE(LoadLocalShard(dir, 1, 4).ok());
+  auto wrong_world = LoadLocalShard(dir, 1, 2);
+  EXPECT_TRUE(Contains(wrong_world.status(), "world size 4")) << wrong_world.status();
+}
+
+TEST(CheckpointTest, ModelMismatchNamesTheTensor) {
+  const std::string root = TempDir("mismatch");
+  ASSERT_TRUE(SaveShardedCheckpoint(root, 1, Shard(MakeState(1), 2)).ok());
+  const std::string dir = StepDirectory(root, 1);
+  ShardRequest request;
+  request.global_shape = {5, 6};
+  request.dtype = torch::kFloat;
+  request.ranges = {{0, 3}};
+  auto shape = LoadResharded(dir, {{"encoder.weight", request}});
+  EXPECT_TRUE(Contains(shape.status(), "'encoder.weight'")) << shape.status();
+  EXPECT_TRUE(Contains(shape.status(), "[5, 7]")) << shape.status();
+  request.global_shape = {5, 7};
+  request.dtype = torch::kHalf;
+  auto dtype = LoadResharded(dir, {{"encoder.weight", request}});
+  EXPECT_TRUE(Contains(dtype.status(), "Half")) << dtype.status();
+  auto unknown = LoadResharded(dir, {{"decoder.weight", request}});
+  EXPECT_TRUE(absl::IsNotFound(unknown.status()));
+  EXPECT_TRUE(Contains(unknown.status(), "'decoder.weight'")) << unknown.status();
+}
+
+TEST(CheckpointTest, DamagedCheckpointsAreClearErrors) {
+  const std::string root = TempDir("damaged");
+  ASSERT_TRUE(SaveShardedCheckpoint(root, 7, Shard(MakeState(1), 4)).ok());
+  const std::string dir = StepDirectory(root, 7);
+  const std::string rank2 = dir + "/rank_00002.pt";
+  const std::string original = Slurp(rank2);
+
+  // Truncated file.
+  Spit(rank2, original.substr(0, original.size() - 100));
+  absl::Status status = VerifyCheckpoint(dir);
+  EXPECT_TRUE(Contains(status, rank2) && Contains(status, "truncated")) << status;
+  EXPECT_FALSE(LoadFullStateDict(dir).ok());
+
+  // One corrupted byte inside tensor data: find rank 2's piece of
+  // encoder.weight in the file and flip a bit in it.
+  ShardedTensor piece = Shard(MakeState(1), 4)[2]["encoder.weight"];
+  torch::Tensor data = piece.pieces.at(0).data.contiguous();
+  const std::string needle(static_cast<const char*>(data.data_ptr()), data.nbytes());
+  const size_t at = original.find(needle);
+  ASSERT_NE(at, std::string::npos);
+  std::string corrupted = original;
+  corrupted[at + 5] ^= 0x10;
+  Spit(rank2, corrupted);
+  status = VerifyCheckpoint(dir);
+  EXPECT_TRUE(Contains(status, "checksum mismatch in file " + rank2)) << status;
+  EXPECT_TRUE(Contains(status, "'encoder.weight'")) << status;
+
+  // Missing rank file.
+  ::unlink(rank2.c_str());
+  auto loaded = LoadFullStateDict(dir);
+  EXPECT_TRUE(absl::IsNotFound(loaded.status()));
+  EXPECT_TRUE(Contains(loaded.status(), rank2) && Contains(loaded.status(), "rank 2"))
+      << loaded.status();
+  Spit(rank2, original);
+  EXPECT_TRUE(VerifyCheckpoint(dir).ok());
+
+  // A manifest from a newer format.
+  const std::string manifest_path = dir + "/MANIFEST";
+  std::string manifest = Slurp(manifest_path);
+  Spit(manifest_path, "torchfsdp-checkpoint 2" + manifest.substr(manifest.find('\n')));
+  status = VerifyCheckpoint(dir);
+  EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
+  EXPECT_TRUE(Contains(status, "format version 2") && Contains(status, manifest_path)) << status;
+  EXPECT_TRUE(absl::IsFailedPrecondition(LatestCheckpoint(root).status()));
+
+  // A manifest cut short is an incomplete save, not a checkpoint.
+  Spit(manifest_path, manifest.substr(0, manifest.size() / 2));
+  EXPECT_TRUE(absl::IsNotFound(LatestCheckpoint(root).status()));
+  Spit(manifest_path, manifest);
+  EXPECT_TRUE(LatestCheckpoint(root).ok());
+}
+
+// A process is SIGKILLed in the middle of writing step 2 (after its first
+// file is durable, before the rest and the manifest). Step 1 must still be
+// the latest checkpoint and load completely.
+TEST(CheckpointTest, KilledSaveLeavesPreviousCheckpointLoadable) {
+  const std::string root = TempDir("killed");
+  ASSERT_TRUE(SaveShardedCheckpoint(root, 1, Shard(MakeState(1), 4)).ok());
+
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(pipe_fds[0]);
+    internal::SetAfterFileWrittenHookForTesting([&](const std::string&) {
+      char byte = 1;
+      if (::write(pipe_fds[1], &byte, 1) != 1) ::_exit(3);
+      while (true) ::pause();  // wait here to be killed mid-save
+    });
+    (void)SaveShardedCheckpoint(root, 2, Shard(MakeState(2), 4));
+    ::_exit(2);  // not reached: the hook never returns
+  }
+  ::close(pipe_fds[1]);
+  char byte = 0;
+  ASSERT_EQ(::read(pipe_fds[0], &byte, 1), 1) << "child never wrote a file";
+  ::close(pipe_fds[0]);
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL);
+
+  // The partial step exists on disk, with its first file, but no manifest.
+  const std::string partial = StepDirectory(root, 2);
+  EXPECT_EQ(::access((partial + "/rank_00000.pt").c_str(), F_OK), 0);
+  EXPECT_NE(::access((partial + "/MANIFEST").c_str(), F_OK), 0);
+  EXPECT_TRUE(absl::IsNotFound(ReadManifest(partial).status()));
+
+  auto latest = LatestCheckpoint(root);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, StepDirectory(root, 1));
+  auto loaded = LoadFullStateDict(*latest);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSameState(*loaded, MakeState(1));
+
+  // Saving step 2 again over the debris completes normally.
+  ASSERT_TRUE(SaveShardedCheckpoint(root, 2, Shard(MakeState(2), 4)).ok());
+  latest = LatestCheckpoint(root);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(*latest, partial);
+  loaded = LoadFullStateDict(partial);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSameState(*loaded, MakeState(2));
+}
+
+TEST(CheckpointTest, CommitRefusesUntilEveryRankFinished) {
+  const std::string root = TempDir("commit");
+  auto shards = Shard(MakeState(1), 3);
+  ASSERT_TRUE(SaveShard(root, 4, 0, 3, shards[0]).ok());
+  ASSERT_TRUE(SaveShard(root, 4, 2, 3, shards[2]).ok());
+  absl::Status status = CommitShardedCheckpoint(root, 4, 3);
+  EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
+  EXPECT_TRUE(Contains(status, "rank 1")) << status;
+  EXPECT_FALSE(LatestCheckpoint(root).ok());
+  ASSERT_TRUE(SaveShard(root, 4, 1, 3, shards[1]).ok());
+  ASSERT_TRUE(CommitShardedCheckpoint(root, 4, 3).ok());
+  EXPECT_TRUE(LatestCheckpoint(root).ok());
+}
+
+}  // namespace
+}  // namespace state_dict

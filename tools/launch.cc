@@ -1,0 +1,68 @@
+// bazel run //tools:launch -- --nproc N [--nnodes M --node-rank K
+//     --master-addr A --master-port P --timeout SECONDS] -- PROGRAM [ARGS...]
+//
+// Starts N local ranks of PROGRAM with RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT set (see comm/launcher.h),
+// prefixes their output with "[rank K] ", and exits with the status of the
+// first rank that failed (128 + signal if it was killed, 124 on --timeout,
+// 2 on bad usage).
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "comm/launcher.h"
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+
+void on_signal(int signal) { g_stop_signal.store(signal); }
+
+constexpr const char kUsage[] =
+    "usage: launch --nproc N [--nnodes M] [--node-rank K] [--master-addr A]\n"
+    "              [--master-port P] [--timeout SECONDS] -- PROGRAM [ARGS...]\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // `bazel run` starts us in the runfiles tree; run the program from where
+  // the user typed the command, so relative paths mean what they expect.
+  if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY")) {
+    if (chdir(dir) != 0) std::perror("launch: chdir(BUILD_WORKING_DIRECTORY)");
+  }
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  auto options = comm::parse_launch_args(args);
+  if (!options.ok()) {
+    std::fprintf(stderr, "launch: %s\n%s",
+                 std::string(options.status().message()).c_str(), kUsage);
+    return 2;
+  }
+  // SIGINT/SIGTERM/SIGHUP end the ranks (SIGTERM, then SIGKILL) instead of
+  // leaving them to run on.
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &action, nullptr);
+  options->stop_signal = &g_stop_signal;
+
+  auto result = comm::launch(*options);
+  if (!result.ok()) {
+    std::fprintf(stderr, "launch: %s\n",
+                 std::string(result.status().message()).c_str());
+    return 2;
+  }
+  if (result->exit_code != 0) {
+    std::fprintf(stderr, "launch: %s (exit status %d)\n",
+                 result->summary.c_str(), result->exit_code);
+  }
+  return result->exit_code;
+}
