@@ -20,6 +20,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -34,6 +35,7 @@
 namespace {
 
 constexpr int kWorld = 2;
+constexpr int kRepetitions = 5;
 comm::ProcessGroup* g_group = nullptr;
 
 enum class Op { kAllGather, kReduceScatter, kAllReduce };
@@ -121,10 +123,12 @@ void run(benchmark::State& state, Op op, const Factory& factory) {
   Step step = factory(bytes);
   comm::barrier(*g_group).wait();
   step();  // warm-up, and lines the ranks up
+  const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) step();
-  state.counters["busbw_GBps"] = benchmark::Counter(
-      static_cast<double>(bytes) * bus_factor(op) * state.iterations() / 1e9,
-      benchmark::Counter::kIsRate);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  state.counters["busbw_GB/s"] =
+      static_cast<double>(bytes) * bus_factor(op) * state.iterations() / seconds / 1e9;
   state.SetLabel(std::to_string(bytes >> 10) + " KiB");
 }
 
@@ -134,7 +138,12 @@ class RatioReporter : public benchmark::ConsoleReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const auto& r : runs) {
-      times_[r.benchmark_name()] = r.GetAdjustedRealTime();
+      // Ratios from the median of the repetitions: a 2-core VM running two
+      // ranks plus Gloo's threads is noisy.
+      if (r.run_type != Run::RT_Aggregate || r.aggregate_name != "median") continue;
+      // "all_gather/comm" + "/" + "1024", without the iteration suffixes.
+      times_[r.run_name.function_name + "/" + r.run_name.args] =
+          r.GetAdjustedRealTime();
     }
   }
   void Finalize() override {
@@ -170,13 +179,13 @@ void register_all() {
       {"reduce_scatter", Op::kReduceScatter},
       {"all_reduce", Op::kAllReduce}};
   for (int64_t bytes = 1 << 10; bytes <= (int64_t{64} << 20); bytes *= 4) {
-    // ~256 MiB moved per benchmark, at least 10 iterations.
-    const int64_t iters = std::clamp<int64_t>((int64_t{256} << 20) / bytes, 10, 1000);
+    // ~64 MiB moved per repetition, at least 4 iterations.
+    const int64_t iters = std::clamp<int64_t>((int64_t{64} << 20) / bytes, 4, 500);
     for (const auto& [name, op] : ops) {
       const Op o = op;
       for (bool raw : {false, true}) {
-        const std::string full =
-            std::string(name) + (raw ? "/raw/" : "/comm/") + std::to_string(bytes);
+        // Google Benchmark appends the size (the Arg) to the name.
+        const std::string full = std::string(name) + (raw ? "/raw" : "/comm");
         benchmark::RegisterBenchmark(full.c_str(),
                                      [o, raw](benchmark::State& s) {
                                        run(s, o, [o, raw](int64_t b) {
@@ -185,17 +194,21 @@ void register_all() {
                                      })
             ->Arg(bytes)
             ->Iterations(iters)
+            ->Repetitions(kRepetitions)
+            ->ReportAggregatesOnly(true)
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
       }
     }
-    const std::string alt = "reduce_scatter_via_allreduce/raw/" + std::to_string(bytes);
+    const std::string alt = "reduce_scatter_via_allreduce/raw";
     benchmark::RegisterBenchmark(alt.c_str(),
                                  [](benchmark::State& s) {
                                    run(s, Op::kReduceScatter, raw_allreduce_slice_step);
                                  })
         ->Arg(bytes)
         ->Iterations(iters)
+        ->Repetitions(kRepetitions)
+        ->ReportAggregatesOnly(true)
         ->UseRealTime()
         ->Unit(benchmark::kMicrosecond);
   }
@@ -205,6 +218,8 @@ int launch_ranks(int argc, char** argv) {
   comm::LaunchOptions options;
   options.nproc_per_node = kWorld;
   options.command = {"/proc/self/exe"};
+  // The ranks write to pipes; keep escape codes out of the report.
+  options.command.push_back("--benchmark_color=false");
   for (int i = 1; i < argc; ++i) options.command.push_back(argv[i]);
   options.timeout = std::chrono::minutes(20);
   options.on_line = [](int rank, bool is_stderr, const std::string& line) {
@@ -239,14 +254,22 @@ int main(int argc, char** argv) {
     return 1;
   }
   g_group = &*group;
+  if (group->rank() != 0) {
+    // Only rank 0 writes --benchmark_out files.
+    int kept = 1;
+    for (int i = 1; i < argc; ++i) {
+      if (std::string(argv[i]).rfind("--benchmark_out", 0) != 0) argv[kept++] = argv[i];
+    }
+    argc = kept;
+  }
   benchmark::Initialize(&argc, argv);
   register_all();
   if (group->rank() == 0) {
     RatioReporter reporter;
     benchmark::RunSpecifiedBenchmarks(&reporter);
   } else {
-    SilentReporter display, file;
-    benchmark::RunSpecifiedBenchmarks(&display, &file);
+    SilentReporter display;
+    benchmark::RunSpecifiedBenchmarks(&display);
   }
   comm::barrier(*group).wait();
   benchmark::Shutdown();

@@ -174,17 +174,26 @@ Work reduce_scatter_tensor(const ProcessGroup& group, const at::Tensor& output,
     at::Tensor chunks = received.view({world, n});
     // Reduce bfloat16/half in float32: one rounding at the end instead of
     // one per rank.
-    const bool upcast = output.scalar_type() == at::kBFloat16 ||
-                        output.scalar_type() == at::kHalf;
-    if (upcast) chunks = chunks.to(at::kFloat);
-    at::Tensor result;
-    switch (op) {
-      case ReduceOp::kSum: result = chunks.sum(0); break;
-      case ReduceOp::kAvg: result = chunks.sum(0).div_(world); break;
-      case ReduceOp::kMax: result = std::get<0>(chunks.max(0)); break;
-      case ReduceOp::kMin: result = std::get<0>(chunks.min(0)); break;
+    if (output.scalar_type() == at::kBFloat16 || output.scalar_type() == at::kHalf) {
+      chunks = chunks.to(at::kFloat);
+      at::Tensor result;
+      switch (op) {
+        case ReduceOp::kSum: result = chunks.sum(0); break;
+        case ReduceOp::kAvg: result = chunks.sum(0).div_(world); break;
+        case ReduceOp::kMax: result = chunks.amax(0); break;
+        case ReduceOp::kMin: result = chunks.amin(0); break;
+      }
+      output.copy_(result);
+      return;
     }
-    output.copy_(result);
+    // Straight into the caller's tensor: no temporary on the hot path.
+    at::Tensor out = output;
+    switch (op) {
+      case ReduceOp::kSum: at::sum_out(out, chunks, 0); break;
+      case ReduceOp::kAvg: at::sum_out(out, chunks, 0).div_(world); break;
+      case ReduceOp::kMax: at::amax_out(out, chunks, 0); break;
+      case ReduceOp::kMin: at::amin_out(out, chunks, 0); break;
+    }
   };
   return make_work(state,
                    absl::StrCat(describe(kOp, state), " op=", reduce_op_name(op)),

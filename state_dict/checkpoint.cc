@@ -1,6 +1,7 @@
 #include "state_dict/checkpoint.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <set>
@@ -270,6 +271,14 @@ absl::Status SaveShard(const std::string& root, int64_t step, int rank,
   }
   absl::Status status = PrepareStepDirectory(dir);
   if (!status.ok()) return status;
+  // A .meta left by an interrupted earlier attempt at this step must not
+  // vouch for this attempt: it goes before the data file is rewritten, so if
+  // this save fails, CommitShardedCheckpoint sees the rank as unfinished.
+  const std::string meta_path = dir + "/" + RankMetaName(rank);
+  if (::unlink(meta_path.c_str()) == 0) {
+    status = internal::FsyncDirectory(dir);
+    if (!status.ok()) return status;
+  }
   auto bytes = SerializeTensorDict(pieces);
   if (!bytes.ok()) return bytes.status();
   file.bytes = bytes->size();
@@ -281,7 +290,7 @@ absl::Status SaveShard(const std::string& root, int64_t step, int rank,
   meta.step = step;
   meta.world_size = world_size;
   meta.files.push_back(std::move(file));
-  return WriteCheckpointFile(dir + "/" + RankMetaName(rank), FormatManifest(meta));
+  return WriteCheckpointFile(meta_path, FormatManifest(meta));
 }
 
 absl::Status CommitShardedCheckpoint(const std::string& root, int64_t step,

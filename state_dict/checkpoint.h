@@ -49,7 +49,9 @@ absl::Status SaveFullCheckpoint(const std::string& root, int64_t step,
 
 // SHARDED checkpoint, one rank's part: writes rank_<rank>.pt (a dict of the
 // rank's pieces; a tensor's first piece is keyed by its name, later ones
-// "<name>#<k>") and rank_<rank>.meta.
+// "<name>#<k>") and then rank_<rank>.meta. Every rank should list every
+// tensor (with no pieces where it holds none) so that shapes and dtypes are
+// recorded for all. Only commit when every rank's SaveShard succeeded.
 absl::Status SaveShard(const std::string& root, int64_t step, int rank,
                        int world_size, const ShardedStateDict& shard);
 
@@ -83,18 +85,10 @@ absl::Status VerifyCheckpoint(const std::string& step_dir);
 // assembled from all ranks' pieces), verified.
 absl::StatusOr<TensorDict> LoadFullStateDict(const std::string& step_dir);
 
-// What a rank needs of one tensor when loading a sharded checkpoint: its
-// expected global shape and dtype (checked against the checkpoint) and the
-// ranges of the flattened tensor it holds under the current world size.
-struct ShardRequest {
-  std::vector<int64_t> global_shape;
-  c10::ScalarType dtype = c10::ScalarType::Float;
-  std::vector<FlatRange> ranges;
-};
-
-// Reshard on load: for each requested name, the requested pieces filled
-// from whichever saved ranks hold them (only those files are read, and each
-// is verified first). Errors: an unknown name, a shape or dtype differing
+// Reshard on load: for each requested name (ShardRequest: sharded_tensor.h;
+// FlatShardRequests builds them for a flat-parameter shard), the requested
+// pieces filled from whichever saved ranks hold them (only those files are
+// read, and each is verified first). Errors: an unknown name, a shape or dtype differing
 // from the request, a missing rank file, a checksum failure.
 absl::StatusOr<ShardedStateDict> LoadResharded(
     const std::string& step_dir,

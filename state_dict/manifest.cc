@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "state_dict/internal/status_macros.h"
 
 namespace state_dict {
 namespace {
@@ -67,13 +68,6 @@ class Line {
   std::vector<std::string> words_;
 };
 
-#define STATE_DICT_ASSIGN(lhs, expr)      \
-  do {                                    \
-    auto _value = (expr);                 \
-    if (!_value.ok()) return _value.status(); \
-    lhs = *std::move(_value);             \
-  } while (false)
-
 }  // namespace
 
 const char* CheckpointKindName(CheckpointKind kind) {
@@ -116,7 +110,7 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text,
   {
     Line header(source, 1, lines[0]);
     int64_t version;
-    STATE_DICT_ASSIGN(version, header.IntField(0, kMagic));
+    STATE_DICT_ASSIGN_OR_RETURN(version, header.IntField(0, kMagic));
     if (version > kCheckpointFormatVersion) {
       return absl::FailedPreconditionError(absl::StrCat(
           "manifest ", source, " has format version ", version,
@@ -129,7 +123,7 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text,
   {
     Line line(source, 2, lines[1]);
     std::string kind;
-    STATE_DICT_ASSIGN(kind, line.Field(0, "kind"));
+    STATE_DICT_ASSIGN_OR_RETURN(kind, line.Field(0, "kind"));
     if (kind == "full") {
       m.kind = CheckpointKind::kFull;
     } else if (kind == "sharded") {
@@ -138,11 +132,11 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text,
       return line.Error(absl::StrCat("unknown kind '", kind, "'"));
     }
   }
-  STATE_DICT_ASSIGN(m.step, Line(source, 3, lines[2]).IntField(0, "step"));
+  STATE_DICT_ASSIGN_OR_RETURN(m.step, Line(source, 3, lines[2]).IntField(0, "step"));
   {
     Line line(source, 4, lines[3]);
     int64_t world;
-    STATE_DICT_ASSIGN(world, line.IntField(0, "world_size"));
+    STATE_DICT_ASSIGN_OR_RETURN(world, line.IntField(0, "world_size"));
     if (world < 1) return line.Error("world_size must be >= 1");
     m.world_size = static_cast<int>(world);
   }
@@ -154,11 +148,11 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text,
       if (remaining_tensors != 0) return line.Error("previous file lists too few tensors");
       ManifestFile f;
       int64_t rank, bytes, count;
-      STATE_DICT_ASSIGN(f.name, line.Field(0, "file"));
-      STATE_DICT_ASSIGN(rank, line.IntField(2, "rank"));
-      STATE_DICT_ASSIGN(bytes, line.IntField(4, "bytes"));
-      STATE_DICT_ASSIGN(f.crc32c, line.CrcField(6));
-      STATE_DICT_ASSIGN(count, line.IntField(8, "tensors"));
+      STATE_DICT_ASSIGN_OR_RETURN(f.name, line.Field(0, "file"));
+      STATE_DICT_ASSIGN_OR_RETURN(rank, line.IntField(2, "rank"));
+      STATE_DICT_ASSIGN_OR_RETURN(bytes, line.IntField(4, "bytes"));
+      STATE_DICT_ASSIGN_OR_RETURN(f.crc32c, line.CrcField(6));
+      STATE_DICT_ASSIGN_OR_RETURN(count, line.IntField(8, "tensors"));
       if (rank < 0 || bytes < 0 || count < 0) return line.Error("negative field");
       f.rank = static_cast<int>(rank);
       f.bytes = static_cast<uint64_t>(bytes);
@@ -171,13 +165,13 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text,
       --remaining_tensors;
       ManifestTensor t;
       std::string dtype, shape;
-      STATE_DICT_ASSIGN(t.key, line.Field(0, "tensor"));
-      STATE_DICT_ASSIGN(t.name, line.Field(2, "name"));
-      STATE_DICT_ASSIGN(dtype, line.Field(4, "dtype"));
+      STATE_DICT_ASSIGN_OR_RETURN(t.key, line.Field(0, "tensor"));
+      STATE_DICT_ASSIGN_OR_RETURN(t.name, line.Field(2, "name"));
+      STATE_DICT_ASSIGN_OR_RETURN(dtype, line.Field(4, "dtype"));
       auto parsed = ParseDtype(dtype);
       if (!parsed.ok()) return line.Error(parsed.status().message());
       t.dtype = *parsed;
-      STATE_DICT_ASSIGN(shape, line.Field(6, "shape"));
+      STATE_DICT_ASSIGN_OR_RETURN(shape, line.Field(6, "shape"));
       if (shape != "-") {
         for (absl::string_view dim : absl::StrSplit(shape, ',')) {
           int64_t d;
@@ -187,9 +181,9 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text,
           t.global_shape.push_back(d);
         }
       }
-      STATE_DICT_ASSIGN(t.range.offset, line.IntField(8, "offset"));
-      STATE_DICT_ASSIGN(t.range.numel, line.IntField(10, "numel"));
-      STATE_DICT_ASSIGN(t.crc32c, line.CrcField(12));
+      STATE_DICT_ASSIGN_OR_RETURN(t.range.offset, line.IntField(8, "offset"));
+      STATE_DICT_ASSIGN_OR_RETURN(t.range.numel, line.IntField(10, "numel"));
+      STATE_DICT_ASSIGN_OR_RETURN(t.crc32c, line.CrcField(12));
       m.files.back().tensors.push_back(std::move(t));
     } else {
       return line.Error(absl::StrCat("unknown entry '", line.word(0), "'"));

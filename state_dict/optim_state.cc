@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "state_dict/internal/status_macros.h"
 
 namespace state_dict {
 namespace {
@@ -131,29 +132,22 @@ absl::Status CheckPythonOnlyOptions(const OptimParamGroup& g, size_t index) {
   return absl::OkStatus();
 }
 
-#define STATE_DICT_ASSIGN(lhs, expr)          \
-  do {                                        \
-    auto _value = (expr);                     \
-    if (!_value.ok()) return _value.status(); \
-    lhs = *std::move(_value);                 \
-  } while (false)
-
 template <typename Options>
 absl::StatusOr<std::unique_ptr<torch::optim::OptimizerOptions>> ReadAdamOptions(
     const torch::optim::OptimizerOptions& current, const OptimParamGroup& g, size_t index) {
   auto o = std::make_unique<Options>(static_cast<const Options&>(current));
   double d;
-  STATE_DICT_ASSIGN(d, GetDouble(g, index, "lr"));
+  STATE_DICT_ASSIGN_OR_RETURN(d, GetDouble(g, index, "lr"));
   o->lr(d);
   std::tuple<double, double> betas;
-  STATE_DICT_ASSIGN(betas, GetBetas(g, index));
+  STATE_DICT_ASSIGN_OR_RETURN(betas, GetBetas(g, index));
   o->betas(betas);
-  STATE_DICT_ASSIGN(d, GetDouble(g, index, "eps"));
+  STATE_DICT_ASSIGN_OR_RETURN(d, GetDouble(g, index, "eps"));
   o->eps(d);
-  STATE_DICT_ASSIGN(d, GetDouble(g, index, "weight_decay"));
+  STATE_DICT_ASSIGN_OR_RETURN(d, GetDouble(g, index, "weight_decay"));
   o->weight_decay(d);
   bool b;
-  STATE_DICT_ASSIGN(b, GetBool(g, index, "amsgrad"));
+  STATE_DICT_ASSIGN_OR_RETURN(b, GetBool(g, index, "amsgrad"));
   o->amsgrad(b);
   return std::unique_ptr<torch::optim::OptimizerOptions>(std::move(o));
 }
@@ -162,16 +156,16 @@ absl::StatusOr<std::unique_ptr<torch::optim::OptimizerOptions>> ReadSgdOptions(
     const torch::optim::OptimizerOptions& current, const OptimParamGroup& g, size_t index) {
   auto o = std::make_unique<SGDOptions>(static_cast<const SGDOptions&>(current));
   double d;
-  STATE_DICT_ASSIGN(d, GetDouble(g, index, "lr"));
+  STATE_DICT_ASSIGN_OR_RETURN(d, GetDouble(g, index, "lr"));
   o->lr(d);
-  STATE_DICT_ASSIGN(d, GetDouble(g, index, "momentum"));
+  STATE_DICT_ASSIGN_OR_RETURN(d, GetDouble(g, index, "momentum"));
   o->momentum(d);
-  STATE_DICT_ASSIGN(d, GetDouble(g, index, "dampening"));
+  STATE_DICT_ASSIGN_OR_RETURN(d, GetDouble(g, index, "dampening"));
   o->dampening(d);
-  STATE_DICT_ASSIGN(d, GetDouble(g, index, "weight_decay"));
+  STATE_DICT_ASSIGN_OR_RETURN(d, GetDouble(g, index, "weight_decay"));
   o->weight_decay(d);
   bool b;
-  STATE_DICT_ASSIGN(b, GetBool(g, index, "nesterov"));
+  STATE_DICT_ASSIGN_OR_RETURN(b, GetBool(g, index, "nesterov"));
   o->nesterov(b);
   return std::unique_ptr<torch::optim::OptimizerOptions>(std::move(o));
 }
@@ -215,15 +209,15 @@ absl::StatusOr<std::unique_ptr<torch::optim::OptimizerParamState>> ReadAdamState
     const TensorDict& s, int64_t id, const torch::Tensor& param, const Options& options) {
   auto out = std::make_unique<ParamState>();
   int64_t step;
-  STATE_DICT_ASSIGN(step, ReadStep(s, id));
+  STATE_DICT_ASSIGN_OR_RETURN(step, ReadStep(s, id));
   out->step(step);
   torch::Tensor t;
-  STATE_DICT_ASSIGN(t, ReadStateTensor(s, id, "exp_avg", param));
+  STATE_DICT_ASSIGN_OR_RETURN(t, ReadStateTensor(s, id, "exp_avg", param));
   out->exp_avg(t);
-  STATE_DICT_ASSIGN(t, ReadStateTensor(s, id, "exp_avg_sq", param));
+  STATE_DICT_ASSIGN_OR_RETURN(t, ReadStateTensor(s, id, "exp_avg_sq", param));
   out->exp_avg_sq(t);
   if (options.amsgrad()) {
-    STATE_DICT_ASSIGN(t, ReadStateTensor(s, id, "max_exp_avg_sq", param));
+    STATE_DICT_ASSIGN_OR_RETURN(t, ReadStateTensor(s, id, "max_exp_avg_sq", param));
     out->max_exp_avg_sq(t);
   }
   return std::unique_ptr<torch::optim::OptimizerParamState>(std::move(out));
@@ -253,7 +247,7 @@ std::string ParamKeyString(const ParamKey& key) {
 absl::StatusOr<OptimStateDict> ExportOptimizerState(
     const torch::optim::Optimizer& optimizer) {
   Kind kind;
-  STATE_DICT_ASSIGN(kind, KindOf(optimizer));
+  STATE_DICT_ASSIGN_OR_RETURN(kind, KindOf(optimizer));
   OptimStateDict out;
   int64_t id = 0;
   for (const auto& group : optimizer.param_groups()) {
@@ -298,7 +292,7 @@ absl::StatusOr<OptimStateDict> ExportOptimizerState(
 absl::Status ImportOptimizerState(torch::optim::Optimizer& optimizer,
                                   const OptimStateDict& state) {
   Kind kind;
-  STATE_DICT_ASSIGN(kind, KindOf(optimizer));
+  STATE_DICT_ASSIGN_OR_RETURN(kind, KindOf(optimizer));
   if (state.key_type != OptimStateKeyType::kParamId) {
     return absl::InvalidArgumentError(
         "the optimizer state dict is keyed by parameter name; rekey it with "
@@ -348,11 +342,11 @@ absl::Status ImportOptimizerState(torch::optim::Optimizer& optimizer,
     absl::Status status = CheckPythonOnlyOptions(saved, match);
     if (!status.ok()) return status;
     if (kind == Kind::kAdam) {
-      STATE_DICT_ASSIGN(new_options[g], ReadAdamOptions<AdamOptions>(groups[g].options(), saved, match));
+      STATE_DICT_ASSIGN_OR_RETURN(new_options[g], ReadAdamOptions<AdamOptions>(groups[g].options(), saved, match));
     } else if (kind == Kind::kAdamW) {
-      STATE_DICT_ASSIGN(new_options[g], ReadAdamOptions<AdamWOptions>(groups[g].options(), saved, match));
+      STATE_DICT_ASSIGN_OR_RETURN(new_options[g], ReadAdamOptions<AdamWOptions>(groups[g].options(), saved, match));
     } else {
-      STATE_DICT_ASSIGN(new_options[g], ReadSgdOptions(groups[g].options(), saved, match));
+      STATE_DICT_ASSIGN_OR_RETURN(new_options[g], ReadSgdOptions(groups[g].options(), saved, match));
     }
   }
   std::vector<const torch::optim::OptimizerOptions*> options_of(params.size());
@@ -380,16 +374,16 @@ absl::Status ImportOptimizerState(torch::optim::Optimizer& optimizer,
     const auto& options = *options_of[static_cast<size_t>(id)];
     std::unique_ptr<torch::optim::OptimizerParamState> s;
     if (kind == Kind::kAdam) {
-      STATE_DICT_ASSIGN(s, (ReadAdamState<AdamParamState>(
+      STATE_DICT_ASSIGN_OR_RETURN(s, (ReadAdamState<AdamParamState>(
                                entry.second, id, param, static_cast<const AdamOptions&>(options))));
     } else if (kind == Kind::kAdamW) {
-      STATE_DICT_ASSIGN(s, (ReadAdamState<AdamWParamState>(
+      STATE_DICT_ASSIGN_OR_RETURN(s, (ReadAdamState<AdamWParamState>(
                                entry.second, id, param, static_cast<const AdamWOptions&>(options))));
     } else {
       auto sgd = std::make_unique<SGDParamState>();
       if (entry.second.contains("momentum_buffer")) {
         torch::Tensor t;
-        STATE_DICT_ASSIGN(t, ReadStateTensor(entry.second, id, "momentum_buffer", param));
+        STATE_DICT_ASSIGN_OR_RETURN(t, ReadStateTensor(entry.second, id, "momentum_buffer", param));
         sgd->momentum_buffer(t);
       }
       s = std::move(sgd);
@@ -457,7 +451,7 @@ absl::StatusOr<OptimStateDict> RekeyOptimStateDict(
   out.key_type = key_type;
   for (const auto& entry : state.state) {
     ParamKey key;
-    STATE_DICT_ASSIGN(key, rekey(entry.first));
+    STATE_DICT_ASSIGN_OR_RETURN(key, rekey(entry.first));
     out.state.emplace_back(std::move(key), entry.second);
   }
   if (key_type == OptimStateKeyType::kParamId) {
@@ -470,7 +464,7 @@ absl::StatusOr<OptimStateDict> RekeyOptimStateDict(
     g.options = group.options;
     for (const ParamKey& key : group.params) {
       ParamKey k;
-      STATE_DICT_ASSIGN(k, rekey(key));
+      STATE_DICT_ASSIGN_OR_RETURN(k, rekey(key));
       g.params.push_back(std::move(k));
     }
     out.param_groups.push_back(std::move(g));
@@ -532,7 +526,7 @@ absl::StatusOr<OptimStateDict> OptimStateDictFromIValue(const c10::IValue& value
   };
   for (const auto& entry : state.toGenericDict()) {
     ParamKey key;
-    STATE_DICT_ASSIGN(key, KeyFromIValue(entry.key(), "state"));
+    STATE_DICT_ASSIGN_OR_RETURN(key, KeyFromIValue(entry.key(), "state"));
     absl::Status status = note_key(key, "state");
     if (!status.ok()) return status;
     if (!entry.value().isGenericDict()) {
@@ -569,7 +563,7 @@ absl::StatusOr<OptimStateDict> OptimStateDictFromIValue(const c10::IValue& value
       if (!item.value().isList()) return bad("a group's 'params' is not a list");
       for (const c10::IValue& key_value : item.value().toList().vec()) {
         ParamKey key;
-        STATE_DICT_ASSIGN(key, KeyFromIValue(key_value, "param_groups"));
+        STATE_DICT_ASSIGN_OR_RETURN(key, KeyFromIValue(key_value, "param_groups"));
         absl::Status status = note_key(key, "param_groups");
         if (!status.ok()) return status;
         g.params.push_back(std::move(key));

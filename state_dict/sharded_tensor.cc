@@ -183,4 +183,92 @@ ShardedTensor ShardFullTensor(const torch::Tensor& full,
   return out;
 }
 
+std::vector<int64_t> FlatParamLayout::numels() const {
+  std::vector<int64_t> out;
+  for (const auto& shape : shapes) out.push_back(c10::multiply_integers(shape));
+  return out;
+}
+
+int64_t FlatParamLayout::numel() const {
+  int64_t n = 0;
+  for (int64_t k : numels()) n += k;
+  return n;
+}
+
+ShardedStateDict SplitFlatShard(const FlatParamLayout& layout, FlatRange shard,
+                                const torch::Tensor& local, const std::string& suffix) {
+  const std::vector<int64_t> numels = layout.numels();
+  const std::vector<FlatRange> ranges = OriginalRangesInShard(numels, shard);
+  torch::Tensor flat = local.detach().reshape({-1});
+  ShardedStateDict out;
+  int64_t start = 0;  // offset of original i in the flat tensor
+  for (size_t i = 0; i < layout.names.size(); ++i) {
+    ShardedTensor t;
+    t.global_shape = layout.shapes[i];
+    t.dtype = layout.dtype;
+    if (ranges[i].numel > 0) {
+      const int64_t local_offset = start + ranges[i].offset - shard.offset;
+      t.pieces.push_back(
+          ShardPiece{ranges[i], flat.narrow(0, local_offset, ranges[i].numel).clone()});
+    }
+    out.insert(layout.names[i] + suffix, std::move(t));
+    start += numels[i];
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, ShardRequest>> FlatShardRequests(
+    const FlatParamLayout& layout, FlatRange shard, const std::string& suffix) {
+  const std::vector<FlatRange> ranges = OriginalRangesInShard(layout.numels(), shard);
+  std::vector<std::pair<std::string, ShardRequest>> out;
+  for (size_t i = 0; i < layout.names.size(); ++i) {
+    ShardRequest request;
+    request.global_shape = layout.shapes[i];
+    request.dtype = layout.dtype;
+    if (ranges[i].numel > 0) request.ranges.push_back(ranges[i]);
+    out.emplace_back(layout.names[i] + suffix, std::move(request));
+  }
+  return out;
+}
+
+absl::Status FillFlatShard(const FlatParamLayout& layout, FlatRange shard,
+                           const ShardedStateDict& entries, const std::string& suffix,
+                           torch::Tensor& local) {
+  const std::vector<int64_t> numels = layout.numels();
+  const std::vector<FlatRange> ranges = OriginalRangesInShard(numels, shard);
+  if (!local.defined() || local.dim() != 1 || local.numel() < shard.numel ||
+      local.scalar_type() != layout.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "flat shard must be a 1-D ", c10::toString(layout.dtype), " tensor of at least ",
+        shard.numel, " elements"));
+  }
+  std::vector<const torch::Tensor*> sources(layout.names.size(), nullptr);
+  for (size_t i = 0; i < layout.names.size(); ++i) {
+    const std::string name = layout.names[i] + suffix;
+    const ShardedTensor* t = entries.find(name);
+    if (t == nullptr) {
+      return absl::NotFoundError(absl::StrCat("no entry for tensor '", name, "'"));
+    }
+    if (ranges[i].numel == 0) continue;
+    if (t->pieces.size() != 1 || !(t->pieces[0].range == ranges[i]) ||
+        t->pieces[0].data.scalar_type() != layout.dtype ||
+        t->pieces[0].data.numel() != ranges[i].numel) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "': expected one ", c10::toString(layout.dtype), " piece [",
+          ranges[i].offset, ", ", ranges[i].end(), ") for this shard"));
+    }
+    sources[i] = &t->pieces[0].data;
+  }
+  torch::NoGradGuard no_grad;
+  int64_t start = 0;
+  for (size_t i = 0; i < layout.names.size(); ++i) {
+    if (sources[i] != nullptr) {
+      local.narrow(0, start + ranges[i].offset - shard.offset, ranges[i].numel)
+          .copy_(*sources[i]);
+    }
+    start += numels[i];
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace state_dict

@@ -84,6 +84,48 @@ absl::StatusOr<ShardedTensor> Reshard(const std::string& name,
                                       const std::vector<ShardedTensor>& saved,
                                       const std::vector<FlatRange>& needed);
 
+// What a rank needs of one tensor when loading a sharded checkpoint: its
+// expected global shape and dtype (checked against the checkpoint) and the
+// ranges of the flattened tensor it holds under the current world size.
+struct ShardRequest {
+  std::vector<int64_t> global_shape;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<FlatRange> ranges;
+};
+
+// How FSDP lays out a flat parameter: its originals flattened and
+// concatenated in order. Optimizer state of a flat parameter (Adam's exp_avg,
+// exp_avg_sq; SGD's momentum_buffer) has the same layout.
+struct FlatParamLayout {
+  std::vector<std::string> names;  // FQNs of the originals
+  std::vector<std::vector<int64_t>> shapes;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+
+  std::vector<int64_t> numels() const;
+  int64_t numel() const;
+};
+
+// A rank's shard of a flat tensor as SHARDED entries, one per original,
+// named `names[i] + suffix` (e.g. suffix "/exp_avg" for optimizer state).
+// `local` is 1-D and holds flat elements [shard.offset, shard.end()); any
+// elements after those (FSDP's padding) are ignored. Pieces are copies.
+ShardedStateDict SplitFlatShard(const FlatParamLayout& layout, FlatRange shard,
+                                const torch::Tensor& local,
+                                const std::string& suffix = "");
+
+// What to request (checkpoint.h: LoadResharded) to rebuild the shard
+// `shard` of a flat tensor laid out as `layout`.
+std::vector<std::pair<std::string, ShardRequest>> FlatShardRequests(
+    const FlatParamLayout& layout, FlatRange shard, const std::string& suffix = "");
+
+// Copies `entries` (as LoadResharded returns them for FlatShardRequests)
+// into `local`, the rank's 1-D flat shard. Every entry is checked first —
+// present, of the layout's dtype, with exactly the requested ranges — so an
+// error leaves `local` untouched.
+absl::Status FillFlatShard(const FlatParamLayout& layout, FlatRange shard,
+                           const ShardedStateDict& entries, const std::string& suffix,
+                           torch::Tensor& local);
+
 // Splits a full tensor into the pieces `ranges` select (for tests and for
 // producing a SHARDED dict from a FULL one).
 ShardedTensor ShardFullTensor(const torch::Tensor& full,

@@ -64,7 +64,8 @@ int Inspect(const std::string& step_dir) {
             << "files " << m->files.size() << "\n";
   for (const auto& f : m->files) {
     std::cout << "  " << f.name << "  rank " << f.rank << "  " << f.bytes
-              << " bytes  crc32c " << absl::Hex(f.crc32c, absl::kZeroPad8) << "\n";
+              << " bytes  crc32c " << absl::StrCat(absl::Hex(f.crc32c, absl::kZeroPad8))
+              << "\n";
   }
   // One line per tensor, with where its pieces are for sharded checkpoints.
   std::vector<std::string> order;

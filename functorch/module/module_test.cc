@@ -268,7 +268,7 @@ TEST(Golden, TiedEmbeddings) {
   EXPECT_EQ(error_of([&] {
               functorch::functional_call(model, NamedTensors{{"embedding.weight", w}}, strict, tokens);
             }),
-            "Error(s) in reparametrizing for TiedLMImpl:\n\tMissing key(s): 'decoder.weight'.");
+            "Error(s) in reparametrizing for (anonymous namespace)::TiedLMImpl:\n\tMissing key(s): 'decoder.weight'.");
 }
 
 // AnyModule cannot hold a Sequential (templated forward); a one-line

@@ -4,6 +4,7 @@
 #include "functorch/module/named_member_accessor.h"
 
 #include <ATen/functorch/DynamicLayer.h>
+#include <ATen/functorch/TensorWrapper.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -214,6 +215,34 @@ TEST(NamedMemberAccessor, BatchedTensorSubstitute) {
     EXPECT_TRUE(torch::allclose(out[i], torch::addmm(linear->bias, x, weights[i].t()),
                                 1e-5, 1e-6));
   }
+}
+
+// A grad-level TensorWrapper (what functorch's grad transform passes) as a
+// substitute weight: the gradient computed at that level reaches it.
+TEST(NamedMemberAccessor, GradTensorWrapperSubstitute) {
+  using namespace at::functorch;
+  nn::Linear linear(3, 2);
+  NamedMemberAccessor accessor(linear);
+  const torch::Tensor weight = torch::randn({2, 3});
+  const torch::Tensor x = torch::randn({4, 3});
+  const int64_t level = initAndPushDynamicLayer(TransformType::Grad, c10::nullopt,
+                                                c10::nullopt, /*prev_grad_mode=*/true);
+  torch::Tensor grad;
+  try {
+    torch::AutoGradMode enable(true);
+    torch::Tensor wrapped = makeTensorWrapper(weight, level).requires_grad_();
+    ScopedTensorSwap swap(accessor, {"weight"}, {wrapped});
+    EXPECT_TRUE(linear->weight.is_same(wrapped));
+    torch::Tensor g = torch::autograd::grad({linear(x).sum()}, {wrapped})[0];
+    ASSERT_NE(maybeGetTensorWrapper(g), nullptr);
+    grad = maybeGetTensorWrapper(g)->value();
+  } catch (...) {
+    popDynamicLayerAndDeleteMetadata();
+    throw;
+  }
+  popDynamicLayerAndDeleteMetadata();
+  EXPECT_TRUE(torch::allclose(grad, x.sum(0).expand({2, 3})));
+  EXPECT_FALSE(linear->weight.grad().defined());
 }
 
 TEST(NamedMemberAccessor, NestedSwapsRestoreInOrderAndOnException) {

@@ -225,6 +225,24 @@ TEST_F(AutodiffTest, PerSampleGradsSimpleAndLogSoftmax) {
   EXPECT_TRUE(AllClose(result, expected, 1e-5, 1e-6));
 }
 
+TEST_F(AutodiffTest, PerSampleGradsMseLoss) {
+  // mse_loss_backward has no batching rule in ATen 1.13 (Python functorch
+  // registers a Python decomposition for it); in C++ it goes through the
+  // engine's generic batched fallback, which must still be correct.
+  Tensor w = torch::randn({3, 4});
+  Tensor xs = torch::randn({5, 4}), ys = torch::randn({5, 3});
+  auto loss = [](Tensor w, Tensor x, Tensor y) {
+    return torch::mse_loss(w.matmul(x), y);
+  };
+  Tensor psg = vmap(grad(loss), {c10::nullopt, 0, 0})(w, xs, ys);
+  for (int64_t i = 0; i < 5; ++i) {
+    Tensor wi = w.clone().requires_grad_();
+    Tensor expected =
+        torch::autograd::grad({loss(wi, xs[i], ys[i])}, {wi})[0];
+    EXPECT_TRUE(AllClose(psg[i], expected, 1e-5, 1e-6)) << "example " << i;
+  }
+}
+
 // ------------------------------------------------ batched Jacobians ---
 
 TEST_F(AutodiffTest, BatchedJacobianMatchesAutogradLoop) {

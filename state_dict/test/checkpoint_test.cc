@@ -257,6 +257,34 @@ TEST(CheckpointTest, KilledSaveLeavesPreviousCheckpointLoadable) {
   ExpectSameState(*loaded, MakeState(2));
 }
 
+// Four processes each write their own shard with no communication; after
+// all of them exited (the barrier), one commits the manifest.
+TEST(CheckpointTest, RanksInSeparateProcessesThenCommit) {
+  const std::string root = TempDir("processes");
+  const TensorDict state = MakeState(4);
+  const std::vector<ShardedStateDict> shards = Shard(state, 4);
+  std::vector<pid_t> children;
+  for (int r = 0; r < 4; ++r) {
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      absl::Status status = SaveShard(root, 9, r, 4, shards[static_cast<size_t>(r)]);
+      ::_exit(status.ok() ? 0 : 1);
+    }
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int wstatus = 0;
+    ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+    ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+  }
+  EXPECT_FALSE(LatestCheckpoint(root).ok());  // not visible before the commit
+  ASSERT_TRUE(CommitShardedCheckpoint(root, 9, 4).ok());
+  auto loaded = LoadFullStateDict(StepDirectory(root, 9));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSameState(*loaded, state);
+}
+
 TEST(CheckpointTest, CommitRefusesUntilEveryRankFinished) {
   const std::string root = TempDir("commit");
   auto shards = Shard(MakeState(1), 3);

@@ -59,7 +59,8 @@ def record(case, model, inputs, run, extra=None):
     for k, v in inputs.items():
         d["in." + k] = v
     sub = substitutes(model)
-    d.update({"sub." + k: v for k, v in sub.items()})
+    # Snapshot now: the call updates substitute buffers in place.
+    d.update({"sub." + k: v.detach().clone() for k, v in sub.items()})
     # functorch.make_functional_with_buffers rather than 1.13's
     # nn.utils.stateless.functional_call: the latter does not refresh
     # nn.LSTM's _flat_weights, so it would run the LSTM with the old weights.

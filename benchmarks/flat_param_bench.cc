@@ -1,0 +1,260 @@
+// fsdp/flat_param: the cost of the flat-parameter layer itself, on 100
+// parameters totalling 16M floats (64 MiB):
+//   * flatten_tensors / unflatten_views (one process);
+//   * FlatParamHandle::use_unsharded_views (rebuilding the 100 views and
+//     pointing the module at them);
+//   * unshard + reshard on 2 ranks against the bare comm all-gather of the
+//     same size, printed as a ratio (goal <= 1.10x). The bare gather is
+//     timed twice: into a buffer allocated once (the collective alone) and
+//     into a buffer allocated per call (what any scheme that really frees
+//     the gathered memory between uses must pay on the CPU allocator).
+//
+//   bazel run //benchmarks:flat_param_bench
+//
+// Started without RANK in the environment, the binary re-runs itself as 2
+// ranks through comm::launch; rank 0 runs the one-process benchmarks and
+// prints everything, rank 1 joins the collective ones. Collective benchmarks
+// use fixed iteration counts so both ranks stay in lock-step.
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+#include <torch/nn/modules/container/parameterlist.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/collectives.h"
+#include "comm/launcher.h"
+#include "comm/process_group.h"
+#include "fsdp/flat_param.h"
+
+namespace {
+
+constexpr int kWorld = 2;
+constexpr int kParams = 100;
+constexpr int64_t kTotal = int64_t{16} << 20;  // 16M floats
+constexpr int kCollectiveIters = 20;
+comm::ProcessGroup* g_group = nullptr;
+
+// 99 tensors of [4, 41943] and one of [4, 41947]: 16,777,216 floats.
+std::vector<at::Tensor> make_params() {
+  std::vector<at::Tensor> params;
+  int64_t remaining = kTotal;
+  for (int i = 0; i < kParams; ++i) {
+    const int64_t cols = i + 1 < kParams ? kTotal / kParams / 4 : remaining / 4;
+    params.push_back(at::randn({4, cols}));
+    remaining -= 4 * cols;
+  }
+  return params;
+}
+
+torch::nn::ParameterList make_module() {
+  torch::nn::ParameterList list;
+  for (auto& p : make_params()) list->append(p.requires_grad_());
+  return list;
+}
+
+std::vector<std::string> names_of(const torch::nn::Module& module) {
+  std::vector<std::string> names;
+  for (const auto& item : module.named_parameters()) names.push_back(item.key());
+  return names;
+}
+
+void BM_Flatten(benchmark::State& state) {
+  const auto params = make_params();
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(fsdp::flatten_tensors(params, kWorld));
+  }
+  state.SetBytesProcessed(state.iterations() * kTotal * 4);
+}
+
+void BM_UnflattenViews(benchmark::State& state) {
+  std::vector<fsdp::FlatParamInfo> infos;
+  const at::Tensor flat = fsdp::flatten_tensors(make_params(), kWorld, &infos);
+  for (auto _ : state) benchmark::DoNotOptimize(fsdp::unflatten_views(flat, infos));
+}
+
+// The same, with autograd views of a leaf that requires grad (what the
+// handle builds).
+void BM_UnflattenAutogradViews(benchmark::State& state) {
+  std::vector<fsdp::FlatParamInfo> infos;
+  const at::Tensor flat =
+      fsdp::flatten_tensors(make_params(), kWorld, &infos).requires_grad_();
+  for (auto _ : state) benchmark::DoNotOptimize(fsdp::unflatten_views(flat, infos));
+}
+
+// ---- collective benchmarks (both ranks) ----------------------------------
+
+struct Collective {
+  torch::nn::ParameterList module = make_module();
+  std::unique_ptr<fsdp::FlatParamHandle> handle =
+      std::make_unique<fsdp::FlatParamHandle>(module.ptr(), names_of(*module), *g_group);
+};
+
+void lock_step(benchmark::State& state, const std::function<void()>& step) {
+  comm::barrier(*g_group).wait();
+  step();  // warm-up
+  for (auto _ : state) step();
+}
+
+void BM_HandleUnshardReshard(benchmark::State& state) {
+  Collective c;
+  lock_step(state, [&] {
+    c.handle->unshard();
+    c.handle->reshard();
+  });
+}
+
+void BM_HandleUnshardViewsReshard(benchmark::State& state) {
+  Collective c;
+  lock_step(state, [&] {
+    c.handle->unshard();
+    c.handle->use_unsharded_views();
+    c.handle->reshard();
+  });
+}
+
+void BM_BareAllGather(benchmark::State& state) {
+  const int64_t shard = kTotal / kWorld;
+  at::Tensor in = at::ones({shard}), out = at::empty({kTotal});
+  lock_step(state, [&] { comm::all_gather_into_tensor(*g_group, out, in).wait(); });
+}
+
+void BM_BareAllGatherFreshOutput(benchmark::State& state) {
+  const int64_t shard = kTotal / kWorld;
+  at::Tensor in = at::ones({shard});
+  lock_step(state, [&] {
+    at::Tensor out = at::empty({kTotal});
+    comm::all_gather_into_tensor(*g_group, out, in).wait();
+  });
+}
+
+// Local (no collective), but needs an unsharded handle, hence here.
+void BM_HandleViewRebuild(benchmark::State& state) {
+  Collective c;
+  c.handle->unshard();
+  lock_step(state, [&] { c.handle->use_unsharded_views(); });
+  c.handle->reshard();
+}
+
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const auto& r : runs) times_[r.benchmark_name()] = r.GetAdjustedRealTime();
+  }
+  void Finalize() override {
+    ConsoleReporter::Finalize();
+    // Medians of the repetitions.
+    auto find = [&](const std::string& prefix) {
+      for (const auto& [name, time] : times_) {
+        if (name.rfind(prefix, 0) == 0 && name.find("_median") != std::string::npos) {
+          return time;
+        }
+      }
+      return 0.0;
+    };
+    const double bare = find("BM_BareAllGatherPrealloc"), fresh = find("BM_BareAllGatherFreshOutput");
+    const double handle = find("BM_HandleUnshardReshard"), full = find("BM_HandleUnshardViewsReshard");
+    if (bare <= 0 || fresh <= 0) return;
+    std::printf("\nunshard+reshard / bare all-gather (preallocated output): %.3fx\n",
+                handle / bare);
+    std::printf("unshard+reshard / bare all-gather (output allocated per call): %.3fx\n",
+                handle / fresh);
+    std::printf("unshard+views+reshard / bare all-gather (preallocated output): %.3fx\n",
+                full / bare);
+  }
+
+ private:
+  std::map<std::string, double> times_;
+};
+
+class SilentReporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+
+void register_all(bool local) {
+  if (local) {
+    benchmark::RegisterBenchmark("BM_Flatten", BM_Flatten)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_UnflattenViews", BM_UnflattenViews)
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark("BM_UnflattenAutogradViews", BM_UnflattenAutogradViews)
+        ->Unit(benchmark::kMicrosecond);
+  }
+  // Interleaved bare/handle/bare so drift (page cache, CPU frequency) shows.
+  for (auto [name, fn] :
+       std::vector<std::pair<const char*, void (*)(benchmark::State&)>>{
+           {"BM_BareAllGatherPrealloc", BM_BareAllGather},
+           {"BM_HandleUnshardReshard", BM_HandleUnshardReshard},
+           {"BM_BareAllGatherFreshOutput", BM_BareAllGatherFreshOutput},
+           {"BM_HandleUnshardViewsReshard", BM_HandleUnshardViewsReshard}}) {
+    benchmark::RegisterBenchmark(name, fn)
+        ->Iterations(kCollectiveIters)
+        ->Repetitions(3)
+        ->ReportAggregatesOnly(true)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  benchmark::RegisterBenchmark("BM_HandleViewRebuild", BM_HandleViewRebuild)
+      ->Iterations(2000)
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
+}
+
+int launch_ranks(int argc, char** argv) {
+  comm::LaunchOptions options;
+  options.nproc_per_node = kWorld;
+  options.command = {"/proc/self/exe"};
+  for (int i = 1; i < argc; ++i) options.command.push_back(argv[i]);
+  options.timeout = std::chrono::minutes(20);
+  options.on_line = [](int rank, bool is_stderr, const std::string& line) {
+    if (rank == 0 && !is_stderr) {
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    } else if (is_stderr) {
+      std::fprintf(stderr, "[rank %d] %s\n", rank, line.c_str());
+    }
+  };
+  auto result = comm::launch(options);
+  if (!result.ok()) {
+    std::fprintf(stderr, "flat_param_bench: %s\n",
+                 std::string(result.status().message()).c_str());
+    return 2;
+  }
+  if (result->exit_code != 0) {
+    std::fprintf(stderr, "flat_param_bench: %s\n", result->summary.c_str());
+  }
+  return result->exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (std::getenv("RANK") == nullptr) return launch_ranks(argc, argv);
+
+  comm::InitOptions init;
+  init.timeout = std::chrono::minutes(5);
+  auto group = comm::init_process_group(init);
+  if (!group.ok()) {
+    std::fprintf(stderr, "flat_param_bench: %s\n", group.status().ToString().c_str());
+    return 1;
+  }
+  g_group = &*group;
+  benchmark::Initialize(&argc, argv);
+  register_all(/*local=*/group->rank() == 0);
+  if (group->rank() == 0) {
+    RatioReporter reporter;
+    benchmark::RunSpecifiedBenchmarks(&reporter);
+  } else {
+    SilentReporter display;
+    benchmark::RunSpecifiedBenchmarks(&display);
+  }
+  comm::barrier(*group).wait();
+  benchmark::Shutdown();
+  return 0;
+}
