@@ -35,7 +35,7 @@
 namespace {
 
 constexpr int kWorld = 2;
-constexpr int kRepetitions = 5;
+constexpr int kRepetitions = 3;
 comm::ProcessGroup* g_group = nullptr;
 
 enum class Op { kAllGather, kReduceScatter, kAllReduce };
@@ -47,7 +47,6 @@ double bus_factor(Op op) {
 
 // One collective of `bytes` (full flat size), run by `impl` per iteration.
 using Step = std::function<void()>;
-using Factory = std::function<Step(int64_t bytes)>;
 
 Step comm_step(Op op, int64_t bytes) {
   const int64_t total = bytes / 4, shard = total / kWorld;
@@ -118,53 +117,83 @@ Step raw_allreduce_slice_step(int64_t bytes) {
   };
 }
 
-void run(benchmark::State& state, Op op, const Factory& factory) {
+// Runs comm's call and the raw c10d call (and, for reduce-scatter, the
+// all-reduce alternative) alternately within one benchmark, rotating which
+// goes first, so background load on the shared 2-core machine hits both
+// alike; the ratio comes from the same period.
+void run(benchmark::State& state, Op op) {
   const int64_t bytes = state.range(0);
-  Step step = factory(bytes);
+  std::vector<std::pair<std::string, Step>> variants = {
+      {"comm", comm_step(op, bytes)}, {"raw", raw_step(op, bytes)}};
+  if (op == Op::kReduceScatter) {
+    variants.push_back({"via_allreduce", raw_allreduce_slice_step(bytes)});
+  }
+  std::vector<double> seconds(variants.size(), 0.0);
   comm::barrier(*g_group).wait();
-  step();  // warm-up, and lines the ranks up
-  const auto start = std::chrono::steady_clock::now();
-  for (auto _ : state) step();
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  state.counters["busbw_GB/s"] =
-      static_cast<double>(bytes) * bus_factor(op) * state.iterations() / seconds / 1e9;
+  for (auto& v : variants) v.second();  // warm-up, and lines the ranks up
+  int64_t i = 0;
+  for (auto _ : state) {
+    for (size_t k = 0; k < variants.size(); ++k) {
+      const size_t v = (k + static_cast<size_t>(i)) % variants.size();
+      const auto start = std::chrono::steady_clock::now();
+      variants[v].second();
+      seconds[v] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                        .count();
+    }
+    ++i;
+  }
+  const double n = static_cast<double>(state.iterations());
+  for (size_t v = 0; v < variants.size(); ++v) {
+    state.counters[variants[v].first + "_us"] = seconds[v] / n * 1e6;
+  }
+  state.counters["comm_busbw_GB/s"] = bytes * bus_factor(op) * n / seconds[0] / 1e9;
+  state.counters["raw_busbw_GB/s"] = bytes * bus_factor(op) * n / seconds[1] / 1e9;
+  state.counters["ratio"] = seconds[0] / seconds[1];
   state.SetLabel(std::to_string(bytes >> 10) + " KiB");
 }
 
-// Collects mean real time per benchmark and prints comm/raw ratios at the end.
+// Prints a summary table (medians over the repetitions) after the runs.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
+  RatioReporter() : ConsoleReporter(OO_Tabular) {}
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const auto& r : runs) {
-      // Ratios from the median of the repetitions: a 2-core VM running two
-      // ranks plus Gloo's threads is noisy.
       if (r.run_type != Run::RT_Aggregate || r.aggregate_name != "median") continue;
-      // "all_gather/comm" + "/" + "1024", without the iteration suffixes.
-      times_[r.run_name.function_name + "/" + r.run_name.args] =
-          r.GetAdjustedRealTime();
+      Row row;
+      row.name = r.run_name.function_name;
+      row.bytes = std::atoll(r.run_name.args.c_str());
+      for (const auto& [key, counter] : r.counters) row.values[key] = counter.value;
+      rows_.push_back(row);
     }
   }
   void Finalize() override {
     ConsoleReporter::Finalize();
-    std::printf("\n%-16s %10s %12s %12s %8s\n", "op", "size", "comm (us)",
-                "raw (us)", "ratio");
-    for (const auto& [name, time] : times_) {
-      const auto pos = name.find("/comm/");
-      if (pos == std::string::npos) continue;
-      const std::string raw_name = name.substr(0, pos) + "/raw/" + name.substr(pos + 6);
-      const auto raw = times_.find(raw_name);
-      if (raw == times_.end()) continue;
-      const int64_t bytes = std::atoll(name.substr(pos + 6).c_str());
-      std::printf("%-16s %7lld KiB %12.1f %12.1f %8.3f\n", name.substr(0, pos).c_str(),
-                  static_cast<long long>(bytes >> 10), time, raw->second,
-                  time / raw->second);
+    std::printf("\nmedians of %d repetitions\n%-15s %9s %10s %10s %7s %10s %10s %10s\n",
+                kRepetitions, "op", "size", "comm us", "raw us", "ratio",
+                "comm GB/s", "raw GB/s", "alt us");
+    for (const auto& row : rows_) {
+      auto get = [&](const char* key) {
+        auto it = row.values.find(key);
+        return it == row.values.end() ? 0.0 : it->second;
+      };
+      std::printf("%-15s %5lld KiB %10.1f %10.1f %7.3f %10.3f %10.3f %10s\n",
+                  row.name.c_str(), static_cast<long long>(row.bytes >> 10),
+                  get("comm_us"), get("raw_us"), get("ratio"), get("comm_busbw_GB/s"),
+                  get("raw_busbw_GB/s"),
+                  row.values.count("via_allreduce_us")
+                      ? std::to_string(static_cast<int>(get("via_allreduce_us"))).c_str()
+                      : "-");
     }
   }
 
  private:
-  std::map<std::string, double> times_;
+  struct Row {
+    std::string name;
+    int64_t bytes = 0;
+    std::map<std::string, double> values;
+  };
+  std::vector<Row> rows_;
 };
 
 class SilentReporter : public benchmark::BenchmarkReporter {
@@ -179,38 +208,18 @@ void register_all() {
       {"reduce_scatter", Op::kReduceScatter},
       {"all_reduce", Op::kAllReduce}};
   for (int64_t bytes = 1 << 10; bytes <= (int64_t{64} << 20); bytes *= 4) {
-    // ~64 MiB moved per repetition, at least 4 iterations.
-    const int64_t iters = std::clamp<int64_t>((int64_t{64} << 20) / bytes, 4, 500);
+    // ~64 MiB per variant and repetition, at least 3 iterations.
+    const int64_t iters = std::clamp<int64_t>((int64_t{64} << 20) / bytes, 3, 300);
     for (const auto& [name, op] : ops) {
       const Op o = op;
-      for (bool raw : {false, true}) {
-        // Google Benchmark appends the size (the Arg) to the name.
-        const std::string full = std::string(name) + (raw ? "/raw" : "/comm");
-        benchmark::RegisterBenchmark(full.c_str(),
-                                     [o, raw](benchmark::State& s) {
-                                       run(s, o, [o, raw](int64_t b) {
-                                         return raw ? raw_step(o, b) : comm_step(o, b);
-                                       });
-                                     })
-            ->Arg(bytes)
-            ->Iterations(iters)
-            ->Repetitions(kRepetitions)
-            ->ReportAggregatesOnly(true)
-            ->UseRealTime()
-            ->Unit(benchmark::kMicrosecond);
-      }
+      benchmark::RegisterBenchmark(name, [o](benchmark::State& s) { run(s, o); })
+          ->Arg(bytes)
+          ->Iterations(iters)
+          ->Repetitions(kRepetitions)
+          ->ReportAggregatesOnly(true)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
     }
-    const std::string alt = "reduce_scatter_via_allreduce/raw";
-    benchmark::RegisterBenchmark(alt.c_str(),
-                                 [](benchmark::State& s) {
-                                   run(s, Op::kReduceScatter, raw_allreduce_slice_step);
-                                 })
-        ->Arg(bytes)
-        ->Iterations(iters)
-        ->Repetitions(kRepetitions)
-        ->ReportAggregatesOnly(true)
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond);
   }
 }
 

@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "comm/internal/group_state.h"
 #include "comm/internal/work_state.h"
 
@@ -96,19 +95,22 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
-std::string describe(const char* op, const internal::GroupState& state) {
-  return absl::StrCat(op, " on group '", state.name, "' (rank ", state.rank,
-                      " of ", state.size, ")");
-}
-
-Work make_work(const internal::GroupState& state, std::string what,
+Work make_work(const internal::GroupState& state, const char* op,
                c10::intrusive_ptr<c10d::Work> work,
-               std::function<void()> finish, std::vector<at::Tensor> keep) {
+               std::function<void()> finish, std::vector<at::Tensor> keep,
+               const char* detail_key = nullptr,
+               const char* detail_text = nullptr, int detail_int = 0) {
   auto ws = std::make_shared<internal::WorkState>();
+  ws->op = op;
+  ws->group_name = state.name;
+  ws->rank = state.rank;
+  ws->size = state.size;
+  ws->detail_key = detail_key;
+  ws->detail_text = detail_text;
+  ws->detail_int = detail_int;
   ws->work = std::move(work);
   ws->finish = std::move(finish);
   ws->keep_alive = std::move(keep);
-  ws->what = std::move(what);
   ws->default_timeout = state.timeout;
   return Work(std::move(ws));
 }
@@ -139,8 +141,7 @@ Work all_gather_into_tensor(const ProcessGroup& group, const at::Tensor& output,
     outputs[0].push_back(out.narrow(0, r * n, n));
   }
   auto work = state.pg->allgather(outputs, inputs);
-  return make_work(state, describe(kOp, state), std::move(work), nullptr,
-                   {output, input});
+  return make_work(state, kOp, std::move(work), nullptr, {output, input});
 }
 
 Work reduce_scatter_tensor(const ProcessGroup& group, const at::Tensor& output,
@@ -195,9 +196,8 @@ Work reduce_scatter_tensor(const ProcessGroup& group, const at::Tensor& output,
       case ReduceOp::kMin: at::amin_out(out, chunks, 0); break;
     }
   };
-  return make_work(state,
-                   absl::StrCat(describe(kOp, state), " op=", reduce_op_name(op)),
-                   std::move(work), std::move(finish), {output, input});
+  return make_work(state, kOp, std::move(work), std::move(finish),
+                   {output, input}, "op", reduce_op_name(op));
 }
 
 Work all_reduce(const ProcessGroup& group, const at::Tensor& tensor,
@@ -221,9 +221,8 @@ Work all_reduce(const ProcessGroup& group, const at::Tensor& tensor,
       if (upcast) tensor.copy_(buffer);
     };
   }
-  return make_work(state,
-                   absl::StrCat(describe(kOp, state), " op=", reduce_op_name(op)),
-                   std::move(work), std::move(finish), {tensor, buffer});
+  return make_work(state, kOp, std::move(work), std::move(finish),
+                   {tensor, buffer}, "op", reduce_op_name(op));
 }
 
 Work broadcast(const ProcessGroup& group, const at::Tensor& tensor, int root) {
@@ -237,15 +236,15 @@ Work broadcast(const ProcessGroup& group, const at::Tensor& tensor, int root) {
   c10d::BroadcastOptions options;
   options.rootRank = root;
   auto work = state.pg->broadcast(tensors, options);
-  return make_work(state, absl::StrCat(describe(kOp, state), " root=", root),
-                   std::move(work), nullptr, {tensor});
+  return make_work(state, kOp, std::move(work), nullptr, {tensor}, "root",
+                   nullptr, root);
 }
 
 Work barrier(const ProcessGroup& group) {
   constexpr const char* kOp = "barrier";
   const auto& state = member_state(group, kOp);
   auto work = state.pg->barrier();
-  return make_work(state, describe(kOp, state), std::move(work), nullptr, {});
+  return make_work(state, kOp, std::move(work), nullptr, {});
 }
 
 }  // namespace comm

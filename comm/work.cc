@@ -34,7 +34,18 @@ void Work::wait(std::chrono::milliseconds timeout) {
       const std::string why =
           c10_error ? c10_error->what_without_backtrace() : e.what();
       try {
-        TORCH_CHECK(false, "comm: ", state_->what, " failed (waited up to ",
+        std::ostringstream what;
+        what << state_->op << " on group '" << state_->group_name << "' (rank "
+             << state_->rank << " of " << state_->size << ")";
+        if (state_->detail_key != nullptr) {
+          what << " " << state_->detail_key << "=";
+          if (state_->detail_text != nullptr) {
+            what << state_->detail_text;
+          } else {
+            what << state_->detail_int;
+          }
+        }
+        TORCH_CHECK(false, "comm: ", what.str(), " failed (waited up to ",
                     timeout.count(), " ms): ", why);
       } catch (...) {
         state_->error = std::current_exception();

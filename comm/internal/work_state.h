@@ -6,6 +6,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <sstream>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -22,8 +23,16 @@ struct WorkState {
   std::function<void()> finish;
   // The tensors the operation reads or writes, kept alive until it ends.
   std::vector<at::Tensor> keep_alive;
-  // For messages: "all_reduce(sum) on group 0 (rank 1 of 2)".
-  std::string what;
+  // For the error message, formatted only when there is an error (building
+  // strings on every call would show in small collectives' latency):
+  // "all_reduce on group '0' (rank 1 of 2) op=sum".
+  const char* op = "";
+  std::string group_name;  // short: fits the small-string buffer
+  int rank = -1;
+  int size = 0;
+  const char* detail_key = nullptr;  // "op" or "root"
+  const char* detail_text = nullptr;
+  int detail_int = 0;
   std::chrono::milliseconds default_timeout{0};
 
   std::mutex mutex;

@@ -19,6 +19,11 @@
 // torch::nn::AnyValue its any_forward() returns). The remaining arguments go
 // to forward() unchanged, so any typed forward works: Tensor -> Tensor,
 // several tensors, tuples (LSTM), Sequential, ...
+//
+// As in PyTorch, the swap is visible to anything that uses the module while
+// the call runs: do not run functional_call on one module from two threads.
+// Buffers updated in place (BatchNorm running stats in training) are updated
+// in the tensors passed in.
 #pragma once
 
 #include "functorch/module/internal/module_traits.h"

@@ -467,6 +467,23 @@ TEST(MakeFunctional, MlpParamsAreCopiesAndModelIsUntouched) {
             "FunctionalModule: expected 6 tensors (one per name in param_names()), got 2");
 }
 
+// The other two module handle types: AnyModule (AnyValue out) and
+// shared_ptr<Impl>.
+TEST(MakeFunctional, AnyModuleAndSharedPtr) {
+  torch::manual_seed(0);
+  nn::Linear linear(3, 2);
+  const torch::Tensor x = torch::randn({4, 3});
+  nn::AnyModule any(linear);
+  auto [any_fn, any_params] = functorch::make_functional(any);
+  EXPECT_TRUE(torch::equal(any_fn(any_params, x).get<torch::Tensor>(), linear(x)));
+  std::shared_ptr<nn::LinearImpl> ptr = linear.ptr();
+  auto [ptr_fn, ptr_params, ptr_buffers] = functorch::make_functional_with_buffers(ptr);
+  EXPECT_TRUE(ptr_buffers.empty());
+  EXPECT_TRUE(torch::equal(ptr_fn(ptr_params, {}, x), linear(x)));
+  auto [params, buffers] = functorch::stack_module_state(std::vector<nn::AnyModule>{any, any});
+  EXPECT_EQ(params["weight"].sizes(), (std::vector<int64_t>{2, 2, 3}));
+}
+
 TEST(MakeFunctional, LstmGolden) {
   const Fixture f = load_fixture("lstm");
   nn::LSTM model(nn::LSTMOptions(3, 5).num_layers(2));

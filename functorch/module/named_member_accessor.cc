@@ -9,7 +9,6 @@
 #include <mutex>
 #include <set>
 #include <sstream>
-#include <unordered_set>
 
 namespace functorch {
 namespace internal {
@@ -20,8 +19,8 @@ class MemberBindingTable {
   static MemberBindingTable& get() {
     // Function-local static: safe to use from other translation units'
     // static initialisers (the one-line registrations).
-    // Never destroyed: registrations may run during other TUs' static
-    // destruction order too.
+    // Leaked on purpose: accessors may still run while other translation
+    // units' statics are destroyed.
     static MemberBindingTable* table = [] {
       auto* t = new MemberBindingTable();
       register_stock_module_bindings(

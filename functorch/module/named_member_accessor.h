@@ -168,8 +168,10 @@ class NamedMemberAccessor {
 
   const std::shared_ptr<torch::nn::Module>& module() const;
 
-  // The parameter or buffer `name` ("encoder.layers.0.linear1.weight").
-  // Throws if no submodule or registry entry has that name.
+  // The parameter or buffer `name` ("encoder.layers.0.linear1.weight"), as
+  // its registry holds it. Throws if no submodule or registry entry has that
+  // name, or if the owning module's type has tensors but no member binding
+  // (resolving a name checks that it can be set, too).
   torch::Tensor get_tensor(const std::string& name);
 
   // Points `name` (registry entry and member handles) at `value`.
@@ -178,9 +180,9 @@ class NamedMemberAccessor {
   // Like set_tensor; returns the tensor `name` held before.
   torch::Tensor swap_tensor(const std::string& name, torch::Tensor value);
 
-  // Batch forms; `names` and `values` must have the same length. swap_tensors
-  // is all-or-nothing: if one name fails, the earlier swaps are undone before
-  // the exception leaves.
+  // Batch forms; `names` and `values` must have the same length. Every name
+  // is resolved before anything changes, so a bad name leaves the module as
+  // it was.
   std::vector<torch::Tensor> get_tensors(const std::vector<std::string>& names);
   void set_tensors(const std::vector<std::string>& names,
                    std::vector<torch::Tensor> values);

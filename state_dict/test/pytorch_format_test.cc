@@ -168,5 +168,24 @@ print("ok")
   EXPECT_TRUE(torch::allclose(model->forward(io->tensors["x"]), io->tensors["y"]));
 }
 
+// Python's pre-1.6 (non-zip) format is not read; the error says so.
+TEST(PytorchFormatTest, LegacyPythonFormatIsAClearError) {
+  if (!PythonTorchAvailable()) {
+    GTEST_SKIP() << "/usr/bin/python3 cannot import torch (install python3-torch)";
+  }
+  const std::string dir = TempDir("legacy");
+  std::string output;
+  int rc = RunPython(R"(
+import sys, torch
+torch.save({"w": torch.ones(2)}, sys.argv[1] + "/legacy.pt", _use_new_zipfile_serialization=False)
+)", "'" + dir + "'", &output);
+  ASSERT_EQ(rc, 0) << output;
+  auto loaded = LoadTensorDict(dir + "/legacy.pt");
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.status().message().find(dir + "/legacy.pt: not a readable PyTorch archive"),
+            std::string::npos)
+      << loaded.status();
+}
+
 }  // namespace
 }  // namespace state_dict
