@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -184,6 +185,20 @@ class RatioReporter : public benchmark::ConsoleReporter {
                   row.values.count("via_allreduce_us")
                       ? std::to_string(static_cast<int>(get("via_allreduce_us"))).c_str()
                       : "-");
+    }
+    // One number for the interface's overhead across every op and size.
+    double log_sum = 0;
+    int count = 0;
+    for (const auto& row : rows_) {
+      auto it = row.values.find("ratio");
+      if (it != row.values.end() && it->second > 0) {
+        log_sum += std::log(it->second);
+        ++count;
+      }
+    }
+    if (count > 0) {
+      std::printf("geometric mean of comm/raw ratios over %d rows: %.3f\n", count,
+                  std::exp(log_sum / count));
     }
   }
 

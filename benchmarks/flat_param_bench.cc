@@ -19,6 +19,7 @@
 #include <benchmark/benchmark.h>
 #include <torch/nn/modules/container/parameterlist.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -36,7 +37,8 @@ namespace {
 constexpr int kWorld = 2;
 constexpr int kParams = 100;
 constexpr int64_t kTotal = int64_t{16} << 20;  // 16M floats
-constexpr int kCollectiveIters = 20;
+constexpr int kCollectiveIters = 10;
+constexpr int kRounds = 5;
 comm::ProcessGroup* g_group = nullptr;
 
 // 99 tensors of [4, 41943] and one of [4, 41947]: 16,777,216 floats.
@@ -108,6 +110,17 @@ void BM_HandleUnshardReshard(benchmark::State& state) {
   });
 }
 
+// The same without the freed-storage cache: every unshard maps fresh
+// memory (the cost the cache exists to avoid).
+void BM_HandleUnshardReshardNoCache(benchmark::State& state) {
+  Collective c;
+  lock_step(state, [&] {
+    c.handle->unshard();
+    c.handle->reshard();
+    fsdp::release_cached_unsharded_memory();
+  });
+}
+
 void BM_HandleUnshardViewsReshard(benchmark::State& state) {
   Collective c;
   lock_step(state, [&] {
@@ -144,32 +157,43 @@ class RatioReporter : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
-    for (const auto& r : runs) times_[r.benchmark_name()] = r.GetAdjustedRealTime();
+    for (const auto& r : runs) {
+      const std::string name = r.benchmark_name();
+      times_[name.substr(0, name.find('/'))].push_back(r.GetAdjustedRealTime());
+      cpu_[name.substr(0, name.find('/'))].push_back(r.GetAdjustedCPUTime());
+    }
   }
   void Finalize() override {
     ConsoleReporter::Finalize();
-    // Medians of the repetitions.
-    auto find = [&](const std::string& prefix) {
-      for (const auto& [name, time] : times_) {
-        if (name.rfind(prefix, 0) == 0 && name.find("_median") != std::string::npos) {
-          return time;
-        }
-      }
-      return 0.0;
+    auto median = [](std::vector<double> v) {
+      if (v.empty()) return 0.0;
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
     };
+    auto find = [&](const std::string& name) { return median(times_[name]); };
     const double bare = find("BM_BareAllGatherPrealloc"), fresh = find("BM_BareAllGatherFreshOutput");
-    const double handle = find("BM_HandleUnshardReshard"), full = find("BM_HandleUnshardViewsReshard");
+    const double handle = find("BM_HandleUnshardReshard"),
+                 full = find("BM_HandleUnshardViewsReshard"),
+                 no_cache = find("BM_HandleUnshardReshardNoCache");
     if (bare <= 0 || fresh <= 0) return;
-    std::printf("\nunshard+reshard / bare all-gather (preallocated output): %.3fx\n",
+    std::printf("\nmedians over %d interleaved rounds of %d iterations (ms): bare %.1f, "
+                "bare+fresh output %.1f, handle %.1f, handle+views %.1f, handle no cache %.1f\n",
+                kRounds, kCollectiveIters, bare, fresh, handle, full, no_cache);
+    std::printf("calling-thread CPU per iteration (ms, median): bare %.3f, handle %.3f\n",
+                median(cpu_["BM_BareAllGatherPrealloc"]), median(cpu_["BM_HandleUnshardReshard"]));
+    std::printf("unshard+reshard / bare all-gather (preallocated output): %.3fx\n",
                 handle / bare);
     std::printf("unshard+reshard / bare all-gather (output allocated per call): %.3fx\n",
                 handle / fresh);
     std::printf("unshard+views+reshard / bare all-gather (preallocated output): %.3fx\n",
                 full / bare);
+    std::printf("unshard+reshard, freed-storage cache off / bare all-gather "
+                "(preallocated output): %.3fx; / (output allocated per call): %.3fx\n",
+                no_cache / bare, no_cache / fresh);
   }
 
  private:
-  std::map<std::string, double> times_;
+  std::map<std::string, std::vector<double>> times_, cpu_;
 };
 
 class SilentReporter : public benchmark::BenchmarkReporter {
@@ -186,19 +210,24 @@ void register_all(bool local) {
     benchmark::RegisterBenchmark("BM_UnflattenAutogradViews", BM_UnflattenAutogradViews)
         ->Unit(benchmark::kMicrosecond);
   }
-  // Interleaved bare/handle/bare so drift (page cache, CPU frequency) shows.
-  for (auto [name, fn] :
-       std::vector<std::pair<const char*, void (*)(benchmark::State&)>>{
-           {"BM_BareAllGatherPrealloc", BM_BareAllGather},
-           {"BM_HandleUnshardReshard", BM_HandleUnshardReshard},
-           {"BM_BareAllGatherFreshOutput", BM_BareAllGatherFreshOutput},
-           {"BM_HandleUnshardViewsReshard", BM_HandleUnshardViewsReshard}}) {
-    benchmark::RegisterBenchmark(name, fn)
-        ->Iterations(kCollectiveIters)
-        ->Repetitions(3)
-        ->ReportAggregatesOnly(true)
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond);
+  // Rounds of bare/handle/... in turn, so load that drifts over the run (a
+  // shared 2-core VM) hits each alike; the summary takes medians over rounds.
+  // (Google Benchmark's own random interleaving seeds from random_device,
+  // which would order the two ranks differently.)
+  for (int round = 0; round < kRounds; ++round) {
+    for (auto [name, fn] :
+         std::vector<std::pair<const char*, void (*)(benchmark::State&)>>{
+             {"BM_BareAllGatherPrealloc", BM_BareAllGather},
+             {"BM_HandleUnshardReshard", BM_HandleUnshardReshard},
+             {"BM_BareAllGatherFreshOutput", BM_BareAllGatherFreshOutput},
+             {"BM_HandleUnshardViewsReshard", BM_HandleUnshardViewsReshard},
+             {"BM_HandleUnshardReshardNoCache", BM_HandleUnshardReshardNoCache}}) {
+      benchmark::RegisterBenchmark((std::string(name) + "/round:" + std::to_string(round)).c_str(),
+                                   fn)
+          ->Iterations(kCollectiveIters)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
   }
   benchmark::RegisterBenchmark("BM_HandleViewRebuild", BM_HandleViewRebuild)
       ->Iterations(2000)

@@ -9,7 +9,10 @@
 // Children die with the launcher (PR_SET_PDEATHSIG) and each runs in its own
 // process group, which is killed as a whole, so nothing is left behind.
 // launch() blocks and must be called from a thread that outlives it (the
-// death signal follows the forking thread).
+// death signal follows the forking thread). It marks the calling process a
+// child subreaper (PR_SET_CHILD_SUBREAPER) so orphaned grandchildren come
+// back to it and are reaped, and it reaps with waitpid(-1): do not run it
+// beside other code in the same process that waits for its own children.
 #pragma once
 
 #include <atomic>

@@ -232,8 +232,10 @@ struct ToolRun {
   std::string output;
 };
 
+// With `pid_dir`: once every rank (of `nproc`) has written its pid file,
+// SIGKILL rank `kill_rank`, or send `tool_signal` to the launcher itself.
 ToolRun run_tool(const std::vector<std::string>& args, const std::string& pid_dir = "",
-                 int kill_rank = -1) {
+                 int kill_rank = -1, int tool_signal = 0, int nproc = 0) {
   const std::string out_path = temp_dir() + "/out";
   const pid_t pid = fork();
   if (pid == 0) {
@@ -261,6 +263,13 @@ ToolRun run_tool(const std::vector<std::string>& args, const std::string& pid_di
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+  }
+  if (tool_signal != 0) {
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < deadline && read_pids(pid_dir, nproc).size() < static_cast<size_t>(nproc)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    kill(pid, tool_signal);
   }
   ToolRun run;
   int status = 0;
@@ -302,6 +311,35 @@ TEST(LaunchTool, KillingOneRankEndsAllWithinSecondsAndLeavesNoProcess) {
   const auto pids = read_pids(dir, 3);
   EXPECT_EQ(pids.size(), 6u);
   for (int pid : pids) EXPECT_FALSE(process_alive(pid)) << "pid " << pid << " survived";
+}
+
+TEST(LaunchTool, SigtermToLauncherEndsRanks) {
+  const std::string dir = temp_dir();
+  auto run = run_tool({"--nproc", "2", "--", child_program(), "--sleep", "--pid-dir", dir},
+                      dir, -1, SIGTERM, 2);
+  EXPECT_EQ(run.status, 128 + SIGTERM) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("launcher received signal 15"));
+  const auto pids = read_pids(dir, 2);
+  EXPECT_EQ(pids.size(), 2u);
+  for (int pid : pids) EXPECT_FALSE(process_alive(pid)) << "pid " << pid << " survived";
+}
+
+TEST(LaunchTool, RanksDieWithAKilledLauncher) {
+  const std::string dir = temp_dir();
+  auto run = run_tool({"--nproc", "2", "--", child_program(), "--sleep", "--pid-dir", dir},
+                      dir, -1, SIGKILL, 2);
+  EXPECT_EQ(run.status, 128 + SIGKILL);
+  // PR_SET_PDEATHSIG: the kernel kills the ranks when the launcher dies.
+  // Their parent is gone, so they are reaped by a subreaper/init, not us.
+  const auto pids = read_pids(dir, 2);
+  EXPECT_EQ(pids.size(), 2u);
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  for (int pid : pids) {
+    while (process_alive(pid) && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_FALSE(process_alive(pid)) << "pid " << pid << " survived its launcher";
+  }
 }
 
 TEST(LaunchTool, TimeoutFlagEndsHungRanks) {

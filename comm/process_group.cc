@@ -216,14 +216,22 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_backend_group(
     int rank, int size, std::chrono::milliseconds timeout,
     const std::string& master_addr) {
   if (backend == "nccl") {
+#ifndef USE_C10D_NCCL
     // Compile-time: LibTorch's c10d exposes ProcessGroupNCCL only under
     // USE_C10D_NCCL, which a CUDA build defines. Debian's libtorch-dev 1.13.1
-    // is CPU-only, so this path cannot be built or tested here.
+    // is CPU-only.
     return absl::UnimplementedError(
-        "backend 'nccl' is not available: the linked LibTorch (1.13.1, "
-        "Debian libtorch-dev) was built without CUDA and NCCL "
-        "(USE_C10D_NCCL is undefined, c10d has no ProcessGroupNCCL); use "
-        "backend 'gloo' (CPU tensors)");
+        "backend 'nccl' is not available: the linked LibTorch was built "
+        "without CUDA and NCCL (USE_C10D_NCCL is undefined, c10d has no "
+        "ProcessGroupNCCL); use backend 'gloo' (CPU tensors)");
+#else
+    // A CUDA LibTorch: comm's collectives check for CPU tensors and work
+    // around Gloo's gaps; their CUDA/NCCL variants have not been written or
+    // tested (no such LibTorch or GPU where comm was built).
+    return absl::UnimplementedError(
+        "backend 'nccl': this LibTorch has ProcessGroupNCCL, but comm's NCCL "
+        "path is not implemented yet; use backend 'gloo' (CPU tensors)");
+#endif
   }
   if (backend != "gloo") {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -8,6 +8,8 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <deque>
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -23,18 +25,90 @@ int64_t storage_nbytes(const at::Tensor& t) {
   return static_cast<int64_t>(t.storage().unsafeGetStorageImpl()->nbytes());
 }
 
+// Freed unsharded storage, kept for the next unshard of the same byte size
+// on the same device (FSDP units are mostly alike: transformer blocks), as
+// CUDA's caching allocator does for PyTorch. Without it every unshard of a
+// large unit maps fresh pages from the OS and pays a page fault per page on
+// first touch -- on the CPU allocator that cost rivals the all-gather itself.
+// Bounded to kMaxCachedBlocks blocks, oldest evicted, so what is kept is at
+// most about one more unit's worth while the next unit is being gathered.
+class FreedStorageCache {
+ public:
+  static constexpr size_t kMaxCachedBlocks = 2;
+
+  static FreedStorageCache& get() {
+    // Leaked on purpose: DataPtr deleters must not run during static
+    // destruction, after the allocator may be gone.
+    static auto* cache = new FreedStorageCache();
+    return *cache;
+  }
+
+  at::DataPtr take(size_t nbytes, c10::Device device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = blocks_.begin(); it != blocks_.end(); ++it) {
+      if (it->nbytes == nbytes && it->data.device() == device) {
+        at::DataPtr data = std::move(it->data);
+        cached_bytes_ -= nbytes;
+        blocks_.erase(it);
+        return data;
+      }
+    }
+    return at::DataPtr(nullptr, device);
+  }
+
+  void give(at::DataPtr data, size_t nbytes) {
+    std::deque<Block> evicted;  // freed outside the lock
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      blocks_.push_back(Block{std::move(data), nbytes});
+      cached_bytes_ += nbytes;
+      while (blocks_.size() > kMaxCachedBlocks) {
+        cached_bytes_ -= blocks_.front().nbytes;
+        evicted.push_back(std::move(blocks_.front()));
+        blocks_.pop_front();
+      }
+    }
+  }
+
+  int64_t cached_bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int64_t>(cached_bytes_);
+  }
+
+  void release() {
+    std::deque<Block> evicted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      evicted.swap(blocks_);
+      cached_bytes_ = 0;
+    }
+  }
+
+ private:
+  struct Block {
+    at::DataPtr data;
+    size_t nbytes;
+  };
+  std::mutex mu_;
+  std::deque<Block> blocks_;
+  size_t cached_bytes_ = 0;
+};
+
 // Releases the memory behind `t` while keeping its StorageImpl: every tensor
 // sharing the StorageImpl (autograd views, saved tensors, the data alias)
 // stays a valid object and sees the memory again after allocate_storage().
 void free_storage(const at::Tensor& t) {
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  if (storage->nbytes() == 0) return;
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  const size_t nbytes = storage->nbytes();
+  if (nbytes == 0) return;
+  at::DataPtr data = storage->set_data_ptr(at::DataPtr(nullptr, t.device()));
   storage->set_nbytes(0);
+  FreedStorageCache::get().give(std::move(data), nbytes);
 }
 
 // Re-materialises the storage of `t` for its full size (contents
-// uninitialised), through the allocator it was created with.
+// uninitialised): a cached block of the same size, else the allocator the
+// storage was created with.
 void allocate_storage(const at::Tensor& t) {
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   const size_t nbytes =
@@ -43,7 +117,9 @@ void allocate_storage(const at::Tensor& t) {
   TORCH_INTERNAL_ASSERT(storage->nbytes() == 0,
                         "FlatParamHandle: storage holds ", storage->nbytes(),
                         " bytes, expected 0 or ", nbytes);
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  at::DataPtr data = FreedStorageCache::get().take(nbytes, t.device());
+  if (data.get() == nullptr) data = storage->allocator()->allocate(nbytes);
+  storage->set_data_ptr_noswap(std::move(data));
   storage->set_nbytes(nbytes);
 }
 
@@ -140,6 +216,10 @@ std::vector<at::Tensor> unflatten_views(const at::Tensor& flat,
   }
   return views;
 }
+
+int64_t cached_unsharded_bytes() { return FreedStorageCache::get().cached_bytes(); }
+
+void release_cached_unsharded_memory() { FreedStorageCache::get().release(); }
 
 double gradient_predivide_factor(int64_t world_size) {
   TORCH_CHECK(world_size >= 1, "gradient_predivide_factor: world_size=",
@@ -247,7 +327,9 @@ void FlatParamHandle::init_flat_param(const std::vector<std::string>& param_fqns
                   infos_.front().fqn, "' has requires_grad=",
                   first.requires_grad(), " and '", fqn,
                   "' has requires_grad=", param->requires_grad(),
-                  " (freeze whole units, or set use_orig_params=true)");
+                  ": for use_orig_params=False each FSDP unit must manage "
+                  "parameters that are all frozen or all non-frozen (freeze whole "
+                  "units, or set use_orig_params=true)");
     }
     index_of.emplace(impl, infos_.size());
     FlatParamInfo info;

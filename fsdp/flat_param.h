@@ -105,6 +105,16 @@ std::vector<at::Tensor> unflatten_views(const at::Tensor& flat,
 // range.
 double gradient_predivide_factor(int64_t world_size);
 
+// Memory that reshard() freed is kept (at most two blocks, process-wide) and
+// handed to the next unshard() that needs exactly that many bytes on that
+// device, as CUDA's caching allocator does for PyTorch's FSDP: a freshly
+// allocated CPU buffer costs a page fault per page on first touch, which
+// for a large unit rivals the all-gather. Tensors still own nothing while
+// sharded (storage nbytes 0); the bytes below are what the process keeps.
+int64_t cached_unsharded_bytes();
+// Returns the kept blocks to the allocator (torch.cuda.empty_cache's role).
+void release_cached_unsharded_memory();
+
 struct FlatParamOptions {
   ShardingStrategy sharding_strategy = ShardingStrategy::kFullShard;
   MixedPrecision mixed_precision;
@@ -170,13 +180,14 @@ class FlatParamHandle {
   // so forward() computes on the gathered parameters. Waits for a pending
   // unshard. Requires the handle to be unsharded.
   void use_unsharded_views();
-  // Frees the unsharded storage (unless it is the shard itself: kNoShard
-  // without mixed precision) and points the module's names back at the
-  // original parameters (views of the shard). With writeback, first copies
-  // this rank's chunk of the unsharded parameter into the shard, so writes
-  // made to the full parameters while unsharded (summon_full_params with
-  // writeback) persist. Every rank must pass the same writeback; a pending
-  // unshard is waited for.
+  // Frees the unsharded storage (its StorageImpl drops to 0 bytes; the
+  // memory goes to the freed-storage cache above) unless it is the shard
+  // itself (kNoShard without mixed precision, where writes always persist),
+  // and points the module's names back at the original parameters (views of
+  // the shard). With writeback, first copies this rank's chunk of the
+  // unsharded parameter into the shard, so writes made to the full
+  // parameters while unsharded (summon_full_params with writeback) persist.
+  // A pending unshard is waited for. Local: no collective.
   void reshard(bool writeback = false);
 
   bool is_unsharded() const { return state_ == State::kUnsharded; }

@@ -175,6 +175,12 @@ void CheckShardUnshardAndGrads(comm::ProcessGroup& pg) {
       EXPECT_TRUE(torch::equal(model->named_parameters()[item.key()], item.value()))
           << item.key();
     }
+    // Views, not copies: each parameter points into the gathered buffer.
+    for (const auto& info : infos) {
+      EXPECT_EQ(model->named_parameters()[info.fqn].data_ptr(),
+                static_cast<char*>(handle.unsharded_flat_param().data_ptr()) + info.offset * 4)
+          << info.fqn;
+    }
     const at::Tensor x = RankInput(pg.rank(), 3);
     const at::Tensor out = model->forward(x);
     EXPECT_TRUE(torch::equal(out, reference->forward(x)));
@@ -196,6 +202,11 @@ void CheckShardUnshardAndGrads(comm::ProcessGroup& pg) {
     handle.reshard();
     if (sharded) {
       EXPECT_EQ(handle.unsharded_storage_nbytes(), 0);
+      // The freed block is kept for the next unshard, within the cache's
+      // bound, until released.
+      EXPECT_LE(cached_unsharded_bytes(), 2 * padded * 4);
+      release_cached_unsharded_memory();
+      EXPECT_EQ(cached_unsharded_bytes(), 0);
     }
     EXPECT_EQ(handle.sharded_storage_nbytes(), padded / shards * 4);
 

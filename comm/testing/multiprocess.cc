@@ -102,7 +102,7 @@ int RunOnRanks(int world_size, const std::function<void(ProcessGroup&)>& body,
                               "TEST_PREMATURE_EXIT_FILE", "GTEST_SHARD_INDEX",
                               "GTEST_TOTAL_SHARDS", "TEST_SHARD_INDEX",
                               "TEST_TOTAL_SHARDS", "TEST_SHARD_STATUS_FILE",
-                              "GTEST_FILTER"};
+                              "GTEST_FILTER", "TESTBRIDGE_TEST_ONLY"};
   std::mutex mutex;
   std::string output;
   launch_options.on_line = [&](int rank, bool is_stderr,

@@ -23,6 +23,7 @@
 //     test_repeated_argnums, test_out_of_bounds_argnums, test_empty_argnums,
 //     test_hessian_simple.
 //   TestJvp: test_simple, test_multiple_inputs, test_pytree_inputs,
+//     test_aux_tensor,
 //     test_jvp_structure_mismatch (primals/tangents), test_strict_mode,
 //     test_nested_compositions (jvp of jvp, vmap of jvp, jvp of grad).
 // Also: every seed error of grad/grad_and_value, exceptions inside grad /
@@ -543,6 +544,18 @@ TEST_F(AutodiffTest, JvpBasics) {
   JvpResult p = jvp(tree_f, {to_ivalue(std::make_tuple(x, y))},
                     {to_ivalue(std::make_tuple(t, ty))});
   EXPECT_TRUE(AllClose(p.tangent, t * y + x * ty));
+  // has_aux: (output, aux); aux comes back without the jvp level's wrappers.
+  TreeFn with_aux([](const std::vector<c10::IValue>& a) -> c10::IValue {
+    Tensor v = a[0].toTensor();
+    return c10::ivalue::Tuple::create({v.sin(), v.cos()});
+  });
+  JvpResult ra = jvp(with_aux, {x}, {t}, /*strict=*/false, /*has_aux=*/true);
+  EXPECT_TRUE(AllClose(ra.tangent, x.cos() * t));
+  EXPECT_TRUE(AllClose(ra.aux, x.cos()));
+  EXPECT_THROW_WITH(jvp(tree_f, {to_ivalue(std::make_tuple(x, y))},
+                        {to_ivalue(std::make_tuple(t, ty))}, false, true),
+                    "jvp(f, primals, tangents): output of function f should "
+                    "be a tuple: (output, aux) if has_aux is True");
   // Structure mismatch.
   EXPECT_THROW_WITH(jvp(tree_f, {to_ivalue(std::make_tuple(x, y))}, {t}),
                     "jvp(f, primals, tangents): Expected primals and tangents "

@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -74,6 +75,7 @@ c10::IValue tree_map(const std::function<c10::IValue(const c10::IValue&)>& fn,
 //
 //   0                      every tensor mapped over dim 0
 //   {0, std::nullopt}      (0, None): first argument mapped, second not
+//                          (c10::nullopt works too)
 //   {0, {1, std::nullopt}} nested; a brace list is a tuple
 //   DimTree::dict({{"w", 0}, {"b", std::nullopt}})
 class DimTree {
@@ -81,6 +83,7 @@ class DimTree {
   DimTree(int64_t dim) : dim_(dim) {}                 // NOLINT: implicit like Python
   DimTree(int dim) : dim_(dim) {}                     // NOLINT
   DimTree(c10::nullopt_t) {}                          // NOLINT
+  DimTree(std::nullopt_t) {}                          // NOLINT
   DimTree(c10::optional<int64_t> dim) : dim_(dim) {}  // NOLINT
   // A tuple of sub-trees; `{0}` is the one-element tuple (0,).
   DimTree(std::initializer_list<DimTree> elements);   // NOLINT

@@ -30,6 +30,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <tuple>
 #include <vector>
@@ -60,7 +61,7 @@ TEST_F(VmapTest, GoldenDot) {
   auto batched_dot = vmap(torch::dot);
   EXPECT_TRUE(AllClose(batched_dot(x, y), g["vmap_dot"]));
   EXPECT_TRUE(AllClose(vmap(torch::dot, 1)(x, y), g["vmap_dot_in_dims_1"]));
-  EXPECT_TRUE(AllClose(vmap(torch::dot, {0, c10::nullopt})(x, y[0]),
+  EXPECT_TRUE(AllClose(vmap(torch::dot, {0, std::nullopt})(x, y[0]),
                        g["vmap_dot_0_none"]));
   EXPECT_TRUE(AllClose(vmap(vmap(torch::dot))(g["nested.x"], g["nested.y"]),
                        g["vmap_vmap_dot"]));

@@ -1,0 +1,83 @@
+#include "trainer/json_log.h"
+
+#include <sys/resource.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace trainer {
+namespace {
+
+std::string Number(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+}  // namespace
+
+std::string FormatJsonLine(const StepRecord& r) {
+  return absl::StrCat(
+      "{\"step\": ", r.step, ", \"loss\": ", Number(r.loss), ", \"lr\": ",
+      Number(r.lr), ", \"step_time_s\": ", Number(r.step_time_s),
+      ", \"tokens_per_s\": ", Number(r.tokens_per_s), ", \"peak_rss_bytes\": [",
+      absl::StrJoin(r.peak_rss_bytes, ", "), "], \"sharded_state_bytes\": [",
+      absl::StrJoin(r.sharded_state_bytes, ", "), "], \"world_size\": ",
+      r.peak_rss_bytes.size(), "}");
+}
+
+JsonLogWriter::~JsonLogWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+absl::Status JsonLogWriter::Open(const std::string& path, bool append) {
+  file_ = std::fopen(path.c_str(), append ? "a" : "w");
+  if (file_ == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--log-json='", path, "': cannot open for writing: ", std::strerror(errno)));
+  }
+  path_ = path;
+  return absl::OkStatus();
+}
+
+absl::Status JsonLogWriter::Write(const StepRecord& record) {
+  if (file_ == nullptr) return absl::FailedPreconditionError("JSON log not open");
+  const std::string line = FormatJsonLine(record) + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() ||
+      std::fflush(file_) != 0) {
+    return absl::DataLossError(
+        absl::StrCat("writing --log-json '", path_, "': ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+int64_t PeakRssBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    // "VmHWM:	  123456 kB"
+    absl::string_view rest = line;
+    if (absl::ConsumePrefix(&rest, "VmHWM:")) {
+      std::vector<std::string> parts =
+          absl::StrSplit(rest, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+      int64_t kib = 0;
+      if (!parts.empty() && absl::SimpleAtoi(absl::StripAsciiWhitespace(parts[0]), &kib)) {
+        return kib * 1024;
+      }
+    }
+  }
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux: KiB
+}
+
+}  // namespace trainer

@@ -1,0 +1,58 @@
+// --log-json: one JSON object per line per optimizer step, written by rank
+// 0, flushed after every line so a crashed run keeps what it logged. Read by
+// tools/plot and by scripts:
+//
+//   {"step": 12, "loss": 3.1416, "lr": 0.003, "step_time_s": 0.41,
+//    "tokens_per_s": 2497.5, "peak_rss_bytes": [412000256, 409923584],
+//    "sharded_state_bytes": [1606656, 1606656], "world_size": 2}
+//
+// loss is the global mean over the step's whole batch; the lists have one
+// entry per rank, in rank order.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace trainer {
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0;
+  double lr = 0;
+  double step_time_s = 0;
+  double tokens_per_s = 0;
+  std::vector<int64_t> peak_rss_bytes;       // per rank
+  std::vector<int64_t> sharded_state_bytes;  // per rank: params+grads+optim
+};
+
+// The record as one JSON object (no newline). Doubles are written with 17
+// significant digits, so a reader gets the loss back bit for bit; a
+// non-finite value is written as null (JSON has no NaN).
+std::string FormatJsonLine(const StepRecord& record);
+
+class JsonLogWriter {
+ public:
+  JsonLogWriter() = default;
+  ~JsonLogWriter();
+  JsonLogWriter(const JsonLogWriter&) = delete;
+  JsonLogWriter& operator=(const JsonLogWriter&) = delete;
+
+  // Opens `path` for writing; `append` keeps earlier lines (a resumed run
+  // continues its log). Errors name the path.
+  absl::Status Open(const std::string& path, bool append);
+  absl::Status Write(const StepRecord& record);
+
+ private:
+  std::FILE* file_ = nullptr;
+  std::string path_;
+};
+
+// This process's peak resident set size in bytes (VmHWM from
+// /proc/self/status; getrusage's ru_maxrss where /proc is unavailable).
+int64_t PeakRssBytes();
+
+}  // namespace trainer

@@ -1,0 +1,122 @@
+// The models the trainer trains, built from stock LibTorch modules only.
+//
+// Both are byte-level language models over a batch of token rows
+// [B, seq + 1] (data.h):
+//
+//   TransformerLM  decoder-only: token + learned position embeddings, N
+//                  pre-LayerNorm blocks (causal self-attention, then
+//                  Linear-GELU-Linear), a final LayerNorm and an output
+//                  projection TIED to the token embedding (one tensor; its
+//                  gradient is the sum of both uses). Predicts token t+1 from
+//                  tokens <= t at every position: seq predictions per row.
+//   MlpLM          predicts the last token of a row from the `seq` bytes
+//                  before it: the window's embeddings, concatenated,
+//                  through Linear-GELU-Linear to vocab logits. One
+//                  prediction per row.
+//
+// Initialisation is a function of the seed alone (BuildModel seeds LibTorch's
+// generator), so every rank builds identical replicas.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+namespace trainer {
+
+struct ModelConfig {
+  int64_t layers = 2;
+  int64_t dim = 64;
+  int64_t heads = 4;
+  int64_t vocab = 256;
+  int64_t seq = 64;
+};
+
+// A model the training loop can drive without knowing which one it is.
+class LanguageModel : public torch::nn::Module {
+ public:
+  // Mean cross-entropy of the model's predictions on `batch` (int64
+  // [B, seq + 1] token rows).
+  virtual torch::Tensor Loss(const torch::Tensor& batch) = 0;
+};
+
+// One pre-LayerNorm decoder block: x + attn(ln1(x)), then + mlp(ln2(x)).
+// Its own module type so FSDP's auto-wrap policy can wrap each block.
+class TransformerBlockImpl : public torch::nn::Module {
+ public:
+  TransformerBlockImpl(int64_t dim, int64_t heads);
+  // x: [B, T, dim]; causal_mask: [T, T] float, -inf above the diagonal.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& causal_mask);
+
+ private:
+  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  torch::nn::MultiheadAttention attn_{nullptr};
+  torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
+  torch::nn::GELU gelu_{nullptr};
+};
+TORCH_MODULE(TransformerBlock);
+
+class TransformerLM : public LanguageModel {
+ public:
+  explicit TransformerLM(const ModelConfig& config);
+
+  // tokens: int64 [B, T] with T <= seq. Returns logits [B, T, vocab].
+  torch::Tensor forward(const torch::Tensor& tokens);
+  torch::Tensor Loss(const torch::Tensor& batch) override;
+
+  // How forward() runs block `index` on its input. The default calls the
+  // block directly. This is the ONE place blocks are called from, so a
+  // wrapper that must act around each nested unit (FSDP's all-gather before
+  // and reshard after a block) installs its runner here instead of patching
+  // forward().
+  using BlockRunner = std::function<torch::Tensor(
+      int64_t index, TransformerBlock& block, const torch::Tensor& x,
+      const torch::Tensor& causal_mask)>;
+  void set_block_runner(BlockRunner runner);
+
+  torch::nn::ModuleList& blocks() { return blocks_; }
+  // The token embedding, which is also the output projection.
+  const torch::nn::Embedding& token_embedding() const { return tok_emb_; }
+
+ private:
+  ModelConfig config_;
+  torch::nn::Embedding tok_emb_{nullptr}, pos_emb_{nullptr};
+  torch::nn::ModuleList blocks_{nullptr};
+  torch::nn::LayerNorm ln_f_{nullptr};
+  BlockRunner block_runner_;
+};
+
+class MlpLM : public LanguageModel {
+ public:
+  explicit MlpLM(const ModelConfig& config);
+
+  // window: int64 [B, seq]. Returns logits [B, vocab] for the next token.
+  torch::Tensor forward(const torch::Tensor& window);
+  torch::Tensor Loss(const torch::Tensor& batch) override;
+
+ private:
+  ModelConfig config_;
+  torch::nn::Embedding emb_{nullptr};
+  torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
+  torch::nn::GELU gelu_{nullptr};
+};
+
+enum class ModelType { kMlp, kTransformer };
+
+// Seeds LibTorch's default generator with `seed`, then builds the model, so
+// the initial parameters depend on (type, config, seed) only.
+std::shared_ptr<LanguageModel> BuildModel(ModelType type, const ModelConfig& config,
+                                          uint64_t seed);
+
+// [T, T] float mask for nn::MultiheadAttention: 0 where key <= query, -inf
+// where key > query, so position t never sees later positions.
+torch::Tensor CausalMask(int64_t length);
+
+}  // namespace trainer

@@ -1,0 +1,117 @@
+// bazel run //trainer:trainer -- [FLAGS]   (see options.h, or --help)
+//
+// Three ways to run:
+//   * no RANK in the environment, --nproc 1: trains in this process;
+//   * no RANK, --nproc N > 1: starts N ranks of this same binary through
+//     comm's launcher (each with RANK/WORLD_SIZE/MASTER_* set) and waits;
+//   * RANK set (started by the above, //tools:launch or torchrun): joins the
+//     process group from the environment and trains as that rank.
+// Exit status: 0 on success, 2 on bad flags, 1 on any other error (which is
+// printed naming what went wrong); with --nproc, the first failing rank's.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/launcher.h"
+#include "comm/process_group.h"
+#include "trainer/options.h"
+#include "trainer/train.h"
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+
+void OnSignal(int signal) { g_stop_signal.store(signal); }
+
+int Fail(const absl::Status& status, int code = 1) {
+  std::fprintf(stderr, "trainer: %s\n", std::string(status.message()).c_str());
+  return code;
+}
+
+// Re-executes this binary as `nproc` ranks with the parsed flags.
+int LaunchRanks(const trainer::Options& options) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return Fail(absl::InternalError("cannot resolve /proc/self/exe"));
+  self[n] = '\0';
+  comm::LaunchOptions launch;
+  launch.nproc_per_node = options.nproc;
+  launch.command = {self};
+  for (const std::string& arg : trainer::ToArgs(options)) launch.command.push_back(arg);
+  // Ctrl-C ends the ranks instead of leaving them running.
+  struct sigaction action {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &action, nullptr);
+  launch.stop_signal = &g_stop_signal;
+  // Rank 0's progress lines read better without the "[rank 0] " prefix;
+  // other ranks keep theirs (they only print errors).
+  launch.on_line = [](int rank, bool is_stderr, const std::string& line) {
+    std::FILE* out = is_stderr ? stderr : stdout;
+    if (rank == 0 && !is_stderr) {
+      std::fprintf(out, "%s\n", line.c_str());
+    } else {
+      std::fprintf(out, "[rank %d] %s\n", rank, line.c_str());
+    }
+    std::fflush(out);
+  };
+  auto result = comm::launch(launch);
+  if (!result.ok()) return Fail(result.status());
+  if (result->exit_code != 0) {
+    std::fprintf(stderr, "trainer: %s (exit status %d)\n", result->summary.c_str(),
+                 result->exit_code);
+  }
+  return result->exit_code;
+}
+
+int RunRank(const trainer::Options& options) {
+  comm::InitOptions init;
+  init.timeout = std::chrono::minutes(10);
+  init.rendezvous_timeout = std::chrono::minutes(2);
+  auto group = comm::init_process_group(init);
+  if (!group.ok()) return Fail(group.status());
+  if (options.nproc != 1 && options.nproc != group->size()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--nproc=", options.nproc, ": expected 1 or the launcher's WORLD_SIZE=",
+        group->size(), " when started as a rank (RANK is set)")), 2);
+  }
+  auto result = trainer::Train(options, group->size() > 1 ? &*group : nullptr);
+  if (!result.ok()) return Fail(result.status());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // `bazel run` starts us in the runfiles tree; relative paths (--log-json,
+  // --checkpoint-dir) should mean what they mean where the user typed them.
+  if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY")) {
+    if (chdir(dir) != 0) std::perror("trainer: chdir(BUILD_WORKING_DIRECTORY)");
+  }
+  auto options = trainer::ParseOptions(std::vector<std::string>(argv + 1, argv + argc));
+  if (!options.ok()) {
+    return Fail(absl::InvalidArgumentError(
+                    absl::StrCat(options.status().message(), "\n", trainer::Usage())),
+                2);
+  }
+  if (options->help) {
+    std::fputs(trainer::Usage().c_str(), stdout);
+    return 0;
+  }
+  if (std::getenv("RANK") != nullptr) return RunRank(*options);
+  // Refuse bad combinations before starting any rank.
+  if (auto s = trainer::CheckFeatureAvailability(*options, options->nproc); !s.ok()) {
+    return Fail(s, 2);
+  }
+  if (options->nproc > 1) return LaunchRanks(*options);
+  auto result = trainer::Train(*options, nullptr);
+  if (!result.ok()) return Fail(result.status());
+  return 0;
+}
