@@ -97,12 +97,13 @@ struct InitOptions {
   std::chrono::milliseconds rendezvous_timeout{0};
 };
 
-// Creates the world group. Errors (InvalidArgument unless noted) name what
-// was wrong: a missing or malformed variable ("RANK='x': expected an integer
-// in [0, WORLD_SIZE)"), rank >= world size, an unreachable master
-// (DeadlineExceeded/Unavailable after `timeout`, naming host:port), a master
-// port already in use (Unavailable, naming the port), a backend this LibTorch
-// lacks (Unimplemented).
+// Creates the world group; every rank calls it. Errors (InvalidArgument
+// unless noted) name what was wrong: a missing or malformed variable
+// ("environment variable RANK='x': expected an integer in [0, WORLD_SIZE=2)"),
+// rank >= world size, an unreachable master or missing ranks
+// (DeadlineExceeded within the rendezvous timeout, naming host:port), a
+// master port already in use (Unavailable, naming the port), a backend this
+// LibTorch lacks (Unimplemented, suggesting gloo).
 absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options = {});
 
 // The variables a launcher (//tools:launch, torchrun) sets for each rank.
@@ -116,8 +117,8 @@ struct RankEnvironment {
 };
 
 // Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-// MASTER_PORT. LOCAL_RANK defaults to RANK and LOCAL_WORLD_SIZE to WORLD_SIZE
-// when unset (single node); the others are required. Checks ranges and
+// MASTER_PORT. LOCAL_WORLD_SIZE defaults to WORLD_SIZE (one node) and
+// LOCAL_RANK to RANK % LOCAL_WORLD_SIZE when unset; the others are required. Checks ranges and
 // consistency (RANK < WORLD_SIZE, LOCAL_RANK < LOCAL_WORLD_SIZE,
 // WORLD_SIZE % LOCAL_WORLD_SIZE == 0, 0 < MASTER_PORT < 65536).
 absl::StatusOr<RankEnvironment> read_rank_environment();

@@ -126,7 +126,8 @@ TEST_F(EnvTest, UnreachableMasterFailsWithinTimeout) {
   ASSERT_TRUE(port.ok());
   set_env(1, 2, *port);
   InitOptions options;
-  options.timeout = std::chrono::milliseconds(1500);
+  // c10d retries the connection about once a second until the deadline.
+  options.timeout = std::chrono::milliseconds(2500);
   const auto start = Clock::now();
   auto status = init_process_group(options).status();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -195,6 +196,41 @@ TEST(ProcessGroupOnRanks, EnvInitGivesRanksAndTimeout) {
       options);
 }
 
+TEST(ProcessGroupOnRanks, FileAndTcpInitMethodsOnTwoRanks) {
+  testing::RunOnRanks(2, [](ProcessGroup& env_world) {
+    // file://: a path both ranks derive alike (their parent is the test).
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    InitOptions file_init;
+    file_init.init_method = std::string("file://") + (tmp ? tmp : "/tmp") +
+                            "/filestore_two_ranks_" + std::to_string(getppid());
+    file_init.rank = env_world.rank();
+    file_init.world_size = 2;
+    file_init.timeout = std::chrono::seconds(20);
+    auto file_world = init_process_group(file_init);
+    ASSERT_TRUE(file_world.ok()) << file_world.status();
+    at::Tensor t = at::full({5}, env_world.rank() + 1.0);
+    all_reduce(*file_world, t).wait();
+    EXPECT_TRUE(t.equal(at::full({5}, 3.0)));
+
+    // tcp://HOST:PORT: rank 0 picks the port, the env world tells rank 1.
+    at::Tensor port = at::zeros({1}, at::kLong);
+    if (env_world.rank() == 0) port[0] = *pick_free_port();
+    broadcast(env_world, port, 0).wait();
+    InitOptions tcp_init;
+    tcp_init.init_method = "tcp://127.0.0.1:" + std::to_string(port.item<int64_t>());
+    tcp_init.rank = env_world.rank();
+    tcp_init.world_size = 2;
+    tcp_init.timeout = std::chrono::seconds(20);
+    auto tcp_world = init_process_group(tcp_init);
+    ASSERT_TRUE(tcp_world.ok()) << tcp_world.status();
+    at::Tensor g = at::empty({4});
+    all_gather_into_tensor(*tcp_world, g, at::full({2}, env_world.rank() * 1.0)).wait();
+    EXPECT_TRUE(g.equal(at::tensor({0.0f, 0.0f, 1.0f, 1.0f})));
+    barrier(*tcp_world).wait();
+    barrier(*file_world).wait();
+  });
+}
+
 TEST(Faults, RankDyingMidCollectiveFailsTheOthersQuickly) {
   testing::RunOptions options;
   options.collective_timeout = std::chrono::seconds(10);
@@ -230,7 +266,7 @@ TEST(Faults, HungPeerTimesOutInsteadOfHanging) {
       2,
       [](ProcessGroup& pg) {
         if (pg.rank() == 1) {
-          std::this_thread::sleep_for(std::chrono::seconds(4));  // never joins
+          std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // never joins
           return;
         }
         at::Tensor t = at::ones({8});
@@ -238,7 +274,7 @@ TEST(Faults, HungPeerTimesOutInsteadOfHanging) {
         EXPECT_THROW(all_reduce(pg, t).wait(), c10::Error);
         const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
         EXPECT_GE(seconds, 1.0);
-        EXPECT_LT(seconds, 4.0);
+        EXPECT_LT(seconds, 3.5);
       },
       options);
 }

@@ -17,6 +17,8 @@
 // the next unshard() re-allocates the same StorageImpl, so views made before
 // (including the ones autograd saved during forward) see the new data. Views
 // are cheap to rebuild (no copy) and are rebuilt by use_unsharded_views().
+// Reading the views (or running a backward that needs them) while sharded
+// reads freed memory: unshard first, as PyTorch's runtime does.
 //
 // Gradients. Backward accumulates into the unsharded flat parameter's .grad
 // (unsharded_grad()); reduce_grad() reduces it over the ranks and adds the
@@ -145,7 +147,10 @@ class FlatParamHandle {
   // order given -- pass them in registration order, leaving out ignored
   // parameters and those owned by nested units. Other names of the same
   // tensors in `module` (tied weights) become aliases: stored once, viewed
-  // under every name. Afterwards each original parameter tensor keeps its
+  // under every name. A tensor already managed by another handle must not be
+  // listed again (the runtime tracks managed tensors by identity, as
+  // PyTorch does: a shared parameter belongs to the first unit that takes
+  // it). Afterwards each original parameter tensor keeps its
   // identity but its data is a 1-D view of this rank's part of the shard
   // (possibly empty), and the module's names point at it.
   //

@@ -269,6 +269,51 @@ TEST(FlatParamHandle, AsyncUnshardAndTinyParams) {
   });
 }
 
+// Two units over one module (as an outer unit whose inner submodule is its
+// own unit): each flattens only the names it is given; both gathers are in
+// flight at once (prefetch) before either is waited for.
+TEST(FlatParamHandle, TwoUnitsPrefetchAndReduce) {
+  comm::testing::RunOnRanks(2, [](comm::ProcessGroup& pg) {
+    auto model = MakeMlp();
+    FlatParamHandle inner(model.ptr(), {"2.weight", "2.bias"}, pg);
+    FlatParamHandle outer(model.ptr(), {"0.weight", "0.bias"}, pg);
+    EXPECT_EQ(inner.unpadded_numel(), 15);
+    EXPECT_EQ(outer.unpadded_numel(), 16);
+    outer.unshard(/*async=*/true);
+    inner.unshard(/*async=*/true);
+    outer.use_unsharded_views();
+    inner.use_unsharded_views();
+    auto reference = MakeMlp();
+    const at::Tensor x = RankInput(pg.rank(), 3);
+    const at::Tensor out = model->forward(x);
+    EXPECT_TRUE(torch::equal(out, reference->forward(x)));
+    outer.reshard();
+    inner.reshard();
+    EXPECT_EQ(outer.unsharded_storage_nbytes() + inner.unsharded_storage_nbytes(), 0);
+    inner.unshard(/*async=*/true);
+    outer.unshard(/*async=*/true);
+    inner.wait_for_unshard();
+    outer.wait_for_unshard();
+    Loss(out).backward();
+    EXPECT_TRUE(inner.reduce_grad());
+    EXPECT_TRUE(outer.reduce_grad());
+    inner.reshard();
+    outer.reshard();
+    std::vector<at::Tensor> inputs{RankInput(0, 3), RankInput(1, 3)};
+    auto ref = MakeMlp();
+    for (const auto& in : inputs) Loss(ref->forward(in)).backward();
+    auto params = ref->named_parameters();
+    const at::Tensor outer_flat =
+        flatten_tensors({params["0.weight"].grad(), params["0.bias"].grad()}, 2) / 2;
+    const at::Tensor inner_flat =
+        flatten_tensors({params["2.weight"].grad(), params["2.bias"].grad()}, 2) / 2;
+    EXPECT_TRUE(torch::allclose(outer.flat_param().grad(), ShardOf(outer_flat, pg.rank(), 2),
+                                1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(inner.flat_param().grad(), ShardOf(inner_flat, pg.rank(), 2),
+                                1e-5, 1e-6));
+  });
+}
+
 TEST(FlatParamHandle, TiedParametersAreStoredOnce) {
   comm::testing::RunOnRanks(2, [](comm::ProcessGroup& pg) {
     auto model = MakeTied();

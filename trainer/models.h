@@ -83,7 +83,7 @@ class TransformerLM : public LanguageModel {
 
   torch::nn::ModuleList& blocks() { return blocks_; }
   // The token embedding, which is also the output projection.
-  const torch::nn::Embedding& token_embedding() const { return tok_emb_; }
+  torch::nn::Embedding token_embedding() const { return tok_emb_; }
 
  private:
   ModelConfig config_;

@@ -34,7 +34,7 @@ enum class LrSchedule { kConstant, kCosine };
 struct Options {
   ModelKind model = ModelKind::kTransformer;
   DataKind data = DataKind::kText;
-  int64_t steps = 150;
+  int64_t steps = 300;
   int64_t seed = 0;
   int64_t global_batch = 16;
   double lr = 3e-3;

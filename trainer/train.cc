@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include <torch/types.h>  // first: clip_grad.h uses torch::Tensor unincluded
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>

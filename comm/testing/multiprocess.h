@@ -16,9 +16,11 @@
 // and ASSERT_* work there as usual), and ends with a barrier, so no rank
 // tears down its connections while others still use them.
 //
-// One RunOnRanks per TEST (the child runs the whole TEST body, so a second
-// call would start nested ranks). Each call costs about a process start per
-// rank, so group several checks into one body.
+// One RunOnRanks per TEST: each rank re-runs the whole TEST body, so code
+// around the call runs in the test process and in every rank, and a second
+// call would rendezvous again on the port the first one used and fail. Each
+// call costs a process start per rank (~0.3-1 s on 2 cores), so group several
+// checks into one body.
 #pragma once
 
 #include <chrono>

@@ -63,10 +63,6 @@ namespace {
 
 using c10::IValue;
 
-std::string python_class(const IValue& value) {
-  return "<class '" + python_type_name(value) + "'>";
-}
-
 IValue make_tuple(std::vector<IValue> elements) {
   return c10::ivalue::Tuple::create(std::move(elements));
 }
@@ -97,7 +93,7 @@ IValue undo_create_differentiable(const IValue& tree, int64_t level) {
   return tree_map(
       [level](const IValue& leaf) -> IValue {
         TORCH_CHECK(leaf.isTensor(), "Expected tensors, got unsupported type ",
-                    python_class(leaf));
+                    python_type_repr(leaf));
         return unwrap_for_grad(leaf.toTensor(), level);
       },
       tree);
@@ -110,7 +106,7 @@ void create_differentiable(const IValue& tree) {
   for (const auto& leaf : tree_flatten(tree).first) {
     TORCH_CHECK_VALUE(leaf.isTensor(),
                       "Thing passed to transform API must be Tensor, got ",
-                      python_class(leaf));
+                      python_type_repr(leaf));
     leaf.toTensor().requires_grad_();
   }
 }
@@ -175,7 +171,7 @@ void assert_non_empty_tensor_output(const std::vector<IValue>& flat,
     TORCH_CHECK(o.isTensor(), api,
                 ": expected f(*primals) to return only tensors, got "
                 "unsupported type ",
-                python_class(o));
+                python_type_repr(o));
   }
 }
 
@@ -205,7 +201,7 @@ IValue grad_and_value_impl(const TreeFn& f, const Argnums& argnums,
   if (has_aux) std::tie(output, aux) = split_aux(output, api);
   TORCH_CHECK(output.isTensor(), api,
               ": Expected f(*args) to return a Tensor, got ",
-              python_class(output));
+              python_type_repr(output));
   const at::Tensor out = output.toTensor();
   TORCH_CHECK(out.dim() == 0, api,
               ": Expected f(*args) to return a scalar Tensor, got tensor "
@@ -305,7 +301,7 @@ void assert_non_empty_list_of_tensors(const std::vector<IValue>& flat,
               " to contain at least one Tensor.");
   for (const auto& leaf : flat) {
     TORCH_CHECK(leaf.isTensor(), api, ": Expected ", argname,
-                " to only contain Tensors, got ", python_class(leaf));
+                " to only contain Tensors, got ", python_type_repr(leaf));
   }
 }
 
@@ -400,7 +396,7 @@ VjpResult vjp_with_argnums(const TreeFn& f, const std::vector<IValue>& args,
                 ", primal output: ", primals_out_spec.to_string());
     for (const auto& c : flat_cot.first) {
       TORCH_CHECK(c.isTensor(), "vjp_fn(cotangents): expected Tensors, got ",
-                  python_class(c));
+                  python_type_repr(c));
     }
     std::vector<at::Tensor> result = autograd_grad(
         flat_primals_out, flat_diff_primals, as_tensors(flat_cot.first),

@@ -522,6 +522,12 @@ TEST_F(AutodiffTest, HessianSimple) {
   Tensor y = torch::randn({3});
   auto g = [](Tensor x, Tensor y) { return (x * y.pow(3)).sum(); };
   EXPECT_TRUE(AllClose(hessian(g, 1)(x, y), torch::diag(6 * x * y), 1e-5, 1e-6));
+  // Tuple argnums: the full block Hessian ((d2/dx2, d2/dxdy), (.., d2/dy2)).
+  Tree H = hessian(g, {0, 1})(x, y);
+  EXPECT_TRUE(AllClose(H[0][0], torch::zeros({3, 3})));
+  EXPECT_TRUE(AllClose(H[0][1], torch::diag(3 * y.pow(2)), 1e-5, 1e-6));
+  EXPECT_TRUE(AllClose(H[1][0], torch::diag(3 * y.pow(2)), 1e-5, 1e-6));
+  EXPECT_TRUE(AllClose(H[1][1], torch::diag(6 * x * y), 1e-5, 1e-6));
 }
 
 // ----------------------------------------------------------- TestJvp ---

@@ -301,4 +301,9 @@ std::string python_type_name(const c10::IValue& value) {
   return value.tagKind();
 }
 
+std::string python_type_repr(const c10::IValue& value) {
+  if (value.isTensor()) return "<class 'torch.Tensor'>";
+  return "<class '" + python_type_name(value) + "'>";
+}
+
 }  // namespace functorch

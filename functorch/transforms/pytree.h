@@ -120,7 +120,9 @@ class DimTree {
   std::vector<std::string> keys_;
 };
 
-// Python's type(x).__name__ for an IValue leaf or node, for error messages.
+// Python's type(x).__name__ for an IValue leaf or node ("float", "Tensor").
 std::string python_type_name(const c10::IValue& value);
+// Python's str(type(x)), as error messages print it ("<class 'float'>").
+std::string python_type_repr(const c10::IValue& value);
 
 }  // namespace functorch

@@ -2,8 +2,11 @@
 
 // vjp: vector-Jacobian products, as torch.func.vjp.
 //
-//   auto [out, vjp_fn] = functorch::vjp(f, x, y);     // typed, no aux
-//   functorch::Tree grads = vjp_fn(cotangents);        // tuple: one per primal
+//   functorch::VjpResult r = functorch::vjp(f, x, y);  // typed, no aux
+//   functorch::Tree grads = r.vjp_fn(cotangents);       // tuple: one per primal
+//   torch::Tensor dx = grads[0];
+//
+// has_aux: the pytree form, vjp(tree_fn, {x, y}, /*has_aux=*/true).
 //
 // vjp(f, primals...) runs f once, recording the graph under a Grad level,
 // and returns the output together with vjp_fn, which maps cotangents (same

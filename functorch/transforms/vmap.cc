@@ -71,7 +71,7 @@ BatchedInputs process_inputs(const Call& call,
     const auto& arg = out.flat_args[i];
     TORCH_CHECK_VALUE(
         arg.isTensor(), call.prefix_in(), "Got in_dim=", *in_dim,
-        " for an input but the input is of type ", python_type_name(arg),
+        " for an input but the input is of type ", python_type_repr(arg),
         ". We cannot vmap over non-Tensor arguments, please use None as the "
         "respective in_dim");
     const int64_t rank = arg.toTensor().dim();
@@ -168,7 +168,7 @@ Outputs unwrap_outputs(const Call& call, const c10::IValue& batched_outputs,
     }
     TORCH_CHECK_VALUE(value.isTensor(), "vmap(", name, ", ...): `", name,
                       "` must only return Tensors, got type ",
-                      python_type_name(value),
+                      python_type_repr(value),
                       ". Did you mean to set out_dims= to None for output?");
     const at::Tensor& tensor = value.toTensor();
     const int64_t rank = tensor.dim() + 1;  // with the batch dim restored

@@ -312,7 +312,8 @@ TEST_F(VmapTest, ErrorInDimsStructureMismatch) {
 TEST_F(VmapTest, ErrorInDimForNonTensor) {
   EXPECT_THROW_WITH(
       vmap([](Tensor a, double s) { return a * s; })(torch::randn({2}), 2.0),
-      "Got in_dim=0 for an input but the input is of type float. We cannot "
+      "Got in_dim=0 for an input but the input is of type <class 'float'>. "
+      "We cannot "
       "vmap over non-Tensor arguments, please use None as the respective "
       "in_dim");
   // With None for the scalar it works.
@@ -340,11 +341,11 @@ TEST_F(VmapTest, ErrorChunkSize) {
 TEST_F(VmapTest, ErrorFunctionReturningNoTensor) {
   Tensor x = torch::randn({2, 3});
   EXPECT_THROW_WITH(vmap([](Tensor) { return 1.5; })(x),
-                    "must only return Tensors, got type float. Did you mean "
+                    "must only return Tensors, got type <class 'float'>. Did you mean "
                     "to set out_dims= to None for output?");
   TreeFn returns_none([](const std::vector<c10::IValue>&) { return c10::IValue(); });
   EXPECT_THROW_WITH(vmap(returns_none)({x}),
-                    "must only return Tensors, got type NoneType");
+                    "must only return Tensors, got type <class 'NoneType'>");
 }
 
 TEST_F(VmapTest, ErrorOutDims) {

@@ -1,0 +1,177 @@
+// Flag parsing and validation, and the JSON log line format (no LibTorch:
+// these build and run in seconds).
+#include "trainer/options.h"
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "trainer/json_log.h"
+#include "trainer/testing/json_lines.h"
+
+namespace trainer {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+absl::StatusOr<Options> Parse(std::vector<std::string> args) {
+  return ParseOptions(args);
+}
+
+TEST(OptionsTest, DefaultsNeedNoFlagsAndNoFsdp) {
+  auto o = Parse({});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->model, ModelKind::kTransformer);
+  EXPECT_EQ(o->data, DataKind::kText);
+  EXPECT_TRUE(CheckFeatureAvailability(*o, 1).ok());
+  EXPECT_TRUE(CheckFeatureAvailability(*o, 2).ok());
+}
+
+TEST(OptionsTest, ParsesBothSpellingsAndEveryFlag) {
+  auto o = Parse({"--model", "mlp", "--data=synthetic", "--steps", "7", "--seed=3",
+                  "--global-batch", "12", "--lr=0.5", "--nproc", "3",
+                  "--sharding=grad_op", "--mixed-precision", "bf16", "--cpu-offload",
+                  "--auto-wrap", "size:1000", "--backward-prefetch=post",
+                  "--grad-accum", "2", "--clip", "1.0", "--optimizer", "sgd",
+                  "--lr-schedule", "constant", "--warmup-steps", "2", "--layers", "3",
+                  "--dim", "48", "--heads", "6", "--vocab", "300", "--seq", "16",
+                  "--checkpoint-dir", "/tmp/x", "--checkpoint-every", "5", "--resume",
+                  "--log-json", "log.jsonl"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->model, ModelKind::kMlp);
+  EXPECT_EQ(o->data, DataKind::kSynthetic);
+  EXPECT_EQ(o->steps, 7);
+  EXPECT_EQ(o->seed, 3);
+  EXPECT_EQ(o->global_batch, 12);
+  EXPECT_DOUBLE_EQ(o->lr, 0.5);
+  EXPECT_EQ(o->nproc, 3);
+  EXPECT_EQ(o->sharding, Sharding::kGradOp);
+  EXPECT_EQ(o->mixed_precision, MixedPrecision::kBf16);
+  EXPECT_TRUE(o->cpu_offload);
+  EXPECT_EQ(o->auto_wrap, AutoWrap::kSize);
+  EXPECT_EQ(o->auto_wrap_min_params, 1000);
+  EXPECT_EQ(o->backward_prefetch, BackwardPrefetch::kPost);
+  EXPECT_EQ(o->grad_accum, 2);
+  EXPECT_DOUBLE_EQ(o->clip, 1.0);
+  EXPECT_EQ(o->optimizer, OptimizerKind::kSgd);
+  EXPECT_EQ(o->lr_schedule, LrSchedule::kConstant);
+  EXPECT_EQ(o->warmup_steps, 2);
+  EXPECT_EQ(o->layers, 3);
+  EXPECT_EQ(o->dim, 48);
+  EXPECT_EQ(o->heads, 6);
+  EXPECT_EQ(o->vocab, 300);
+  EXPECT_EQ(o->seq, 16);
+  EXPECT_EQ(o->checkpoint_dir, "/tmp/x");
+  EXPECT_EQ(o->checkpoint_every, 5);
+  EXPECT_TRUE(o->resume);
+  EXPECT_EQ(o->log_json, "log.jsonl");
+
+  // ToArgs round-trips: what the ranks re-parse is what the parent parsed.
+  auto again = ParseOptions(ToArgs(*o));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(ToArgs(*again), ToArgs(*o));
+}
+
+struct BadFlag {
+  std::vector<std::string> args;
+  std::vector<std::string> message_parts;
+};
+
+class BadFlagTest : public ::testing::TestWithParam<BadFlag> {};
+
+TEST_P(BadFlagTest, NamesFlagValueAndExpectation) {
+  auto o = ParseOptions(GetParam().args);
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  for (const std::string& part : GetParam().message_parts) {
+    EXPECT_THAT(std::string(o.status().message()), HasSubstr(part));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Flags, BadFlagTest,
+    ::testing::Values(
+        BadFlag{{"--model", "cnn"}, {"--model='cnn'", "mlp|transformer"}},
+        BadFlag{{"--steps=0"}, {"--steps='0'", "integer >= 1"}},
+        BadFlag{{"--steps=ten"}, {"--steps='ten'", "an integer"}},
+        BadFlag{{"--lr=-1"}, {"--lr='-1'", "> 0"}},
+        BadFlag{{"--lr=nan"}, {"--lr='nan'", "finite"}},
+        BadFlag{{"--sharding=zero3"}, {"--sharding='zero3'", "full|grad_op|none|hybrid"}},
+        BadFlag{{"--auto-wrap=size:x"}, {"--auto-wrap='size:x'", "size:N"}},
+        BadFlag{{"--cpu-offload=maybe"}, {"--cpu-offload='maybe'", "true|false"}},
+        BadFlag{{"--optimizer", "lamb"}, {"--optimizer='lamb'", "adam|adamw|sgd"}},
+        BadFlag{{"--global_batch=4"}, {"unknown flag --global_batch"}},
+        BadFlag{{"steps"}, {"unexpected argument 'steps'"}},
+        BadFlag{{"--steps"}, {"--steps: missing value"}},
+        BadFlag{{"--dim=30", "--heads=4"}, {"--heads=4", "divisor of --dim=30"}},
+        BadFlag{{"--vocab=100"}, {"--vocab=100", ">= 256", "--data=text"}},
+        BadFlag{{"--resume"}, {"--resume", "--checkpoint-dir"}},
+        BadFlag{{"--checkpoint-every=5"}, {"--checkpoint-every=5", "--checkpoint-dir"}}));
+
+TEST(OptionsTest, GlobalBatchMustSplitOverRanksAndMicroBatches) {
+  auto o = Parse({"--global-batch=6"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_TRUE(CheckFeatureAvailability(*o, 3).ok());
+  absl::Status s = CheckFeatureAvailability(*o, 4);
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("--global-batch=6"), HasSubstr("world size 4")));
+  o->grad_accum = 4;
+  s = CheckFeatureAvailability(*o, 1);
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("--global-batch=6"), HasSubstr("--grad-accum=4")));
+}
+
+TEST(OptionsTest, FsdpFlagsAreRefusedUntilTheWrapperExists) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"--sharding=full"},
+                                             {"--sharding=hybrid"},
+                                             {"--mixed-precision=bf16"},
+                                             {"--cpu-offload"},
+                                             {"--auto-wrap=size:100"},
+                                             {"--backward-prefetch=none"}}) {
+    auto o = Parse(args);
+    ASSERT_TRUE(o.ok()) << o.status();
+    for (int world : {1, 2}) {
+      absl::Status s = CheckFeatureAvailability(*o, world);
+      EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << args[0];
+      EXPECT_THAT(std::string(s.message()),
+                  AllOf(HasSubstr(args[0]), HasSubstr("not available yet"),
+                        HasSubstr("fsdp::FullyShardedDataParallel (issue #7)")));
+    }
+  }
+}
+
+TEST(JsonLogTest, LineIsJsonWithTheDocumentedKeys) {
+  StepRecord r{12, 3.25, 0.003, 0.5, 2048.0, {1000, 2000}, {30, 40}};
+  const std::string line = FormatJsonLine(r);
+  auto parsed = testing::ParseJsonLine(line);
+  ASSERT_TRUE(parsed.has_value()) << line;
+  EXPECT_EQ(parsed->at("step").number, 12);
+  EXPECT_EQ(parsed->at("loss").number, 3.25);
+  EXPECT_EQ(parsed->at("lr").number, 0.003);
+  EXPECT_EQ(parsed->at("step_time_s").number, 0.5);
+  EXPECT_EQ(parsed->at("tokens_per_s").number, 2048.0);
+  EXPECT_EQ(parsed->at("peak_rss_bytes").list, (std::vector<double>{1000, 2000}));
+  EXPECT_EQ(parsed->at("sharded_state_bytes").list, (std::vector<double>{30, 40}));
+  EXPECT_EQ(parsed->at("world_size").number, 2);
+
+  r.loss = std::numeric_limits<double>::quiet_NaN();
+  parsed = testing::ParseJsonLine(FormatJsonLine(r));
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_TRUE(parsed->at("loss").is_null);
+
+  EXPECT_FALSE(testing::ParseJsonLine("{\"a\": 1} x").has_value());
+  EXPECT_FALSE(testing::ParseJsonLine("{\"a\": nan}").has_value());
+}
+
+TEST(JsonLogTest, PeakRssIsPlausible) {
+  const int64_t rss = PeakRssBytes();
+  EXPECT_GT(rss, 1 << 20);           // a running gtest binary: > 1 MiB
+  EXPECT_LT(rss, int64_t{1} << 36);  // and < 64 GiB
+}
+
+}  // namespace
+}  // namespace trainer
