@@ -152,7 +152,7 @@ TEST(TrainerE2eTest, ResumeContinuesTheExactLossSequence) {
 
 TEST(TrainerE2eTest, OneAndTwoRanksGiveTheSameLosses) {
   const std::string dir = TempDir("ranks");
-  for (const std::string extra : {std::string(""),
+  for (const std::string& extra : {std::string(""),
                                   std::string(" --grad-accum=2 --clip=0.5 --optimizer=sgd "
                                               "--lr=0.05 --lr-schedule=constant")}) {
     RunResult one = RunTrainer(std::string(kSmall) + extra + " --log-json=" + dir + "/one.jsonl");
