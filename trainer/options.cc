@@ -275,12 +275,6 @@ absl::Status ValidateOptions(const Options& o) {
         "--checkpoint-every=", o.checkpoint_every,
         ": expected --checkpoint-dir to say where checkpoints go"));
   }
-  if (o.warmup_steps >= o.steps && o.lr_schedule == LrSchedule::kCosine &&
-      o.warmup_steps > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--warmup-steps=", o.warmup_steps, ": expected fewer than --steps=",
-        o.steps, " with --lr-schedule=cosine"));
-  }
   return absl::OkStatus();
 }
 

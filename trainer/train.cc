@@ -252,6 +252,16 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup* gr
   std::unique_ptr<torch::optim::Optimizer> optimizer = MakeOptimizer(o, params);
 
   TrainResult result;
+  if (!o.resume && !o.checkpoint_dir.empty()) {
+    // Caught now rather than at the first save, after minutes of training:
+    // checkpoints are never overwritten.
+    auto existing = state_dict::LatestCheckpoint(o.checkpoint_dir);
+    if (existing.ok()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "--checkpoint-dir='", o.checkpoint_dir, "' already holds a checkpoint (",
+          *existing, "): pass --resume to continue that run, or use an empty directory"));
+    }
+  }
   if (o.resume) {
     auto step = Resume(o.checkpoint_dir, o, *model, *optimizer);
     if (!step.ok()) return step.status();

@@ -143,6 +143,13 @@ TEST(TrainerE2eTest, ResumeContinuesTheExactLossSequence) {
   ExpectSameLosses(std::vector<double>(a.losses.begin() + 6, a.losses.end()),
                    ReadLog(dir + "/two.jsonl", 2).losses, 1e-4);
 
+  // Training into a directory that holds checkpoints, without --resume, is
+  // refused before the first step (checkpoints are never overwritten).
+  RunResult again = RunTrainer(std::string(kSmall) + " --checkpoint-dir=" + ckpt);
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_THAT(again.output, HasSubstr("already holds a checkpoint"));
+  EXPECT_THAT(again.output, ::testing::Not(HasSubstr("tok/s")));  // no step ran
+
   // Resuming with another seed would silently train a different run.
   fs::remove_all(ckpt + "/step_12");
   RunResult other_seed = RunTrainer(std::string(kSmall) + " --seed=12 --resume --checkpoint-dir=" + ckpt);

@@ -97,8 +97,8 @@ int main(int argc, char** argv) {
   }
   auto options = trainer::ParseOptions(std::vector<std::string>(argv + 1, argv + argc));
   if (!options.ok()) {
-    return Fail(absl::InvalidArgumentError(
-                    absl::StrCat(options.status().message(), "\n", trainer::Usage())),
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    options.status().message(), " (trainer --help lists the flags)")),
                 2);
   }
   if (options->help) {

@@ -1,0 +1,92 @@
+#!/usr/bin/python3
+"""Plots a trainer --log-json file: loss and tokens/s against step.
+
+    bazel run //tools:plot -- LOG.jsonl [-o OUT.png] [--title TEXT]
+
+LOG.jsonl has one JSON object per line with at least "step", "loss" and
+"tokens_per_s" (see trainer/json_log.h). A resumed run appends to its log, so
+a step can appear more than once: the last line for a step wins, which is
+the line of the run that continued. Writes OUT.png (default: LOG with .png).
+
+Needs matplotlib (Debian: python3-matplotlib, installed by
+`tools/setup.sh --with-python`).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+
+def read_log(path):
+    by_step = {}
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                sys.exit(f"plot: {path}:{number}: not JSON ({e})")
+            for key in ("step", "loss", "tokens_per_s"):
+                if key not in record:
+                    sys.exit(f"plot: {path}:{number}: no '{key}' key "
+                             f"(expected a trainer --log-json file)")
+            by_step[int(record["step"])] = record
+    if not by_step:
+        sys.exit(f"plot: {path}: no step records")
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("log", help="a trainer --log-json file")
+    parser.add_argument("-o", "--output", help="PNG to write (default: LOG.png)")
+    parser.add_argument("--title", help="chart title (default: the log's name)")
+    args = parser.parse_args()
+
+    # `bazel run` starts us in the runfiles tree: resolve paths where the
+    # user typed the command.
+    cwd = os.environ.get("BUILD_WORKING_DIRECTORY")
+    if cwd:
+        os.chdir(cwd)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")  # no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.exit("plot: matplotlib is missing: run `tools/setup.sh --with-python` "
+                 "(Debian package python3-matplotlib)")
+
+    records = read_log(args.log)
+    steps = [r["step"] for r in records]
+    loss = [r["loss"] if r["loss"] is not None else float("nan") for r in records]
+    throughput = [r["tokens_per_s"] for r in records]
+    world = len(records[-1].get("peak_rss_bytes", [0]))
+
+    fig, ax_loss = plt.subplots(figsize=(9, 4.8), dpi=110)
+    ax_loss.plot(steps, loss, color="tab:blue", linewidth=1.4, label="loss")
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("loss (global mean)", color="tab:blue")
+    ax_loss.tick_params(axis="y", labelcolor="tab:blue")
+    ax_loss.grid(alpha=0.3)
+
+    ax_tps = ax_loss.twinx()
+    ax_tps.plot(steps, throughput, color="tab:orange", linewidth=0.9, alpha=0.8,
+                label="tokens/s")
+    ax_tps.set_ylabel("tokens/s", color="tab:orange")
+    ax_tps.tick_params(axis="y", labelcolor="tab:orange")
+    ax_tps.set_ylim(bottom=0)
+
+    title = args.title or os.path.basename(args.log)
+    ax_loss.set_title(f"{title}: loss {loss[0]:.3f} -> {loss[-1]:.3f} over "
+                      f"{len(steps)} steps, {world} rank{'s' if world != 1 else ''}")
+    fig.tight_layout()
+    output = args.output or os.path.splitext(args.log)[0] + ".png"
+    fig.savefig(output)
+    print(f"plot: wrote {output}")
+
+
+if __name__ == "__main__":
+    main()
