@@ -26,18 +26,19 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/collectives.h"
-#include "comm/launcher.h"
+#include "benchmarks/multi_rank_main.h"
 #include "comm/process_group.h"
 
 namespace {
 
 constexpr int kWorld = 2;
 constexpr int kRepetitions = 3;
-comm::ProcessGroup* g_group = nullptr;
+const comm::ProcessGroup* g_group = nullptr;
 
 enum class Op { kAllGather, kReduceScatter, kAllReduce };
 
@@ -51,7 +52,7 @@ using Step = std::function<void()>;
 
 Step comm_step(Op op, int64_t bytes) {
   const int64_t total = bytes / 4, shard = total / kWorld;
-  comm::ProcessGroup& pg = *g_group;
+  const comm::ProcessGroup& pg = *g_group;
   switch (op) {
     case Op::kAllGather: {
       at::Tensor in = at::ones({shard}), out = at::empty({total});
@@ -211,12 +212,6 @@ class RatioReporter : public benchmark::ConsoleReporter {
   std::vector<Row> rows_;
 };
 
-class SilentReporter : public benchmark::BenchmarkReporter {
- public:
-  bool ReportContext(const Context&) override { return true; }
-  void ReportRuns(const std::vector<Run>&) override {}
-};
-
 void register_all() {
   const std::vector<std::pair<const char*, Op>> ops = {
       {"all_gather", Op::kAllGather},
@@ -238,64 +233,16 @@ void register_all() {
   }
 }
 
-int launch_ranks(int argc, char** argv) {
-  comm::LaunchOptions options;
-  options.nproc_per_node = kWorld;
-  options.command = {"/proc/self/exe"};
-  // The ranks write to pipes; keep escape codes out of the report.
-  options.command.push_back("--benchmark_color=false");
-  for (int i = 1; i < argc; ++i) options.command.push_back(argv[i]);
-  options.timeout = std::chrono::minutes(20);
-  options.on_line = [](int rank, bool is_stderr, const std::string& line) {
-    if (rank == 0 && !is_stderr) {
-      std::printf("%s\n", line.c_str());
-      std::fflush(stdout);
-    } else if (is_stderr) {
-      std::fprintf(stderr, "[rank %d] %s\n", rank, line.c_str());
-    }
-  };
-  auto result = comm::launch(options);
-  if (!result.ok()) {
-    std::fprintf(stderr, "comm_bench: %s\n", std::string(result.status().message()).c_str());
-    return 2;
-  }
-  if (result->exit_code != 0) {
-    std::fprintf(stderr, "comm_bench: %s\n", result->summary.c_str());
-  }
-  return result->exit_code;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (std::getenv("RANK") == nullptr) return launch_ranks(argc, argv);
-
-  comm::InitOptions init;
-  init.timeout = std::chrono::minutes(5);
-  auto group = comm::init_process_group(init);
-  if (!group.ok()) {
-    std::fprintf(stderr, "comm_bench: %s\n", group.status().ToString().c_str());
-    return 1;
-  }
-  g_group = &*group;
-  if (group->rank() != 0) {
-    // Only rank 0 writes --benchmark_out files.
-    int kept = 1;
-    for (int i = 1; i < argc; ++i) {
-      if (std::string(argv[i]).rfind("--benchmark_out", 0) != 0) argv[kept++] = argv[i];
-    }
-    argc = kept;
-  }
-  benchmark::Initialize(&argc, argv);
-  register_all();
-  if (group->rank() == 0) {
-    RatioReporter reporter;
-    benchmark::RunSpecifiedBenchmarks(&reporter);
-  } else {
-    SilentReporter display;
-    benchmark::RunSpecifiedBenchmarks(&display);
-  }
-  comm::barrier(*group).wait();
-  benchmark::Shutdown();
-  return 0;
+  benchmarks::MultiRankBenchmark spec;
+  spec.name = "comm_bench";
+  spec.world_size = kWorld;
+  spec.register_benchmarks = [](const comm::ProcessGroup& group) {
+    g_group = &group;
+    register_all();
+  };
+  spec.make_reporter = [] { return std::make_unique<RatioReporter>(); };
+  return benchmarks::RunOnLocalRanks(argc, argv, spec);
 }

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "comm/collectives.h"
-#include "comm/launcher.h"
+#include "benchmarks/multi_rank_main.h"
 #include "comm/process_group.h"
 #include "fsdp/flat_param.h"
 
@@ -39,7 +39,7 @@ constexpr int kParams = 100;
 constexpr int64_t kTotal = int64_t{16} << 20;  // 16M floats
 constexpr int kCollectiveIters = 10;
 constexpr int kRounds = 5;
-comm::ProcessGroup* g_group = nullptr;
+const comm::ProcessGroup* g_group = nullptr;
 
 // 99 tensors of [4, 41943] and one of [4, 41947]: 16,777,216 floats.
 std::vector<at::Tensor> make_params() {
@@ -155,6 +155,8 @@ void BM_HandleViewRebuild(benchmark::State& state) {
 
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
+  // Ranks write to pipes: no colour codes.
+  RatioReporter() : ConsoleReporter(OO_None) {}
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const auto& r : runs) {
@@ -196,12 +198,6 @@ class RatioReporter : public benchmark::ConsoleReporter {
   std::map<std::string, std::vector<double>> times_, cpu_;
 };
 
-class SilentReporter : public benchmark::BenchmarkReporter {
- public:
-  bool ReportContext(const Context&) override { return true; }
-  void ReportRuns(const std::vector<Run>&) override {}
-};
-
 void register_all(bool local) {
   if (local) {
     benchmark::RegisterBenchmark("BM_Flatten", BM_Flatten)->Unit(benchmark::kMillisecond);
@@ -235,55 +231,16 @@ void register_all(bool local) {
       ->Unit(benchmark::kMicrosecond);
 }
 
-int launch_ranks(int argc, char** argv) {
-  comm::LaunchOptions options;
-  options.nproc_per_node = kWorld;
-  options.command = {"/proc/self/exe"};
-  for (int i = 1; i < argc; ++i) options.command.push_back(argv[i]);
-  options.timeout = std::chrono::minutes(20);
-  options.on_line = [](int rank, bool is_stderr, const std::string& line) {
-    if (rank == 0 && !is_stderr) {
-      std::printf("%s\n", line.c_str());
-      std::fflush(stdout);
-    } else if (is_stderr) {
-      std::fprintf(stderr, "[rank %d] %s\n", rank, line.c_str());
-    }
-  };
-  auto result = comm::launch(options);
-  if (!result.ok()) {
-    std::fprintf(stderr, "flat_param_bench: %s\n",
-                 std::string(result.status().message()).c_str());
-    return 2;
-  }
-  if (result->exit_code != 0) {
-    std::fprintf(stderr, "flat_param_bench: %s\n", result->summary.c_str());
-  }
-  return result->exit_code;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (std::getenv("RANK") == nullptr) return launch_ranks(argc, argv);
-
-  comm::InitOptions init;
-  init.timeout = std::chrono::minutes(5);
-  auto group = comm::init_process_group(init);
-  if (!group.ok()) {
-    std::fprintf(stderr, "flat_param_bench: %s\n", group.status().ToString().c_str());
-    return 1;
-  }
-  g_group = &*group;
-  benchmark::Initialize(&argc, argv);
-  register_all(/*local=*/group->rank() == 0);
-  if (group->rank() == 0) {
-    RatioReporter reporter;
-    benchmark::RunSpecifiedBenchmarks(&reporter);
-  } else {
-    SilentReporter display;
-    benchmark::RunSpecifiedBenchmarks(&display);
-  }
-  comm::barrier(*group).wait();
-  benchmark::Shutdown();
-  return 0;
+  benchmarks::MultiRankBenchmark spec;
+  spec.name = "flat_param_bench";
+  spec.world_size = kWorld;
+  spec.register_benchmarks = [](const comm::ProcessGroup& group) {
+    g_group = &group;
+    register_all(/*local=*/group.rank() == 0);
+  };
+  spec.make_reporter = [] { return std::make_unique<RatioReporter>(); };
+  return benchmarks::RunOnLocalRanks(argc, argv, spec);
 }

@@ -73,6 +73,19 @@ namespace internal {
 class Runtime;
 }  // namespace internal
 
+// What summon_full_params gathers (PyTorch's arguments of the same names).
+struct SummonOptions {
+  // Copy changes made to the full parameters back into the shards.
+  bool writeback = true;
+  // Only rank 0 keeps the full parameters (others reshard at once).
+  bool rank0_only = false;
+  // Full parameters on the CPU (they already are with a CPU compute device).
+  bool offload_to_cpu = false;
+  // Also gather gradients into the full parameters' .grad
+  // (requires use_orig_params, as in PyTorch).
+  bool with_grads = false;
+};
+
 class FullyShardedDataParallel {
  public:
   // The seed's __init__ arguments.
@@ -112,17 +125,8 @@ class FullyShardedDataParallel {
     bool use_orig_params = false;
   };
 
-  struct SummonOptions {
-    // Copy changes made to the full parameters back into the shards.
-    bool writeback = true;
-    // Only rank 0 keeps the full parameters (others reshard at once).
-    bool rank0_only = false;
-    // Full parameters on the CPU (they already are with a CPU compute device).
-    bool offload_to_cpu = false;
-    // Also gather gradients into the full parameters' .grad
-    // (requires use_orig_params, as in PyTorch).
-    bool with_grads = false;
-  };
+  using SummonOptions = fsdp::SummonOptions;
+
 
   // RAII: the module's parameters are the full, unsharded ones while alive.
   class FullParamsGuard {

@@ -1,9 +1,7 @@
 #include "trainer/options.h"
 
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <map>
 #include <utility>

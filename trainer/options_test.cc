@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "trainer/json_log.h"
+#include "trainer/lr_schedule.h"
 #include "trainer/testing/json_lines.h"
 
 namespace trainer {
@@ -142,6 +143,29 @@ TEST(OptionsTest, FsdpFlagsAreRefusedUntilTheWrapperExists) {
                         HasSubstr("fsdp::FullyShardedDataParallel (issue #7)")));
     }
   }
+}
+
+TEST(LrScheduleTest, WarmupThenConstantOrCosineToZero) {
+  Options o;
+  o.lr = 0.01;
+  o.steps = 110;
+  o.warmup_steps = 10;
+  o.lr_schedule = LrSchedule::kCosine;
+  EXPECT_DOUBLE_EQ(LearningRate(o, 1), 0.001);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 10), 0.01);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 60), 0.005);  // halfway through the decay
+  EXPECT_NEAR(LearningRate(o, 110), 0.0, 1e-15);
+  for (int64_t s = 11; s <= 110; ++s) EXPECT_LT(LearningRate(o, s), LearningRate(o, s - 1) + 1e-15);
+  o.lr_schedule = LrSchedule::kConstant;
+  EXPECT_DOUBLE_EQ(LearningRate(o, 5), 0.005);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 11), 0.01);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 110), 0.01);
+  o.warmup_steps = 0;
+  EXPECT_DOUBLE_EQ(LearningRate(o, 1), 0.01);
+  // Warmup longer than the run: still warming up at the end, no error.
+  o.warmup_steps = 500;
+  o.lr_schedule = LrSchedule::kCosine;
+  EXPECT_DOUBLE_EQ(LearningRate(o, 110), 0.01 * 110 / 500);
 }
 
 TEST(JsonLogTest, LineIsJsonWithTheDocumentedKeys) {

@@ -25,6 +25,7 @@
 #include "state_dict/optim_state.h"
 #include "trainer/data.h"
 #include "trainer/json_log.h"
+#include "trainer/lr_schedule.h"
 #include "trainer/models.h"
 #include "trainer/progress.h"
 
@@ -220,16 +221,6 @@ std::vector<std::vector<int64_t>> GatherPerRank(const comm::ProcessGroup* group,
 }
 
 }  // namespace
-
-double LearningRate(const Options& o, int64_t step) {
-  if (step <= o.warmup_steps) {
-    return o.lr * static_cast<double>(step) / static_cast<double>(o.warmup_steps);
-  }
-  if (o.lr_schedule == LrSchedule::kConstant) return o.lr;
-  const double progress = static_cast<double>(step - o.warmup_steps) /
-                          static_cast<double>(std::max<int64_t>(1, o.steps - o.warmup_steps));
-  return o.lr * 0.5 * (1.0 + std::cos(M_PI * progress));
-}
 
 absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup* group) {
   const int world = group != nullptr ? group->size() : 1;

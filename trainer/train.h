@@ -37,8 +37,4 @@ struct TrainResult {
 absl::StatusOr<TrainResult> Train(const Options& options,
                                   const comm::ProcessGroup* group);
 
-// The learning rate of optimizer step `step` (1-based): linear warmup over
-// --warmup-steps, then constant or cosine decay to 0 at --steps.
-double LearningRate(const Options& options, int64_t step);
-
 }  // namespace trainer

@@ -178,8 +178,16 @@ TEST(TrainerE2eTest, OneAndTwoRanksGiveTheSameLosses) {
   RunResult k4 = RunTrainer(std::string(kSmall) + " --grad-accum=4 --log-json=" + dir + "/k4.jsonl");
   ASSERT_EQ(k1.exit_code, 0) << k1.output;
   ASSERT_EQ(k4.exit_code, 0) << k4.output;
-  ExpectSameLosses(ReadLog(dir + "/k1.jsonl", 1).losses, ReadLog(dir + "/k4.jsonl", 1).losses,
-                   1e-4);
+  const std::vector<double> reference = ReadLog(dir + "/k1.jsonl", 1).losses;
+  ExpectSameLosses(reference, ReadLog(dir + "/k4.jsonl", 1).losses, 1e-4);
+
+  // Started by //tools:launch (RANK set), the trainer runs as one rank of
+  // that world: the same losses again.
+  const std::string command = "tools/launch --nproc 2 -- trainer/trainer " +
+                              std::string(kSmall) + " --log-json=" + dir +
+                              "/launched.jsonl > " + dir + "/launched.txt 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  ExpectSameLosses(reference, ReadLog(dir + "/launched.jsonl", 2).losses, 1e-4);
 }
 
 TEST(TrainerE2eTest, MlpAndSyntheticDataRun) {
