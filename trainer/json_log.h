@@ -6,8 +6,12 @@
 //    "tokens_per_s": 2497.5, "peak_rss_bytes": [412000256, 409923584],
 //    "sharded_state_bytes": [1606656, 1606656], "world_size": 2}
 //
-// loss is the global mean over the step's whole batch; the lists have one
-// entry per rank, in rank order.
+// loss is the global mean over the step's whole batch (before the step's
+// update); lr the rate the step used; tokens_per_s counts the input tokens
+// of all ranks (global_batch * seq / step_time_s); step_time_s runs from
+// sampling the batch to the end of the optimizer step. The lists have one
+// entry per rank, in rank order. A resumed run appends to its log, so after
+// a crash a step can appear twice; the later line is the surviving run's.
 #pragma once
 
 #include <cstdint>

@@ -231,36 +231,15 @@ bool DimTree::broadcast_into(const TreeSpec& spec,
   return true;
 }
 
-std::string DimTree::structure() const {
-  std::ostringstream os;
-  switch (kind_) {
-    case TreeSpec::Kind::kLeaf:
-      return "*";
-    case TreeSpec::Kind::kTuple:
-    case TreeSpec::Kind::kList:
-      os << (kind_ == TreeSpec::Kind::kTuple ? "(" : "[");
-      for (size_t i = 0; i < children_.size(); ++i) {
-        os << (i ? ", " : "") << children_[i].structure();
-      }
-      if (kind_ == TreeSpec::Kind::kTuple && children_.size() == 1) os << ",";
-      os << (kind_ == TreeSpec::Kind::kTuple ? ")" : "]");
-      break;
-    case TreeSpec::Kind::kDict:
-      os << "{";
-      for (size_t i = 0; i < children_.size(); ++i) {
-        os << (i ? ", " : "") << "'" << keys_[i]
-           << "': " << children_[i].structure();
-      }
-      os << "}";
-      break;
-  }
-  return os.str();
-}
+std::string DimTree::structure() const { return render(/*show_dims=*/false); }
 
-std::string DimTree::to_string() const {
+std::string DimTree::to_string() const { return render(/*show_dims=*/true); }
+
+std::string DimTree::render(bool show_dims) const {
   std::ostringstream os;
   switch (kind_) {
     case TreeSpec::Kind::kLeaf:
+      if (!show_dims) return "*";
       if (dim_.has_value()) {
         os << *dim_;
       } else {
@@ -271,7 +250,7 @@ std::string DimTree::to_string() const {
     case TreeSpec::Kind::kList:
       os << (kind_ == TreeSpec::Kind::kTuple ? "(" : "[");
       for (size_t i = 0; i < children_.size(); ++i) {
-        os << (i ? ", " : "") << children_[i].to_string();
+        os << (i ? ", " : "") << children_[i].render(show_dims);
       }
       if (kind_ == TreeSpec::Kind::kTuple && children_.size() == 1) os << ",";
       os << (kind_ == TreeSpec::Kind::kTuple ? ")" : "]");
@@ -280,7 +259,7 @@ std::string DimTree::to_string() const {
       os << "{";
       for (size_t i = 0; i < children_.size(); ++i) {
         os << (i ? ", " : "") << "'" << keys_[i]
-           << "': " << children_[i].to_string();
+           << "': " << children_[i].render(show_dims);
       }
       os << "}";
       break;

@@ -113,6 +113,8 @@ class DimTree {
   DimTree() = default;
   bool broadcast_into(const TreeSpec& spec,
                       std::vector<c10::optional<int64_t>>& out) const;
+  // Renders the tree, leaves as their dims or (show_dims=false) as "*".
+  std::string render(bool show_dims) const;
 
   TreeSpec::Kind kind_ = TreeSpec::Kind::kLeaf;
   c10::optional<int64_t> dim_;
