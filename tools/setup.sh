@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build needs; does nothing when they are
 # already there. Usage: tools/setup.sh [--with-python]
-#   --with-python  also install python3-torch (golden-value fixtures, Python
-#                  interop tests, benchmarks/compare_pytorch.sh).
+#   --with-python  also install python3-torch and python3-matplotlib
+#                  (golden-value fixtures, Python interop tests, tools/plot).
 set -euo pipefail
 
 packages=(
@@ -17,7 +17,7 @@ packages=(
 )
 for arg in "$@"; do
   case "$arg" in
-    --with-python) packages+=(python3-torch python3-numpy) ;;
+    --with-python) packages+=(python3-torch python3-numpy python3-matplotlib) ;;
     *) echo "setup.sh: unknown argument '$arg' (expected --with-python)" >&2; exit 2 ;;
   esac
 done

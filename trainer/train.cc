@@ -338,18 +338,29 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup* gr
         !o.checkpoint_dir.empty() &&
         ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == o.steps);
     if (checkpoint_now) {
+      absl::Status saved;
       if (is_main) {
         auto state = CheckpointState(*model, *optimizer, step,
                                      static_cast<uint64_t>(o.seed));
-        if (!state.ok()) return state.status();
-        if (auto s = state_dict::SaveFullCheckpoint(o.checkpoint_dir, step, *state);
-            !s.ok()) {
-          return absl::Status(s.code(), absl::StrCat("--checkpoint-dir='", o.checkpoint_dir,
-                                                     "' step ", step, ": ", s.message()));
+        saved = state.ok() ? state_dict::SaveFullCheckpoint(o.checkpoint_dir, step, *state)
+                           : state.status();
+        if (!saved.ok()) {
+          saved = absl::Status(saved.code(), absl::StrCat("--checkpoint-dir='", o.checkpoint_dir,
+                                                          "' step ", step, ": ", saved.message()));
         }
       }
-      // Nobody runs ahead of a checkpoint that may yet fail.
-      if (group != nullptr) comm::barrier(*group).wait();
+      // Instead of a bare barrier, every rank learns whether the save worked,
+      // so all stop with a message rather than the others dying in their next
+      // collective when rank 0 exits.
+      if (group != nullptr) {
+        torch::Tensor failed = torch::tensor({saved.ok() ? int64_t{0} : int64_t{1}});
+        comm::all_reduce(*group, failed, comm::ReduceOp::kMax).wait();
+        if (saved.ok() && failed.item<int64_t>() != 0) {
+          return absl::AbortedError(absl::StrCat(
+              "the checkpoint of step ", step, " failed on rank 0 (see its message)"));
+        }
+      }
+      if (!saved.ok()) return saved;
     }
   }
   if (is_main) {

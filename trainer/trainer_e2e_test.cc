@@ -209,6 +209,15 @@ TEST(TrainerE2eTest, BadFlagsExitTwoNamingTheFlag) {
               HasSubstr("--sharding=full: not available yet: requires "
                         "fsdp::FullyShardedDataParallel (issue #7)"));
 
+  // A rank's failure ends the run with its message, not a backtrace from
+  // the other ranks' next collective.
+  RunResult save = RunTrainer(std::string(kSmall) +
+                              " --nproc=2 --steps=1 --checkpoint-dir=/proc/no-such-dir");
+  EXPECT_EQ(save.exit_code, 1);
+  EXPECT_THAT(save.output, HasSubstr("--checkpoint-dir='/proc/no-such-dir' step 1"));
+  EXPECT_THAT(save.output, HasSubstr("failed on rank 0"));
+  EXPECT_THAT(save.output, ::testing::Not(HasSubstr("frame #")));
+
   RunResult batch = RunTrainer("--nproc=3 --global-batch=16");
   EXPECT_EQ(batch.exit_code, 2);
   EXPECT_THAT(batch.output, HasSubstr("--global-batch=16: expected a multiple of the world size 3"));

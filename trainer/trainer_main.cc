@@ -15,10 +15,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "c10/util/Exception.h"
 #include "comm/launcher.h"
 #include "comm/process_group.h"
 #include "trainer/options.h"
@@ -71,6 +73,20 @@ int LaunchRanks(const trainer::Options& options) {
   return result->exit_code;
 }
 
+// Train, with the exceptions LibTorch and comm throw (a failed collective
+// when a peer died, a shape error) turned into one line without the
+// backtrace c10::Error carries.
+absl::Status RunTraining(const trainer::Options& options,
+                         const comm::ProcessGroup* group) {
+  try {
+    return trainer::Train(options, group).status();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return absl::InternalError(e.what());
+  }
+}
+
 int RunRank(const trainer::Options& options) {
   comm::InitOptions init;
   init.timeout = std::chrono::minutes(10);
@@ -82,8 +98,8 @@ int RunRank(const trainer::Options& options) {
         "--nproc=", options.nproc, ": expected 1 or the launcher's WORLD_SIZE=",
         group->size(), " when started as a rank (RANK is set)")), 2);
   }
-  auto result = trainer::Train(options, group->size() > 1 ? &*group : nullptr);
-  if (!result.ok()) return Fail(result.status());
+  auto result = RunTraining(options, group->size() > 1 ? &*group : nullptr);
+  if (!result.ok()) return Fail(result);
   return 0;
 }
 
@@ -111,7 +127,6 @@ int main(int argc, char** argv) {
     return Fail(s, 2);
   }
   if (options->nproc > 1) return LaunchRanks(*options);
-  auto result = trainer::Train(*options, nullptr);
-  if (!result.ok()) return Fail(result.status());
+  if (auto s = RunTraining(*options, nullptr); !s.ok()) return Fail(s);
   return 0;
 }
