@@ -3,9 +3,18 @@
 //benchmarks:transforms_bench, for benchmarks/RESULTS.md.
 
     /usr/bin/python3 functorch/transforms/bench/functorch_reference_bench.py
+        [--filter REGEX] [--repetitions N] [--json FILE]
 
-Same shapes and formulations as benchmarks/transforms_bench.cc.
+Same shapes and formulations as benchmarks/transforms_bench.cc. --filter
+runs only the cases whose name matches (re.search, as
+--benchmark_filter); --repetitions N times each case N times and reports
+the median of the N means; --json writes {case: {"cpu_s", "wall_s",
+"iterations"}} for scripts (benchmarks/compare_pytorch.sh).
 """
+import argparse
+import json
+import re
+import statistics
 import time
 
 import torch
@@ -13,26 +22,57 @@ import torch.nn.functional as F
 from functorch import grad, jacrev, vmap
 
 
+OPTIONS = argparse.Namespace(filter=None, repetitions=1, json=None)
+RESULTS = {}
+
+
+def selected(name):
+    return OPTIONS.filter is None or re.search(OPTIONS.filter, name) is not None
+
+
 def bench(name, fn, unit="ms", min_time=1.0):
     """Mean wall and CPU time per call (CPU time is the steadier number when
-    other processes share the machine, as Google Benchmark's CPU column)."""
+    other processes share the machine, as Google Benchmark's CPU column).
+    With --repetitions N, the median over N such means. Returns the CPU
+    time, or None when --filter skips the case."""
+    if not selected(name):
+        return None
     fn()
-    n, start, cpu_start = 0, time.perf_counter(), time.process_time()
-    while True:
-        fn()
-        n += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_time and n >= 3:
-            break
-    cpu = (time.process_time() - cpu_start) / n
-    per = elapsed / n
+    cpus, walls, total = [], [], 0
+    for _ in range(OPTIONS.repetitions):
+        n, start, cpu_start = 0, time.perf_counter(), time.process_time()
+        while True:
+            fn()
+            n += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_time and n >= 3:
+                break
+        cpus.append((time.process_time() - cpu_start) / n)
+        walls.append(elapsed / n)
+        total += n
+    cpu, per = statistics.median(cpus), statistics.median(walls)
+    RESULTS[name] = {"cpu_s": cpu, "wall_s": per, "iterations": total}
     scale = 1e3 if unit == "ms" else 1e6
+    reps = f", median of {len(cpus)}" if len(cpus) > 1 else ""
     print(f"{name:34s} wall {per * scale:10.3f} {unit}  cpu {cpu * scale:10.3f} {unit}"
-          f"   ({n} iterations)")
+          f"   ({total} iterations{reps})", flush=True)
     return cpu
 
 
+def ratio(name, slow, fast):
+    if slow is not None and fast is not None:
+        print(f"  {name} = {slow / fast:.2f}x (cpu)")
+
+
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--filter", help="only cases whose name matches this regex")
+    parser.add_argument("--repetitions", type=int, default=1,
+                        help="time each case N times; report the medians")
+    parser.add_argument("--json", help="also write the results to this file as JSON")
+    parser.parse_args(namespace=OPTIONS)
+    if OPTIONS.repetitions < 1:
+        parser.error("--repetitions must be >= 1")
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     w1, b1 = torch.randn(256, 128) * 0.05, torch.zeros(256)
@@ -58,7 +98,7 @@ def main():
         return [torch.stack(g) for g in per]
 
     lp = bench("PerSampleGrad_Loop", loop)
-    print(f"  loop / vmap(grad) = {lp / vg:.2f}x (cpu)")
+    ratio("loop / vmap(grad)", lp, vg)
 
     jw1, jb1 = torch.randn(64, 16) * 0.25, torch.randn(64) * 0.1
     jw2, jb2 = torch.randn(16, 64) * 0.125, torch.randn(16) * 0.1
@@ -81,12 +121,16 @@ def main():
         return torch.stack(jacobians)
 
     jl = bench("BatchedJacobian_Loop", jloop, min_time=2.0)
-    print(f"  loop / vmap(jacrev) = {jl / vj:.2f}x (cpu)")
+    ratio("loop / vmap(jacrev)", jl, vj)
 
     a, b = torch.randn(8, 5), torch.randn(8, 5)
     batched_dot = vmap(torch.dot)
     bench("VmapDot_Tiny", lambda: batched_dot(a, b), unit="us")
     bench("Dot_Tiny_Direct", lambda: (a * b).sum(1), unit="us")
+    if OPTIONS.json:
+        with open(OPTIONS.json, "w", encoding="utf-8") as f:
+            json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(),
+                       "cases": RESULTS}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Runs the same cases in Python PyTorch (Debian's python3-torch, through
+# /usr/bin/python3) and in this project, and prints a table of the times and
+# the ratios ours/PyTorch (below 1: ours is faster). Issue #9.
+#
+#   benchmarks/compare_pytorch.sh [--out FILE] [--rounds N] [--steps N]
+#                                 [--mlp-steps N] [--reps N] [--warmup N]
+#
+# Cases:
+#   1. Per-sample gradients, MLP 128->256->ReLU->10, cross-entropy, batch 256,
+#      float32: //benchmarks:transforms_bench's BM_PerSampleGrad_VmapGrad and
+#      BM_PerSampleGrad_Loop against functorch's vmap(grad(loss)) and a Python
+#      per-example autograd loop
+#      (functorch/transforms/bench/functorch_reference_bench.py), one
+#      intra-op thread each, median of --reps repetitions, CPU and wall time.
+#   2. A data-parallel training step on 2 ranks over Gloo: `//:trainer --nproc 2`
+#      against torch.nn.parallel.DistributedDataParallel
+#      (benchmarks/python/ddp_step.py, two processes started with
+#      RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, as torch.distributed.run fails
+#      on Debian's Python 3.11 build), same model, sizes, synthetic data
+#      (bit-identical batches), Adam and global batch; the trainer's default
+#      transformer and its MLP. Median step time over --rounds runs per side
+#      (alternating which side goes first), first --warmup steps of each run
+#      skipped.
+#
+# Builds what it needs with bazel (the flags of .bazelrc only). Writes nothing
+# into the repository unless --out FILE is given (then the table also goes
+# to FILE). Takes about 2-3 minutes on 2 cores after the build.
+set -euo pipefail
+
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
+
+out=""
+rounds=2
+steps=40       # transformer steps per run
+mlp_steps=200  # MLP steps per run (its steps take milliseconds)
+reps=3
+warmup=5
+while (($#)); do
+  case "$1" in
+    --out) out="${2:?--out needs a FILE}"; shift 2 ;;
+    --out=*) out="${1#--out=}"; shift ;;
+    --rounds) rounds="${2:?}"; shift 2 ;;
+    --steps) steps="${2:?}"; shift 2 ;;
+    --mlp-steps) mlp_steps="${2:?}"; shift 2 ;;
+    --reps) reps="${2:?}"; shift 2 ;;
+    --warmup) warmup="${2:?}"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "compare_pytorch.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+for v in rounds steps mlp_steps reps; do
+  [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "compare_pytorch.sh: --${v//_/-} must be a positive integer" >&2; exit 2; }
+done
+[[ "$warmup" =~ ^[0-9]+$ ]] || { echo "compare_pytorch.sh: --warmup must be an integer >= 0" >&2; exit 2; }
+if ((warmup >= steps || warmup >= mlp_steps)); then
+  echo "compare_pytorch.sh: --warmup $warmup leaves no timed steps (--steps $steps, --mlp-steps $mlp_steps)" >&2
+  exit 2
+fi
+# --out is relative to where the script was started.
+if [[ -n "$out" && "$out" != /* ]]; then out="$PWD/$out"; fi
+
+cd "$(dirname "$0")/.."
+PY=/usr/bin/python3
+
+if ! "$PY" -c 'import torch, functorch, torch.distributed as d; assert d.is_available() and d.is_gloo_available()' 2>/dev/null; then
+  echo "compare_pytorch.sh: $PY cannot import torch and functorch (with Gloo): install" >&2
+  echo "  Debian's python3-torch with: tools/setup.sh --with-python   (as root)" >&2
+  exit 1
+fi
+
+echo "== building //benchmarks:transforms_bench //:trainer" >&2
+bazel build //benchmarks:transforms_bench //:trainer >&2
+bin=$(bazel info bazel-bin 2>/dev/null)
+bench_bin="$bin/benchmarks/transforms_bench"
+trainer_bin="$bin/trainer/trainer"
+for f in "$bench_bin" "$trainer_bin"; do
+  [[ -x "$f" ]] || { echo "compare_pytorch.sh: $f missing after the build" >&2; exit 1; }
+done
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# One intra-op thread per process on both sides (the trainer's launcher and
+# torchrun set the same for their ranks).
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+start_s=$SECONDS
+
+# --- 1. per-sample gradients ------------------------------------------------
+echo "== per-sample gradients: ours ($reps repetitions)" >&2
+"$bench_bin" --benchmark_filter='^BM_PerSampleGrad_' \
+  --benchmark_repetitions="$reps" --benchmark_report_aggregates_only=true \
+  --benchmark_out="$tmp/cpp_bench.json" --benchmark_out_format=json >&2
+echo "== per-sample gradients: Python functorch ($reps repetitions)" >&2
+"$PY" functorch/transforms/bench/functorch_reference_bench.py \
+  --filter '^PerSampleGrad_' --repetitions "$reps" --json "$tmp/py_bench.json" >&2
+
+# --- 2. data-parallel step, 2 ranks -----------------------------------------
+free_port() {
+  "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+run_ours() {  # model steps log
+  local model=$1 n=$2 log=$3
+  if ! timeout 300 "$trainer_bin" --nproc 2 --data synthetic --model "$model" \
+      "${common_flags[@]}" --steps "$n" --log-json "$log" >"$tmp/ours.out" 2>&1; then
+    echo "compare_pytorch.sh: the trainer failed:" >&2; cat "$tmp/ours.out" >&2; exit 1
+  fi
+  tail -n 1 "$tmp/ours.out" >&2
+}
+
+run_python() {  # model steps log
+  local model=$1 n=$2 log=$3 port pids=() rank status=0
+  port=$(free_port)
+  for rank in 1 0; do
+    local log_flag=()
+    ((rank == 0)) && log_flag=(--log-json "$log")
+    RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      timeout 300 "$PY" benchmarks/python/ddp_step.py --model "$model" \
+      "${common_flags[@]}" --steps "$n" "${log_flag[@]}" \
+      >"$tmp/py.$rank.out" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+  if ((status != 0)); then
+    echo "compare_pytorch.sh: the Python DDP run failed (status $status):" >&2
+    sed 's/^/[rank 0] /' "$tmp/py.0.out" >&2; sed 's/^/[rank 1] /' "$tmp/py.1.out" >&2
+    exit 1
+  fi
+  head -n 1 "$tmp/py.0.out" >&2
+}
+
+# The same flags for both sides (the trainer's defaults written out).
+common_flags=(--seed 0 --global-batch 16 --optimizer adam --lr 3e-3 --lr-schedule cosine
+              --warmup-steps 10 --layers 2 --dim 64 --heads 4 --vocab 256 --seq 64)
+ddp_args=()
+for model in transformer mlp; do
+  n=$steps; [[ $model == mlp ]] && n=$mlp_steps
+  mkdir -p "$tmp/$model"
+  for ((r = 1; r <= rounds; r++)); do
+    echo "== data parallel, $model, round $r/$rounds: $n steps per side" >&2
+    if ((r % 2 == 1)); then
+      run_ours "$model" "$n" "$tmp/$model/ours.$r.jsonl"
+      run_python "$model" "$n" "$tmp/$model/py.$r.jsonl"
+    else
+      run_python "$model" "$n" "$tmp/$model/py.$r.jsonl"
+      run_ours "$model" "$n" "$tmp/$model/ours.$r.jsonl"
+    fi
+  done
+  ddp_args+=(--ddp "DDP step, 2 ranks Gloo, $model" "$tmp/$model")
+done
+
+torch_version=$("$PY" -c 'import torch; print(torch.__version__)')
+report=$("$PY" benchmarks/python/compare_report.py \
+  --cpp-bench "$tmp/cpp_bench.json" --py-bench "$tmp/py_bench.json" \
+  "${ddp_args[@]}" --warmup "$warmup" \
+  --header "compare_pytorch: $(date -u '+%Y-%m-%d %H:%M UTC'), $(getconf _NPROCESSORS_ONLN) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), PyTorch $torch_version ($PY), OMP_NUM_THREADS=1, $((SECONDS - start_s)) s of runs" \
+  --header "DDP flags (both sides): --data synthetic ${common_flags[*]}; --steps $steps (transformer) / $mlp_steps (mlp), $rounds round(s)")
+echo
+echo "$report"
+if [[ -n "$out" ]]; then
+  printf '%s\n' "$report" >"$out"
+  echo "compare_pytorch.sh: wrote $out" >&2
+fi
