@@ -226,6 +226,15 @@ void Runtime::init() {
                 "] is the wrapped module itself: expected a submodule");
     for (const auto& sub : m->modules(/*include_self=*/true)) ignored_modules.insert(sub.get());
   }
+  for (const auto& item : named_modules) {
+    if (ignored_modules.count(item.value().get()) != 0) continue;
+    TORCH_CHECK(Registry::get().find(item.value().get()) == nullptr,
+                "FullyShardedDataParallel: submodule '", item.key(), "' (",
+                item.value()->name(), ") is already managed by another "
+                "FullyShardedDataParallel: wrap the model once and let "
+                "auto_wrap_policy make the nested units (or list it in "
+                "ignored_modules)");
+  }
   std::unordered_set<const c10::TensorImpl*> ignored_params;
   for (const auto* m : ignored_modules) {
     for (const auto& p : m->parameters(/*recurse=*/false)) {
@@ -420,9 +429,18 @@ void Runtime::prefetch(int unit) {
 Frame Runtime::unit_pre_forward(int index) {
   Unit& unit = *units_[index];
   if (unit.is_root) {
+    if (state_ == TrainingState::kBackward) {
+      // The last backward failed before its final callback ran (an error
+      // inside it): start over from a clean state. Its partial, unreduced
+      // gradients are dropped so they cannot leak into this iteration.
+      for (auto& u : units_) {
+        if (u->handle) u->handle->clear_unsharded_grad();
+      }
+      final_callback();
+    }
     TORCH_CHECK(state_ == TrainingState::kIdle, "FullyShardedDataParallel::forward: ",
-                "called while ", state_ == TrainingState::kForward ? "a forward" : "a backward",
-                " is running: the root's forward must not be re-entered");
+                "called while a forward is running: the root's forward must not be "
+                "re-entered");
     TORCH_CHECK(summon_depth_ == 0, "FullyShardedDataParallel::forward: called inside ",
                 "summon_full_params: leave its scope first");
     state_ = TrainingState::kForward;
@@ -508,6 +526,7 @@ void Runtime::pre_backward(int index) {
                 "parameters of that pass; run forward again");
     backward_started_ = true;
     state_ = TrainingState::kBackward;
+    current_order_.clear();
     std::weak_ptr<Runtime> weak = weak_from_this();
     torch::autograd::Engine::get_default_engine().queue_callback([weak] {
       if (auto rt = weak.lock()) rt->final_callback();
@@ -715,6 +734,20 @@ void post_forward(const Frame& frame, const std::vector<at::Tensor>& outputs, bo
   frame.rt->unit_post_forward(frame.unit, outputs, known);
 }
 
+void abort_forward(const Frame& frame) noexcept {
+  if (!frame.rt || !frame.root) return;
+  for (auto& unit : frame.rt->units_) {
+    if (!unit->handle) continue;
+    try {
+      unit->handle->reshard();
+    } catch (const std::exception&) {
+      // Best effort while unwinding: the original error is what matters.
+    }
+  }
+  frame.rt->current_order_.clear();
+  frame.rt->state_ = TrainingState::kIdle;
+}
+
 c10::optional<c10::ScalarType> input_dtype(const Frame& frame) {
   if (!frame.rt) return c10::nullopt;
   return frame.rt->options_.mixed_precision.param_dtype;
@@ -794,9 +827,10 @@ FullyShardedDataParallel::~FullyShardedDataParallel() = default;
 void FullyShardedDataParallel::check_root_callable() const {
   TORCH_CHECK(root_sequential_ != nullptr || !root_any_.is_empty(),
               "FullyShardedDataParallel::forward: the root module (", rt_->root_->name(),
-              ") was wrapped as a type-erased std::shared_ptr<torch::nn::Module>, so its "
-              "forward() cannot be called: wrap the typed module (std::shared_ptr<Impl> "
-              "or its ModuleHolder)");
+              ") has no single forward() FSDP could call (wrapped type-erased, or its "
+              "forward is a template or overloaded): wrap the typed module "
+              "(std::shared_ptr<Impl> or its ModuleHolder), or enter the root through "
+              "FullyShardedDataParallel::run(fn)");
 }
 
 std::vector<at::Tensor> FullyShardedDataParallel::parameters() const {

@@ -28,6 +28,25 @@
 // fsdp::call on a module that is not a unit just calls forward; on a module
 // inside a unit whose parameters are sharded it is an error naming the unit.
 //
+// Runtime per iteration (as PyTorch's _runtime_utils): pre-forward gathers
+// a unit (and, with forward_prefetch, starts the next unit's all-gather in
+// the order recorded at the first forward); post-forward frees it again for
+// FULL_SHARD / HYBRID_SHARD except on the root, whose parameters backward
+// needs first; hooks on the unit's output tensors gather it again when
+// backward reaches it (prefetching the next unit for kBackwardPre); once
+// autograd has accumulated the unit's gradient its gradient is reduced
+// (not under no_sync) and the unit resharded (prefetch for kBackwardPost);
+// a callback queued on the autograd engine at the end of backward frees
+// whatever is still gathered and resets the per-iteration state.
+//
+// Bad input caught: a submodule of a sharded unit called through
+// fsdp::call; a unit called outside its root's forward; a second backward
+// through a graph whose backward already ran; a parameter shared by two
+// units; the seed's invalid option combinations. Not caught: calling a
+// submodule's forward() directly (LibTorch gives FSDP no hook; it then sees
+// 1-D shards and usually fails on shapes), and in-place writes to parameters
+// outside summon_full_params (they land in this rank's shard).
+//
 // Threading: one FullyShardedDataParallel is driven from one thread (plus
 // the autograd engine's, which runs its hooks); every rank must run the same
 // forward/backward sequence, as in PyTorch.
@@ -71,6 +90,12 @@ struct CPUOffload {
 
 namespace internal {
 class Runtime;
+
+// True when ModuleImpl has one non-template forward() (what AnyModule needs).
+template <typename T, typename = void>
+struct has_single_forward : std::false_type {};
+template <typename T>
+struct has_single_forward<T, std::void_t<decltype(&T::forward)>> : std::true_type {};
 }  // namespace internal
 
 // What summon_full_params gathers (PyTorch's arguments of the same names).
@@ -102,6 +127,9 @@ class FullyShardedDataParallel {
     CPUOffload cpu_offload;
     AutoWrapPolicy auto_wrap_policy;
     BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
+    // param_dtype: gathered and computed in it (floating-point inputs of the
+    // root and of units are cast to it); reduce_dtype: gradients reduced in
+    // it; buffer_dtype: buffers are cast to it once, at construction.
     MixedPrecision mixed_precision;
     // Modules (with their subtrees) and parameters FSDP leaves alone: not
     // flattened, not sharded, gradients not reduced (as in PyTorch, keeping
@@ -110,7 +138,11 @@ class FullyShardedDataParallel {
     std::vector<at::Tensor> ignored_states;
     // Materialises parameters created on the meta device, called once per
     // module just before the unit owning it is flattened (so only one unit is
-    // ever materialised unsharded). Required when any parameter is on meta.
+    // ever materialised unsharded). Required when any parameter or buffer is
+    // on meta; must leave none there. A meta tensor cannot take CPU data
+    // through set_data, so replace the tensors (e.g. with
+    // functorch::NamedMemberAccessor::set_tensor, which updates the member
+    // handles too).
     std::function<void(torch::nn::Module&)> param_init_fn;
     // Compute device; the module is moved there first when it is elsewhere.
     c10::optional<c10::Device> device_id;
@@ -118,7 +150,10 @@ class FullyShardedDataParallel {
     bool sync_module_states = false;
     // Gather the next unit (recorded order) while the current one computes.
     bool forward_prefetch = false;
-    // Never prefetch while two units' gathered parameters are held.
+    // The rate limiter: at most two non-root units' parameters gathered at
+    // once. On the CPU there is no stream to block, so a prefetch that would
+    // exceed it is skipped (the unit is gathered when it runs) instead of
+    // waiting for a free.
     bool limit_all_gathers = true;
     // Optimizer-facing parameters are the original ones (views of this
     // rank's shard) rather than one flat parameter per unit.
@@ -126,7 +161,6 @@ class FullyShardedDataParallel {
   };
 
   using SummonOptions = fsdp::SummonOptions;
-
 
   // RAII: the module's parameters are the full, unsharded ones while alive.
   class FullParamsGuard {
@@ -169,7 +203,7 @@ class FullyShardedDataParallel {
       root_sequential_ = module.get();
     } else if constexpr (std::is_same<ModuleImpl, torch::nn::Module>::value) {
       root_sequential_ = dynamic_cast<torch::nn::SequentialImpl*>(module.get());
-    } else {
+    } else if constexpr (internal::has_single_forward<ModuleImpl>::value) {
       // AnyModule type-erases the forward signature (and checks argument
       // types at run time with a clear message).
       root_any_ = torch::nn::AnyModule(module);
@@ -192,6 +226,15 @@ class FullyShardedDataParallel {
     return forward<at::Tensor>(std::forward<Args>(args)...);
   }
 
+  // Runs `fn` as the root's forward: for a root entered through another
+  // method than forward() (a Loss(batch) that calls forward itself), or a
+  // root without a single forward(). `fn` returns at::Tensor,
+  // std::vector<at::Tensor> or a tuple/pair of those (FSDP hooks them for
+  // backward). Inputs are not cast for mixed precision here.
+  //   auto loss = fsdp_model.run([&] { return lm->Loss(batch); });
+  template <typename Fn>
+  auto run(Fn&& fn);
+
   // The optimizer's parameters: with use_orig_params the original
   // parameters (this rank's 1-D part of each), otherwise one flat parameter
   // per unit ("<unit fqn>.flat_param", the root's is "flat_param"); then
@@ -211,8 +254,8 @@ class FullyShardedDataParallel {
   NoSyncGuard no_sync();
   // Every rank must call it (it all-gathers). Not inside forward/backward.
   FullParamsGuard summon_full_params(SummonOptions options = {});
-  // fn on every submodule (root last, as Module::apply) with full parameters,
-  // written back afterwards (PyTorch's FSDP.apply).
+  // fn on the root and every submodule (Module::apply's order) with full
+  // parameters, written back afterwards (PyTorch's FSDP.apply).
   void apply(const std::function<void(torch::nn::Module&)>& fn);
 
   // The unit modules, root first, then the nested ones in pre-order.
@@ -267,6 +310,24 @@ Frame pre_forward(torch::nn::Module& module);
 // type FSDP cannot look into.
 void post_forward(const Frame& frame, const std::vector<at::Tensor>& outputs,
                   bool outputs_known);
+// The forward threw: return the root to idle (and free what it gathered) so
+// the next iteration can start.
+void abort_forward(const Frame& frame) noexcept;
+// Calls abort_forward unless released (post-forward reached).
+class FrameGuard {
+ public:
+  explicit FrameGuard(const Frame& frame) : frame_(frame) {}
+  ~FrameGuard() {
+    if (!released_) abort_forward(frame_);
+  }
+  FrameGuard(const FrameGuard&) = delete;
+  FrameGuard& operator=(const FrameGuard&) = delete;
+  void release() { released_ = true; }
+
+ private:
+  const Frame& frame_;
+  bool released_ = false;
+};
 // Under mixed precision, the dtype floating-point inputs of `frame`'s unit
 // are cast to (nullopt: none).
 c10::optional<c10::ScalarType> input_dtype(const Frame& frame);
@@ -348,6 +409,7 @@ auto call(ModuleRef&& module, Args&&... args) {
   auto& impl = internal::impl_of(module);
   using Impl = std::decay_t<decltype(impl)>;
   internal::Frame frame = internal::pre_forward(internal::module_of(module));
+  internal::FrameGuard guard(frame);
   const auto dtype = internal::input_dtype(frame);
   if constexpr (std::is_same<Impl, torch::nn::SequentialImpl>::value) {
     std::vector<torch::nn::AnyValue> values;
@@ -355,20 +417,35 @@ auto call(ModuleRef&& module, Args&&... args) {
     torch::nn::AnyValue out = internal::sequential_forward(impl, std::move(values));
     bool known = false;
     std::vector<at::Tensor> tensors = internal::any_value_tensors(out, &known);
+    guard.release();
     internal::post_forward(frame, tensors, known);
     return out.get<at::Tensor>();
   } else {
     auto out = impl.forward(internal::cast_input(std::forward<Args>(args), dtype)...);
     std::vector<at::Tensor> tensors;
     const bool known = internal::collect_tensors(out, &tensors);
+    guard.release();
     internal::post_forward(frame, tensors, known);
     return out;
   }
 }
 
+template <typename Fn>
+auto FullyShardedDataParallel::run(Fn&& fn) {
+  internal::Frame frame = internal::pre_forward(*module());
+  internal::FrameGuard guard(frame);
+  auto out = std::forward<Fn>(fn)();
+  std::vector<at::Tensor> tensors;
+  const bool known = internal::collect_tensors(out, &tensors);
+  guard.release();
+  internal::post_forward(frame, tensors, known);
+  return out;
+}
+
 template <typename ReturnType, typename... Args>
 ReturnType FullyShardedDataParallel::forward(Args&&... args) {
   internal::Frame frame = internal::pre_forward(*module());
+  internal::FrameGuard guard(frame);
   const auto dtype = internal::input_dtype(frame);
   check_root_callable();
   torch::nn::AnyValue out = torch::nn::AnyValue(0);
@@ -384,6 +461,7 @@ ReturnType FullyShardedDataParallel::forward(Args&&... args) {
   if (!known) {
     if (auto* typed = out.try_get<ReturnType>()) known = internal::collect_tensors(*typed, &tensors);
   }
+  guard.release();
   internal::post_forward(frame, tensors, known);
   return out.get<ReturnType>();
 }
