@@ -11,6 +11,8 @@
 #include "comm/collectives.h"
 #include "comm/process_group.h"
 #include "comm/testing/multiprocess.h"
+#include "fsdp/fully_sharded_data_parallel.h"
+#include "fsdp/wrap_policy.h"
 #include "functorch/module/functional_call.h"
 #include "functorch/transforms/transforms.h"
 #include "state_dict/checkpoint.h"
@@ -62,6 +64,61 @@ TEST(ReadmeExamples, AllGather) {
     comm::Work gather = comm::all_gather_into_tensor(world, full, shard);
     gather.wait();
     EXPECT_TRUE(full.equal(at::tensor({0., 0., 0., 1., 1., 1.}, full.options())));
+  });
+}
+
+// README: "Wrapping your own model in FSDP".
+struct BlockImpl : torch::nn::Module {
+  BlockImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(64, 64));
+    fc2 = register_module("fc2", torch::nn::Linear(64, 64));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x + fc2(torch::tanh(fc1(x))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Block);
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    in = register_module("in", torch::nn::Linear(16, 64));
+    blocks = register_module("blocks", torch::nn::ModuleList());
+    for (int i = 0; i < 4; ++i) blocks->push_back(Block());
+    out = register_module("out", torch::nn::Linear(64, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = in(x);  // the root's own modules: as usual
+    for (const auto& block : *blocks) {
+      x = fsdp::call(block->as<BlockImpl>(), x);  // was: block->as<BlockImpl>()->forward(x)
+    }
+    return out(x);
+  }
+  torch::nn::Linear in{nullptr}, out{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+};
+TORCH_MODULE(Net);
+
+TEST(ReadmeExamples, WrapOwnModelInFsdp) {
+  comm::testing::RunOnRanks(2, [](comm::ProcessGroup& world) {
+    torch::manual_seed(0);  // same initial weights on every rank
+    fsdp::FullyShardedDataParallel::Options options;
+    options.process_group = world;
+    options.auto_wrap_policy = fsdp::module_type_auto_wrap_policy<BlockImpl>();
+    fsdp::FullyShardedDataParallel model(Net(), options);
+    EXPECT_EQ(model.fsdp_unit_names(),
+              (std::vector<std::string>{"", "blocks.0", "blocks.1", "blocks.2", "blocks.3"}));
+    torch::optim::Adam optim(model.parameters(), torch::optim::AdamOptions(1e-2));
+
+    torch::manual_seed(100 + world.rank());  // each rank its own data
+    torch::Tensor x = torch::randn({8, 16}), y = torch::randn({8, 10});
+    double first = 0, last = 0;
+    for (int step = 0; step < 10; ++step) {
+      optim.zero_grad();
+      torch::Tensor loss = torch::mse_loss(model(x), y);
+      loss.backward();
+      optim.step();
+      (step == 0 ? first : last) = loss.item<double>();
+    }
+    EXPECT_LT(last, first);
   });
 }
 
