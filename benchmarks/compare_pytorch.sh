@@ -101,7 +101,8 @@ free_port() {
 
 run_ours() {  # model steps log
   local model=$1 n=$2 log=$3
-  if ! timeout 300 "$trainer_bin" --nproc 2 --data synthetic --model "$model" \
+  # NO_SHARD: FSDP without sharding is the data-parallel step DDP takes.
+  if ! timeout 300 "$trainer_bin" --nproc 2 --sharding none --data synthetic --model "$model" \
       "${common_flags[@]}" --steps "$n" --log-json "$log" >"$tmp/ours.out" 2>&1; then
     echo "compare_pytorch.sh: the trainer failed:" >&2; cat "$tmp/ours.out" >&2; exit 1
   fi

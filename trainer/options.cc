@@ -128,6 +128,7 @@ const std::map<std::string, FlagSpec>& Flags() {
          auto s = ParseInt("nproc", v, 1, &n);
          if (s.ok() && n > 1024) return BadValue("nproc", v, "an integer in [1, 1024]");
          o->nproc = static_cast<int>(n);
+         o->nproc_given = true;
          return s;
        }}},
       {"sharding", {false, [](const std::string& v, Options* o) {
@@ -289,33 +290,22 @@ absl::Status CheckFeatureAvailability(const Options& o, int world_size) {
         world_size, " x --grad-accum=", o.grad_accum, " = ", per_rank_parts,
         " (each rank splits its share into grad-accum equal micro-batches)"));
   }
-  // Every one of these changes what the wrapper does, so none may be quietly
-  // dropped. They are refused even on one process: mixed precision and
-  // offload change the numbers or the memory a user is measuring, and a
-  // sharding request on one rank most likely means a forgotten --nproc.
-  std::vector<std::string> need_fsdp;
-  if (o.sharding != Sharding::kNone) {
-    need_fsdp.push_back(absl::StrCat("--sharding=", Name(o.sharding)));
-  }
-  if (o.mixed_precision != MixedPrecision::kNone) {
-    need_fsdp.push_back(absl::StrCat("--mixed-precision=", Name(o.mixed_precision)));
-  }
-  if (o.cpu_offload) need_fsdp.push_back("--cpu-offload");
-  if (o.auto_wrap != AutoWrap::kBlock) {
-    need_fsdp.push_back(absl::StrCat("--auto-wrap=", AutoWrapName(o)));
-  }
-  if (o.backward_prefetch != BackwardPrefetch::kPre) {
-    need_fsdp.push_back(absl::StrCat("--backward-prefetch=", Name(o.backward_prefetch)));
-  }
-  if (!need_fsdp.empty()) {
-    return absl::UnimplementedError(absl::StrCat(
-        absl::StrJoin(need_fsdp, ", "),
-        ": not available yet: requires fsdp::FullyShardedDataParallel (issue #7); "
-        "this build trains single-process or plain data parallel "
-        "(--sharding=none, --mixed-precision=none, no --cpu-offload, "
-        "--auto-wrap=block, --backward-prefetch=pre)"));
+  if (o.sharding == Sharding::kHybrid) {
+    if (auto shape = HybridMeshShape(world_size); !shape.ok()) return shape.status();
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<int64_t, int64_t>> HybridMeshShape(int world_size) {
+  for (int64_t shard = 2; shard < world_size; ++shard) {
+    if (world_size % shard == 0 && shard * shard >= world_size) {
+      return std::make_pair(static_cast<int64_t>(world_size) / shard, shard);
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--sharding=hybrid with ", world_size, " rank", world_size == 1 ? "" : "s",
+      ": expected a world size that forms a 2-D mesh of at least 2 replicas x 2 shards "
+      "(4, 6, 8, 9, ...; --nproc=4 gives 2x2); use --sharding=full or none otherwise"));
 }
 
 const char* Name(ModelKind v) { return v == ModelKind::kMlp ? "mlp" : "transformer"; }
@@ -411,8 +401,8 @@ std::string Usage() {
       "  --cpu-offload                  (off)\n"
       "  --auto-wrap block|size:N|none  (", AutoWrapName(d), ")\n"
       "  --backward-prefetch pre|post|none   (", Name(d.backward_prefetch), ")\n"
-      "      (FSDP flags: values other than the defaults need\n"
-      "       fsdp::FullyShardedDataParallel, issue #7)\n"
+      "      (hybrid: 2-D mesh replicas x shards, e.g. 2x2 on --nproc 4;\n"
+      "       bf16: bfloat16 compute, float32 reduction and optimizer)\n"
       "  --grad-accum K                 (", d.grad_accum, ") micro-batches per optimizer step\n"
       "  --clip X                       (0 = off) max global gradient norm\n"
       "  --optimizer adam|adamw|sgd     (", Name(d.optimizer), ")\n"

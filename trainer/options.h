@@ -8,13 +8,13 @@
 // flag, the value and what was expected; nothing is ignored.
 //
 // FSDP flags (--sharding, --mixed-precision, --cpu-offload, --auto-wrap,
-// --backward-prefetch) are parsed and validated now. Until
-// fsdp::FullyShardedDataParallel (issue #7) exists, CheckFeatureAvailability
-// rejects any of them at a value that would need it.
+// --backward-prefetch) configure the fsdp::FullyShardedDataParallel wrapper
+// every run uses (train.h).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -34,15 +34,19 @@ enum class LrSchedule { kConstant, kCosine };
 struct Options {
   ModelKind model = ModelKind::kTransformer;
   DataKind data = DataKind::kText;
-  int64_t steps = 300;
+  int64_t steps = 450;  // ~1 min on 2 cores with the defaults (2 ranks)
   int64_t seed = 0;
   int64_t global_batch = 16;
   double lr = 3e-3;
-  int nproc = 1;
+  // No flags = 2 ranks, FULL_SHARD (issue #9).
+  int nproc = 2;
+  // Whether --nproc was given. A rank started by an outside launcher
+  // (RANK set) takes the launcher's WORLD_SIZE unless --nproc says
+  // otherwise, so the default of 2 does not clash with `launch --nproc 4`.
+  bool nproc_given = false;
 
-  // FSDP. The defaults are the values that need no FSDP wrapper (NO_SHARD
-  // is plain data parallel), so the trainer runs today with no flags.
-  Sharding sharding = Sharding::kNone;
+  // FSDP.
+  Sharding sharding = Sharding::kFull;
   MixedPrecision mixed_precision = MixedPrecision::kNone;
   bool cpu_offload = false;
   AutoWrap auto_wrap = AutoWrap::kBlock;
@@ -79,10 +83,16 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args);
 absl::Status ValidateOptions(const Options& options);
 
 // Checks against the distributed setup actually used (`world_size` ranks):
-// global_batch divisible by world_size * grad_accum, and every FSDP flag at a
-// value this build can honour. Unimplemented for FSDP features that need
-// fsdp::FullyShardedDataParallel (issue #7).
+// global_batch divisible by world_size * grad_accum, and --sharding=hybrid
+// only on a world size that forms a 2-D mesh (HybridMeshShape).
 absl::Status CheckFeatureAvailability(const Options& options, int world_size);
+
+// (replicate, shard) sizes of --sharding=hybrid's 2-D mesh on `world_size`
+// ranks: shard = the smallest divisor >= sqrt(world_size) that leaves at
+// least 2 replicas (4 -> 2x2, 6 -> 2x3, 8 -> 2x4, 9 -> 3x3). Both must be
+// >= 2, or hybrid would just be FULL_SHARD (replicate 1) or NO_SHARD
+// (shard 1): InvalidArgument for 1, 2, 3 or any prime.
+absl::StatusOr<std::pair<int64_t, int64_t>> HybridMeshShape(int world_size);
 
 // The flags back as a command line (used to re-execute the trainer as each
 // rank, so every rank sees exactly the parsed options).

@@ -3,6 +3,7 @@
 #include "trainer/options.h"
 
 #include <limits>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -22,11 +23,15 @@ absl::StatusOr<Options> Parse(std::vector<std::string> args) {
   return ParseOptions(args);
 }
 
-TEST(OptionsTest, DefaultsNeedNoFlagsAndNoFsdp) {
+TEST(OptionsTest, DefaultsAreTwoRanksFullShard) {
   auto o = Parse({});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->model, ModelKind::kTransformer);
   EXPECT_EQ(o->data, DataKind::kText);
+  EXPECT_EQ(o->nproc, 2);
+  EXPECT_FALSE(o->nproc_given);  // a rank then takes the launcher's WORLD_SIZE
+  EXPECT_EQ(o->sharding, Sharding::kFull);
+  EXPECT_EQ(o->auto_wrap, AutoWrap::kBlock);
   EXPECT_TRUE(CheckFeatureAvailability(*o, 1).ok());
   EXPECT_TRUE(CheckFeatureAvailability(*o, 2).ok());
 }
@@ -49,6 +54,7 @@ TEST(OptionsTest, ParsesBothSpellingsAndEveryFlag) {
   EXPECT_EQ(o->global_batch, 12);
   EXPECT_DOUBLE_EQ(o->lr, 0.5);
   EXPECT_EQ(o->nproc, 3);
+  EXPECT_TRUE(o->nproc_given);
   EXPECT_EQ(o->sharding, Sharding::kGradOp);
   EXPECT_EQ(o->mixed_precision, MixedPrecision::kBf16);
   EXPECT_TRUE(o->cpu_offload);
@@ -125,23 +131,40 @@ TEST(OptionsTest, GlobalBatchMustSplitOverRanksAndMicroBatches) {
               AllOf(HasSubstr("--global-batch=6"), HasSubstr("--grad-accum=4")));
 }
 
-TEST(OptionsTest, FsdpFlagsAreRefusedUntilTheWrapperExists) {
+TEST(OptionsTest, FsdpFlagsAreAcceptedOnAnyWorldSize) {
   for (const std::vector<std::string>& args :
        std::vector<std::vector<std::string>>{{"--sharding=full"},
-                                             {"--sharding=hybrid"},
+                                             {"--sharding=grad_op"},
+                                             {"--sharding=none"},
                                              {"--mixed-precision=bf16"},
                                              {"--cpu-offload"},
                                              {"--auto-wrap=size:100"},
-                                             {"--backward-prefetch=none"}}) {
+                                             {"--auto-wrap=none"},
+                                             {"--backward-prefetch=none"},
+                                             {"--backward-prefetch=post"}}) {
     auto o = Parse(args);
     ASSERT_TRUE(o.ok()) << o.status();
-    for (int world : {1, 2}) {
-      absl::Status s = CheckFeatureAvailability(*o, world);
-      EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << args[0];
-      EXPECT_THAT(std::string(s.message()),
-                  AllOf(HasSubstr(args[0]), HasSubstr("not available yet"),
-                        HasSubstr("fsdp::FullyShardedDataParallel (issue #7)")));
+    for (int world : {1, 2, 4}) {
+      EXPECT_TRUE(CheckFeatureAvailability(*o, world).ok()) << args[0] << " on " << world;
     }
+  }
+}
+
+TEST(OptionsTest, HybridNeedsATwoDimensionalMesh) {
+  EXPECT_EQ(*HybridMeshShape(4), std::make_pair(int64_t{2}, int64_t{2}));
+  EXPECT_EQ(*HybridMeshShape(6), std::make_pair(int64_t{2}, int64_t{3}));
+  EXPECT_EQ(*HybridMeshShape(8), std::make_pair(int64_t{2}, int64_t{4}));
+  EXPECT_EQ(*HybridMeshShape(9), std::make_pair(int64_t{3}, int64_t{3}));
+  // 420 splits over 1..7 ranks, so only the mesh can be the problem.
+  auto o = Parse({"--sharding=hybrid", "--global-batch=420"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(CheckFeatureAvailability(*o, 4).ok());
+  for (int world : {1, 2, 3, 5, 7}) {
+    absl::Status s = CheckFeatureAvailability(*o, world);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << world;
+    EXPECT_THAT(std::string(s.message()),
+                AllOf(HasSubstr("--sharding=hybrid with " + std::to_string(world) + " rank"),
+                      HasSubstr("2-D mesh"), HasSubstr("--nproc=4 gives 2x2")));
   }
 }
 

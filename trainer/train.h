@@ -1,14 +1,19 @@
 // The training loop of one rank: build the model and data from Options,
 // optionally resume, train, log and checkpoint.
 //
-// Distributed runs (a comm::ProcessGroup of W > 1 ranks) are plain data
-// parallel for now: every rank holds the whole model, computes the gradient
-// of its B/W rows, and the gradients are averaged with one comm::all_reduce
-// per optimizer step. Because the global batch is split, not replicated,
-// the loss sequence does not depend on W. FSDP (issue #7) replaces the
-// model wrapping and that all-reduce; see README "FSDP integration".
+// The model is always wrapped in fsdp::FullyShardedDataParallel over the
+// given group (one rank included: one code path), per --sharding,
+// --auto-wrap, --backward-prefetch, --mixed-precision and --cpu-offload,
+// with use_orig_params so the stock optimizers run per original parameter
+// (on this rank's part of it). Every rank computes the gradient of its B/W
+// rows and FSDP reduces (averages) the gradients in backward. Because the
+// global batch is split, not replicated, the loss sequence does not depend
+// on W.
 //
-// Checkpoints are FULL, written by rank 0 through state_dict/: one
+// Checkpoints are FULL until FSDP's sharded state-dict API (issue #8):
+// every rank gathers the full parameters (summon_full_params) and the full
+// optimizer state (all-gather of each state entry's shard pieces), rank 0
+// writes them through state_dict/: one
 // TensorDict with "model.<fqn>" (the model's state dict),
 // "optim.<fqn>.<entry>" (the optimizer state, name-keyed, e.g.
 // "optim.blocks.0.fc1.weight.exp_avg") and "trainer.step" / "trainer.seed".
@@ -31,10 +36,10 @@ struct TrainResult {
   std::vector<double> losses;  // global mean loss of steps first_step, ...
 };
 
-// Trains on this process. `group` is null for a single process, else the
-// world group (every rank calls Train with the same options). Rank 0 prints
-// progress to stdout and writes --log-json.
+// Trains on this process as one rank of `group` (a 1-rank group for a
+// single process; every rank calls Train with the same options). Rank 0
+// prints progress to stdout and writes --log-json.
 absl::StatusOr<TrainResult> Train(const Options& options,
-                                  const comm::ProcessGroup* group);
+                                  const comm::ProcessGroup& group);
 
 }  // namespace trainer

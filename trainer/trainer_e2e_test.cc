@@ -1,101 +1,43 @@
 // The trainer binary end to end (//trainer:trainer, a data dependency):
-// loss falls on the text corpus, a resumed run continues the exact loss
-// sequence, and 1 and 2 ranks (started through comm's launcher) give the
-// same losses. Small models, so each run takes a few seconds on 2 cores.
-#include <sys/wait.h>
-
+// with no flags (2 ranks, FULL_SHARD) the loss falls on the text corpus, a
+// resumed run continues the exact loss sequence (on the same and on other
+// world sizes), a world started by //tools:launch gives the same losses, and
+// bad flags are errors naming them. Small models, so each run takes a few
+// seconds on 2 cores. FSDP strategies and features: trainer_fsdp_e2e_test.
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "trainer/testing/json_lines.h"
+#include "trainer/testing/run_trainer.h"
 
 namespace trainer {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-struct RunResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  fs::path dir = fs::path(base != nullptr ? base : "/tmp") / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
-
-RunResult RunTrainer(const std::string& args) {
-  const std::string out_file = TempDir("out") + "/output.txt";
-  const std::string command = "trainer/trainer " + args + " > " + out_file + " 2>&1";
-  const int status = std::system(command.c_str());
-  RunResult result;
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  std::ifstream in(out_file);
-  std::stringstream text;
-  text << in.rdbuf();
-  result.output = text.str();
-  return result;
-}
+using testing::ExpectSameLosses;
+using testing::ReadLog;
+using testing::RunResult;
+using testing::RunTrainer;
+using testing::StepLog;
+using testing::TempDir;
 
 // A small transformer: one run of 12 steps takes ~2 s.
 const char kSmall[] =
     "--layers=1 --dim=32 --heads=2 --seq=32 --global-batch=8 --steps=12 "
     "--warmup-steps=2 --seed=11";
 
-struct StepLog {
-  std::vector<int64_t> steps;
-  std::vector<double> losses;
-};
-
-StepLog ReadLog(const std::string& path, int expected_world_size) {
-  StepLog log;
-  for (const std::string& line : testing::ReadLines(path)) {
-    auto object = testing::ParseJsonLine(line);
-    EXPECT_TRUE(object.has_value()) << "not JSON: " << line;
-    if (!object) continue;
-    for (const char* key : {"step", "loss", "lr", "step_time_s", "tokens_per_s",
-                            "peak_rss_bytes", "sharded_state_bytes"}) {
-      EXPECT_EQ(object->count(key), 1u) << key << " missing in " << line;
-    }
-    EXPECT_EQ(object->at("peak_rss_bytes").list.size(),
-              static_cast<size_t>(expected_world_size));
-    EXPECT_EQ(object->at("sharded_state_bytes").list.size(),
-              static_cast<size_t>(expected_world_size));
-    for (double bytes : object->at("peak_rss_bytes").list) EXPECT_GT(bytes, 1 << 20);
-    for (double bytes : object->at("sharded_state_bytes").list) EXPECT_GT(bytes, 0);
-    EXPECT_GT(object->at("tokens_per_s").number, 0);
-    log.steps.push_back(static_cast<int64_t>(object->at("step").number));
-    log.losses.push_back(object->at("loss").number);
-  }
-  return log;
-}
-
-void ExpectSameLosses(const std::vector<double>& a, const std::vector<double>& b,
-                      double rel_tol) {
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_LE(std::abs(a[i] - b[i]), rel_tol * std::abs(a[i]))
-        << "step index " << i << ": " << a[i] << " vs " << b[i];
-  }
-}
-
 TEST(TrainerE2eTest, LossFallsOnTextWithinThirtySteps) {
   const std::string log = TempDir("falls") + "/log.jsonl";
   RunResult r = RunTrainer("--steps=30 --warmup-steps=5 --log-json=" + log);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("done: steps 1-30"));
-  StepLog steps = ReadLog(log, 1);
+  EXPECT_THAT(r.output, HasSubstr("2 ranks, FSDP full"));  // the defaults
+  StepLog steps = ReadLog(log, 2);
   ASSERT_EQ(steps.losses.size(), 30u);
   EXPECT_EQ(steps.steps.front(), 1);
   EXPECT_EQ(steps.steps.back(), 30);
@@ -126,22 +68,35 @@ TEST(TrainerE2eTest, ResumeContinuesTheExactLossSequence) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_THAT(resumed.output, HasSubstr("steps 7-12"));
 
-  const StepLog a = ReadLog(dir + "/whole.jsonl", 1);
-  const StepLog b = ReadLog(dir + "/resumed.jsonl", 1);
+  const StepLog a = ReadLog(dir + "/whole.jsonl", 2);
+  const StepLog b = ReadLog(dir + "/resumed.jsonl", 2);
   ASSERT_EQ(a.losses.size(), 12u);
   ASSERT_EQ(b.steps, (std::vector<int64_t>{7, 8, 9, 10, 11, 12}));
-  // Same process count, same ops, same state: bit-identical.
+  // Same world size, same ops, same state: bit-identical.
   EXPECT_EQ(std::vector<double>(a.losses.begin() + 6, a.losses.end()), b.losses);
   // Checkpointing itself does not perturb the run.
-  EXPECT_EQ(ReadLog(dir + "/first.jsonl", 1).losses, a.losses);
+  EXPECT_EQ(ReadLog(dir + "/first.jsonl", 2).losses, a.losses);
 
-  // The same checkpoint resumed on 2 ranks continues the same sequence.
-  fs::remove_all(ckpt + "/step_12");
-  RunResult two = RunTrainer(std::string(kSmall) + " --nproc=2 --resume --checkpoint-dir=" +
-                             ckpt + " --log-json=" + dir + "/two.jsonl");
-  ASSERT_EQ(two.exit_code, 0) << two.output;
-  ExpectSameLosses(std::vector<double>(a.losses.begin() + 6, a.losses.end()),
-                   ReadLog(dir + "/two.jsonl", 2).losses, 1e-4);
+  // The FULL checkpoint (optimizer state gathered per original parameter)
+  // resumed on 1 rank (NO_SHARD) and on 4 ranks (HYBRID_SHARD, 2x2)
+  // continues the same sequence: each rank cuts its own shard out of the
+  // full state, whatever the world size and strategy that saved it.
+  struct Target {
+    int world;
+    const char* sharding;
+  };
+  for (const Target& t : {Target{1, "none"}, Target{4, "hybrid"}}) {
+    fs::remove_all(ckpt + "/step_12");
+    const std::string log = dir + "/world" + std::to_string(t.world) + ".jsonl";
+    RunResult other = RunTrainer(std::string(kSmall) + " --nproc=" + std::to_string(t.world) +
+                                 " --sharding=" + t.sharding + " --resume --checkpoint-dir=" +
+                                 ckpt + " --log-json=" + log);
+    ASSERT_EQ(other.exit_code, 0) << other.output;
+    EXPECT_THAT(other.output, HasSubstr("steps 7-12"));
+    ExpectSameLosses(std::vector<double>(a.losses.begin() + 6, a.losses.end()),
+                     ReadLog(log, t.world).losses, 1e-4,
+                     std::string("resumed on ") + std::to_string(t.world) + " " + t.sharding);
+  }
 
   // Training into a directory that holds checkpoints, without --resume, is
   // refused before the first step (checkpoints are never overwritten).
@@ -157,37 +112,20 @@ TEST(TrainerE2eTest, ResumeContinuesTheExactLossSequence) {
   EXPECT_THAT(other_seed.output, HasSubstr("--seed=12"));
 }
 
-TEST(TrainerE2eTest, OneAndTwoRanksGiveTheSameLosses) {
-  const std::string dir = TempDir("ranks");
-  for (const std::string& extra : {std::string(""),
-                                  std::string(" --grad-accum=2 --clip=0.5 --optimizer=sgd "
-                                              "--lr=0.05 --lr-schedule=constant")}) {
-    RunResult one = RunTrainer(std::string(kSmall) + extra + " --log-json=" + dir + "/one.jsonl");
-    ASSERT_EQ(one.exit_code, 0) << one.output;
-    RunResult two = RunTrainer(std::string(kSmall) + extra + " --nproc=2 --log-json=" + dir +
-                               "/two.jsonl");
-    ASSERT_EQ(two.exit_code, 0) << two.output;
-    const StepLog a = ReadLog(dir + "/one.jsonl", 1);
-    const StepLog b = ReadLog(dir + "/two.jsonl", 2);
-    ASSERT_EQ(a.losses.size(), 12u);
-    ExpectSameLosses(a.losses, b.losses, 1e-4);
-    EXPECT_LT(a.losses.back(), a.losses.front()) << extra;
-  }
-  // Gradient accumulation splits the same batch: same losses as K = 1.
-  RunResult k1 = RunTrainer(std::string(kSmall) + " --log-json=" + dir + "/k1.jsonl");
-  RunResult k4 = RunTrainer(std::string(kSmall) + " --grad-accum=4 --log-json=" + dir + "/k4.jsonl");
-  ASSERT_EQ(k1.exit_code, 0) << k1.output;
-  ASSERT_EQ(k4.exit_code, 0) << k4.output;
-  const std::vector<double> reference = ReadLog(dir + "/k1.jsonl", 1).losses;
-  ExpectSameLosses(reference, ReadLog(dir + "/k4.jsonl", 1).losses, 1e-4);
-
+TEST(TrainerE2eTest, LaunchedRanksGiveTheSameLosses) {
+  const std::string dir = TempDir("launched");
+  RunResult one = RunTrainer(std::string(kSmall) + " --nproc=1 --log-json=" + dir + "/one.jsonl");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const std::vector<double> reference = ReadLog(dir + "/one.jsonl", 1).losses;
+  ASSERT_EQ(reference.size(), 12u);
   // Started by //tools:launch (RANK set), the trainer runs as one rank of
-  // that world: the same losses again.
-  const std::string command = "tools/launch --nproc 2 -- trainer/trainer " +
+  // that world: WORLD_SIZE=4 wins over the default --nproc of 2 (only an
+  // explicit, different --nproc is an error). The same losses.
+  const std::string command = "tools/launch --nproc 4 -- trainer/trainer " +
                               std::string(kSmall) + " --log-json=" + dir +
                               "/launched.jsonl > " + dir + "/launched.txt 2>&1";
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
-  ExpectSameLosses(reference, ReadLog(dir + "/launched.jsonl", 2).losses, 1e-4);
+  ExpectSameLosses(reference, ReadLog(dir + "/launched.jsonl", 4).losses, 1e-4);
 }
 
 TEST(TrainerE2eTest, MlpAndSyntheticDataRun) {
@@ -203,11 +141,12 @@ TEST(TrainerE2eTest, BadFlagsExitTwoNamingTheFlag) {
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.output, HasSubstr("--steps='-3': expected an integer >= 1"));
 
-  RunResult fsdp = RunTrainer("--nproc=2 --sharding=full");
-  EXPECT_EQ(fsdp.exit_code, 2);
-  EXPECT_THAT(fsdp.output,
-              HasSubstr("--sharding=full: not available yet: requires "
-                        "fsdp::FullyShardedDataParallel (issue #7)"));
+  // HYBRID_SHARD needs a 2-D mesh; 2 ranks cannot form one (refused before
+  // any rank starts).
+  RunResult hybrid = RunTrainer("--nproc=2 --sharding=hybrid");
+  EXPECT_EQ(hybrid.exit_code, 2);
+  EXPECT_THAT(hybrid.output, HasSubstr("--sharding=hybrid with 2 ranks: expected a world size "
+                                       "that forms a 2-D mesh"));
 
   // A rank's failure ends the run with its message, not a backtrace from
   // the other ranks' next collective.

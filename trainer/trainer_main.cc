@@ -1,7 +1,8 @@
 // bazel run //trainer:trainer -- [FLAGS]   (see options.h, or --help)
 //
-// Three ways to run:
-//   * no RANK in the environment, --nproc 1: trains in this process;
+// Three ways to run (all train through FSDP, train.h):
+//   * no RANK in the environment, --nproc 1: trains in this process, as the
+//     only rank of a 1-rank group (a FileStore rendezvous, no port);
 //   * no RANK, --nproc N > 1: starts N ranks of this same binary through
 //     comm's launcher (each with RANK/WORLD_SIZE/MASTER_* set) and waits;
 //   * RANK set (started by the above, //tools:launch or torchrun): joins the
@@ -13,10 +14,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -77,7 +82,7 @@ int LaunchRanks(const trainer::Options& options) {
 // when a peer died, a shape error) turned into one line without the
 // backtrace c10::Error carries.
 absl::Status RunTraining(const trainer::Options& options,
-                         const comm::ProcessGroup* group) {
+                         const comm::ProcessGroup& group) {
   try {
     return trainer::Train(options, group).status();
   } catch (const c10::Error& e) {
@@ -93,14 +98,49 @@ int RunRank(const trainer::Options& options) {
   init.rendezvous_timeout = std::chrono::minutes(2);
   auto group = comm::init_process_group(init);
   if (!group.ok()) return Fail(group.status());
-  if (options.nproc != 1 && options.nproc != group->size()) {
+  if (options.nproc_given && options.nproc != 1 && options.nproc != group->size()) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "--nproc=", options.nproc, ": expected 1 or the launcher's WORLD_SIZE=",
         group->size(), " when started as a rank (RANK is set)")), 2);
   }
-  auto result = RunTraining(options, group->size() > 1 ? &*group : nullptr);
+  auto result = RunTraining(options, *group);
   if (!result.ok()) return Fail(result);
   return 0;
+}
+
+// --nproc 1 without a launcher: a 1-rank group over a FileStore in a fresh
+// temporary directory (no TCP port to pick or collide on), so a single
+// process runs the same FSDP code path as every rank of a larger run.
+int RunSingleProcess(const trainer::Options& options) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir_template =
+      absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/trainer_store_XXXXXX");
+  std::vector<char> buf(dir_template.begin(), dir_template.end());
+  buf.push_back('\0');
+  if (mkdtemp(buf.data()) == nullptr) {
+    return Fail(absl::InternalError(absl::StrCat("mkdtemp('", dir_template,
+                                                 "') for the 1-rank process group: ",
+                                                 std::strerror(errno))));
+  }
+  const std::string dir(buf.data());
+  const std::string store = dir + "/store";
+  int code = 0;
+  {
+    comm::InitOptions init;
+    init.init_method = "file://" + store;
+    init.rank = 0;
+    init.world_size = 1;
+    init.timeout = std::chrono::minutes(10);
+    auto group = comm::init_process_group(init);
+    if (!group.ok()) {
+      code = Fail(group.status());
+    } else if (auto s = RunTraining(options, *group); !s.ok()) {
+      code = Fail(s);
+    }
+  }
+  std::error_code ignored;  // a leftover temp directory is not worth failing a finished run
+  std::filesystem::remove_all(dir, ignored);
+  return code;
 }
 
 }  // namespace
@@ -127,6 +167,5 @@ int main(int argc, char** argv) {
     return Fail(s, 2);
   }
   if (options->nproc > 1) return LaunchRanks(*options);
-  if (auto s = RunTraining(*options, nullptr); !s.ok()) return Fail(s);
-  return 0;
+  return RunSingleProcess(*options);
 }
