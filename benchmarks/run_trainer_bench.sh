@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Runs //benchmarks:trainer_bench on 1, 2 and 4 local ranks and prints one
+# table: config, ranks, step time, ratio vs baseline, parameter + gradient +
+# optimizer bytes per rank, fraction of unsharded, peak RSS (max over ranks).
+#
+#   benchmarks/run_trainer_bench.sh            # ~8-10 min on 2 cores
+#   RANKS="1 2" benchmarks/run_trainer_bench.sh
+#
+# Each (case, world size) runs in its own process group, because peak RSS
+# is a per-process high-water mark. Baselines: 1 rank, the unwrapped model
+# (NoFSDP); N > 1, plain flatten/all-reduce/unflatten data parallelism
+# (DDP), which is also what NO_SHARD is held to (goal <= 1.10x) and
+# FULL_SHARD (goal <= 1.35x).
+#
+# State bytes come from the trainer itself (sharded_state_bytes in its
+# --log-json, computed by train.cc's StateBytes) on the same model config,
+# one step, Adam: that function is not in a header, so the benchmark cannot
+# call it and does not copy it. The unsharded reference is the 1-rank run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RANKS="${RANKS:-1 2 4}"
+# Must match kConfig / kRowsPerRank in trainer_bench.cc.
+MODEL_FLAGS=(--model transformer --layers 8 --dim 512 --heads 8 --vocab 256 --seq 32)
+ROWS_PER_RANK=2
+
+bazel build //benchmarks:trainer_bench //trainer:trainer
+BIN="$(bazel info bazel-bin 2>/dev/null)"
+BENCH="$BIN/benchmarks/trainer_bench"
+TRAINER="$BIN/trainer/trainer"
+
+OUT="$(mktemp -d)"
+trap 'rm -rf "$OUT"' EXIT
+
+for n in $RANKS; do
+  if [[ "$n" == 1 ]]; then cases="NoFSDP FULL_SHARD SHARD_GRAD_OP NO_SHARD"
+  else cases="DDP FULL_SHARD SHARD_GRAD_OP NO_SHARD"; fi
+  for c in $cases; do
+    echo "trainer_bench: $c on $n rank(s)" >&2
+    TRAINER_BENCH_NPROC="$n" "$BENCH" --benchmark_filter="^BM_Step/$c/" \
+      --benchmark_out="$OUT/bench_${n}_${c}.json" --benchmark_out_format=json \
+      > "$OUT/bench_${n}_${c}.log" 2>&1 || { cat "$OUT/bench_${n}_${c}.log" >&2; exit 1; }
+  done
+  # State bytes: on 1 rank every strategy holds everything; one run suffices.
+  if [[ "$n" == 1 ]]; then shardings="none"; else shardings="full grad_op none"; fi
+  for s in $shardings; do
+    echo "trainer state bytes: --sharding $s on $n rank(s)" >&2
+    "$TRAINER" --nproc "$n" --sharding "$s" --steps 1 --data synthetic --optimizer adam \
+      --global-batch $((ROWS_PER_RANK * n)) "${MODEL_FLAGS[@]}" \
+      --log-json "$OUT/trainer_${n}_${s}.jsonl" > "$OUT/trainer_${n}_${s}.log" 2>&1 ||
+      { cat "$OUT/trainer_${n}_${s}.log" >&2; exit 1; }
+  done
+done
+
+/usr/bin/python3 - "$OUT" "$RANKS" <<'EOF'
+import json, os, sys
+out, ranks = sys.argv[1], [int(r) for r in sys.argv[2].split()]
+sharding_of = {"FULL_SHARD": "full", "SHARD_GRAD_OP": "grad_op", "NO_SHARD": "none",
+               "DDP": None, "NoFSDP": None}
+
+def bench(n, c):
+    path = os.path.join(out, f"bench_{n}_{c}.json")
+    b = json.load(open(path))["benchmarks"][0]
+    return b["real_time"], b["peak_rss_MiB"], b["params"]
+
+def state_bytes(n, s):
+    path = os.path.join(out, f"trainer_{n}_{s}.jsonl")
+    rec = [json.loads(l) for l in open(path) if l.strip()][-1]
+    return max(rec["sharded_state_bytes"])
+
+unsharded = state_bytes(1, "none") if 1 in ranks else None
+print("| config | ranks | step ms | ratio vs baseline | state bytes/rank (max) | "
+      "fraction of unsharded | goal | peak RSS MiB (max rank) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+params = None
+for n in ranks:
+    cases = ["NoFSDP" if n == 1 else "DDP", "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"]
+    base_ms = bench(n, cases[0])[0]
+    for c in cases:
+        ms, rss, params = bench(n, c)
+        ratio = ms / base_ms
+        s = sharding_of[c]
+        if n == 1 or s is None:
+            # A replica (or 1 rank) holds everything: the 1-rank trainer value.
+            sb = unsharded
+        else:
+            sb = state_bytes(n, s)
+        frac = f"{sb / unsharded:.3f}" if (sb is not None and unsharded) else "-"
+        goal = ""
+        if n > 1 and c == "NO_SHARD":
+            goal = f"time <= 1.10x: {'met' if ratio <= 1.10 else 'MISSED'}"
+        elif n > 1 and c == "FULL_SHARD":
+            t = "met" if ratio <= 1.35 else "MISSED"
+            m = ("met" if sb / unsharded <= 1.0 / n + 0.05 else "MISSED") if unsharded else "?"
+            goal = f"time <= 1.35x: {t}; bytes <= 1/N+5%: {m}"
+        base = "NoFSDP" if n == 1 else "DDP"
+        sbs = f"{sb:,}" if sb is not None else "-"
+        print(f"| {c} | {n} | {ms:.0f} | {ratio:.2f}x vs {base} | {sbs} | {frac} | {goal} | {rss:.0f} |")
+print(f"\nmodel: TransformerLM, {params:,.0f} parameters; ratios within one world size.")
+EOF

@@ -1,0 +1,198 @@
+// The trainer's TransformerLM at ~25M parameters (8 blocks, dim 512, 8
+// heads, vocab 256): one training step (zero_grad, forward, backward,
+// gradient reduction, Adam step) per iteration, on the world size given by
+// TRAINER_BENCH_NPROC (default 1; the binary starts its own ranks through
+// RunOnLocalRanks):
+//
+//   BM_Step/NoFSDP         1 rank only: the plain model, the baseline.
+//   BM_Step/DDP            > 1 rank: plain all-reduce data parallelism
+//                          written on comm/ (flatten grads -> one
+//                          all_reduce avg -> unflatten), the NO_SHARD
+//                          baseline; what PyTorch's DDP does, less bucketing.
+//   BM_Step/FULL_SHARD, BM_Step/SHARD_GRAD_OP, BM_Step/NO_SHARD
+//                          fsdp::FullyShardedDataParallel wrapped as the
+//                          trainer wraps it (one unit per block, backward
+//                          prefetch pre, use_orig_params).
+//
+// Peak RSS is a process-wide high-water mark, so each case must run in its
+// own process for its counter to mean anything: run_trainer_bench.sh
+// starts one process per (case, world size) with --benchmark_filter.
+// The per-rank parameter + gradient + optimizer bytes are not computed here:
+// the trainer's StateBytes() is not in a header, so the runner reads them
+// from the trainer's own --log-json (sharded_state_bytes) instead.
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "benchmarks/multi_rank_main.h"
+#include "comm/collectives.h"
+#include "comm/process_group.h"
+#include "fsdp/fully_sharded_data_parallel.h"
+#include "fsdp/sharding_strategy.h"
+#include "fsdp/wrap_policy.h"
+#include "trainer/json_log.h"
+#include "trainer/models.h"
+
+namespace {
+
+// ~25.3M parameters: 8 blocks of 12*dim^2 (+ biases, LayerNorms) plus the
+// tied 256x512 embedding and 64x512 positions. Small batch and sequence keep
+// one step around a second on 2 cores, so 4 ranks (oversubscribed 2x) stay
+// within the runner's time budget.
+const trainer::ModelConfig kConfig{/*layers=*/8, /*dim=*/512, /*heads=*/8,
+                                   /*vocab=*/256, /*seq=*/32};
+constexpr int64_t kRowsPerRank = 2;
+constexpr double kLr = 1e-4;
+
+const comm::ProcessGroup* g_group = nullptr;
+
+// Fixed iteration counts (every rank must run the same number of
+// collective steps). Few: one 25M-parameter step takes seconds on 2 cores,
+// and 4 ranks oversubscribe them 2x; the runner must stay within minutes.
+int Iterations(int world) { return world >= 4 ? 2 : 3; }
+
+torch::Tensor RankBatch(int rank) {
+  // Different rows per rank, as in data-parallel training; the values do
+  // not change the cost.
+  torch::manual_seed(1000 + rank);
+  return torch::randint(kConfig.vocab, {kRowsPerRank, kConfig.seq + 1}, torch::kInt64);
+}
+
+std::shared_ptr<trainer::TransformerLM> BuildLM() {
+  auto model = trainer::BuildModel(trainer::ModelType::kTransformer, kConfig, /*seed=*/0);
+  return std::dynamic_pointer_cast<trainer::TransformerLM>(model);
+}
+
+int64_t NumParams(const torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+// Peak RSS of every rank, in MiB; the max is what a machine must provision.
+double MaxPeakRssMiB(const comm::ProcessGroup& group) {
+  torch::Tensor rss = torch::tensor({trainer::PeakRssBytes()}, torch::kInt64);
+  comm::all_reduce(group, rss, comm::ReduceOp::kMax).wait();
+  return static_cast<double>(rss.item<int64_t>()) / (1024.0 * 1024.0);
+}
+
+void Report(benchmark::State& state, const comm::ProcessGroup& group, int64_t params) {
+  state.counters["ranks"] = group.size();
+  state.counters["params"] = static_cast<double>(params);
+  state.counters["peak_rss_MiB"] = MaxPeakRssMiB(group);
+}
+
+// One warm-up step before timing: Adam allocates its state and FSDP
+// initialises lazily on the first forward, which the steady state does not
+// pay.
+template <typename Step>
+void TimeSteps(benchmark::State& state, Step&& step) {
+  step();
+  for (auto _ : state) step();
+}
+
+void BM_NoFSDP(benchmark::State& state) {
+  const comm::ProcessGroup& group = *g_group;
+  auto lm = BuildLM();
+  torch::optim::Adam optim(lm->parameters(), torch::optim::AdamOptions(kLr));
+  const torch::Tensor batch = RankBatch(group.rank());
+  TimeSteps(state, [&] {
+    optim.zero_grad();
+    lm->Loss(batch).backward();
+    optim.step();
+  });
+  Report(state, group, NumParams(*lm));
+}
+
+void BM_DDP(benchmark::State& state) {
+  const comm::ProcessGroup& group = *g_group;
+  auto lm = BuildLM();
+  const std::vector<torch::Tensor> params = lm->parameters();
+  torch::optim::Adam optim(params, torch::optim::AdamOptions(kLr));
+  const torch::Tensor batch = RankBatch(group.rank());
+  TimeSteps(state, [&] {
+    optim.zero_grad();
+    lm->Loss(batch).backward();
+    std::vector<torch::Tensor> grads;
+    grads.reserve(params.size());
+    for (const auto& p : params) grads.push_back(p.grad().reshape({-1}));
+    torch::Tensor flat = torch::cat(grads);
+    comm::all_reduce(group, flat, comm::ReduceOp::kAvg).wait();
+    int64_t offset = 0;
+    for (const auto& p : params) {
+      const int64_t n = p.numel();
+      p.grad().copy_(flat.narrow(0, offset, n).view_as(p.grad()));
+      offset += n;
+    }
+    optim.step();
+  });
+  Report(state, group, NumParams(*lm));
+}
+
+void BM_FSDP(benchmark::State& state, fsdp::ShardingStrategy strategy) {
+  const comm::ProcessGroup& group = *g_group;
+  auto lm = BuildLM();
+  const int64_t num_params = NumParams(*lm);
+  // The trainer's wrapping (train.cc WrapModel with its defaults): blocks
+  // are units called through fsdp::call from the block runner, the root is
+  // entered through run(), and the optimizer sees the original parameters.
+  lm->set_block_runner([](int64_t, trainer::TransformerBlock& block, const torch::Tensor& x,
+                          const torch::Tensor& mask) { return fsdp::call(block, x, mask); });
+  fsdp::FullyShardedDataParallel::Options options;
+  options.process_group = group;
+  options.sharding_strategy = strategy;
+  options.auto_wrap_policy = fsdp::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>();
+  options.backward_prefetch = fsdp::BackwardPrefetch::kBackwardPre;
+  options.use_orig_params = true;
+  // Typed as LanguageModel, as in the trainer: no single forward(), so the
+  // root is entered through run().
+  fsdp::FullyShardedDataParallel model(std::static_pointer_cast<trainer::LanguageModel>(lm),
+                                       std::move(options));
+  torch::optim::Adam optim(model.parameters(), torch::optim::AdamOptions(kLr));
+  const torch::Tensor batch = RankBatch(group.rank());
+  TimeSteps(state, [&] {
+    optim.zero_grad();
+    model.run([&] { return lm->Loss(batch); }).backward();
+    optim.step();
+  });
+  Report(state, group, num_params);
+}
+
+void RegisterAll(const comm::ProcessGroup& group) {
+  g_group = &group;
+  const int iters = Iterations(group.size());
+  auto add = [&](const std::string& name, auto fn) {
+    benchmark::RegisterBenchmark(("BM_Step/" + name).c_str(), fn)
+        ->Iterations(iters)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  };
+  if (group.size() == 1) {
+    add("NoFSDP", BM_NoFSDP);
+  } else {
+    add("DDP", BM_DDP);
+  }
+  add("FULL_SHARD",
+      [](benchmark::State& s) { BM_FSDP(s, fsdp::ShardingStrategy::kFullShard); });
+  add("SHARD_GRAD_OP",
+      [](benchmark::State& s) { BM_FSDP(s, fsdp::ShardingStrategy::kShardGradOp); });
+  add("NO_SHARD", [](benchmark::State& s) { BM_FSDP(s, fsdp::ShardingStrategy::kNoShard); });
+}
+
+int WorldSize() {
+  const char* n = std::getenv("TRAINER_BENCH_NPROC");
+  if (n == nullptr || *n == '\0') return 1;
+  const int w = std::atoi(n);
+  return w >= 1 ? w : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return benchmarks::RunOnLocalRanks(argc, argv,
+                                     {"trainer_bench", WorldSize(), RegisterAll, nullptr});
+}
