@@ -128,9 +128,10 @@ comm::testing::RunOptions LongRun() {
 const std::vector<ShardingStrategy> kFlatStrategies = {
     ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard};
 
-TEST(FsdpParity, TwoRanksAllStrategies) {
+// FULL_SHARD, SHARD_GRAD_OP and NO_SHARD over one world of `world_size` ranks.
+void RunFlatStrategies(int world_size) {
   comm::testing::RunOnRanks(
-      2,
+      world_size,
       [](comm::ProcessGroup& pg) {
         FullyShardedDataParallel::Options options;
         options.process_group = pg;
@@ -139,16 +140,9 @@ TEST(FsdpParity, TwoRanksAllStrategies) {
       LongRun());
 }
 
-TEST(FsdpParity, FourRanksAllStrategies) {
-  comm::testing::RunOnRanks(
-      4,
-      [](comm::ProcessGroup& pg) {
-        FullyShardedDataParallel::Options options;
-        options.process_group = pg;
-        RunCases(Cases(kFlatStrategies), options, pg.rank(), pg.size());
-      },
-      LongRun());
-}
+TEST(FsdpParity, TwoRanksAllStrategies) { RunFlatStrategies(2); }
+
+TEST(FsdpParity, FourRanksAllStrategies) { RunFlatStrategies(4); }
 
 TEST(FsdpParity, HybridShardTwoByTwo) {
   comm::testing::RunOnRanks(
