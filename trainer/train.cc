@@ -609,16 +609,20 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
     result.losses.push_back(global_loss);
     total_tokens += static_cast<double>(tokens_per_step);
 
-    auto state_bytes = StateBytes(params, *optimizer);
-    if (!state_bytes.ok()) return state_bytes.status();
-    const auto per_rank = GatherPerRank(group, {PeakRssBytes(), *state_bytes});
-    if (is_main) {
-      const double tokens_per_s = static_cast<double>(tokens_per_step) / step_time;
-      StepRecord record{step, global_loss, lr, step_time, tokens_per_s, per_rank[0],
-                        per_rank[1]};
-      if (!o.log_json.empty()) {
+    const double tokens_per_s = static_cast<double>(tokens_per_step) / step_time;
+    // Only the JSON log needs the per-rank figures: without it, no extra
+    // collective per step. Every rank has the same options, so all agree.
+    if (!o.log_json.empty()) {
+      auto state_bytes = StateBytes(params, *optimizer);
+      if (!state_bytes.ok()) return state_bytes.status();
+      const auto per_rank = GatherPerRank(group, {PeakRssBytes(), *state_bytes});
+      if (is_main) {
+        StepRecord record{step, global_loss, lr, step_time, tokens_per_s, per_rank[0],
+                          per_rank[1]};
         if (auto s = log.Write(record); !s.ok()) return s;
       }
+    }
+    if (is_main) {
       progress.Update(step, global_loss, tokens_per_s,
                       std::chrono::duration<double>(Clock::now() - run_start).count());
     }
