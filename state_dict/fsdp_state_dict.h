@@ -19,13 +19,15 @@
 // untouched. Every rank must call the getters and loaders (kFull gathers;
 // the others are local, but ranks should stay in step).
 //
-// Limitations (errors, not silent behaviour): the hybrid sharding
-// strategies and models built with a device_mesh instead of a process_group
-// are not supported (UnimplementedError).
+// Every sharding strategy is supported, with a process_group, hybrid_groups
+// or a device_mesh. Under the hybrid strategies a checkpoint numbers rank
+// (replicate index r, shard index s) r * shard_size + s (the world rank of
+// comm's hybrid meshes) and only replicate index 0 writes the shard pieces,
+// so a hybrid checkpoint is an ordinary sharded one: it loads into any
+// strategy at any world size, and any sharded checkpoint loads into a
+// hybrid model.
 //
-// Optimizer state (bottom of this file) is supported for use_orig_params=true
-// only: the optimizer (torch::optim Adam/AdamW/SGD) steps the original
-// parameters, each a 1-D view of this rank's part of its flat shard.
+// Optimizer state dicts: fsdp_optim_state_dict.h.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +37,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "fsdp/fully_sharded_data_parallel.h"
-#include "state_dict/optim_state.h"
 #include "state_dict/pytorch_format.h"
 #include "state_dict/sharded_tensor.h"
 
@@ -87,9 +88,12 @@ struct FsdpModelStateDict {
   // kSharded: entries every rank holds in full (buffers, unmanaged
   // parameters; everything under NO_SHARD); only rank 0 saves their pieces.
   std::vector<std::string> replicated;
-  // The data-parallel world size and rank it was taken at.
+  // The world size and rank it was taken at (checkpoint numbering, above).
   int world_size = 1;
   int rank = 0;
+  // kSharded under a hybrid strategy on replicate index > 0: the pieces
+  // duplicate another rank's, so SaveModelCheckpoint writes none of them.
+  bool shard_is_replica = false;
 };
 
 // This rank's state dict in `type` form (`config` applies to kFull).
@@ -122,67 +126,5 @@ absl::Status SaveModelCheckpoint(const std::string& root, int64_t step,
 // same world size. All checks happen before the model is written.
 absl::Status LoadModelCheckpoint(fsdp::FullyShardedDataParallel& model,
                                  const std::string& step_dir, StateDictType type);
-
-// ---- optimizer state (use_orig_params=true) -------------------------------
-//
-// Per-parameter state entries with the parameter's shape (exp_avg,
-// exp_avg_sq, max_exp_avg_sq, momentum_buffer) are sharded like the
-// parameter; 0-dim entries ("step") are the same on every rank holding
-// the parameter. Every function errors with "not implemented: requires
-// use_orig_params=true" for a model built without it. Every rank must call
-// the functions that gather (FullOptimStateDict).
-
-// PyTorch's full_optim_state_dict / optim_state_dict(FULL): name-keyed
-// (OptimStateKeyType::kParamName), each entry in its parameter's original
-// shape, param_groups with names. Collective over the model's group; with
-// rank0_only only rank 0 gets it (others an empty dict).
-absl::StatusOr<OptimStateDict> FullOptimStateDict(fsdp::FullyShardedDataParallel& model,
-                                                  const torch::optim::Optimizer& optimizer,
-                                                  bool rank0_only = false);
-
-// PyTorch's shard_full_optim_state_dict / optim_state_dict_to_load(FULL):
-// this rank's part of a FULL optimizer state dict (name-keyed, or ID-keyed
-// with this optimizer's IDs), ID-keyed for ImportOptimizerState. A dict of a
-// plain model's optimizer rekeyed by name (RekeyOptimStateDict with the
-// plain model's OptimizerParamNames) is such a dict. Errors name the
-// parameter and entry (unknown names, shapes differing from the original's).
-// Local: every rank passes the full dict.
-absl::StatusOr<OptimStateDict> ShardFullOptimStateDict(
-    const fsdp::FullyShardedDataParallel& model, const torch::optim::Optimizer& optimizer,
-    const OptimStateDict& full);
-
-// PyTorch's scatter_full_optim_state_dict: as ShardFullOptimStateDict, but
-// only rank 0 holds the FULL dict (`full` is read on rank 0 and ignored
-// elsewhere); rank 0 broadcasts the state entries over the model's group.
-// Hyperparameters are not scattered: every rank's result carries its own
-// optimizer's current param_groups. A problem found on rank 0 is returned
-// on every rank. Collective.
-absl::StatusOr<OptimStateDict> ScatterFullOptimStateDict(
-    fsdp::FullyShardedDataParallel& model, const torch::optim::Optimizer& optimizer,
-    const OptimStateDict& full);
-
-// PyTorch's sharded_optim_state_dict / optim_state_dict(SHARDED): each
-// state entry as a ShardedTensor named "<param fqn>/<entry>" (e.g.
-// "a.weight/exp_avg"), pieces at the parameter's global offsets, like the
-// model's kSharded form (type kSharded; these names never collide with the
-// model's, so both may be merged into one SaveShard). Hyperparameters are
-// not included: loading keeps the optimizer's own.
-absl::StatusOr<FsdpModelStateDict> ShardedOptimStateDict(
-    const fsdp::FullyShardedDataParallel& model, const torch::optim::Optimizer& optimizer);
-
-// PyTorch's optim_state_dict_to_load(SHARDED) + load: reshards the entries
-// of `saved` (pieces of any layout covering this rank's ranges) and imports
-// them into `optimizer`. Entries of names that are not optimizer parameters
-// are errors; model entries (names without '/') are skipped. All checked
-// before the optimizer changes.
-absl::Status LoadShardedOptimStateDict(const fsdp::FullyShardedDataParallel& model,
-                                       torch::optim::Optimizer& optimizer,
-                                       const FsdpModelStateDict& saved);
-
-// The same from a sharded checkpoint of any world size (only this rank's
-// ranges are read).
-absl::Status LoadShardedOptimCheckpoint(const fsdp::FullyShardedDataParallel& model,
-                                        torch::optim::Optimizer& optimizer,
-                                        const std::string& step_dir);
 
 }  // namespace state_dict

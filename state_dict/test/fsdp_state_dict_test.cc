@@ -5,6 +5,7 @@
 // must fail leaving the model untouched.
 #include <cstdlib>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,11 +14,13 @@
 #include <torch/torch.h>
 
 #include "comm/collectives.h"
+#include "comm/device_mesh.h"
 #include "comm/subgroups.h"
 #include "comm/testing/multiprocess.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "functorch/module/named_member_accessor.h"
 #include "state_dict/checkpoint.h"
+#include "state_dict/fsdp_optim_state_dict.h"
 #include "state_dict/fsdp_state_dict.h"
 
 namespace state_dict {
@@ -358,35 +361,61 @@ void ExpectSameOptim(const OptimStateDict& got, const OptimStateDict& want,
   }
 }
 
-TEST(FsdpOptimStateDict, FullShardedAndPlainRoundTripsWithAdam) {
-  comm::testing::RunOnRanks(4, [](comm::ProcessGroup& world) {
-    // Reference: 6 uninterrupted full-batch Adam steps, one process; its
-    // optimizer state after 3, keyed by name.
-    Net ref(1.0);
-    torch::optim::Adam ref_optim(ref->parameters(), torch::optim::AdamOptions(kLr));
-    auto ref_names = OptimizerParamNames(*ref, ref_optim);
-    ASSERT_TRUE(ref_names.ok());
-    TensorDict after3, after6;
-    OptimStateDict ref_state3;
-    for (int step = 0; step < 6; ++step) {
-      ref_optim.zero_grad();
-      torch::mse_loss(ref(Inputs(step)), Targets(step)).backward();
-      ref_optim.step();
-      if (step == 2) {
-        after3 = Params(*ref);
-        auto exported = ExportOptimizerState(ref_optim);
-        ASSERT_TRUE(exported.ok());
-        auto named = RekeyOptimStateDict(*exported, OptimStateKeyType::kParamName, *ref_names);
-        ASSERT_TRUE(named.ok()) << named.status();
-        ref_state3 = *named;  // the live tensors: copy them
-        for (auto& [key, entries] : ref_state3.state) {
-          TensorDict copy;
-          for (const auto& e : entries) copy.insert(e.key(), e.value().detach().clone());
-          entries = std::move(copy);
-        }
+// A plain (unwrapped) model trained 6 full-batch steps in one process: its
+// parameters after 3 and 6 steps, and its optimizer state after 3, keyed by
+// name (the independent reference for every FSDP optimizer state below).
+struct Reference {
+  std::vector<std::string> names;  // optimizer parameter names by ID
+  TensorDict after3, after6;
+  OptimStateDict state3;
+};
+
+enum class OptimKind { kAdam, kSgdMomentum };
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptim(OptimKind kind,
+                                                   std::vector<torch::Tensor> params) {
+  if (kind == OptimKind::kAdam) {
+    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(kLr));
+  }
+  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(kLr).momentum(0.9));
+}
+
+Reference MakeReference(OptimKind kind) {
+  Reference r;
+  Net ref(1.0);
+  auto optim = MakeOptim(kind, ref->parameters());
+  auto names = OptimizerParamNames(*ref, *optim);
+  EXPECT_TRUE(names.ok());
+  if (names.ok()) r.names = *names;
+  for (int step = 0; step < 6; ++step) {
+    optim->zero_grad();
+    torch::mse_loss(ref(Inputs(step)), Targets(step)).backward();
+    optim->step();
+    if (step == 2) {
+      r.after3 = Params(*ref);
+      auto exported = ExportOptimizerState(*optim);
+      EXPECT_TRUE(exported.ok());
+      auto named = RekeyOptimStateDict(*exported, OptimStateKeyType::kParamName, r.names);
+      EXPECT_TRUE(named.ok()) << named.status();
+      r.state3 = *named;  // the live tensors: copy them
+      for (auto& [key, entries] : r.state3.state) {
+        TensorDict copy;
+        for (const auto& e : entries) copy.insert(e.key(), e.value().detach().clone());
+        entries = std::move(copy);
       }
     }
-    after6 = Params(*ref);
+  }
+  r.after6 = Params(*ref);
+  return r;
+}
+
+TEST(FsdpOptimStateDict, FullShardedAndPlainRoundTripsWithAdam) {
+  comm::testing::RunOnRanks(4, [](comm::ProcessGroup& world) {
+    const Reference ref = MakeReference(OptimKind::kAdam);
+    const TensorDict& after3 = ref.after3;
+    const TensorDict& after6 = ref.after6;
+    const OptimStateDict& ref_state3 = ref.state3;
+    const std::vector<std::string>* ref_names = &ref.names;
 
     const std::string root = TmpDir("optim");
     {
@@ -541,15 +570,234 @@ TEST(FsdpOptimStateDict, SgdMomentumAndAdamWRoundTrips) {
   });
 }
 
-TEST(FsdpOptimStateDict, RequiresUseOrigParams) {
-  comm::testing::RunOnRanks(1, [](comm::ProcessGroup& pg) {
-    auto o = Opts(pg);
+// Merges an optimizer's SHARDED entries into a model's SHARDED state dict
+// (one checkpoint holds both).
+FsdpModelStateDict WithOptim(FsdpModelStateDict model_sd, const FsdpModelStateDict& optim_sd) {
+  for (const auto& item : optim_sd.sharded) model_sd.sharded.insert(item.key(), item.value());
+  for (const auto& name : optim_sd.replicated) model_sd.replicated.push_back(name);
+  return model_sd;
+}
+
+// Resumes `dir` (model + optimizer, SHARDED) into a fresh model built by
+// `opts` on `pg`, checks the consolidated optimizer state against the
+// reference, trains steps 3..5 and checks the parameters.
+void ResumeAndContinue(const comm::ProcessGroup& pg, const FullyShardedDataParallel::Options& opts,
+                       OptimKind kind, const std::string& dir, const Reference& ref,
+                       const std::string& what) {
+  FullyShardedDataParallel model(Net(9.0), opts);
+  auto optim = MakeOptim(kind, model.parameters());
+  absl::Status s = LoadModelCheckpoint(model, dir, StateDictType::kSharded);
+  ASSERT_TRUE(s.ok()) << what << ": " << s;
+  s = LoadShardedOptimCheckpoint(model, *optim, dir);
+  ASSERT_TRUE(s.ok()) << what << ": " << s;
+  auto full = FullOptimStateDict(model, *optim);
+  ASSERT_TRUE(full.ok()) << what << ": " << full.status();
+  ExpectSameOptim(*full, ref.state3, what + " optimizer state");
+  for (int step = 3; step < 6; ++step) Step(model, *optim, step, pg.rank(), pg.size());
+  ExpectSame(Full(model), ref.after6, what, 1e-5, 1e-6);
+}
+
+// use_orig_params=false: the optimizer steps one flat parameter per unit;
+// its state dicts are still per original parameter and equal the plain
+// model's, and move between flat, original-parameter and plain optimizers.
+void FlatParameterOptimizerState(comm::ProcessGroup& world, OptimKind kind) {
+  const Reference ref = MakeReference(kind);
+  const std::string kindname = kind == OptimKind::kAdam ? "Adam" : "SGD momentum";
+  auto flat_opts = Opts(world);
+  flat_opts.use_orig_params = false;
+  const std::string root = TmpDir(kind == OptimKind::kAdam ? "flat_adam" : "flat_sgd");
+  {
+    FullyShardedDataParallel model(Net(1.0), flat_opts);
+    auto optim = MakeOptim(kind, model.parameters());
+    ASSERT_EQ(model.parameters().size(), 3u);  // a, b, root: flat parameters
+    auto names = FsdpOptimizerParamNames(model, *optim);
+    ASSERT_TRUE(names.ok()) << names.status();
+    EXPECT_EQ(names->size(), 5u);
+    for (int step = 0; step < 3; ++step) Step(model, *optim, step, world.rank(), world.size());
+    ExpectSame(Full(model), ref.after3, kindname + " flat after 3 steps", 1e-5, 1e-6);
+
+    auto full = FullOptimStateDict(model, *optim);
+    ASSERT_TRUE(full.ok()) << full.status();
+    ExpectSameOptim(*full, ref.state3, kindname + " flat FULL == plain");
+    std::set<std::string> grouped;
+    for (const auto& key : full->param_groups.at(0).params) grouped.insert(std::get<std::string>(key));
+    EXPECT_EQ(grouped, std::set<std::string>(ref.names.begin(), ref.names.end()));
+
+    // FULL -> shard -> import is the identity on the flat state.
+    auto before = ExportOptimizerState(*optim);
+    ASSERT_TRUE(before.ok());
+    auto mine = ShardFullOptimStateDict(model, *optim, *full);
+    ASSERT_TRUE(mine.ok()) << mine.status();
+    ASSERT_TRUE(ImportOptimizerState(*optim, *mine).ok());
+    ExpectSameOptim(*ExportOptimizerState(*optim), *before, kindname + " flat FULL round trip");
+
+    // The plain model's state (by name) and the scattered one load too.
+    auto fresh = MakeOptim(kind, model.parameters());
+    auto from_plain = ShardFullOptimStateDict(model, *fresh, ref.state3);
+    ASSERT_TRUE(from_plain.ok()) << from_plain.status();
+    ASSERT_TRUE(ImportOptimizerState(*fresh, *from_plain).ok());
+    ExpectSameOptim(*ExportOptimizerState(*fresh), *before, kindname + " plain -> flat");
+    auto scattered = MakeOptim(kind, model.parameters());
+    auto sc = ScatterFullOptimStateDict(model, *scattered,
+                                        world.rank() == 0 ? ref.state3 : OptimStateDict{});
+    ASSERT_TRUE(sc.ok()) << sc.status();
+    ASSERT_TRUE(ImportOptimizerState(*scattered, *sc).ok());
+    ExpectSameOptim(*ExportOptimizerState(*scattered), *before, kindname + " scattered flat");
+
+    // Originals sharing a flat parameter must agree; nothing changes on error.
+    OptimStateDict partial = ref.state3;
+    const std::string entry = kind == OptimKind::kAdam ? "exp_avg" : "momentum_buffer";
+    for (auto& [key, entries] : partial.state) {
+      if (std::get<std::string>(key) != "a.bias") continue;
+      TensorDict kept;
+      for (const auto& e : entries) {
+        if (e.key() != entry) kept.insert(e.key(), e.value());
+      }
+      entries = std::move(kept);
+    }
+    auto err = ShardFullOptimStateDict(model, *optim, partial);
+    EXPECT_EQ(err.status().code(), absl::StatusCode::kInvalidArgument) << err.status();
+    EXPECT_NE(err.status().message().find("shares its flat parameter"), std::string::npos)
+        << err.status();
+
+    // SHARDED through the state_dict_type-driven API, into a checkpoint.
+    StateDictTypeGuard guard(model, StateDictType::kSharded);
+    auto optim_sd = GetOptimStateDict(model, *optim);
+    ASSERT_TRUE(optim_sd.ok()) << optim_sd.status();
+    ASSERT_EQ(optim_sd->type, StateDictType::kSharded);
+    auto to_load = OptimStateDictToLoad(model, *optim, *optim_sd);
+    ASSERT_TRUE(to_load.ok()) << to_load.status();
+    ASSERT_TRUE(ImportOptimizerState(*optim, *to_load).ok());
+    ExpectSameOptim(*ExportOptimizerState(*optim), *before, kindname + " flat SHARDED");
+    auto model_sd = GetModelStateDict(model);
+    ASSERT_TRUE(model_sd.ok()) << model_sd.status();
+    SaveAndCommit(world, root, 3, WithOptim(*model_sd, optim_sd->sharded));
+  }
+  // The flat checkpoint continues on fewer ranks, flat or not.
+  const std::string dir = StepDirectory(root, 3);
+  auto two = comm::new_group(world, {0, 1});
+  auto one = comm::new_group(world, {0});
+  ASSERT_TRUE(two.ok() && one.ok());
+  if (two->is_member()) {
+    ResumeAndContinue(*two, Opts(*two), kind, dir, ref,
+                      kindname + " flat 4 ranks -> use_orig_params 2 ranks");
+  }
+  if (one->is_member()) {
+    auto o = Opts(*one);
     o.use_orig_params = false;
-    FullyShardedDataParallel model(Net(1.0), o);
+    ResumeAndContinue(*one, o, kind, dir, ref, kindname + " flat 4 ranks -> flat 1 rank");
+  }
+  comm::barrier(world).wait();
+}
+
+TEST(FsdpOptimStateDict, FlatParametersWithAdam) {
+  comm::testing::RunOnRanks(4, [](comm::ProcessGroup& world) {
+    FlatParameterOptimizerState(world, OptimKind::kAdam);
+  });
+}
+
+TEST(FsdpOptimStateDict, FlatParametersWithSgdMomentum) {
+  comm::testing::RunOnRanks(2, [](comm::ProcessGroup& world) {
+    FlatParameterOptimizerState(world, OptimKind::kSgdMomentum);
+  });
+}
+
+// HYBRID_SHARD (2 replicas x 2 shards, device mesh) and _HYBRID_SHARD_ZERO2
+// (the same groups as a pair): model and optimizer checkpoints are ordinary
+// sharded ones that load into FULL_SHARD on 2 and 1 ranks and back into the
+// hybrid model; FULL state dicts and scatter work across both groups.
+TEST(FsdpStateDict, HybridShardCheckpointsLoadAnywhere) {
+  comm::testing::RunOnRanks(4, [](comm::ProcessGroup& world) {
+    const Reference ref = MakeReference(OptimKind::kAdam);
+    auto mesh = comm::init_hybrid_shard_mesh(world, 2, 2);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    auto pair = comm::hybrid_shard_groups(*mesh);
+    ASSERT_TRUE(pair.ok()) << pair.status();
+    for (int variant = 0; variant < 2; ++variant) {
+      FullyShardedDataParallel::Options o;
+      o.auto_wrap_policy = fsdp::module_type_auto_wrap_policy<torch::nn::LinearImpl>();
+      o.use_orig_params = variant == 0;
+      if (variant == 0) {
+        o.sharding_strategy = fsdp::ShardingStrategy::kHybridShard;
+        o.device_mesh = *mesh;
+      } else {
+        o.sharding_strategy = fsdp::ShardingStrategy::kHybridShardZero2;
+        o.hybrid_groups = *pair;
+      }
+      const std::string what = variant == 0 ? "HYBRID_SHARD" : "_HYBRID_SHARD_ZERO2 (flat)";
+      const std::string root = TmpDir("hybrid" + std::to_string(variant));
+      {
+        FullyShardedDataParallel model(Net(1.0), o);
+        torch::optim::Adam optim(model.parameters(), torch::optim::AdamOptions(kLr));
+        for (int step = 0; step < 3; ++step) Step(model, optim, step, world.rank(), world.size());
+        ExpectSame(Full(model), ref.after3, what + " after 3 steps", 1e-5, 1e-6);
+        auto full = FullOptimStateDict(model, optim);
+        ASSERT_TRUE(full.ok()) << full.status();
+        ExpectSameOptim(*full, ref.state3, what + " FULL optimizer state");
+        auto before = ExportOptimizerState(optim);
+        torch::optim::Adam scattered(model.parameters(), torch::optim::AdamOptions(kLr));
+        auto sc = ScatterFullOptimStateDict(model, scattered,
+                                            world.rank() == 0 ? ref.state3 : OptimStateDict{});
+        ASSERT_TRUE(sc.ok()) << sc.status();
+        ASSERT_TRUE(ImportOptimizerState(scattered, *sc).ok());
+        ExpectSameOptim(*ExportOptimizerState(scattered), *before, what + " scattered");
+
+        auto model_sd = GetModelStateDict(model, StateDictType::kSharded);
+        ASSERT_TRUE(model_sd.ok()) << model_sd.status();
+        EXPECT_EQ(model_sd->world_size, 4);
+        EXPECT_EQ(model_sd->rank, world.rank());
+        EXPECT_EQ(model_sd->shard_is_replica, world.rank() >= 2);
+        auto optim_sd = ShardedOptimStateDict(model, optim);
+        ASSERT_TRUE(optim_sd.ok()) << optim_sd.status();
+        SaveAndCommit(world, root, 3, WithOptim(*model_sd, *optim_sd));
+      }
+      const std::string dir = StepDirectory(root, 3);
+      // Replicas wrote shapes only: their shard files hold no tensor data.
+      auto manifest = ReadManifest(dir);
+      ASSERT_TRUE(manifest.ok()) << manifest.status();
+      ASSERT_EQ(manifest->files.size(), 4u);
+      for (const ManifestFile& file : manifest->files) {
+        int64_t bytes = 0;
+        for (const ManifestTensor& t : file.tensors) bytes += t.range.numel;
+        if (file.rank >= 2) {
+          EXPECT_EQ(bytes, 0) << what << ": " << file.name;
+        } else {
+          EXPECT_GT(bytes, 0) << what << ": " << file.name;
+        }
+      }
+      auto two = comm::new_group(world, {0, 1});
+      auto one = comm::new_group(world, {0});
+      ASSERT_TRUE(two.ok() && one.ok());
+      if (two->is_member()) {
+        ResumeAndContinue(*two, Opts(*two), OptimKind::kAdam, dir, ref,
+                          what + " -> FULL_SHARD 2 ranks");
+      }
+      if (one->is_member()) {
+        ResumeAndContinue(*one, Opts(*one), OptimKind::kAdam, dir, ref,
+                          what + " -> FULL_SHARD 1 rank");
+      }
+      ResumeAndContinue(world, o, OptimKind::kAdam, dir, ref, what + " -> itself");
+      comm::barrier(world).wait();
+    }
+  });
+}
+
+TEST(FsdpOptimStateDict, LocalOptimizerStateIsAnError) {
+  comm::testing::RunOnRanks(1, [](comm::ProcessGroup& pg) {
+    FullyShardedDataParallel model(Net(1.0), Opts(pg));
     torch::optim::Adam optim(model.parameters(), torch::optim::AdamOptions(kLr));
-    auto full = FullOptimStateDict(model, optim);
-    EXPECT_EQ(full.status().code(), absl::StatusCode::kUnimplemented);
-    EXPECT_NE(full.status().message().find("requires use_orig_params=true"), std::string::npos);
+    StateDictTypeGuard guard(model, StateDictType::kLocal);
+    auto sd = GetOptimStateDict(model, optim);
+    EXPECT_EQ(sd.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(sd.status().message().find("LOCAL_STATE_DICT"), std::string::npos) << sd.status();
+    // An optimizer over the unwrapped module's parameters is not FSDP's.
+    Net plain(1.0);
+    torch::optim::Adam wrong(plain->parameters(), torch::optim::AdamOptions(kLr));
+    auto names = FsdpOptimizerParamNames(model, wrong);
+    EXPECT_EQ(names.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(names.status().message().find("not a parameter of the FSDP model"),
+              std::string::npos)
+        << names.status();
   });
 }
 
