@@ -195,6 +195,11 @@ const std::map<std::string, FlagSpec>& Flags() {
       {"checkpoint-every", {false, [](const std::string& v, Options* o) {
          return ParseInt("checkpoint-every", v, 0, &o->checkpoint_every);
        }}},
+      {"checkpoint-format", {false, [](const std::string& v, Options* o) {
+         return ParseEnum<CheckpointFormat>("checkpoint-format", v,
+             {{"sharded", CheckpointFormat::kSharded}, {"full", CheckpointFormat::kFull}},
+             &o->checkpoint_format);
+       }}},
       {"resume", {true, [](const std::string& v, Options* o) {
          return ParseBool("resume", v, &o->resume);
        }}},
@@ -337,6 +342,9 @@ const char* Name(OptimizerKind v) {
   return "?";
 }
 const char* Name(LrSchedule v) { return v == LrSchedule::kConstant ? "constant" : "cosine"; }
+const char* Name(CheckpointFormat v) {
+  return v == CheckpointFormat::kSharded ? "sharded" : "full";
+}
 
 std::string AutoWrapName(const Options& o) {
   switch (o.auto_wrap) {
@@ -378,6 +386,7 @@ std::vector<std::string> ToArgs(const Options& o) {
       absl::StrCat("--vocab=", o.vocab),
       absl::StrCat("--seq=", o.seq),
       absl::StrCat("--checkpoint-every=", o.checkpoint_every),
+      absl::StrCat("--checkpoint-format=", Name(o.checkpoint_format)),
       absl::StrCat("--resume=", o.resume ? "true" : "false"),
   };
   if (!o.checkpoint_dir.empty()) a.push_back("--checkpoint-dir=" + o.checkpoint_dir);
@@ -412,6 +421,8 @@ std::string Usage() {
       " ", d.heads, " ", d.vocab, " ", d.seq, ")\n"
       "  --checkpoint-dir DIR           checkpoints go to DIR/step_<N>\n"
       "  --checkpoint-every K           (0 = only at the end, with --checkpoint-dir)\n"
+      "  --checkpoint-format sharded|full   (", Name(d.checkpoint_format), ") sharded: each rank\n"
+      "                                 writes its pieces; full: rank 0 writes model.pt\n"
       "  --resume                       continue from the newest checkpoint in DIR\n"
       "  --log-json FILE                one JSON object per step (rank 0)\n");
 }

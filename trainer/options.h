@@ -30,6 +30,7 @@ enum class AutoWrap { kBlock, kSize, kNone };
 enum class BackwardPrefetch { kPre, kPost, kNone };
 enum class OptimizerKind { kAdam, kAdamW, kSgd };
 enum class LrSchedule { kConstant, kCosine };
+enum class CheckpointFormat { kSharded, kFull };
 
 struct Options {
   ModelKind model = ModelKind::kTransformer;
@@ -68,6 +69,9 @@ struct Options {
 
   std::string checkpoint_dir;    // empty: no checkpoints
   int64_t checkpoint_every = 0;  // 0: only with --checkpoint-dir, at the end
+  // kSharded: every rank writes its pieces (no gathering); kFull: rank 0
+  // writes one model.pt that Python's torch.load opens. --resume reads either.
+  CheckpointFormat checkpoint_format = CheckpointFormat::kSharded;
   bool resume = false;
   std::string log_json;  // empty: no JSON log
 
@@ -108,6 +112,7 @@ const char* Name(MixedPrecision v);
 const char* Name(BackwardPrefetch v);
 const char* Name(OptimizerKind v);
 const char* Name(LrSchedule v);
+const char* Name(CheckpointFormat v);
 std::string AutoWrapName(const Options& options);  // "block", "size:N", "none"
 
 }  // namespace trainer

@@ -44,7 +44,8 @@ TEST(OptionsTest, ParsesBothSpellingsAndEveryFlag) {
                   "--grad-accum", "2", "--clip", "1.0", "--optimizer", "sgd",
                   "--lr-schedule", "constant", "--warmup-steps", "2", "--layers", "3",
                   "--dim", "48", "--heads", "6", "--vocab", "300", "--seq", "16",
-                  "--checkpoint-dir", "/tmp/x", "--checkpoint-every", "5", "--resume",
+                  "--checkpoint-dir", "/tmp/x", "--checkpoint-every", "5",
+                  "--checkpoint-format", "full", "--resume",
                   "--log-json", "log.jsonl"});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->model, ModelKind::kMlp);
@@ -73,6 +74,7 @@ TEST(OptionsTest, ParsesBothSpellingsAndEveryFlag) {
   EXPECT_EQ(o->seq, 16);
   EXPECT_EQ(o->checkpoint_dir, "/tmp/x");
   EXPECT_EQ(o->checkpoint_every, 5);
+  EXPECT_EQ(o->checkpoint_format, CheckpointFormat::kFull);
   EXPECT_TRUE(o->resume);
   EXPECT_EQ(o->log_json, "log.jsonl");
 
@@ -110,6 +112,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadFlag{{"--auto-wrap=size:x"}, {"--auto-wrap='size:x'", "size:N"}},
         BadFlag{{"--cpu-offload=maybe"}, {"--cpu-offload='maybe'", "true|false"}},
         BadFlag{{"--optimizer", "lamb"}, {"--optimizer='lamb'", "adam|adamw|sgd"}},
+        BadFlag{{"--checkpoint-format=zip"}, {"--checkpoint-format='zip'", "sharded|full"}},
         BadFlag{{"--global_batch=4"}, {"unknown flag --global_batch"}},
         BadFlag{{"steps"}, {"unexpected argument 'steps'"}},
         BadFlag{{"--steps"}, {"--steps: missing value"}},

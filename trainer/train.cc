@@ -25,7 +25,8 @@
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "fsdp/wrap_policy.h"
 #include "state_dict/checkpoint.h"
-#include "state_dict/module_state.h"
+#include "state_dict/fsdp_optim_state_dict.h"
+#include "state_dict/fsdp_state_dict.h"
 #include "state_dict/optim_state.h"
 #include "trainer/data.h"
 #include "trainer/json_log.h"
@@ -63,24 +64,10 @@ int64_t TensorBytes(const torch::Tensor& t) {
   return t.defined() ? static_cast<int64_t>(t.numel() * t.element_size()) : 0;
 }
 
-// Where one original parameter lives in FSDP's flat parameters: its unit's
-// handle and its FlatParamInfo (offsets in the flat parameter and in this
-// rank's shard).
-struct ParamPlace {
-  const fsdp::FlatParamHandle* handle = nullptr;
-  const fsdp::FlatParamInfo* info = nullptr;
-};
-
-// What Train builds around the model: the wrapper, the optimizer's
-// parameter names (use_orig_params: the original FQNs, in optimizer order),
-// each name's place in the flat parameters, and the group the flat
-// parameters are sharded over.
+// The model and its FSDP wrapper.
 struct Wrapped {
   std::shared_ptr<LanguageModel> model;
   std::unique_ptr<fsdp::FullyShardedDataParallel> fsdp;
-  std::vector<std::string> param_names;
-  std::map<std::string, ParamPlace> places;
-  const comm::ProcessGroup* shard_group = nullptr;  // points into Train's locals
 };
 
 fsdp::ShardingStrategy ToStrategy(Sharding s) {
@@ -102,265 +89,206 @@ fsdp::BackwardPrefetch ToPrefetch(BackwardPrefetch b) {
   return fsdp::BackwardPrefetch::kNone;
 }
 
-// Parameters + gradients + optimizer state this rank holds. With
-// use_orig_params the optimizer's parameters are views of this rank's
-// shard, so this counts the shard (padding excluded), its gradient and the
-// optimizer state of those elements only.
-absl::StatusOr<int64_t> StateBytes(const std::vector<torch::Tensor>& params,
-                                   const torch::optim::Optimizer& optimizer) {
-  int64_t bytes = 0;
-  for (const auto& p : params) {
-    bytes += TensorBytes(p) + TensorBytes(p.grad());
-  }
-  auto state = state_dict::ExportOptimizerState(optimizer);
+// The trainer's own entries of a checkpoint: one int64 each.
+state_dict::ShardedTensor Scalar(int64_t value) {
+  state_dict::ShardedTensor st;
+  st.global_shape = {1};
+  st.dtype = torch::kInt64;
+  st.pieces.push_back({{0, 1}, torch::tensor({value}, torch::kInt64)});
+  return st;
+}
+
+// SHARDED: every rank writes its pieces of the model and the optimizer
+// state (no gathering), the trainer's step and seed go with rank 0's.
+absl::Status SaveShardedCheckpoint(const Options& o, fsdp::FullyShardedDataParallel& model,
+                                   const torch::optim::Optimizer& optimizer, int64_t step) {
+  auto state = state_dict::GetModelStateDict(model, state_dict::StateDictType::kSharded);
   if (!state.ok()) return state.status();
-  for (const auto& [key, entries] : state->state) {
-    for (const auto& entry : entries) bytes += TensorBytes(entry.value());
-  }
-  return bytes;
+  auto optim = state_dict::ShardedOptimStateDict(model, optimizer);
+  if (!optim.ok()) return optim.status();
+  for (const auto& item : optim->sharded) state->sharded.insert(item.key(), item.value());
+  for (const std::string& name : optim->replicated) state->replicated.push_back(name);
+  state->sharded.insert(kStepKey, Scalar(step));
+  state->sharded.insert(kSeedKey, Scalar(o.seed));
+  state->replicated.push_back(kStepKey);
+  state->replicated.push_back(kSeedKey);
+  return state_dict::SaveModelCheckpoint(o.checkpoint_dir, step, *state);
 }
 
-// The optimizer's per-element state entries (shaped like the parameter, so
-// sharded like it); everything else in a parameter's state (Adam's "step")
-// is a scalar every rank holding state agrees on.
-std::vector<std::string> ShardedStateKeys(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kAdam:
-    case OptimizerKind::kAdamW:
-      return {"exp_avg", "exp_avg_sq"};
-    case OptimizerKind::kSgd:
-      return {"momentum_buffer"};
-  }
-  return {};
-}
-
-// The optimizer state of every original parameter, FULL (its original
-// shape), name-keyed: each rank holds only the elements of its shard, so each
-// sharded entry is put at the parameter's place in a shard-sized buffer and
-// all-gathered over the shard group (one collective per handle and entry).
-// Every rank must call it. A rank holding none of a parameter (or no state
-// for it) contributes zeros; "step" is the maximum over ranks.
-absl::StatusOr<std::map<std::string, state_dict::TensorDict>> FullOptimizerState(
-    const Options& o, const Wrapped& w, const torch::optim::Optimizer& optimizer,
-    const comm::ProcessGroup& world) {
-  auto exported = state_dict::ExportOptimizerState(optimizer);
-  if (!exported.ok()) return exported.status();
-  std::map<std::string, const state_dict::TensorDict*> local;
-  for (const auto& [key, entries] : exported->state) {
-    const int64_t id = std::get<int64_t>(key);
-    local[w.param_names.at(static_cast<size_t>(id))] = &entries;
-  }
-  const std::vector<std::string> keys = ShardedStateKeys(o.optimizer);
-  const bool has_step = o.optimizer != OptimizerKind::kSgd;
-  // An entry this code does not know how to consolidate (e.g. AMSGrad's
-  // max_exp_avg_sq, if the optimizer options ever enable it) must not be
-  // dropped from the checkpoint. The optimizer is the same on every rank,
-  // so every rank returns here alike, before any collective.
-  for (const auto& [name, entries] : local) {
-    for (const auto& entry : *entries) {
-      if (entry.key() == "step" && has_step) continue;
-      if (std::find(keys.begin(), keys.end(), entry.key()) != keys.end()) continue;
-      return absl::UnimplementedError(absl::StrCat(
-          "checkpoint: optimizer state entry '", name, ".", entry.key(), "' of --optimizer=",
-          Name(o.optimizer), " cannot be consolidated from FSDP shards"));
-    }
-  }
-  // Which parameters have state anywhere, and the step: one all-reduce.
-  const int64_t n = static_cast<int64_t>(w.param_names.size());
-  torch::Tensor meta = torch::zeros({2 * n}, torch::kInt64);
-  for (int64_t i = 0; i < n; ++i) {
-    auto it = local.find(w.param_names[static_cast<size_t>(i)]);
-    if (it == local.end()) continue;
-    meta[i] = 1;
-    if (has_step) {
-      const torch::Tensor* step = it->second->find("step");
-      if (step != nullptr) meta[n + i] = static_cast<int64_t>(step->item<double>());
-    }
-  }
-  comm::all_reduce(world, meta, comm::ReduceOp::kMax).wait();
-
-  std::map<std::string, state_dict::TensorDict> full;
-  // Per handle and entry: the gathered flat state (padded_numel elements).
-  std::map<std::pair<const fsdp::FlatParamHandle*, std::string>, torch::Tensor> gathered;
-  for (int64_t i = 0; i < n; ++i) {
-    const std::string& name = w.param_names[static_cast<size_t>(i)];
-    if (meta[i].item<int64_t>() == 0) continue;
-    auto place_it = w.places.find(name);
-    if (place_it == w.places.end()) {
-      return absl::InternalError(absl::StrCat("optimizer parameter '", name,
-                                              "' is in no FSDP handle"));
-    }
-    const ParamPlace& place = place_it->second;
-    const fsdp::FlatParamInfo& info = *place.info;
-    state_dict::TensorDict entries;
-    for (const std::string& key : keys) {
-      auto slot = std::make_pair(place.handle, key);
-      auto g = gathered.find(slot);
-      if (g == gathered.end()) {
-        // Build this handle's shard-sized buffer from all its parameters'
-        // local state, then gather it: every rank visits handles and keys in
-        // the same order (parameter order), so the collectives match.
-        const int64_t shard_numel = place.handle->shard_numel();
-        torch::Tensor buffer = torch::zeros({shard_numel}, torch::kFloat32);
-        for (const fsdp::FlatParamInfo& other : place.handle->param_infos()) {
-          if (other.numel_in_shard == 0) continue;
-          for (const auto& [other_name, other_place] : w.places) {
-            if (other_place.info != &other) continue;
-            auto st = local.find(other_name);
-            if (st == local.end()) break;
-            const torch::Tensor* value = st->second->find(key);
-            if (value == nullptr) break;
-            buffer.narrow(0, other.offset_in_shard, other.numel_in_shard)
-                .copy_(value->reshape({-1}));
-            break;
-          }
-        }
-        const int64_t parts = place.handle->shard_world_size();
-        torch::Tensor flat = buffer;
-        if (parts > 1) {
-          flat = torch::empty({parts * shard_numel}, torch::kFloat32);
-          comm::all_gather_into_tensor(*w.shard_group, flat, buffer).wait();
-        }
-        g = gathered.emplace(slot, flat).first;
-      }
-      entries.insert(key, g->second.narrow(0, info.offset, info.numel)
-                              .reshape(info.shape)
-                              .clone());
-    }
-    if (has_step) {
-      entries.insert("step", torch::tensor(static_cast<double>(meta[n + i].item<int64_t>()),
-                                           torch::kFloat32));
-    }
-    full.emplace(name, std::move(entries));
-  }
-  return full;
-}
-
-absl::StatusOr<state_dict::TensorDict> CheckpointState(
-    const Options& o, const Wrapped& w, const torch::optim::Optimizer& optimizer,
-    const comm::ProcessGroup& world, int64_t step, uint64_t seed) {
+// FULL: the model's and the optimizer's FULL state dicts gathered onto
+// rank 0 (collective), which writes one model.pt: "model.<fqn>",
+// "optim.<fqn>.<entry>" (e.g. "optim.blocks.0.fc1.weight.exp_avg"),
+// "trainer.step", "trainer.seed".
+absl::Status SaveFullCheckpoint(const Options& o, fsdp::FullyShardedDataParallel& model,
+                                const torch::optim::Optimizer& optimizer, int64_t step,
+                                bool is_main) {
+  state_dict::StateDictConfig rank0_only;
+  rank0_only.rank0_only = true;
+  auto state = state_dict::GetModelStateDict(model, state_dict::StateDictType::kFull, rank0_only);
+  if (!state.ok()) return state.status();
+  auto optim = state_dict::FullOptimStateDict(model, optimizer, /*rank0_only=*/true);
+  if (!optim.ok()) return optim.status();
+  if (!is_main) return absl::OkStatus();
   state_dict::TensorDict out;
-  {
-    // The FULL model: every rank gathers (summon is collective), rank 0
-    // writes. Cloned so the file is written after the guard frees them.
-    auto guard = w.fsdp->summon_full_params({/*writeback=*/false});
-    for (const auto& item : state_dict::ModuleStateDict(*w.model)) {
-      out.insert(kModelPrefix + item.key(), item.value().detach().clone());
-    }
-  }
-  auto full = FullOptimizerState(o, w, optimizer, world);
-  if (!full.ok()) return full.status();
-  for (const auto& [name, entries] : *full) {
+  for (const auto& item : state->full) out.insert(kModelPrefix + item.key(), item.value());
+  for (const auto& [key, entries] : optim->state) {
     for (const auto& entry : entries) {
-      out.insert(absl::StrCat(kOptimPrefix, name, ".", entry.key()), entry.value());
+      out.insert(absl::StrCat(kOptimPrefix, std::get<std::string>(key), ".", entry.key()),
+                 entry.value());
     }
   }
   out.insert(kStepKey, torch::tensor({step}, torch::kInt64));
-  out.insert(kSeedKey, torch::tensor({static_cast<int64_t>(seed)}, torch::kInt64));
-  return out;
+  out.insert(kSeedKey, torch::tensor({o.seed}, torch::kInt64));
+  return state_dict::SaveFullCheckpoint(o.checkpoint_dir, step, out);
 }
 
-// Loads the newest checkpoint under `dir` into model and optimizer; returns
-// its step. Every rank reads the FULL file: the model through
-// summon_full_params(writeback) (each rank keeps its shard of it), the
-// optimizer state by cutting each rank's elements out of the full entries
-// (offset_in_param / numel_in_shard), so the world size need not match the
-// one that saved.
-absl::StatusOr<int64_t> Resume(const std::string& dir, const Options& o, const Wrapped& w,
+// Every rank learns whether `local` failed anywhere: a rank that failed
+// returns its own error, the others an Aborted naming the lowest failed
+// rank. So all ranks stop with a message instead of dying in the next
+// collective.
+absl::Status AgreeOnStatus(const comm::ProcessGroup& group, absl::Status local,
+                           const std::string& what) {
+  torch::Tensor first_failed =
+      torch::tensor({local.ok() ? int64_t{group.size()} : int64_t{group.rank()}});
+  comm::all_reduce(group, first_failed, comm::ReduceOp::kMin).wait();
+  if (!local.ok()) return local;
+  const int64_t failed = first_failed.item<int64_t>();
+  if (failed < group.size()) {
+    return absl::AbortedError(
+        absl::StrCat(what, " failed on rank ", failed, " (see its message)"));
+  }
+  return absl::OkStatus();
+}
+
+// Writes the checkpoint of `step` in --checkpoint-format; a sharded one is
+// committed (made visible) by rank 0 once every rank's pieces are durable.
+absl::Status SaveCheckpoint(const Options& o, fsdp::FullyShardedDataParallel& model,
+                            const torch::optim::Optimizer& optimizer,
+                            const comm::ProcessGroup& group, int64_t step) {
+  const bool is_main = group.rank() == 0;
+  const std::string what = absl::StrCat("--checkpoint-dir='", o.checkpoint_dir, "' step ", step);
+  auto in_context = [&](absl::Status s) {
+    return s.ok() ? s : absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  };
+  absl::Status saved = o.checkpoint_format == CheckpointFormat::kSharded
+                           ? SaveShardedCheckpoint(o, model, optimizer, step)
+                           : SaveFullCheckpoint(o, model, optimizer, step, is_main);
+  if (auto s = AgreeOnStatus(group, in_context(saved), what); !s.ok()) return s;
+  if (o.checkpoint_format == CheckpointFormat::kFull) return absl::OkStatus();
+  absl::Status committed = absl::OkStatus();
+  if (is_main) {
+    committed = state_dict::CommitShardedCheckpoint(o.checkpoint_dir, step, group.size());
+  }
+  return AgreeOnStatus(group, in_context(committed), what);
+}
+
+absl::Status CheckSeed(const Options& o, const std::string& step_dir, int64_t seed) {
+  if (seed == o.seed) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--seed=", o.seed, ": the checkpoint '", step_dir, "' was trained with --seed=", seed,
+      "; resume with the same seed to continue its run"));
+}
+
+absl::Status InCheckpoint(const std::string& step_dir, const char* part, absl::Status s) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(),
+                      absl::StrCat("checkpoint '", step_dir, "' (", part, "): ", s.message()));
+}
+
+// A sharded checkpoint of any world size and strategy: each rank reads only
+// its ranges (state_dict's reshard on load).
+absl::StatusOr<int64_t> ResumeSharded(const std::string& step_dir, const Options& o,
+                                      fsdp::FullyShardedDataParallel& model,
+                                      torch::optim::Optimizer& optimizer) {
+  state_dict::ShardRequest scalar;
+  scalar.global_shape = {1};
+  scalar.dtype = torch::kInt64;
+  scalar.ranges = {{0, 1}};
+  auto trainer = state_dict::LoadResharded(step_dir, {{kStepKey, scalar}, {kSeedKey, scalar}});
+  if (!trainer.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint '", step_dir, "': ", trainer.status().message(),
+        " (expected a checkpoint written by the trainer)"));
+  }
+  const int64_t step = trainer->find(kStepKey)->pieces[0].data.item<int64_t>();
+  const int64_t seed = trainer->find(kSeedKey)->pieces[0].data.item<int64_t>();
+  if (auto s = CheckSeed(o, step_dir, seed); !s.ok()) return s;
+  if (auto s = state_dict::LoadModelCheckpoint(model, step_dir,
+                                               state_dict::StateDictType::kSharded);
+      !s.ok()) {
+    return InCheckpoint(step_dir, "model", s);
+  }
+  if (auto s = state_dict::LoadShardedOptimCheckpoint(model, optimizer, step_dir); !s.ok()) {
+    return InCheckpoint(step_dir, "optimizer", s);
+  }
+  return step;
+}
+
+// A FULL checkpoint: every rank reads model.pt; the model goes in through
+// the FULL state dict, the optimizer state through shard_full (each rank
+// cuts its elements out), with the current optimizer's hyperparameters.
+absl::StatusOr<int64_t> ResumeFull(const std::string& step_dir, const Options& o,
+                                   fsdp::FullyShardedDataParallel& model,
+                                   torch::optim::Optimizer& optimizer) {
+  auto saved = state_dict::LoadFullStateDict(step_dir);
+  if (!saved.ok()) return saved.status();
+  const torch::Tensor* step = saved->find(kStepKey);
+  const torch::Tensor* seed = saved->find(kSeedKey);
+  if (step == nullptr || seed == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint '", step_dir, "' lacks ", kStepKey, "/", kSeedKey,
+        ": expected a checkpoint written by the trainer"));
+  }
+  if (auto s = CheckSeed(o, step_dir, seed->item<int64_t>()); !s.ok()) return s;
+  state_dict::FsdpModelStateDict model_state;
+  model_state.type = state_dict::StateDictType::kFull;
+  state_dict::OptimStateDict optim_state;
+  optim_state.key_type = state_dict::OptimStateKeyType::kParamName;
+  std::map<std::string, state_dict::TensorDict> per_param;
+  for (const auto& item : *saved) {
+    const std::string& key = item.key();
+    if (absl::StartsWith(key, kModelPrefix)) {
+      model_state.full.insert(key.substr(sizeof(kModelPrefix) - 1), item.value());
+    } else if (absl::StartsWith(key, kOptimPrefix)) {
+      // "optim.<fqn>.<entry>": entry names have no dots, FQNs do.
+      const std::string rest = key.substr(sizeof(kOptimPrefix) - 1);
+      const size_t dot = rest.rfind('.');
+      if (dot == std::string::npos) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("checkpoint '", step_dir, "': malformed key '", key, "'"));
+      }
+      per_param[rest.substr(0, dot)].insert(rest.substr(dot + 1), item.value());
+    }
+  }
+  for (auto& [name, entries] : per_param) optim_state.state.emplace_back(name, std::move(entries));
+  auto current = state_dict::ExportOptimizerState(optimizer);
+  if (!current.ok()) return current.status();
+  auto mine = state_dict::ShardFullOptimStateDict(model, optimizer, optim_state);
+  if (!mine.ok()) return InCheckpoint(step_dir, "optimizer", mine.status());
+  mine->param_groups = current->param_groups;
+  if (auto s = state_dict::LoadModelStateDict(model, model_state); !s.ok()) {
+    return InCheckpoint(step_dir, "model", s);
+  }
+  if (auto s = state_dict::ImportOptimizerState(optimizer, *mine); !s.ok()) {
+    return InCheckpoint(step_dir, "optimizer", s);
+  }
+  return step->item<int64_t>();
+}
+
+// Loads the newest checkpoint under `dir`, of either format; returns its step.
+absl::StatusOr<int64_t> Resume(const std::string& dir, const Options& o,
+                               fsdp::FullyShardedDataParallel& model,
                                torch::optim::Optimizer& optimizer) {
   auto step_dir = state_dict::LatestCheckpoint(dir);
   if (!step_dir.ok()) {
     return absl::NotFoundError(absl::StrCat("--resume: no complete checkpoint in --checkpoint-dir='",
                                             dir, "': ", step_dir.status().message()));
   }
-  auto saved = state_dict::LoadFullStateDict(*step_dir);
-  if (!saved.ok()) return saved.status();
-  const torch::Tensor* step = saved->find(kStepKey);
-  const torch::Tensor* seed = saved->find(kSeedKey);
-  if (step == nullptr || seed == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint '", *step_dir, "' lacks ", kStepKey, "/", kSeedKey,
-        ": expected a checkpoint written by the trainer"));
-  }
-  if (seed->item<int64_t>() != o.seed) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--seed=", o.seed, ": the checkpoint '", *step_dir, "' was trained with --seed=",
-        seed->item<int64_t>(), "; resume with the same seed to continue its run"));
-  }
-
-  state_dict::TensorDict model_state;
-  state_dict::OptimStateDict optim_state;
-  {
-    // The current (fresh) optimizer supplies the groups and hyperparameters;
-    // the checkpoint supplies the per-parameter state.
-    auto current = state_dict::ExportOptimizerState(optimizer);
-    if (!current.ok()) return current.status();
-    auto named = state_dict::RekeyOptimStateDict(
-        *current, state_dict::OptimStateKeyType::kParamName, w.param_names);
-    if (!named.ok()) return named.status();
-    optim_state = std::move(*named);
-    optim_state.state.clear();
-    std::map<std::string, state_dict::TensorDict> per_param;
-    for (const auto& item : *saved) {
-      std::string key = item.key();
-      if (absl::StartsWith(key, kModelPrefix)) {
-        model_state.insert(key.substr(sizeof(kModelPrefix) - 1), item.value());
-      } else if (absl::StartsWith(key, kOptimPrefix)) {
-        // "optim.<fqn>.<entry>": entry names have no dots, FQNs do.
-        const std::string rest = key.substr(sizeof(kOptimPrefix) - 1);
-        const size_t dot = rest.rfind('.');
-        if (dot == std::string::npos) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("checkpoint '", *step_dir, "': malformed key '", key, "'"));
-        }
-        per_param[rest.substr(0, dot)].insert(rest.substr(dot + 1), item.value());
-      }
-    }
-    const std::vector<std::string> sharded = ShardedStateKeys(o.optimizer);
-    // In the optimizer's parameter order, as Python's state dicts are; each
-    // per-element entry cut down to this rank's elements of the parameter.
-    for (const std::string& name : w.param_names) {
-      auto it = per_param.find(name);
-      if (it == per_param.end()) continue;
-      const fsdp::FlatParamInfo& info = *w.places.at(name).info;
-      state_dict::TensorDict mine;
-      for (const auto& entry : it->second) {
-        torch::Tensor value = entry.value();
-        if (std::find(sharded.begin(), sharded.end(), entry.key()) != sharded.end()) {
-          if (value.numel() != info.numel) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "checkpoint '", *step_dir, "': optimizer state '", name, ".", entry.key(),
-                "' has ", value.numel(), " elements; the model's parameter has ", info.numel));
-          }
-          value = value.reshape({-1}).narrow(0, info.offset_in_param, info.numel_in_shard).clone();
-        }
-        mine.insert(entry.key(), value);
-      }
-      optim_state.state.emplace_back(name, std::move(mine));
-      per_param.erase(it);
-    }
-    if (!per_param.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint '", *step_dir, "' has optimizer state for '",
-          per_param.begin()->first, "', which the model has no parameter of"));
-    }
-    auto by_id = state_dict::RekeyOptimStateDict(
-        optim_state, state_dict::OptimStateKeyType::kParamId, w.param_names);
-    if (!by_id.ok()) return by_id.status();
-    optim_state = std::move(*by_id);
-  }
-  {
-    auto guard = w.fsdp->summon_full_params({/*writeback=*/true});
-    if (auto s = state_dict::LoadModuleStateDict(*w.model, model_state); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("checkpoint '", *step_dir,
-                                                 "' (model): ", s.message()));
-    }
-  }
-  if (auto s = state_dict::ImportOptimizerState(optimizer, optim_state); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("checkpoint '", *step_dir,
-                                               "' (optimizer): ", s.message()));
-  }
-  return step->item<int64_t>();
+  auto manifest = state_dict::ReadManifest(*step_dir);
+  if (!manifest.ok()) return manifest.status();
+  return manifest->kind == state_dict::CheckpointKind::kFull
+             ? ResumeFull(*step_dir, o, model, optimizer)
+             : ResumeSharded(*step_dir, o, model, optimizer);
 }
 
 // Wraps the model per the FSDP flags. `mesh` / `hybrid` receive the 2-D
@@ -373,7 +301,6 @@ absl::StatusOr<Wrapped> WrapModel(const Options& o, std::shared_ptr<LanguageMode
   w.model = model;
   fsdp::FullyShardedDataParallel::Options options;
   options.sharding_strategy = ToStrategy(o.sharding);
-  w.shard_group = &world;
   if (o.sharding == Sharding::kHybrid) {
     auto shape = HybridMeshShape(world.size());
     if (!shape.ok()) return shape.status();
@@ -384,7 +311,6 @@ absl::StatusOr<Wrapped> WrapModel(const Options& o, std::shared_ptr<LanguageMode
     if (!groups.ok()) return groups.status();
     *hybrid = std::move(*groups);
     options.device_mesh = **mesh;
-    w.shard_group = &(*hybrid)->shard;
   } else {
     options.process_group = world;
   }
@@ -437,32 +363,6 @@ absl::StatusOr<Wrapped> WrapModel(const Options& o, std::shared_ptr<LanguageMode
   // through run() around Loss().
   w.fsdp = std::make_unique<fsdp::FullyShardedDataParallel>(model, std::move(options));
 
-  std::unordered_map<const void*, std::string> name_of;
-  for (const auto& item : w.fsdp->named_parameters()) {
-    name_of[item.value().unsafeGetTensorImpl()] = item.key();
-  }
-  for (const torch::Tensor& p : w.fsdp->parameters()) {
-    auto it = name_of.find(p.unsafeGetTensorImpl());
-    if (it == name_of.end()) {
-      return absl::InternalError("an FSDP parameter is missing from named_parameters()");
-    }
-    w.param_names.push_back(it->second);
-  }
-  const auto units = w.fsdp->fsdp_unit_names();
-  const auto handles = w.fsdp->handles();
-  for (size_t u = 0; u < handles.size(); ++u) {
-    if (handles[u] == nullptr) continue;
-    for (const fsdp::FlatParamInfo& info : handles[u]->param_infos()) {
-      const std::string name = units[u].empty() ? info.fqn : absl::StrCat(units[u], ".", info.fqn);
-      w.places[name] = ParamPlace{handles[u], &info};
-    }
-  }
-  for (const std::string& name : w.param_names) {
-    if (w.places.count(name) == 0) {
-      return absl::InternalError(absl::StrCat(
-          "parameter '", name, "' is in no FSDP handle (ignored parameters are not used)"));
-    }
-  }
   return w;
 }
 
@@ -483,6 +383,20 @@ std::vector<std::vector<int64_t>> GatherPerRank(const comm::ProcessGroup& group,
 }
 
 }  // namespace
+
+absl::StatusOr<int64_t> ShardedStateBytes(const std::vector<torch::Tensor>& params,
+                                          const torch::optim::Optimizer& optimizer) {
+  int64_t bytes = 0;
+  for (const auto& p : params) {
+    bytes += TensorBytes(p) + TensorBytes(p.grad());
+  }
+  auto state = state_dict::ExportOptimizerState(optimizer);
+  if (!state.ok()) return state.status();
+  for (const auto& [key, entries] : state->state) {
+    for (const auto& entry : entries) bytes += TensorBytes(entry.value());
+  }
+  return bytes;
+}
 
 absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& group) {
   const int world = group.size();
@@ -525,7 +439,7 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
     }
   }
   if (o.resume) {
-    auto step = Resume(o.checkpoint_dir, o, w, *optimizer);
+    auto step = Resume(o.checkpoint_dir, o, fsdp_model, *optimizer);
     if (!step.ok()) return step.status();
     result.first_step = *step + 1;
   }
@@ -613,7 +527,7 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
     // Only the JSON log needs the per-rank figures: without it, no extra
     // collective per step. Every rank has the same options, so all agree.
     if (!o.log_json.empty()) {
-      auto state_bytes = StateBytes(params, *optimizer);
+      auto state_bytes = ShardedStateBytes(params, *optimizer);
       if (!state_bytes.ok()) return state_bytes.status();
       const auto per_rank = GatherPerRank(group, {PeakRssBytes(), *state_bytes});
       if (is_main) {
@@ -631,28 +545,7 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
         !o.checkpoint_dir.empty() &&
         ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == o.steps);
     if (checkpoint_now) {
-      // Gathering is collective: every rank builds the FULL state, rank 0
-      // writes it.
-      auto state = CheckpointState(o, w, *optimizer, group, step,
-                                   static_cast<uint64_t>(o.seed));
-      absl::Status saved = state.status();
-      if (is_main && state.ok()) {
-        saved = state_dict::SaveFullCheckpoint(o.checkpoint_dir, step, *state);
-      }
-      if (!saved.ok()) {
-        saved = absl::Status(saved.code(), absl::StrCat("--checkpoint-dir='", o.checkpoint_dir,
-                                                        "' step ", step, ": ", saved.message()));
-      }
-      // Instead of a bare barrier, every rank learns whether the save worked,
-      // so all stop with a message rather than the others dying in their next
-      // collective when rank 0 exits.
-      torch::Tensor failed = torch::tensor({saved.ok() ? int64_t{0} : int64_t{1}});
-      comm::all_reduce(group, failed, comm::ReduceOp::kMax).wait();
-      if (saved.ok() && failed.item<int64_t>() != 0) {
-        return absl::AbortedError(absl::StrCat(
-            "the checkpoint of step ", step, " failed on rank 0 (see its message)"));
-      }
-      if (!saved.ok()) return saved;
+      if (auto s = SaveCheckpoint(o, fsdp_model, *optimizer, group, step); !s.ok()) return s;
     }
   }
   if (is_main) {

@@ -10,20 +10,26 @@
 // global batch is split, not replicated, the loss sequence does not depend
 // on W.
 //
-// Checkpoints are FULL until FSDP's sharded state-dict API (issue #8):
-// every rank gathers the full parameters (summon_full_params) and the full
-// optimizer state (all-gather of each state entry's shard pieces), rank 0
-// writes them through state_dict/: one
-// TensorDict with "model.<fqn>" (the model's state dict),
-// "optim.<fqn>.<entry>" (the optimizer state, name-keyed, e.g.
-// "optim.blocks.0.fc1.weight.exp_avg") and "trainer.step" / "trainer.seed".
-// The batch of a step is a function of (seed, step) and the model has no
-// randomness in training (no dropout), so model + optimizer + step is
-// everything a resumed run needs to continue the exact loss sequence.
+// Checkpoints (--checkpoint-dir, --checkpoint-every) go through
+// state_dict/'s FSDP state-dict API. --checkpoint-format=sharded (the
+// default): every rank writes its pieces of each original parameter and of
+// its optimizer state (SHARDED model + optimizer state dicts, no gathering)
+// plus "trainer.step" / "trainer.seed" with rank 0's; rank 0 commits once all
+// are durable. --checkpoint-format=full: the FULL model and optimizer state
+// dicts are gathered onto rank 0, which writes one model.pt that Python's
+// torch.load opens ("model.<fqn>", "optim.<fqn>.<entry>", "trainer.step",
+// "trainer.seed"). --resume reads either format on any world size and
+// strategy (reshard on load). The batch of a step is a function of (seed,
+// step) and the model has no randomness in training (no dropout), so model
+// + optimizer + step is everything a resumed run needs to continue the
+// exact loss sequence.
 #pragma once
 
 #include <cstdint>
 #include <vector>
+
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
 
 #include "absl/status/statusor.h"
 #include "comm/process_group.h"
@@ -41,5 +47,12 @@ struct TrainResult {
 // prints progress to stdout and writes --log-json.
 absl::StatusOr<TrainResult> Train(const Options& options,
                                   const comm::ProcessGroup& group);
+
+// Bytes of the parameters `params`, their gradients and `optimizer`'s state
+// (the JSON log's sharded_state_bytes of a rank: with FSDP's
+// use_orig_params, `params` are views of the rank's shard, so this counts
+// its shard, padding excluded).
+absl::StatusOr<int64_t> ShardedStateBytes(const std::vector<torch::Tensor>& params,
+                                          const torch::optim::Optimizer& optimizer);
 
 }  // namespace trainer

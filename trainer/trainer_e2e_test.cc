@@ -61,6 +61,10 @@ TEST(TrainerE2eTest, ResumeContinuesTheExactLossSequence) {
                                ckpt + " --log-json=" + dir + "/first.jsonl");
   ASSERT_EQ(first.exit_code, 0) << first.output;
   ASSERT_TRUE(fs::exists(ckpt + "/step_6/MANIFEST"));
+  // Sharded by default: one file per rank, nothing gathered.
+  EXPECT_TRUE(fs::exists(ckpt + "/step_6/rank_00000.pt"));
+  EXPECT_TRUE(fs::exists(ckpt + "/step_6/rank_00001.pt"));
+  EXPECT_FALSE(fs::exists(ckpt + "/step_6/model.pt"));
   fs::remove_all(ckpt + "/step_12");
 
   RunResult resumed = RunTrainer(std::string(kSmall) + " --resume --checkpoint-dir=" + ckpt +
@@ -77,10 +81,9 @@ TEST(TrainerE2eTest, ResumeContinuesTheExactLossSequence) {
   // Checkpointing itself does not perturb the run.
   EXPECT_EQ(ReadLog(dir + "/first.jsonl", 2).losses, a.losses);
 
-  // The FULL checkpoint (optimizer state gathered per original parameter)
-  // resumed on 1 rank (NO_SHARD) and on 4 ranks (HYBRID_SHARD, 2x2)
-  // continues the same sequence: each rank cuts its own shard out of the
-  // full state, whatever the world size and strategy that saved it.
+  // The sharded checkpoint of 2 ranks resumed on 1 rank (NO_SHARD) and on 4
+  // ranks (HYBRID_SHARD, 2x2) continues the same sequence: each rank reads
+  // its own ranges, whatever the world size and strategy that saved it.
   struct Target {
     int world;
     const char* sharding;
@@ -97,6 +100,24 @@ TEST(TrainerE2eTest, ResumeContinuesTheExactLossSequence) {
                      ReadLog(log, t.world).losses, 1e-4,
                      std::string("resumed on ") + std::to_string(t.world) + " " + t.sharding);
   }
+
+  // --checkpoint-format=full: rank 0 writes one model.pt (Python's
+  // torch.load opens it); it resumes on another world size too.
+  const std::string full_ckpt = dir + "/full";
+  RunResult full = RunTrainer(std::string(kSmall) +
+                              " --checkpoint-every=6 --checkpoint-format=full --checkpoint-dir=" +
+                              full_ckpt);
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  EXPECT_TRUE(fs::exists(full_ckpt + "/step_6/model.pt"));
+  EXPECT_FALSE(fs::exists(full_ckpt + "/step_6/rank_00000.pt"));
+  fs::remove_all(full_ckpt + "/step_12");
+  RunResult from_full = RunTrainer(std::string(kSmall) +
+                                   " --nproc=4 --sharding=grad_op --resume --checkpoint-dir=" +
+                                   full_ckpt + " --log-json=" + dir + "/from_full.jsonl");
+  ASSERT_EQ(from_full.exit_code, 0) << from_full.output;
+  ExpectSameLosses(std::vector<double>(a.losses.begin() + 6, a.losses.end()),
+                   ReadLog(dir + "/from_full.jsonl", 4).losses, 1e-4,
+                   "FULL checkpoint resumed on 4 ranks grad_op");
 
   // Training into a directory that holds checkpoints, without --resume, is
   // refused before the first step (checkpoints are never overwritten).
@@ -150,12 +171,17 @@ TEST(TrainerE2eTest, BadFlagsExitTwoNamingTheFlag) {
 
   // A rank's failure ends the run with its message, not a backtrace from
   // the other ranks' next collective.
-  RunResult save = RunTrainer(std::string(kSmall) +
-                              " --nproc=2 --steps=1 --checkpoint-dir=/proc/no-such-dir");
-  EXPECT_EQ(save.exit_code, 1);
-  EXPECT_THAT(save.output, HasSubstr("--checkpoint-dir='/proc/no-such-dir' step 1"));
-  EXPECT_THAT(save.output, HasSubstr("failed on rank 0"));
-  EXPECT_THAT(save.output, ::testing::Not(HasSubstr("frame #")));
+  // Sharded: every rank's write fails; full: rank 0's, and rank 1 says so.
+  for (const char* format : {"sharded", "full"}) {
+    RunResult save = RunTrainer(std::string(kSmall) + " --checkpoint-format=" + format +
+                                " --nproc=2 --steps=1 --checkpoint-dir=/proc/no-such-dir");
+    EXPECT_EQ(save.exit_code, 1) << format;
+    EXPECT_THAT(save.output, HasSubstr("--checkpoint-dir='/proc/no-such-dir' step 1"));
+    if (std::string(format) == "full") {
+      EXPECT_THAT(save.output, HasSubstr("failed on rank 0"));
+    }
+    EXPECT_THAT(save.output, ::testing::Not(HasSubstr("frame #")));
+  }
 
   RunResult batch = RunTrainer("--nproc=3 --global-batch=16");
   EXPECT_EQ(batch.exit_code, 2);
