@@ -580,6 +580,31 @@ absl::StatusOr<FsdpModelStateDict> ShardedOptimStateDict(
   return out;
 }
 
+absl::StatusOr<FsdpModelStateDict> MergeShardedStateDicts(FsdpModelStateDict model,
+                                                          const FsdpModelStateDict& optimizer) {
+  if (model.type != StateDictType::kSharded || optimizer.type != StateDictType::kSharded) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MergeShardedStateDicts: expected two SHARDED_STATE_DICTs, got ",
+        StateDictTypeName(model.type), " and ", StateDictTypeName(optimizer.type)));
+  }
+  if (model.rank != optimizer.rank || model.world_size != optimizer.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MergeShardedStateDicts: the model's state dict is of rank ", model.rank, " of ",
+        model.world_size, ", the optimizer's of rank ", optimizer.rank, " of ",
+        optimizer.world_size));
+  }
+  for (const auto& item : optimizer.sharded) {
+    if (model.sharded.contains(item.key())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MergeShardedStateDicts: both state dicts have an entry '", item.key(), "'"));
+    }
+    model.sharded.insert(item.key(), item.value());
+  }
+  model.replicated.insert(model.replicated.end(), optimizer.replicated.begin(),
+                          optimizer.replicated.end());
+  return model;
+}
+
 absl::StatusOr<OptimStateDict> FlattenShardedOptimStateDict(
     const FullyShardedDataParallel& model, const torch::optim::Optimizer& optimizer,
     const FsdpModelStateDict& sharded) {

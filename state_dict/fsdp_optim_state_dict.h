@@ -79,6 +79,13 @@ absl::StatusOr<OptimStateDict> ScatterFullOptimStateDict(
 absl::StatusOr<FsdpModelStateDict> ShardedOptimStateDict(
     const fsdp::FullyShardedDataParallel& model, const torch::optim::Optimizer& optimizer);
 
+// The model's SHARDED state dict with the optimizer's SHARDED entries added,
+// so one SaveModelCheckpoint writes both (and LoadModelCheckpoint /
+// LoadShardedOptimCheckpoint each read their own entries back). Both must be
+// kSharded and taken on this rank.
+absl::StatusOr<FsdpModelStateDict> MergeShardedStateDicts(FsdpModelStateDict model,
+                                                          const FsdpModelStateDict& optimizer);
+
 // PyTorch's flatten_sharded_optim_state_dict: this rank's part of a sharded
 // optimizer state dict (pieces of any layout covering this rank's ranges,
 // e.g. every rank's of a run at another world size or strategy), keyed by

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/collectives.h"
+#include "comm/subgroups.h"
 #include "comm/process_group.h"
 #include "comm/testing/multiprocess.h"
 #include "fsdp/fully_sharded_data_parallel.h"
@@ -16,6 +17,8 @@
 #include "functorch/module/functional_call.h"
 #include "functorch/transforms/transforms.h"
 #include "state_dict/checkpoint.h"
+#include "state_dict/fsdp_optim_state_dict.h"
+#include "state_dict/fsdp_state_dict.h"
 #include "state_dict/module_state.h"
 
 namespace {
@@ -141,6 +144,74 @@ TEST(ReadmeExamples, Checkpoint) {
   ASSERT_TRUE(loaded.ok()) << loaded;
   EXPECT_TRUE(restored->weight.equal(model->weight));
   EXPECT_TRUE(restored->bias.equal(model->bias));
+}
+
+// README: "Checkpoints", the sharded FSDP model: saved on 2 ranks, loaded
+// on 1.
+TEST(ReadmeExamples, ShardedFsdpCheckpoint) {
+  comm::testing::RunOnRanks(2, [](comm::ProcessGroup& world) {
+    const std::string root = (std::filesystem::path(::testing::TempDir()) / "readme_sharded").string();
+    auto options_for = [](const comm::ProcessGroup& pg) {
+      fsdp::FullyShardedDataParallel::Options options;
+      options.process_group = pg;
+      options.auto_wrap_policy = fsdp::module_type_auto_wrap_policy<BlockImpl>();
+      options.use_orig_params = true;
+      return options;
+    };
+    torch::manual_seed(0);
+    fsdp::FullyShardedDataParallel model(Net(), options_for(world));
+    torch::optim::Adam optim(model.parameters(), torch::optim::AdamOptions(1e-2));
+    torch::manual_seed(100 + world.rank());
+    torch::Tensor x = torch::randn({8, 16}), y = torch::randn({8, 10});
+    optim.zero_grad();
+    torch::mse_loss(model(x), y).backward();
+    optim.step();
+    const int64_t step = 1;
+
+    using state_dict::StateDictType;
+    auto both = state_dict::MergeShardedStateDicts(
+        *state_dict::GetModelStateDict(model, StateDictType::kSharded),
+        *state_dict::ShardedOptimStateDict(model, optim));
+    ASSERT_TRUE(both.ok()) << both.status();
+    absl::Status saved = state_dict::SaveModelCheckpoint(root, step, *both);
+    ASSERT_TRUE(saved.ok()) << saved;
+    comm::barrier(world).wait();
+    if (world.rank() == 0) saved = state_dict::CommitShardedCheckpoint(root, step, world.size());
+    ASSERT_TRUE(saved.ok()) << saved;
+    comm::barrier(world).wait();
+    auto want = state_dict::GetModelStateDict(model, StateDictType::kFull);
+    auto want_optim = state_dict::FullOptimStateDict(model, optim);
+    ASSERT_TRUE(want.ok() && want_optim.ok());
+
+    auto one = comm::new_group(world, {0});
+    ASSERT_TRUE(one.ok()) << one.status();
+    if (one->is_member()) {
+      torch::manual_seed(5);  // other initial weights, overwritten by the load
+      fsdp::FullyShardedDataParallel restored(Net(), options_for(*one));
+      torch::optim::Adam restored_optim(restored.parameters(), torch::optim::AdamOptions(1e-2));
+      auto latest = state_dict::LatestCheckpoint(root);
+      ASSERT_TRUE(latest.ok()) << latest.status();
+      absl::Status loaded =
+          state_dict::LoadModelCheckpoint(restored, *latest, StateDictType::kSharded);
+      ASSERT_TRUE(loaded.ok()) << loaded;
+      loaded = state_dict::LoadShardedOptimCheckpoint(restored, restored_optim, *latest);
+      ASSERT_TRUE(loaded.ok()) << loaded;
+      auto got = state_dict::GetModelStateDict(restored, StateDictType::kFull);
+      ASSERT_TRUE(got.ok());
+      for (const auto& item : want->full) {
+        EXPECT_TRUE(got->full.find(item.key())->equal(item.value())) << item.key();
+      }
+      auto got_optim = state_dict::FullOptimStateDict(restored, restored_optim);
+      ASSERT_TRUE(got_optim.ok());
+      ASSERT_EQ(got_optim->state.size(), want_optim->state.size());
+      for (size_t i = 0; i < want_optim->state.size(); ++i) {
+        for (const auto& e : want_optim->state[i].second) {
+          EXPECT_TRUE(got_optim->state[i].second.find(e.key())->equal(e.value())) << e.key();
+        }
+      }
+    }
+    comm::barrier(world).wait();
+  });
 }
 
 }  // namespace

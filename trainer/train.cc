@@ -106,13 +106,13 @@ absl::Status SaveShardedCheckpoint(const Options& o, fsdp::FullyShardedDataParal
   if (!state.ok()) return state.status();
   auto optim = state_dict::ShardedOptimStateDict(model, optimizer);
   if (!optim.ok()) return optim.status();
-  for (const auto& item : optim->sharded) state->sharded.insert(item.key(), item.value());
-  for (const std::string& name : optim->replicated) state->replicated.push_back(name);
-  state->sharded.insert(kStepKey, Scalar(step));
-  state->sharded.insert(kSeedKey, Scalar(o.seed));
-  state->replicated.push_back(kStepKey);
-  state->replicated.push_back(kSeedKey);
-  return state_dict::SaveModelCheckpoint(o.checkpoint_dir, step, *state);
+  auto both = state_dict::MergeShardedStateDicts(std::move(*state), *optim);
+  if (!both.ok()) return both.status();
+  both->sharded.insert(kStepKey, Scalar(step));
+  both->sharded.insert(kSeedKey, Scalar(o.seed));
+  both->replicated.push_back(kStepKey);
+  both->replicated.push_back(kSeedKey);
+  return state_dict::SaveModelCheckpoint(o.checkpoint_dir, step, *both);
 }
 
 // FULL: the model's and the optimizer's FULL state dicts gathered onto

@@ -361,6 +361,13 @@ void ExpectSameOptim(const OptimStateDict& got, const OptimStateDict& want,
   }
 }
 
+// One checkpoint holds the model and the optimizer state.
+FsdpModelStateDict WithOptim(FsdpModelStateDict model_sd, const FsdpModelStateDict& optim_sd) {
+  auto merged = MergeShardedStateDicts(std::move(model_sd), optim_sd);
+  EXPECT_TRUE(merged.ok()) << merged.status();
+  return merged.ok() ? *merged : FsdpModelStateDict();
+}
+
 // A plain (unwrapped) model trained 6 full-batch steps in one process: its
 // parameters after 3 and 6 steps, and its optimizer state after 3, keyed by
 // name (the independent reference for every FSDP optimizer state below).
@@ -460,10 +467,10 @@ TEST(FsdpOptimStateDict, FullShardedAndPlainRoundTripsWithAdam) {
       // SHARDED model + optimizer in one checkpoint.
       auto model_sd = GetModelStateDict(model, StateDictType::kSharded);
       ASSERT_TRUE(model_sd.ok());
-      FsdpModelStateDict both = *model_sd;
-      for (const auto& item : sharded->sharded) both.sharded.insert(item.key(), item.value());
-      for (const auto& name : sharded->replicated) both.replicated.push_back(name);
-      SaveAndCommit(world, root, 3, both);
+      auto clash = MergeShardedStateDicts(*model_sd, *model_sd);
+      EXPECT_EQ(clash.status().code(), absl::StatusCode::kInvalidArgument) << clash.status();
+      EXPECT_FALSE(MergeShardedStateDicts(*model_sd, FsdpModelStateDict()).ok());
+      SaveAndCommit(world, root, 3, WithOptim(*model_sd, *sharded));
     }
     const std::string dir = StepDirectory(root, 3);
     auto two = comm::new_group(world, {0, 1});
@@ -568,14 +575,6 @@ TEST(FsdpOptimStateDict, SgdMomentumAndAdamWRoundTrips) {
       ExpectSameOptim(*ExportOptimizerState(*fresh2), *want, what + " SHARDED");
     }
   });
-}
-
-// Merges an optimizer's SHARDED entries into a model's SHARDED state dict
-// (one checkpoint holds both).
-FsdpModelStateDict WithOptim(FsdpModelStateDict model_sd, const FsdpModelStateDict& optim_sd) {
-  for (const auto& item : optim_sd.sharded) model_sd.sharded.insert(item.key(), item.value());
-  for (const auto& name : optim_sd.replicated) model_sd.replicated.push_back(name);
-  return model_sd;
 }
 
 // Resumes `dir` (model + optimizer, SHARDED) into a fresh model built by
