@@ -276,6 +276,8 @@ FlatParamHandle::FlatParamHandle(std::shared_ptr<torch::nn::Module> module,
 }
 
 FlatParamHandle::~FlatParamHandle() {
+  // A reduction in flight reads and writes our gradient buffers.
+  abandon_reduce_grad();
   // A gather still in flight writes into our buffers: finish it first. Never
   // throw from a destructor; the group's own timeout bounds the wait.
   if (state_ == State::kUnsharding) {
@@ -460,8 +462,9 @@ void FlatParamHandle::unshard(bool async, UnshardOptions options) {
   at::NoGradGuard no_grad;
   // variable_data(): read the shard without touching its autograd state.
   at::Tensor shard = flat_param_.variable_data();
-  if (!uses_sharding(options_.sharding_strategy)) {
-    // Nothing to gather: cast (and/or move) the whole flat parameter.
+  if (!uses_sharding(options_.sharding_strategy) || shard_world_size_ == 1) {
+    // Nothing to gather (no sharding, or a one-rank shard group: the shard
+    // is the whole flat parameter): cast (and/or move) it.
     target.copy_(shard);
     state_ = State::kUnsharded;
     return;
@@ -496,9 +499,32 @@ void FlatParamHandle::use_unsharded_views() {
   // Frozen parameters (use_orig_params) view a detached alias, so backward
   // neither computes nor accumulates gradients for their region.
   at::Tensor frozen_base = base.detach();
+  // One split_with_sizes (the parameters lie back to back from offset 0,
+  // padding last), as PyTorch's _use_unsharded_views does: its backward is
+  // one concatenation into the flat gradient. A narrow() per parameter
+  // would make backward build a zero-filled flat-sized gradient per
+  // parameter and sum them all.
+  std::vector<int64_t> sizes;
+  sizes.reserve(infos_.size() + 1);
+  int64_t covered = 0;
+  bool consecutive = true;
+  for (const auto& info : infos_) {
+    consecutive &= info.offset == covered;
+    sizes.push_back(info.numel);
+    covered += info.numel;
+  }
+  if (covered < base.numel()) sizes.push_back(base.numel() - covered);
+  consecutive &= covered <= base.numel();
+  std::vector<at::Tensor> parts;
+  if (consecutive && base.requires_grad()) parts = base.split_with_sizes(sizes);
   unsharded_views_.clear();
   unsharded_views_.reserve(infos_.size());
-  for (const auto& info : infos_) {
+  for (size_t i = 0; i < infos_.size(); ++i) {
+    const auto& info = infos_[i];
+    if (info.requires_grad && !parts.empty()) {
+      unsharded_views_.push_back(parts[i].view(info.shape));
+      continue;
+    }
     const at::Tensor& from = info.requires_grad ? base : frozen_base;
     unsharded_views_.push_back(from.narrow(0, info.offset, info.numel).view(info.shape));
   }
@@ -553,34 +579,123 @@ void FlatParamHandle::sync_orig_grads_from_flat() {
   }
 }
 
+bool FlatParamHandle::needs_replicate_reduce() const {
+  return is_hybrid(options_.sharding_strategy) && replicate_group_.size() > 1;
+}
+
 bool FlatParamHandle::reduce_grad() {
+  if (!start_reduce_grad()) return false;
+  finish_reduce_grad();
+  return true;
+}
+
+bool FlatParamHandle::start_reduce_grad() {
+  if (reduce_grad_pending()) finish_reduce_grad();
   at::Tensor unsharded_grad = unsharded_.grad();
   if (!unsharded_grad.defined()) return false;
   at::NoGradGuard no_grad;
+  // The unsharded gradient is taken (cleared below), so it may be reused as
+  // the reduction buffer when no cast is needed.
+  at::Tensor grad = unsharded_grad.to(reduce_dtype_).contiguous();
+  unsharded_grad = at::Tensor();
+  if (predivide_factor_ > 1) grad.div_(predivide_factor_);
+  PendingReduce pending;
+  pending.grad = grad;
+  pending.stage = 1;
+  if (uses_sharding(options_.sharding_strategy) && shard_world_size_ == 1) {
+    // A one-rank shard group: the reduce-scatter would copy `grad` out and
+    // back (the sum over one rank is the value itself). Nothing to send;
+    // the replicate all-reduce (hybrid) can start at once.
+    pending.shard_grad = grad;
+    if (needs_replicate_reduce()) {
+      pending.work = comm::all_reduce(replicate_group_, grad, comm::ReduceOp::kSum);
+      pending.stage = 2;
+    } else {
+      pending.stage = 3;
+    }
+  } else if (uses_sharding(options_.sharding_strategy)) {
+    pending.shard_grad = at::empty({shard_numel_}, grad.options());
+    pending.work = comm::reduce_scatter_tensor(shard_group_, pending.shard_grad, grad,
+                                               comm::ReduceOp::kSum);
+  } else {
+    pending.work = comm::all_reduce(shard_group_, grad, comm::ReduceOp::kSum);
+    pending.shard_grad = grad;
+  }
+  // Backward accumulates afresh from here on; the taken gradient lives in
+  // `pending` (and in the Work) until the reduction is finished.
+  unsharded_.mutable_grad().reset();
+  pending_reduce_ = std::move(pending);
+  return true;
+}
+
+void FlatParamHandle::issue_reduce_grad() {
+  PendingReduce& p = pending_reduce_;
+  if (p.stage != 1 || !needs_replicate_reduce()) return;
+  try {
+    p.work.wait();
+    p.work = comm::all_reduce(replicate_group_, p.shard_grad, comm::ReduceOp::kSum);
+    p.stage = 2;
+  } catch (...) {
+    abandon_reduce_grad();
+    throw;
+  }
+}
+
+bool FlatParamHandle::advance_reduce_grad(bool block) {
+  PendingReduce& p = pending_reduce_;
+  if (p.stage == 0) return true;
+  try {
+    if (p.stage == 1) {
+      if (!block && !p.work.is_completed()) return false;
+      p.work.wait();
+      if (needs_replicate_reduce()) {
+        p.work = comm::all_reduce(replicate_group_, p.shard_grad, comm::ReduceOp::kSum);
+        p.stage = 2;
+      } else {
+        p.work = comm::Work();
+        p.stage = 3;
+      }
+    }
+    if (p.stage == 2) {
+      if (!block && !p.work.is_completed()) return false;
+      p.work.wait();
+      p.work = comm::Work();
+      p.stage = 3;
+    }
+    finalize_reduce_grad();
+  } catch (...) {
+    abandon_reduce_grad();
+    throw;
+  }
+  return true;
+}
+
+void FlatParamHandle::abandon_reduce_grad() noexcept {
+  if (pending_reduce_.stage == 0) return;
+  if (pending_reduce_.stage == 3) {  // no collective in flight
+    pending_reduce_ = PendingReduce();
+    return;
+  }
+  try {
+    // Bounded by the group's timeout; a failed Work rethrows at once.
+    pending_reduce_.work.wait();
+  } catch (...) {
+  }
+  pending_reduce_ = PendingReduce();
+}
+
+void FlatParamHandle::finalize_reduce_grad() {
+  at::NoGradGuard no_grad;
+  at::Tensor shard_grad = std::move(pending_reduce_.shard_grad);
+  pending_reduce_ = PendingReduce();  // frees the unsharded gradient
   if (options_.use_orig_params && flat_param_.grad().defined() &&
       orig_grads_were_cleared()) {
     flat_param_.mutable_grad().reset();
-  }
-  // The unsharded gradient is dropped afterwards, so it may be reused as the
-  // reduction buffer when no cast is needed.
-  at::Tensor grad = unsharded_grad.to(reduce_dtype_).contiguous();
-  if (predivide_factor_ > 1) grad.div_(predivide_factor_);
-  at::Tensor shard_grad;
-  if (uses_sharding(options_.sharding_strategy)) {
-    shard_grad = at::empty({shard_numel_}, grad.options());
-    comm::reduce_scatter_tensor(shard_group_, shard_grad, grad, comm::ReduceOp::kSum).wait();
-  } else {
-    comm::all_reduce(shard_group_, grad, comm::ReduceOp::kSum).wait();
-    shard_grad = grad;
-  }
-  if (is_hybrid(options_.sharding_strategy) && replicate_group_.size() > 1) {
-    comm::all_reduce(replicate_group_, shard_grad, comm::ReduceOp::kSum).wait();
   }
   if (postdivide_factor_ > 1) shard_grad.div_(postdivide_factor_);
   const auto grad_dtype =
       options_.mixed_precision.keep_low_precision_grads ? compute_dtype_ : param_dtype_;
   shard_grad = shard_grad.to(flat_param_.device(), grad_dtype);
-  unsharded_.mutable_grad().reset();
 
   at::Tensor& accumulated = flat_param_.mutable_grad();
   if (accumulated.defined()) {
@@ -589,12 +704,11 @@ bool FlatParamHandle::reduce_grad() {
                 "shape ", accumulated.sizes(), ": expected ", shard_grad.sizes());
     accumulated.add_(shard_grad);
   } else {
-    // Own memory: shard_grad may still alias the dropped unsharded gradient
+    // Own memory: shard_grad may still alias the taken unsharded gradient
     // (kNoShard), which is fine since nothing else references it now.
     accumulated = shard_grad;
   }
   if (options_.use_orig_params) sync_orig_grads_from_flat();
-  return true;
 }
 
 void FlatParamHandle::register_post_backward_hook(std::function<void()> hook) {

@@ -10,6 +10,7 @@
 //   use_unsharded_views()     point the module's parameters at views of it
 //   ... forward / backward ...
 //   reduce_grad()             reduce-scatter the flat gradient into the shard
+//                             (or start_reduce_grad() ... finish_reduce_grad())
 //   reshard()                 free the gathered storage
 //
 // Lifetimes. The unsharded flat parameter is one autograd leaf for the whole
@@ -207,8 +208,54 @@ class FlatParamHandle {
   // post-divide factor, cast back (unless keep_low_precision_grads), move to
   // the shard's device, accumulate. The result is the average over all data
   // parallel ranks. Clears the unsharded gradient. Does nothing (returns
-  // false) when backward produced no gradient for this unit.
+  // false) when backward produced no gradient for this unit. Blocking:
+  // start_reduce_grad() then finish_reduce_grad() (the runtime uses those
+  // separately, so the reduction overlaps the rest of backward).
   bool reduce_grad();
+
+  // The same reduction split so backward can overlap it (what PyTorch's
+  // post-backward hook on its own stream does). start_reduce_grad() takes
+  // the unsharded gradient (it is cleared at once, so later backward passes
+  // accumulate afresh), casts and pre-divides it and starts the first
+  // collective (reduce-scatter, or all-reduce for kNoShard) without waiting;
+  // it returns false (and starts nothing) when there is no gradient. A
+  // reduction still pending from an earlier start is finished first. Until
+  // the reduction is finished the shard's .grad (and the original
+  // parameters' .grad with use_orig_params) do not include it.
+  //
+  // For the hybrid strategies the replicate-group all-reduce can only start
+  // once the reduce-scatter is done; it is started by advance_reduce_grad()
+  // or issue_reduce_grad(). Every rank must start the collectives of its
+  // handles in the same order: callers with several handles advance them in
+  // the order they were started (see fully_sharded_data_parallel.cc).
+  //
+  // If a collective failed (peer died, timeout) the calls below throw that
+  // error and the pending reduction is dropped (never waited on again).
+  bool start_reduce_grad();
+  // True between start_reduce_grad() and the end of the reduction.
+  bool reduce_grad_pending() const { return pending_reduce_.stage != 0; }
+  // True when no collective of the pending reduction is left to start (always
+  // for non-hybrid strategies, or when nothing is pending).
+  bool reduce_grad_issued() const {
+    return pending_reduce_.stage != 1 || !needs_replicate_reduce();
+  }
+  // Waits for the first collective if needed so that every collective of the
+  // pending reduction has been started. No-op when nothing is pending.
+  void issue_reduce_grad();
+  // Makes what progress is possible: with block=false it never waits (it
+  // starts the replicate all-reduce once the reduce-scatter is done, and
+  // finishes the reduction once the last collective is done); with block=true
+  // it waits until the reduction is finished. Finishing = divide by the
+  // post-divide factor, cast, move to the shard's device, accumulate into
+  // the shard's .grad (and re-point the originals' .grad), free the buffers.
+  // Returns true when nothing is pending any more.
+  bool advance_reduce_grad(bool block);
+  // advance_reduce_grad(true).
+  void finish_reduce_grad() { advance_reduce_grad(/*block=*/true); }
+  // Drops a pending reduction without finishing it (waits for its
+  // collectives, ignoring their errors, so no buffer is freed under them).
+  // For error recovery only: the gradient it carried is lost.
+  void abandon_reduce_grad() noexcept;
   // Calls `hook` each time backward has accumulated into the unsharded
   // gradient (an AccumulateGrad post hook): where the runtime runs
   // reduce_grad() unless in no_sync. Error if no parameter requires grad.
@@ -269,6 +316,8 @@ class FlatParamHandle {
   void sync_orig_grads_from_flat();
   bool orig_grads_were_cleared() const;
   void set_module_tensors(const std::vector<at::Tensor>& values);
+  bool needs_replicate_reduce() const;
+  void finalize_reduce_grad();
 
   std::shared_ptr<torch::nn::Module> module_;
   std::unique_ptr<functorch::NamedMemberAccessor> accessor_;
@@ -315,6 +364,21 @@ class FlatParamHandle {
   comm::Work pending_gather_;
   std::vector<at::Tensor> unsharded_views_;
   std::shared_ptr<torch::autograd::Node> grad_accumulator_;
+
+  // A gradient reduction started by start_reduce_grad() and not finished.
+  // stage: 0 none, 1 first collective (reduce-scatter / all-reduce) in
+  // flight, 2 replicate all-reduce in flight (hybrid), 3 collectives done
+  // (or none needed: a one-rank shard group), result not yet accumulated.
+  // `grad` is the reduce-dtype input of the first collective (the taken
+  // unsharded gradient, or its cast copy); `shard_grad` the result (== grad
+  // for kNoShard and one-rank shard groups).
+  struct PendingReduce {
+    int stage = 0;
+    at::Tensor grad;
+    at::Tensor shard_grad;
+    comm::Work work;
+  };
+  PendingReduce pending_reduce_;
 };
 
 }  // namespace fsdp

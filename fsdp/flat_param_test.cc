@@ -8,7 +8,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
+#include <unistd.h>
 #include <unordered_set>
 #include <vector>
 
@@ -652,6 +655,144 @@ TEST(FlatParamHandle, CpuOffloadKeepsShardAndGradOnCpu) {
                                 ShardOf(ReferenceFlatGrad(MakeMlp, inputs, 2, 2), pg.rank(), 2),
                                 1e-5, 1e-6));
   });
+}
+
+// start_reduce_grad() ... finish_reduce_grad() (what the runtime does, so the
+// reduction overlaps backward) gives exactly what the blocking reduce_grad()
+// gives, also with a second backward accumulating while the first reduction
+// is in flight, for every strategy (hybrid included) and with mixed
+// precision.
+TEST(FlatParamHandle, AsyncReduceIsBitIdenticalToBlocking) {
+  comm::testing::RunOnRanks(4, [](comm::ProcessGroup& pg) {
+    auto mesh = comm::init_hybrid_shard_mesh(pg, /*replicate_size=*/2, /*shard_size=*/2);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    auto groups = comm::hybrid_shard_groups(*mesh);
+    ASSERT_TRUE(groups.ok()) << groups.status();
+    // Hybrid over one-rank shard groups too (no reduce-scatter is sent).
+    auto mesh_4x1 = comm::init_hybrid_shard_mesh(pg, /*replicate_size=*/4, /*shard_size=*/1);
+    ASSERT_TRUE(mesh_4x1.ok()) << mesh_4x1.status();
+    auto groups_4x1 = comm::hybrid_shard_groups(*mesh_4x1);
+    ASSERT_TRUE(groups_4x1.ok()) << groups_4x1.status();
+    for (int variant = 0; variant < 5; ++variant) {
+      const ShardingStrategy strategy =
+          variant == 0   ? ShardingStrategy::kFullShard
+          : variant == 1 ? ShardingStrategy::kShardGradOp
+          : variant == 2 ? ShardingStrategy::kNoShard
+                         : ShardingStrategy::kHybridShard;
+      const bool one_rank_shards = variant == 4;
+      for (bool mixed : {false, true}) {
+        SCOPED_TRACE(std::string(sharding_strategy_name(strategy)) +
+                     (one_rank_shards ? " 4x1" : "") + (mixed ? " mixed" : " full"));
+        const bool hybrid = is_hybrid(strategy);
+        const auto& hybrid_groups = one_rank_shards ? *groups_4x1 : *groups;
+        FlatParamOptions options;
+        options.sharding_strategy = strategy;
+        options.use_orig_params = mixed;
+        if (mixed) options.mixed_precision.reduce_dtype = at::kHalf;
+        const comm::ProcessGroup& shard = hybrid ? hybrid_groups.shard : pg;
+        const comm::ProcessGroup replicate =
+            hybrid ? hybrid_groups.replicate : comm::ProcessGroup();
+        auto blocking_model = MakeMlp();
+        auto async_model = MakeMlp();
+        FlatParamHandle b_inner(blocking_model.ptr(), {"2.weight", "2.bias"}, shard, options,
+                                replicate);
+        FlatParamHandle b_outer(blocking_model.ptr(), {"0.weight", "0.bias"}, shard, options,
+                                replicate);
+        FlatParamHandle a_inner(async_model.ptr(), {"2.weight", "2.bias"}, shard, options,
+                                replicate);
+        FlatParamHandle a_outer(async_model.ptr(), {"0.weight", "0.bias"}, shard, options,
+                                replicate);
+        auto backward = [&](torch::nn::Sequential& model, FlatParamHandle& inner,
+                            FlatParamHandle& outer, int step) {
+          inner.unshard();
+          outer.unshard();
+          inner.use_unsharded_views();
+          outer.use_unsharded_views();
+          Loss(model->forward(RankInput(pg.rank(), 3, step))).backward();
+        };
+        for (int step = 0; step < 2; ++step) {
+          backward(blocking_model, b_inner, b_outer, step);
+          EXPECT_TRUE(b_inner.reduce_grad());
+          EXPECT_TRUE(b_outer.reduce_grad());
+        }
+        backward(async_model, a_inner, a_outer, 0);
+        EXPECT_TRUE(a_inner.start_reduce_grad());
+        EXPECT_TRUE(a_outer.start_reduce_grad());
+        EXPECT_TRUE(a_inner.reduce_grad_pending());
+        EXPECT_FALSE(a_inner.unsharded_grad().defined());
+        EXPECT_FALSE(a_inner.flat_param().grad().defined());
+        // A second backward accumulates afresh while both are in flight.
+        backward(async_model, a_inner, a_outer, 1);
+        EXPECT_TRUE(a_inner.unsharded_grad().defined());
+        // In start order, as the runtime does (hybrid: replicate all-reduces
+        // must start in the same order on every rank).
+        a_inner.issue_reduce_grad();
+        a_outer.issue_reduce_grad();
+        EXPECT_TRUE(a_inner.reduce_grad_issued());
+        a_inner.finish_reduce_grad();
+        a_outer.finish_reduce_grad();
+        EXPECT_FALSE(a_inner.reduce_grad_pending());
+        EXPECT_TRUE(a_outer.advance_reduce_grad(/*block=*/false));  // nothing pending
+        EXPECT_TRUE(a_inner.start_reduce_grad());
+        EXPECT_TRUE(a_outer.start_reduce_grad());
+        while (!a_inner.advance_reduce_grad(/*block=*/false)) std::this_thread::yield();
+        a_outer.finish_reduce_grad();
+        EXPECT_FALSE(a_inner.start_reduce_grad());  // nothing accumulated since
+        for (auto* pair : {&b_inner, &b_outer}) {
+          FlatParamHandle& b = *pair;
+          FlatParamHandle& a = pair == &b_inner ? a_inner : a_outer;
+          ASSERT_TRUE(a.flat_param().grad().defined());
+          EXPECT_TRUE(torch::equal(a.flat_param().grad(), b.flat_param().grad()))
+              << a.flat_param().grad() << "\nvs blocking\n" << b.flat_param().grad();
+          if (mixed) {
+            for (size_t i = 0; i < a.orig_params().size(); ++i) {
+              EXPECT_TRUE(torch::equal(a.orig_params()[i].grad(), b.orig_params()[i].grad()));
+            }
+          }
+        }
+        for (auto* h : {&b_inner, &b_outer, &a_inner, &a_outer}) h->reshard();
+      }
+    }
+  });
+}
+
+// A peer that dies while a reduction is in flight: finishing it throws
+// (bounded by the group's timeout, never hangs) and drops it.
+TEST(FlatParamHandle, AsyncReduceSurfacesPeerFailure) {
+  comm::testing::RunOptions options;
+  options.collective_timeout = std::chrono::seconds(10);
+  options.closing_barrier = false;
+  comm::testing::RunOnRanks(
+      2,
+      [](comm::ProcessGroup& pg) {
+        auto model = MakeMlp();
+        FlatParamOptions flat_options;
+        flat_options.sharding_strategy = ShardingStrategy::kNoShard;
+        FlatParamHandle handle(model.ptr(), ParamNames(*model), pg, flat_options);
+        handle.unshard();
+        handle.use_unsharded_views();
+        Loss(model->forward(RankInput(pg.rank(), 3))).backward();
+        EXPECT_TRUE(handle.reduce_grad());  // both alive
+        const at::Tensor before = handle.flat_param().grad().clone();
+        Loss(model->forward(RankInput(pg.rank(), 3))).backward();
+        if (pg.rank() == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          _exit(0);
+        }
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          EXPECT_TRUE(handle.start_reduce_grad());
+          handle.finish_reduce_grad();
+          ADD_FAILURE() << "a reduction with a dead peer succeeded";
+        } catch (const c10::Error& e) {
+          EXPECT_THAT(e.what_without_backtrace(), HasSubstr("failed"));
+        }
+        EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                  10.0);
+        EXPECT_FALSE(handle.reduce_grad_pending());
+        EXPECT_TRUE(torch::equal(handle.flat_param().grad(), before));
+      },
+      options);
 }
 
 }  // namespace
