@@ -12,22 +12,17 @@
 # (DDP), which is also what NO_SHARD is held to (goal <= 1.10x) and
 # FULL_SHARD (goal <= 1.35x).
 #
-# State bytes come from the trainer itself (sharded_state_bytes in its
-# --log-json, computed by train.cc's StateBytes) on the same model config,
-# one step, Adam: that function is not in a header, so the benchmark cannot
-# call it and does not copy it. The unsharded reference is the 1-rank run.
+# State bytes (parameters + gradients + Adam state a rank holds, max over
+# ranks) are the benchmark's state_bytes counter, measured by
+# trainer::ShardedStateBytes (what the trainer's --log-json reports). The
+# unsharded reference is the 1-rank NoFSDP run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RANKS="${RANKS:-1 2 4}"
-# Must match kConfig / kRowsPerRank in trainer_bench.cc.
-MODEL_FLAGS=(--model transformer --layers 8 --dim 512 --heads 8 --vocab 256 --seq 32)
-ROWS_PER_RANK=2
-
-bazel build //benchmarks:trainer_bench //trainer:trainer
+bazel build //benchmarks:trainer_bench
 BIN="$(bazel info bazel-bin 2>/dev/null)"
 BENCH="$BIN/benchmarks/trainer_bench"
-TRAINER="$BIN/trainer/trainer"
 
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
@@ -41,34 +36,18 @@ for n in $RANKS; do
       --benchmark_out="$OUT/bench_${n}_${c}.json" --benchmark_out_format=json \
       > "$OUT/bench_${n}_${c}.log" 2>&1 || { cat "$OUT/bench_${n}_${c}.log" >&2; exit 1; }
   done
-  # State bytes: on 1 rank every strategy holds everything; one run suffices.
-  if [[ "$n" == 1 ]]; then shardings="none"; else shardings="full grad_op none"; fi
-  for s in $shardings; do
-    echo "trainer state bytes: --sharding $s on $n rank(s)" >&2
-    "$TRAINER" --nproc "$n" --sharding "$s" --steps 1 --data synthetic --optimizer adam \
-      --global-batch $((ROWS_PER_RANK * n)) "${MODEL_FLAGS[@]}" \
-      --log-json "$OUT/trainer_${n}_${s}.jsonl" > "$OUT/trainer_${n}_${s}.log" 2>&1 ||
-      { cat "$OUT/trainer_${n}_${s}.log" >&2; exit 1; }
-  done
 done
 
 /usr/bin/python3 - "$OUT" "$RANKS" <<'EOF'
 import json, os, sys
 out, ranks = sys.argv[1], [int(r) for r in sys.argv[2].split()]
-sharding_of = {"FULL_SHARD": "full", "SHARD_GRAD_OP": "grad_op", "NO_SHARD": "none",
-               "DDP": None, "NoFSDP": None}
 
 def bench(n, c):
     path = os.path.join(out, f"bench_{n}_{c}.json")
     b = json.load(open(path))["benchmarks"][0]
-    return b["real_time"], b["peak_rss_MiB"], b["params"]
+    return b["real_time"], b["peak_rss_MiB"], b["params"], int(b["state_bytes"])
 
-def state_bytes(n, s):
-    path = os.path.join(out, f"trainer_{n}_{s}.jsonl")
-    rec = [json.loads(l) for l in open(path) if l.strip()][-1]
-    return max(rec["sharded_state_bytes"])
-
-unsharded = state_bytes(1, "none") if 1 in ranks else None
+unsharded = bench(1, "NoFSDP")[3] if 1 in ranks else None
 print("| config | ranks | step ms | ratio vs baseline | state bytes/rank (max) | "
       "fraction of unsharded | goal | peak RSS MiB (max rank) |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -77,14 +56,8 @@ for n in ranks:
     cases = ["NoFSDP" if n == 1 else "DDP", "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"]
     base_ms = bench(n, cases[0])[0]
     for c in cases:
-        ms, rss, params = bench(n, c)
+        ms, rss, params, sb = bench(n, c)
         ratio = ms / base_ms
-        s = sharding_of[c]
-        if n == 1 or s is None:
-            # A replica (or 1 rank) holds everything: the 1-rank trainer value.
-            sb = unsharded
-        else:
-            sb = state_bytes(n, s)
         frac = f"{sb / unsharded:.3f}" if (sb is not None and unsharded) else "-"
         goal = ""
         if n > 1 and c == "NO_SHARD":

@@ -17,9 +17,9 @@
 // Peak RSS is a process-wide high-water mark, so each case must run in its
 // own process for its counter to mean anything: run_trainer_bench.sh
 // starts one process per (case, world size) with --benchmark_filter.
-// The per-rank parameter + gradient + optimizer bytes are not computed here:
-// the trainer's StateBytes() is not in a header, so the runner reads them
-// from the trainer's own --log-json (sharded_state_bytes) instead.
+// Each case also reports the parameter + gradient + optimizer bytes a rank
+// holds after its steps (max over ranks), measured by the trainer's own
+// trainer::ShardedStateBytes (its --log-json's sharded_state_bytes).
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
@@ -36,6 +36,7 @@
 #include "fsdp/wrap_policy.h"
 #include "trainer/json_log.h"
 #include "trainer/models.h"
+#include "trainer/train.h"
 
 namespace {
 
@@ -80,10 +81,23 @@ double MaxPeakRssMiB(const comm::ProcessGroup& group) {
   return static_cast<double>(rss.item<int64_t>()) / (1024.0 * 1024.0);
 }
 
-void Report(benchmark::State& state, const comm::ProcessGroup& group, int64_t params) {
+// What a rank holds of parameters, gradients and optimizer state, max over
+// ranks.
+double MaxStateBytes(const comm::ProcessGroup& group, const std::vector<torch::Tensor>& params,
+                     const torch::optim::Optimizer& optim) {
+  auto bytes = trainer::ShardedStateBytes(params, optim);
+  TORCH_CHECK(bytes.ok(), "trainer_bench: ", bytes.status().ToString());
+  torch::Tensor t = torch::tensor({*bytes}, torch::kInt64);
+  comm::all_reduce(group, t, comm::ReduceOp::kMax).wait();
+  return static_cast<double>(t.item<int64_t>());
+}
+
+void Report(benchmark::State& state, const comm::ProcessGroup& group, int64_t num_params,
+            const std::vector<torch::Tensor>& params, const torch::optim::Optimizer& optim) {
   state.counters["ranks"] = group.size();
-  state.counters["params"] = static_cast<double>(params);
+  state.counters["params"] = static_cast<double>(num_params);
   state.counters["peak_rss_MiB"] = MaxPeakRssMiB(group);
+  state.counters["state_bytes"] = MaxStateBytes(group, params, optim);
 }
 
 // One warm-up step before timing: Adam allocates its state and FSDP
@@ -105,7 +119,7 @@ void BM_NoFSDP(benchmark::State& state) {
     lm->Loss(batch).backward();
     optim.step();
   });
-  Report(state, group, NumParams(*lm));
+  Report(state, group, NumParams(*lm), lm->parameters(), optim);
 }
 
 void BM_DDP(benchmark::State& state) {
@@ -130,7 +144,7 @@ void BM_DDP(benchmark::State& state) {
     }
     optim.step();
   });
-  Report(state, group, NumParams(*lm));
+  Report(state, group, NumParams(*lm), params, optim);
 }
 
 void BM_FSDP(benchmark::State& state, fsdp::ShardingStrategy strategy) {
@@ -159,7 +173,7 @@ void BM_FSDP(benchmark::State& state, fsdp::ShardingStrategy strategy) {
     model.run([&] { return lm->Loss(batch); }).backward();
     optim.step();
   });
-  Report(state, group, num_params);
+  Report(state, group, num_params, model.parameters(), optim);
 }
 
 void RegisterAll(const comm::ProcessGroup& group) {
