@@ -176,7 +176,7 @@ TEST(ReadmeExamples, ShardedFsdpCheckpoint) {
     absl::Status saved = state_dict::SaveModelCheckpoint(root, step, *both);
     ASSERT_TRUE(saved.ok()) << saved;
     comm::barrier(world).wait();
-    if (world.rank() == 0) saved = state_dict::CommitShardedCheckpoint(root, step, world.size());
+    if (world.rank() == 0) saved = state_dict::CommitShardedCheckpoint(root, step, both->world_size);
     ASSERT_TRUE(saved.ok()) << saved;
     comm::barrier(world).wait();
     auto want = state_dict::GetModelStateDict(model, StateDictType::kFull);
