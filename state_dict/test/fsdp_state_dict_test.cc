@@ -416,6 +416,25 @@ Reference MakeReference(OptimKind kind) {
   return r;
 }
 
+// Resumes `dir` (model + optimizer, SHARDED) into a fresh model built by
+// `opts` on `pg`, checks the consolidated optimizer state against the
+// reference, trains steps 3..5 and checks the parameters.
+void ResumeAndContinue(const comm::ProcessGroup& pg, const FullyShardedDataParallel::Options& opts,
+                       OptimKind kind, const std::string& dir, const Reference& ref,
+                       const std::string& what) {
+  FullyShardedDataParallel model(Net(9.0), opts);
+  auto optim = MakeOptim(kind, model.parameters());
+  absl::Status s = LoadModelCheckpoint(model, dir, StateDictType::kSharded);
+  ASSERT_TRUE(s.ok()) << what << ": " << s;
+  s = LoadShardedOptimCheckpoint(model, *optim, dir);
+  ASSERT_TRUE(s.ok()) << what << ": " << s;
+  auto full = FullOptimStateDict(model, *optim);
+  ASSERT_TRUE(full.ok()) << what << ": " << full.status();
+  ExpectSameOptim(*full, ref.state3, what + " optimizer state");
+  for (int step = 3; step < 6; ++step) Step(model, *optim, step, pg.rank(), pg.size());
+  ExpectSame(Full(model), ref.after6, what, 1e-5, 1e-6);
+}
+
 TEST(FsdpOptimStateDict, FullShardedAndPlainRoundTripsWithAdam) {
   comm::testing::RunOnRanks(4, [](comm::ProcessGroup& world) {
     const Reference ref = MakeReference(OptimKind::kAdam);
@@ -478,18 +497,8 @@ TEST(FsdpOptimStateDict, FullShardedAndPlainRoundTripsWithAdam) {
     ASSERT_TRUE(two.ok() && one.ok());
     for (const comm::ProcessGroup* pg : {&*two, &*one}) {
       if (!pg->is_member()) continue;
-      const std::string what = "resumed on " + std::to_string(pg->size());
-      FullyShardedDataParallel model(Net(9.0), Opts(*pg));
-      torch::optim::Adam optim(model.parameters(), torch::optim::AdamOptions(kLr));
-      absl::Status s = LoadModelCheckpoint(model, dir, StateDictType::kSharded);
-      ASSERT_TRUE(s.ok()) << s;
-      s = LoadShardedOptimCheckpoint(model, optim, dir);
-      ASSERT_TRUE(s.ok()) << s;
-      auto full = FullOptimStateDict(model, optim);
-      ASSERT_TRUE(full.ok()) << full.status();
-      ExpectSameOptim(*full, ref_state3, what + " optimizer state");
-      for (int step = 3; step < 6; ++step) AdamStep(model, optim, step, pg->rank(), pg->size());
-      ExpectSame(Full(model), after6, what, 1e-5, 1e-6);
+      ResumeAndContinue(*pg, Opts(*pg), OptimKind::kAdam, dir, ref,
+                        "resumed on " + std::to_string(pg->size()));
     }
     comm::barrier(world).wait();
 
@@ -575,25 +584,6 @@ TEST(FsdpOptimStateDict, SgdMomentumAndAdamWRoundTrips) {
       ExpectSameOptim(*ExportOptimizerState(*fresh2), *want, what + " SHARDED");
     }
   });
-}
-
-// Resumes `dir` (model + optimizer, SHARDED) into a fresh model built by
-// `opts` on `pg`, checks the consolidated optimizer state against the
-// reference, trains steps 3..5 and checks the parameters.
-void ResumeAndContinue(const comm::ProcessGroup& pg, const FullyShardedDataParallel::Options& opts,
-                       OptimKind kind, const std::string& dir, const Reference& ref,
-                       const std::string& what) {
-  FullyShardedDataParallel model(Net(9.0), opts);
-  auto optim = MakeOptim(kind, model.parameters());
-  absl::Status s = LoadModelCheckpoint(model, dir, StateDictType::kSharded);
-  ASSERT_TRUE(s.ok()) << what << ": " << s;
-  s = LoadShardedOptimCheckpoint(model, *optim, dir);
-  ASSERT_TRUE(s.ok()) << what << ": " << s;
-  auto full = FullOptimStateDict(model, *optim);
-  ASSERT_TRUE(full.ok()) << what << ": " << full.status();
-  ExpectSameOptim(*full, ref.state3, what + " optimizer state");
-  for (int step = 3; step < 6; ++step) Step(model, *optim, step, pg.rank(), pg.size());
-  ExpectSame(Full(model), ref.after6, what, 1e-5, 1e-6);
 }
 
 // use_orig_params=false: the optimizer steps one flat parameter per unit;
