@@ -539,11 +539,7 @@ absl::StatusOr<FsdpModelStateDict> ShardedOptimStateDict(
   STATE_DICT_ASSIGN_OR_RETURN(view, DescribeOptim(model, optimizer));
   OptimStateDict exported;
   STATE_DICT_ASSIGN_OR_RETURN(exported, ExportOptimizerState(optimizer));
-  FsdpModelStateDict out;
-  out.type = StateDictType::kSharded;
-  out.world_size = view.model.world_size;
-  out.rank = view.model.rank;
-  out.shard_is_replica = view.model.shard_is_replica;
+  FsdpModelStateDict out = internal::NewStateDict(view.model, StateDictType::kSharded);
   for (const auto& [key, entries] : exported.state) {
     const OptimParam& p = view.params[static_cast<size_t>(std::get<int64_t>(key))];
     for (const auto& entry : entries) {

@@ -41,15 +41,13 @@ using internal::Flat;
 using internal::FullPiece;
 using internal::Managed;
 using internal::ModelView;
+using internal::NewStateDict;
 using internal::ShapeString;
 using internal::ShardRange;
 
 absl::StatusOr<FsdpModelStateDict> GetFull(FullyShardedDataParallel& model,
                                            const StateDictConfig& config, const ModelView& view) {
-  FsdpModelStateDict out;
-  out.type = StateDictType::kFull;
-  out.world_size = view.world_size;
-  out.rank = view.rank;
+  FsdpModelStateDict out = NewStateDict(view, StateDictType::kFull);
   fsdp::SummonOptions summon;
   summon.writeback = false;
   summon.rank0_only = config.rank0_only;
@@ -65,11 +63,7 @@ absl::StatusOr<FsdpModelStateDict> GetFull(FullyShardedDataParallel& model,
 }
 
 FsdpModelStateDict GetSharded(const ModelView& view) {
-  FsdpModelStateDict out;
-  out.type = StateDictType::kSharded;
-  out.world_size = view.world_size;
-  out.rank = view.rank;
-  out.shard_is_replica = view.shard_is_replica;
+  FsdpModelStateDict out = NewStateDict(view, StateDictType::kSharded);
   for (const Managed& m : view.managed) {
     ShardedTensor st;
     st.global_shape = m.info->shape;
@@ -91,10 +85,7 @@ FsdpModelStateDict GetSharded(const ModelView& view) {
 }
 
 FsdpModelStateDict GetLocal(const ModelView& view) {
-  FsdpModelStateDict out;
-  out.type = StateDictType::kLocal;
-  out.world_size = view.world_size;
-  out.rank = view.rank;
+  FsdpModelStateDict out = NewStateDict(view, StateDictType::kLocal);
   for (const Flat& f : view.flats) {
     ShardedTensor st;
     st.global_shape = {f.handle->padded_numel()};
@@ -337,10 +328,7 @@ absl::Status LoadModelCheckpoint(FullyShardedDataParallel& model, const std::str
                                  StateDictType type) {
   auto view = Describe(model);
   if (!view.ok()) return view.status();
-  FsdpModelStateDict state;
-  state.type = type;
-  state.world_size = view->world_size;
-  state.rank = view->rank;
+  FsdpModelStateDict state = NewStateDict(*view, type);
   switch (type) {
     case StateDictType::kFull: {
       auto full = LoadFullStateDict(step_dir);

@@ -97,6 +97,15 @@ absl::StatusOr<ModelView> Describe(const fsdp::FullyShardedDataParallel& model) 
   return view;
 }
 
+FsdpModelStateDict NewStateDict(const ModelView& view, StateDictType type) {
+  FsdpModelStateDict out;
+  out.type = type;
+  out.world_size = view.world_size;
+  out.rank = view.rank;
+  out.shard_is_replica = type == StateDictType::kSharded && view.shard_is_replica;
+  return out;
+}
+
 void BroadcastFromRankZero(const ModelView& view, const torch::Tensor& tensor) {
   if (view.hybrid && view.shard_group.rank() == 0) {
     comm::broadcast(view.replicate_group, tensor, 0).wait();

@@ -20,6 +20,7 @@
 #include "comm/process_group.h"
 #include "fsdp/flat_param.h"
 #include "fsdp/fully_sharded_data_parallel.h"
+#include "state_dict/fsdp_state_dict.h"
 #include "state_dict/sharded_tensor.h"
 
 namespace state_dict::internal {
@@ -64,6 +65,10 @@ struct ModelView {
 };
 
 absl::StatusOr<ModelView> Describe(const fsdp::FullyShardedDataParallel& model);
+
+// An empty state dict of `type` numbered as this rank (and, for kSharded,
+// marked as a hybrid replica when it is one).
+FsdpModelStateDict NewStateDict(const ModelView& view, StateDictType type);
 
 // Broadcasts `tensor` (1-D, contiguous) from checkpoint rank 0 to every
 // rank of the model: over the shard group, preceded under the hybrid
