@@ -1,0 +1,382 @@
+// The forward/backward runtime (PyTorch's _runtime_utils.py): pre-forward
+// (gather, forward prefetch) and post-forward (reshard, arm the pre-backward
+// hooks on the outputs); pre-backward (gather again, kBackwardPre prefetch)
+// and post-backward (start the gradient reduction, reshard, kBackwardPost
+// prefetch); the reductions in flight; and the end-of-backward callback
+// (final_callback) queued on the autograd engine. Also the call points the
+// templates in fully_sharded_data_parallel.h enter through (pre_forward,
+// post_forward, sequential_forward).
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <exception>
+
+#include "fsdp/internal/runtime_state.h"
+
+namespace fsdp {
+namespace internal {
+namespace {
+
+// Gradient reductions allowed in flight at once during backward (see
+// Runtime::post_backward). One already overlaps a unit's reduction with the
+// next unit's backward; on trainer_bench (2 and 4 ranks, 2 cores) two were
+// no faster and held ~40 MiB more peak RSS with FULL_SHARD.
+constexpr size_t kMaxReductionsInFlight = 1;
+
+}  // namespace
+
+void Runtime::note_unsharded() {
+  int64_t total = 0;
+  for (const auto& unit : units_) {
+    if (unit->handle) total += unit->handle->unsharded_storage_nbytes();
+  }
+  peak_unsharded_bytes_ = std::max(peak_unsharded_bytes_, total);
+}
+
+int Runtime::gathered_units() const {
+  int n = 0;
+  for (const auto& unit : units_) {
+    if (unit->is_root || !unit->handle || !uses_sharding(options_.sharding_strategy)) continue;
+    if (unit->handle->is_unsharded() || unit->handle->is_unsharding()) ++n;
+  }
+  return n;
+}
+
+int Runtime::next_in(const std::vector<int>& order, int unit) const {
+  auto it = std::find(order.begin(), order.end(), unit);
+  if (it == order.end() || ++it == order.end()) return -1;
+  return *it;
+}
+
+void Runtime::prefetch(int unit) {
+  if (unit < 0) return;
+  auto& handle = units_[unit]->handle;
+  if (!handle || handle->is_unsharded() || handle->is_unsharding()) return;
+  // The rate limiter: on the CPU there is no stream to block, so instead of
+  // waiting for a free the prefetch is skipped (the unit is then gathered on
+  // demand), which keeps at most two units' parameters gathered.
+  if (options_.limit_all_gathers && gathered_units() >= 2) return;
+  handle->unshard(/*async=*/true);
+  note_unsharded();
+}
+
+Frame Runtime::unit_pre_forward(int index) {
+  Unit& unit = *units_[index];
+  if (unit.is_root) {
+    if (state_ == TrainingState::kBackward) {
+      // The last backward failed before its final callback ran (an error
+      // inside it): start over from a clean state. Its partial, unreduced
+      // gradients are dropped so they cannot leak into this iteration.
+      for (auto& u : units_) {
+        if (u->handle) u->handle->clear_unsharded_grad();
+      }
+      final_callback();
+    }
+    TORCH_CHECK(state_ == TrainingState::kIdle, "FullyShardedDataParallel::forward: ",
+                "called while a forward is running: the root's forward must not be "
+                "re-entered");
+    TORCH_CHECK(summon_depth_ == 0, "FullyShardedDataParallel::forward: called inside ",
+                "summon_full_params: leave its scope first");
+    // Normally final_callback finished them; not if backward never reached it.
+    finish_reductions();
+    state_ = TrainingState::kForward;
+    forward_since_backward_ = true;
+    current_order_.clear();
+  } else {
+    TORCH_CHECK(state_ == TrainingState::kForward, "fsdp::call(", describe(unit.fqn),
+                "): this FSDP unit was called outside its root's forward: call the "
+                "FullyShardedDataParallel object (forward or operator()) and let the "
+                "root module call its units");
+  }
+  if (!forward_order_recorded_) current_order_.push_back(index);
+  if (unit.handle) {
+    try {
+      unit.handle->unshard();
+      unit.handle->use_unsharded_views();
+    } catch (...) {
+      if (unit.is_root) state_ = TrainingState::kIdle;
+      throw;
+    }
+    note_unsharded();
+  }
+  if (options_.forward_prefetch && forward_order_recorded_) {
+    prefetch(next_in(forward_order_, index));
+  }
+  Frame frame;
+  frame.rt = shared_from_this();
+  frame.unit = index;
+  frame.root = unit.is_root;
+  return frame;
+}
+
+void Runtime::unit_post_forward(int index, const std::vector<at::Tensor>& outputs,
+                                bool known) {
+  Unit& unit = *units_[index];
+  const bool grad = at::GradMode::is_enabled();
+  bool resharded = false;
+  if (unit.handle && ((!unit.is_root && unit.handle->reshard_after_forward()) || !grad)) {
+    unit.handle->reshard();
+    resharded = true;
+  }
+  if (grad) {
+    bool hooked = false;
+    std::weak_ptr<Runtime> weak = weak_from_this();
+    for (const auto& t : outputs) {
+      if (!t.defined() || !t.requires_grad()) continue;
+      t.register_hook([weak, index](const at::Tensor&) {
+        if (auto rt = weak.lock()) rt->pre_backward(index);
+      });
+      hooked = true;
+    }
+    TORCH_CHECK(known || hooked || !resharded, "fsdp::call(", describe(unit.fqn),
+                "): the unit's forward returned a type FSDP cannot look into, so its "
+                "backward could not gather its parameters again: return at::Tensor, "
+                "std::vector<at::Tensor>, or a std::tuple/std::pair of those");
+  }
+  if (unit.is_root) {
+    if (!forward_order_recorded_) {
+      forward_order_ = current_order_;
+      forward_order_recorded_ = true;
+    }
+    state_ = TrainingState::kIdle;
+  }
+}
+
+void Runtime::check_owner_gathered(const torch::nn::Module& module) {
+  auto owner = owner_of_.find(&module);
+  if (owner == owner_of_.end()) return;
+  const Unit& unit = *units_[owner->second];
+  if (!unit.handle || unit.handle->is_unsharded()) return;
+  auto name = fqn_of_.find(&module);
+  TORCH_CHECK(false, "fsdp::call(", name == fqn_of_.end() ? module.name() : describe(name->second),
+              "): module ", module.name(), " belongs to FSDP unit ", unit_name(unit.fqn),
+              " whose parameters are sharded; call ", unit_name(unit.fqn),
+              " through fsdp::call (the root through FullyShardedDataParallel::forward)");
+}
+
+void Runtime::pre_backward(int index) {
+  if (!backward_started_) {
+    TORCH_CHECK(forward_since_backward_, "FullyShardedDataParallel: backward through a "
+                "graph whose backward already ran (retain_graph=true reuse or double "
+                "backward) is not supported: FSDP reduced and freed the gradients and "
+                "parameters of that pass; run forward again");
+    backward_started_ = true;
+    state_ = TrainingState::kBackward;
+    current_order_.clear();
+    std::weak_ptr<Runtime> weak = weak_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto rt = weak.lock()) rt->final_callback();
+    });
+  }
+  Unit& unit = *units_[index];
+  if (unit.pre_backward_done) return;
+  unit.pre_backward_done = true;
+  if (!backward_order_recorded_) current_order_.push_back(index);
+  if (unit.handle) {
+    unit.handle->unshard();  // no-op when still gathered (or prefetched)
+    note_unsharded();
+  }
+  if (options_.backward_prefetch == BackwardPrefetch::kBackwardPre && backward_order_recorded_) {
+    prefetch(next_in(backward_order_, index));
+  }
+  // Free the buffers of reductions that completed meanwhile.
+  poll_reductions();
+}
+
+void Runtime::post_backward(int index) {
+  Unit& unit = *units_[index];
+  if (!unit.handle) return;
+  if (!no_sync_) {
+    // Start the reduction and let backward go on; final_callback (queued by
+    // the first pre_backward) waits for it before the optimizer can see the
+    // gradients. Reductions that completed meanwhile are finished here, so
+    // only the unsharded gradients of those in flight stay alive.
+    try {
+      if (unit.handle->reduce_grad_pending()) finish_reductions();
+      if (unit.handle->start_reduce_grad()) pending_reductions_.push_back(index);
+      if (backward_started_) {
+        poll_reductions();
+        // Bound the memory: at most kMaxReductionsInFlight units' unsharded
+        // gradients (and reduction buffers) wait for their collectives; the
+        // oldest is waited for beyond that (PyTorch's CUDA streams hold
+        // more; the CPU gains nothing from a longer queue).
+        while (pending_reductions_.size() > kMaxReductionsInFlight) {
+          units_[pending_reductions_.front()]->handle->finish_reduce_grad();
+          pending_reductions_.pop_front();
+        }
+      } else {
+        // No end-of-backward callback was queued (backward did not enter
+        // through a unit's output): finish now, as a blocking reduction.
+        finish_reductions();
+      }
+    } catch (...) {
+      abandon_reductions();
+      throw;
+    }
+  }
+  unit.handle->reshard();
+  if (options_.backward_prefetch == BackwardPrefetch::kBackwardPost && backward_order_recorded_) {
+    prefetch(next_in(backward_order_, index));
+  }
+}
+
+void Runtime::poll_reductions() {
+  try {
+    for (auto it = pending_reductions_.begin(); it != pending_reductions_.end();) {
+      FlatParamHandle& handle = *units_[*it]->handle;
+      if (handle.advance_reduce_grad(/*block=*/false)) {
+        it = pending_reductions_.erase(it);
+        continue;
+      }
+      // A later unit must not start its replicate all-reduce before this one.
+      if (!handle.reduce_grad_issued()) break;
+      ++it;
+    }
+  } catch (...) {
+    abandon_reductions();
+    throw;
+  }
+}
+
+void Runtime::finish_reductions() {
+  if (pending_reductions_.empty()) return;
+  try {
+    // Hybrid: start every replicate all-reduce (in order) before waiting for
+    // any of them, so they overlap one another.
+    for (int i : pending_reductions_) units_[i]->handle->issue_reduce_grad();
+    while (!pending_reductions_.empty()) {
+      units_[pending_reductions_.front()]->handle->finish_reduce_grad();
+      pending_reductions_.pop_front();
+    }
+  } catch (...) {
+    abandon_reductions();
+    throw;
+  }
+}
+
+void Runtime::abandon_reductions() noexcept {
+  for (int i : pending_reductions_) units_[i]->handle->abandon_reduce_grad();
+  pending_reductions_.clear();
+}
+
+void Runtime::final_callback() {
+  // The gradients must be final before backward returns. An error (a peer
+  // died, a timeout) is rethrown from backward once the state is reset.
+  std::exception_ptr error;
+  try {
+    finish_reductions();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  for (auto& unit : units_) {
+    // Prefetched but unused, or a unit whose parameters got no gradient.
+    if (unit->handle) unit->handle->reshard();
+    unit->pre_backward_done = false;
+  }
+  if (!backward_order_recorded_) {
+    backward_order_ = current_order_;
+    backward_order_recorded_ = true;
+  }
+  backward_started_ = false;
+  forward_since_backward_ = false;
+  state_ = TrainingState::kIdle;
+  if (error) std::rethrow_exception(error);
+}
+
+// ---- call-point entry ------------------------------------------------------
+
+Frame pre_forward(torch::nn::Module& module) {
+  std::shared_ptr<Runtime> rt = Registry::get().find(&module);
+  if (!rt) return Frame();
+  auto unit = rt->unit_of_.find(&module);
+  if (unit != rt->unit_of_.end()) return rt->unit_pre_forward(unit->second);
+  rt->check_owner_gathered(module);
+  return Frame();
+}
+
+void post_forward(const Frame& frame, const std::vector<at::Tensor>& outputs, bool known) {
+  if (!frame.rt) return;
+  frame.rt->unit_post_forward(frame.unit, outputs, known);
+}
+
+void abort_forward(const Frame& frame) noexcept {
+  if (!frame.rt || !frame.root) return;
+  for (auto& unit : frame.rt->units_) {
+    if (!unit->handle) continue;
+    try {
+      unit->handle->reshard();
+    } catch (const std::exception&) {
+      // Best effort while unwinding: the original error is what matters.
+    }
+  }
+  frame.rt->current_order_.clear();
+  frame.rt->state_ = TrainingState::kIdle;
+}
+
+c10::optional<c10::ScalarType> input_dtype(const Frame& frame) {
+  if (!frame.rt) return c10::nullopt;
+  return frame.rt->options_.mixed_precision.param_dtype;
+}
+
+std::vector<at::Tensor> any_value_tensors(torch::nn::AnyValue& value, bool* known) {
+  std::vector<at::Tensor> out;
+  *known = true;
+  if (auto* t = value.try_get<at::Tensor>()) {
+    collect_tensors(*t, &out);
+  } else if (auto* v = value.try_get<std::vector<at::Tensor>>()) {
+    collect_tensors(*v, &out);
+  } else if (auto* t2 = value.try_get<std::tuple<at::Tensor, at::Tensor>>()) {
+    collect_tensors(*t2, &out);
+  } else if (auto* t3 = value.try_get<std::tuple<at::Tensor, at::Tensor, at::Tensor>>()) {
+    collect_tensors(*t3, &out);
+  } else {
+    *known = false;
+  }
+  return out;
+}
+
+namespace {
+torch::nn::AnyValue call_any(torch::nn::AnyModule& module, std::vector<torch::nn::AnyValue> args) {
+  Frame frame = pre_forward(*module.ptr());
+  torch::nn::AnyValue out = torch::nn::AnyValue(0);
+  switch (args.size()) {
+    case 0:
+      out = module.any_forward();
+      break;
+    case 1:
+      out = module.any_forward(std::move(args[0]));
+      break;
+    case 2:
+      out = module.any_forward(std::move(args[0]), std::move(args[1]));
+      break;
+    case 3:
+      out = module.any_forward(std::move(args[0]), std::move(args[1]), std::move(args[2]));
+      break;
+    default:
+      TORCH_CHECK(false, "fsdp: a torch::nn::Sequential driven by FSDP was called with ",
+                  args.size(), " arguments: expected at most 3");
+  }
+  bool known = false;
+  std::vector<at::Tensor> tensors = any_value_tensors(out, &known);
+  post_forward(frame, tensors, known);
+  return out;
+}
+}  // namespace
+
+torch::nn::AnyValue sequential_forward(torch::nn::SequentialImpl& sequential,
+                                       std::vector<torch::nn::AnyValue> args) {
+  TORCH_CHECK(!sequential.is_empty(), "fsdp: cannot call forward() on an empty Sequential");
+  auto it = sequential.begin();
+  torch::nn::AnyValue value = call_any(*it, std::move(args));
+  for (++it; it != sequential.end(); ++it) {
+    std::vector<torch::nn::AnyValue> next;
+    next.push_back(std::move(value));
+    value = call_any(*it, std::move(next));
+  }
+  return value;
+}
+
+}  // namespace internal
+}  // namespace fsdp
