@@ -34,6 +34,7 @@ struct Child {
   int out_fd = -1;  // read ends of the rank's stdout / stderr pipes
   int err_fd = -1;
   std::string out_partial, err_partial;
+  std::string last_err_line;  // for the failure summary
   bool reaped = false;
   int status = 0;
 };
@@ -104,21 +105,26 @@ void emit(const LaunchOptions& options, int rank, bool is_stderr,
   std::fflush(stream);
 }
 
-// Reads what is available on `fd`, emits complete lines; returns false at EOF.
+// Reads what is available on `fd`, emits complete lines (the last non-empty
+// one also to `last_line`, when given); returns false at EOF.
 bool drain(const LaunchOptions& options, int rank, bool is_stderr, int fd,
-           std::string& partial) {
+           std::string& partial, std::string* last_line) {
   char buffer[4096];
   ssize_t got = read(fd, buffer, sizeof buffer);
   if (got < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+  auto emit_line = [&](const std::string& line) {
+    emit(options, rank, is_stderr, line);
+    if (last_line != nullptr && !line.empty()) *last_line = line;
+  };
   if (got <= 0) {
-    if (!partial.empty()) emit(options, rank, is_stderr, partial);
+    if (!partial.empty()) emit_line(partial);
     partial.clear();
     return false;
   }
   partial.append(buffer, static_cast<size_t>(got));
   size_t newline;
   while ((newline = partial.find('\n')) != std::string::npos) {
-    emit(options, rank, is_stderr, partial.substr(0, newline));
+    emit_line(partial.substr(0, newline));
     partial.erase(0, newline + 1);
   }
   return true;
@@ -198,6 +204,8 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
     port = *picked;
   }
 
+  auto layout = thread_layout(options);
+  if (!layout.ok()) return layout.status();
   const int nproc = options.nproc_per_node;
   const int world = nproc * options.nnodes;
   std::vector<std::string> argv_strings = options.command;
@@ -216,11 +224,7 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
     vars["GROUP_RANK"] = std::to_string(options.node_rank);
     vars["MASTER_ADDR"] = options.master_addr;
     vars["MASTER_PORT"] = std::to_string(port);
-    // As torchrun: N ranks on one machine each spawning a thread per core
-    // oversubscribe it badly.
-    if (std::getenv("OMP_NUM_THREADS") == nullptr && !vars.count("OMP_NUM_THREADS")) {
-      vars["OMP_NUM_THREADS"] = "1";
-    }
+    vars["OMP_NUM_THREADS"] = std::to_string(layout->threads_per_rank);
     env_strings[local] = child_environment(vars, options.unset_env);
     envs[local] = c_strings(env_strings[local]);
   }
@@ -258,6 +262,13 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
       sigset_t none;
       sigemptyset(&none);
       sigprocmask(SIG_SETMASK, &none, nullptr);
+      // A rank writing to a dead peer's socket gets EPIPE, an error its
+      // collective reports, instead of dying of SIGPIPE and being blamed
+      // for the peer's failure (as Python ranks: the interpreter ignores
+      // SIGPIPE too). An ignored disposition survives execve.
+      struct sigaction ignore_pipe {};
+      ignore_pipe.sa_handler = SIG_IGN;
+      sigaction(SIGPIPE, &ignore_pipe, nullptr);
       execve(program->c_str(), argv.data(), envs[local].data());
       const char message[] = "comm::launch: execve failed\n";
       ssize_t ignored = write(STDERR_FILENO, message, sizeof message - 1);
@@ -313,7 +324,8 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
         const bool is_err = owners[k].second;
         int& fd = is_err ? c.err_fd : c.out_fd;
         if (!drain(options, c.rank, is_err, fd,
-                   is_err ? c.err_partial : c.out_partial)) {
+                   is_err ? c.err_partial : c.out_partial,
+                   is_err ? &c.last_err_line : nullptr)) {
           close(fd);
           fd = -1;
         }
@@ -333,11 +345,25 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
         c.status = status;
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         if (failed && !ending) {
+          // What the rank said last is usually why it failed: read what is
+          // still in its stderr pipe before quoting it.
+          pollfd pending{c.err_fd, POLLIN, 0};
+          while (c.err_fd >= 0 && poll(&pending, 1, 0) > 0) {
+            if (!drain(options, c.rank, true, c.err_fd, c.err_partial,
+                       &c.last_err_line)) {
+              close(c.err_fd);
+              c.err_fd = -1;
+            }
+          }
           result.first_failed_rank = c.rank;
           result.exit_code = shell_status(status);
           result.summary = absl::StrCat("rank ", c.rank, " (pid ", c.pid, ") ",
-                                        describe_status(status),
-                                        " first; ended the other ranks");
+                                        describe_status(status), " first");
+          if (!c.last_err_line.empty()) {
+            absl::StrAppend(&result.summary, " (its last error line: \"",
+                            c.last_err_line, "\")");
+          }
+          absl::StrAppend(&result.summary, "; ended the other ranks");
           ending = true;
           term_sent = Clock::now();
           for (int j = 0; j < nproc; ++j) {
@@ -424,6 +450,17 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
   return result;
 }
 
+absl::StatusOr<ThreadLayout> thread_layout(const LaunchOptions& options) {
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  for (const std::string& name : options.unset_env) {
+    if (name == "OMP_NUM_THREADS") omp = nullptr;
+  }
+  if (auto it = options.env.find("OMP_NUM_THREADS"); it != options.env.end()) {
+    omp = it->second.c_str();
+  }
+  return PlanThreadLayout(options.nproc_per_node, options.threads_per_rank, omp);
+}
+
 absl::StatusOr<LaunchOptions> parse_launch_args(
     const std::vector<std::string>& args) {
   LaunchOptions options;
@@ -469,6 +506,8 @@ absl::StatusOr<LaunchOptions> parse_launch_args(
       options.master_addr = value;
     } else if (flag == "--master-port" || flag == "--master_port") {
       status = take_int(flag, value, 1, &options.master_port);
+    } else if (flag == "--threads-per-rank") {
+      status = take_int(flag, value, 1, &options.threads_per_rank);
     } else if (flag == "--timeout") {
       double seconds = 0;
       if (!absl::SimpleAtod(value, &seconds) || seconds <= 0) {
@@ -481,7 +520,7 @@ absl::StatusOr<LaunchOptions> parse_launch_args(
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown flag ", flag,
           ": expected --nproc, --nnodes, --node-rank, --master-addr, "
-          "--master-port, --timeout"));
+          "--master-port, --timeout, --threads-per-rank"));
     }
     if (!status.ok()) return status;
   }

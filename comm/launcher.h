@@ -2,8 +2,9 @@
 // behind //tools:launch and comm/testing/multiprocess.h.
 //
 // Each rank is a child process with RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, GROUP_RANK (node rank), MASTER_ADDR and MASTER_PORT set
-// (and OMP_NUM_THREADS=1 when unset, as torchrun does). Its stdout/stderr
+// LOCAL_WORLD_SIZE, GROUP_RANK (node rank), MASTER_ADDR and MASTER_PORT set,
+// and OMP_NUM_THREADS from thread_layout(): the ranks on this node share its
+// cores (see comm/thread_layout.h). Its stdout/stderr
 // lines are prefixed "[rank K] ". When a rank fails (non-zero exit or killed
 // by a signal) the others get SIGTERM, then SIGKILL after `kill_grace`.
 // Children die with the launcher (PR_SET_PDEATHSIG) and each runs in its own
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "comm/thread_layout.h"
 
 namespace comm {
 
@@ -39,6 +41,9 @@ struct LaunchOptions {
   std::chrono::milliseconds timeout{0};
   // How long ranks get between SIGTERM and SIGKILL.
   std::chrono::milliseconds kill_grace{3000};
+  // Intra-op threads per rank; 0: OMP_NUM_THREADS if the environment (or
+  // `env`) sets it, else cores / nproc_per_node, at least 1.
+  int threads_per_rank = 0;
   // The program (looked up in PATH when it has no '/') and its arguments.
   std::vector<std::string> command;
   // Added to (or replacing) the inherited environment of every rank.
@@ -83,9 +88,13 @@ struct LaunchResult {
 // NotFound error; a rank failing is not an error of launch() but a result.
 absl::StatusOr<LaunchResult> launch(const LaunchOptions& options);
 
+// The thread layout launch() gives the ranks of `options`; callers print it
+// (and its warning) before launching.
+absl::StatusOr<ThreadLayout> thread_layout(const LaunchOptions& options);
+
 // Parses the command line of //tools:launch:
 //   --nproc N [--nnodes M] [--node-rank K] [--master-addr A] [--master-port P]
-//   [--timeout SECONDS] -- PROGRAM [ARGS...]
+//   [--timeout SECONDS] [--threads-per-rank T] -- PROGRAM [ARGS...]
 // (also --flag=value). `args` excludes argv[0].
 absl::StatusOr<LaunchOptions> parse_launch_args(const std::vector<std::string>& args);
 

@@ -114,7 +114,7 @@ def _absl_build_files():
     return files
 
 def system_dependencies():
-    """Declares @libtorch, @com_google_absl, @com_google_googletest, @com_github_google_benchmark."""
+    """Declares @libtorch, @tcmalloc, @com_google_absl, @com_google_googletest, @com_github_google_benchmark."""
     debian_package_repository(
         name = "libtorch",
         package = "libtorch-dev (and libgloo-dev for c10d/Gloo)",
@@ -133,6 +133,17 @@ def system_dependencies():
                 includes = ["include/torch/csrc/api/include"],
                 hdrs_glob = ["include/torch/csrc/api/include/**/*.h"],
             ),
+        },
+    )
+    debian_package_repository(
+        name = "tcmalloc",
+        package = "libgoogle-perftools-dev",
+        required_files = [_LIB + "libtcmalloc_minimal.so"],
+        build_files = {
+            # gperftools' thread-caching malloc, for --custom_malloc (see
+            # .bazelrc): the project's binaries and tests link it; the
+            # libraries themselves never depend on it.
+            "BUILD": _system_cc_library("tcmalloc", ["tcmalloc_minimal"]),
         },
     )
     debian_package_repository(

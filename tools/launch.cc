@@ -1,8 +1,10 @@
 // bazel run //tools:launch -- --nproc N [--nnodes M --node-rank K
-//     --master-addr A --master-port P --timeout SECONDS] -- PROGRAM [ARGS...]
+//     --master-addr A --master-port P --timeout SECONDS
+//     --threads-per-rank T] -- PROGRAM [ARGS...]
 //
 // Starts N local ranks of PROGRAM with RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT set (see comm/launcher.h),
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and OMP_NUM_THREADS set (see
+// comm/launcher.h and comm/thread_layout.h; the layout is printed first),
 // prefixes their output with "[rank K] ", and exits with the status of the
 // first rank that failed (128 + signal if it was killed, 124 on --timeout,
 // 2 on bad usage).
@@ -25,7 +27,10 @@ void on_signal(int signal) { g_stop_signal.store(signal); }
 
 constexpr const char kUsage[] =
     "usage: launch --nproc N [--nnodes M] [--node-rank K] [--master-addr A]\n"
-    "              [--master-port P] [--timeout SECONDS] -- PROGRAM [ARGS...]\n";
+    "              [--master-port P] [--timeout SECONDS] [--threads-per-rank T]\n"
+    "              -- PROGRAM [ARGS...]\n"
+    "  --threads-per-rank T  intra-op threads of each rank (OMP_NUM_THREADS);\n"
+    "                        default: OMP_NUM_THREADS if set, else cores / nproc\n";
 
 }  // namespace
 
@@ -45,6 +50,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "launch: %s\n%s",
                  std::string(options.status().message()).c_str(), kUsage);
     return 2;
+  }
+  auto layout = comm::thread_layout(*options);
+  if (!layout.ok()) {
+    std::fprintf(stderr, "launch: %s\n",
+                 std::string(layout.status().message()).c_str());
+    return 2;
+  }
+  std::fprintf(stderr, "launch: %s\n", layout->ToString().c_str());
+  if (!layout->warning.empty()) {
+    std::fprintf(stderr, "launch: warning: %s\n", layout->warning.c_str());
   }
   // SIGINT/SIGTERM/SIGHUP end the ranks (SIGTERM, then SIGKILL) instead of
   // leaving them to run on.

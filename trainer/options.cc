@@ -131,6 +131,15 @@ const std::map<std::string, FlagSpec>& Flags() {
          o->nproc_given = true;
          return s;
        }}},
+      {"threads-per-rank", {false, [](const std::string& v, Options* o) {
+         int64_t n = 0;
+         auto s = ParseInt("threads-per-rank", v, 0, &n);
+         if (s.ok() && n > 4096) {
+           return BadValue("threads-per-rank", v, "an integer in [0, 4096]");
+         }
+         o->threads_per_rank = static_cast<int>(n);
+         return s;
+       }}},
       {"sharding", {false, [](const std::string& v, Options* o) {
          return ParseEnum<Sharding>("sharding", v,
              {{"full", Sharding::kFull}, {"grad_op", Sharding::kGradOp},
@@ -370,6 +379,7 @@ std::vector<std::string> ToArgs(const Options& o) {
       absl::StrCat("--global-batch=", o.global_batch),
       absl::StrCat("--lr=", exact(o.lr)),
       absl::StrCat("--nproc=", o.nproc),
+      absl::StrCat("--threads-per-rank=", o.threads_per_rank),
       absl::StrCat("--sharding=", Name(o.sharding)),
       absl::StrCat("--mixed-precision=", Name(o.mixed_precision)),
       absl::StrCat("--cpu-offload=", o.cpu_offload ? "true" : "false"),
@@ -405,6 +415,7 @@ std::string Usage() {
       "  --global-batch N               (", d.global_batch, ") sequences per step, split across ranks\n"
       "  --lr X                         (", d.lr, ")\n"
       "  --nproc N                      (", d.nproc, ") ranks to start through comm's launcher\n"
+      "  --threads-per-rank N           (0 = OMP_NUM_THREADS if set, else cores / ranks)\n"
       "  --sharding full|grad_op|none|hybrid   (", Name(d.sharding), ")\n"
       "  --mixed-precision none|bf16    (", Name(d.mixed_precision), ")\n"
       "  --cpu-offload                  (off)\n"

@@ -45,6 +45,9 @@ struct Options {
   // (RANK set) takes the launcher's WORLD_SIZE unless --nproc says
   // otherwise, so the default of 2 does not clash with `launch --nproc 4`.
   bool nproc_given = false;
+  // Intra-op threads per rank (LibTorch's pool and OpenBLAS); 0: automatic,
+  // OMP_NUM_THREADS if set, else cores / ranks (comm/thread_layout.h).
+  int threads_per_rank = 0;
 
   // FSDP.
   Sharding sharding = Sharding::kFull;

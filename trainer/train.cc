@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -31,6 +32,7 @@
 #include "trainer/lr_schedule.h"
 #include "trainer/models.h"
 #include "trainer/progress.h"
+#include "trainer/runtime_layout.h"
 
 namespace trainer {
 namespace {
@@ -464,6 +466,10 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
                 layout.c_str(), static_cast<long long>(o.global_batch),
                 o.grad_accum > 1 ? absl::StrCat(" in ", o.grad_accum, " micro-batches").c_str() : "",
                 static_cast<long long>(result.first_step), static_cast<long long>(o.steps));
+    const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
+    std::printf("trainer: compute: %s\n",
+                DescribeRuntimeLayout(local_world != nullptr ? std::atoi(local_world) : world)
+                    .c_str());
     std::fflush(stdout);
     if (!o.log_json.empty()) {
       if (auto s = log.Open(o.log_json, /*append=*/o.resume); !s.ok()) return s;

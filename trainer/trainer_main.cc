@@ -28,7 +28,9 @@
 #include "c10/util/Exception.h"
 #include "comm/launcher.h"
 #include "comm/process_group.h"
+#include "comm/thread_layout.h"
 #include "trainer/options.h"
+#include "trainer/runtime_layout.h"
 #include "trainer/train.h"
 
 namespace {
@@ -50,6 +52,12 @@ int LaunchRanks(const trainer::Options& options) {
   self[n] = '\0';
   comm::LaunchOptions launch;
   launch.nproc_per_node = options.nproc;
+  launch.threads_per_rank = options.threads_per_rank;
+  auto layout = comm::thread_layout(launch);
+  if (!layout.ok()) return Fail(layout.status(), 2);
+  if (!layout->warning.empty()) {
+    std::fprintf(stderr, "trainer: warning: %s\n", layout->warning.c_str());
+  }
   launch.command = {self};
   for (const std::string& arg : trainer::ToArgs(options)) launch.command.push_back(arg);
   // Ctrl-C ends the ranks instead of leaving them running.
@@ -93,6 +101,9 @@ absl::Status RunTraining(const trainer::Options& options,
 }
 
 int RunRank(const trainer::Options& options) {
+  // Started by our own launcher, OMP_NUM_THREADS already says this; an
+  // outside launcher's ranks take the flag here.
+  if (options.threads_per_rank > 0) trainer::SetComputeThreads(options.threads_per_rank);
   comm::InitOptions init;
   init.timeout = std::chrono::minutes(10);
   init.rendezvous_timeout = std::chrono::minutes(2);
@@ -112,6 +123,13 @@ int RunRank(const trainer::Options& options) {
 // temporary directory (no TCP port to pick or collide on), so a single
 // process runs the same FSDP code path as every rank of a larger run.
 int RunSingleProcess(const trainer::Options& options) {
+  auto layout = comm::PlanThreadLayout(1, options.threads_per_rank,
+                                       std::getenv("OMP_NUM_THREADS"));
+  if (!layout.ok()) return Fail(layout.status(), 2);
+  if (!layout->warning.empty()) {
+    std::fprintf(stderr, "trainer: warning: %s\n", layout->warning.c_str());
+  }
+  trainer::SetComputeThreads(layout->threads_per_rank);
   const char* tmp = std::getenv("TMPDIR");
   std::string dir_template =
       absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/trainer_store_XXXXXX");

@@ -1,0 +1,77 @@
+#include "trainer/runtime_layout.h"
+
+#include <dlfcn.h>
+
+#include <fstream>
+#include <string>
+
+#include "ATen/Parallel.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "comm/thread_layout.h"
+
+namespace trainer {
+
+namespace {
+
+// The path of the first mapped file whose name contains `needle`.
+std::string MappedLibrary(const char* needle) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    const auto slash = line.find('/');
+    if (slash != std::string::npos && absl::StrContains(line.substr(slash), needle)) {
+      return line.substr(slash);
+    }
+  }
+  return "";
+}
+
+// OpenBLAS's thread entry points, when the process's BLAS is OpenBLAS.
+using SetThreads = void (*)(int);
+using GetThreads = int (*)();
+SetThreads OpenBlasSetThreads() {
+  return reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+}
+GetThreads OpenBlasGetThreads() {
+  return reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+}
+
+std::string DescribeBlas() {
+  const std::string path = MappedLibrary("libblas.so");
+  std::string name = "unknown";
+  if (absl::StrContains(path, "openblas")) {
+    // /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3
+    const auto end = path.rfind('/');
+    const auto begin = path.rfind('/', end - 1);
+    name = absl::StrCat("OpenBLAS (", path.substr(begin + 1, end - begin - 1));
+    if (GetThreads get = OpenBlasGetThreads()) {
+      absl::StrAppend(&name, ", ", get(), get() == 1 ? " thread" : " threads");
+    }
+    absl::StrAppend(&name, ")");
+  } else if (absl::StrContains(path, "/blas/")) {
+    name = "reference BLAS (libblas3: unoptimised; tools/setup.sh installs OpenBLAS)";
+  } else if (!path.empty()) {
+    name = path;
+  }
+  return name;
+}
+
+}  // namespace
+
+void SetComputeThreads(int threads) {
+  at::set_num_threads(threads);
+  if (SetThreads set = OpenBlasSetThreads()) set(threads);
+}
+
+std::string DescribeRuntimeLayout(int local_ranks) {
+  const int threads = at::get_num_threads();
+  const int cores = comm::AvailableCores();
+  return absl::StrCat(local_ranks, local_ranks == 1 ? " rank x " : " ranks x ", threads,
+                      threads == 1 ? " thread" : " threads", " on ", cores,
+                      cores == 1 ? " core" : " cores", "; BLAS: ", DescribeBlas(),
+                      "; allocator: ",
+                      MappedLibrary("libtcmalloc").empty() ? "glibc malloc" : "tcmalloc");
+}
+
+}  // namespace trainer
