@@ -1,9 +1,11 @@
 #include "state_dict/internal/unpickler.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -38,6 +40,12 @@ struct PyObject {
   at::Tensor tensor;
 };
 
+// Containers nested deeper than this are refused. Converting to IValues and
+// destroying them recurses once per level, and a crafted pickle can nest a
+// million levels (Python's unpickler is iterative and reads them); state
+// dicts nest a handful.
+constexpr int64_t kMaxNesting = 1000;
+
 PyRef Make(PyObject::Kind kind) {
   auto o = std::make_shared<PyObject>();
   o->kind = kind;
@@ -63,6 +71,14 @@ class Vm {
   Vm(std::string path, const std::string& pickle,
      caffe2::serialize::PyTorchStreamReader* reader)
       : path_(std::move(path)), data_(pickle), reader_(reader) {}
+
+  // Every object the VM still references (the stack, the memo, storages),
+  // for Dismantle.
+  std::vector<PyRef> Roots() const {
+    std::vector<PyRef> roots = stack_;
+    for (const auto& entry : memo_) roots.push_back(entry.second);
+    return roots;
+  }
 
   absl::StatusOr<PyRef> Run() {
     while (true) {
@@ -271,15 +287,23 @@ class Vm {
       }
       const at::Storage& storage = a[0]->storage;
       const int64_t element = static_cast<int64_t>(c10::elementSize(a[0]->storage_dtype));
-      int64_t extent = a[1]->i;  // one past the last element addressed
+      // Index of the last element addressed; sizes and strides come from the
+      // file, so every step is checked for overflow before it is trusted.
+      int64_t extent = a[1]->i;
       bool empty = false;
+      bool overflow = false;
       for (size_t d = 0; d < sizes->size(); ++d) {
         if ((*sizes)[d] < 0 || (*strides)[d] < 0) return Error("negative tensor size/stride");
         if ((*sizes)[d] == 0) empty = true;
-        extent += ((*sizes)[d] - 1) * (*strides)[d];
+        int64_t step = 0;
+        overflow |= __builtin_mul_overflow((*sizes)[d] - 1, (*strides)[d], &step) ||
+                    __builtin_add_overflow(extent, step, &extent);
       }
-      if (!empty && (a[1]->i < 0 ||
-                     (extent + 1) * element > static_cast<int64_t>(storage.nbytes()))) {
+      int64_t end_byte = 0;
+      overflow |= __builtin_add_overflow(extent, int64_t{1}, &end_byte) ||
+                  __builtin_mul_overflow(end_byte, element, &end_byte);
+      if (!empty && (a[1]->i < 0 || overflow ||
+                     end_byte > static_cast<int64_t>(storage.nbytes()))) {
         return Error(absl::StrCat("tensor of size [", absl::StrJoin(*sizes, ","),
                                   "] runs past its storage of ", storage.nbytes(),
                                   " bytes (truncated or corrupted archive)"));
@@ -550,8 +574,96 @@ class Vm {
   std::map<std::string, PyRef> storages_;
 };
 
-absl::StatusOr<c10::IValue> ToIValue(const std::string& path, const PyRef& o) {
+bool IsContainer(const PyObject& o) {
+  return o.kind == PyObject::Kind::kTuple || o.kind == PyObject::Kind::kList ||
+         o.kind == PyObject::Kind::kDict;
+}
+
+size_t ChildCount(const PyObject& o) {
+  return o.kind == PyObject::Kind::kDict ? 2 * o.entries.size() : o.items.size();
+}
+
+const PyRef& ChildAt(const PyObject& o, size_t i) {
+  if (o.kind == PyObject::Kind::kDict) {
+    return i % 2 == 0 ? o.entries[i / 2].first : o.entries[i / 2].second;
+  }
+  return o.items[i];
+}
+
+// How deeply containers nest under `root` (a scalar 0, [] 1, [[]] 2), or -1
+// when a container contains itself (the memo lets a pickle build cycles).
+// Iterative, with each object visited once: a hostile pickle can nest
+// millions of levels or share one object 2^60 ways.
+int64_t NestingDepth(const PyObject* root) {
+  struct Frame {
+    const PyObject* object;
+    size_t next_child;
+    int64_t deepest_child;
+  };
+  std::unordered_map<const PyObject*, int64_t> done;
+  std::unordered_set<const PyObject*> on_path;
+  std::vector<Frame> path{{root, 0, 0}};
+  on_path.insert(root);
+  int64_t depth = 0;
+  while (!path.empty()) {
+    Frame& frame = path.back();
+    if (frame.next_child < ChildCount(*frame.object)) {
+      const PyObject* child = ChildAt(*frame.object, frame.next_child++).get();
+      auto finished = done.find(child);
+      if (finished != done.end()) {
+        frame.deepest_child = std::max(frame.deepest_child, finished->second);
+      } else if (!on_path.insert(child).second) {
+        return -1;
+      } else {
+        path.push_back(Frame{child, 0, 0});  // invalidates `frame`
+      }
+      continue;
+    }
+    depth = (IsContainer(*frame.object) ? 1 : 0) + frame.deepest_child;
+    done[frame.object] = depth;
+    on_path.erase(frame.object);
+    path.pop_back();
+    if (!path.empty()) path.back().deepest_child = std::max(path.back().deepest_child, depth);
+  }
+  return depth;
+}
+
+// Empties every container reachable from `roots` without recursion, so that
+// dropping the last reference frees each object on its own: a deeply nested
+// pickle would otherwise overflow the stack in shared_ptr's destructor chain,
+// and a self-containing one would never be freed.
+void Dismantle(std::vector<PyRef> roots) {
+  std::unordered_set<const PyObject*> seen;
+  std::vector<PyRef> all;
+  while (!roots.empty()) {
+    PyRef o = std::move(roots.back());
+    roots.pop_back();
+    if (o == nullptr || !seen.insert(o.get()).second) continue;
+    for (size_t i = 0; i < ChildCount(*o); ++i) roots.push_back(ChildAt(*o, i));
+    if (o->attributes != nullptr) roots.push_back(o->attributes);
+    all.push_back(std::move(o));
+  }
+  for (const PyRef& o : all) {
+    o->items.clear();
+    o->entries.clear();
+    o->attributes.reset();
+  }
+}
+
+// Converts the VM's objects to IValues. `converted` keeps an object shared
+// between several places shared in the result (as Python's torch.load does),
+// which also keeps conversion linear in the pickle's size. The caller bounds
+// the nesting (NestingDepth) first, so this recursion, and the IValue's
+// destructor later, stay shallow.
+absl::StatusOr<c10::IValue> ToIValue(
+    const std::string& path, const PyRef& o,
+    std::unordered_map<const PyObject*, c10::IValue>& converted) {
   using K = PyObject::Kind;
+  if (IsContainer(*o)) {
+    auto found = converted.find(o.get());
+    if (found != converted.end()) return found->second;
+  }
+  c10::IValue out;
   switch (o->kind) {
     case K::kNone:
       return c10::IValue();
@@ -568,20 +680,22 @@ absl::StatusOr<c10::IValue> ToIValue(const std::string& path, const PyRef& o) {
     case K::kTuple: {
       std::vector<c10::IValue> items;
       for (const PyRef& item : o->items) {
-        auto v = ToIValue(path, item);
+        auto v = ToIValue(path, item, converted);
         if (!v.ok()) return v.status();
         items.push_back(*std::move(v));
       }
-      return c10::IValue(c10::ivalue::Tuple::create(std::move(items)));
+      out = c10::IValue(c10::ivalue::Tuple::create(std::move(items)));
+      break;
     }
     case K::kList: {
       c10::impl::GenericList list(c10::AnyType::get());
       for (const PyRef& item : o->items) {
-        auto v = ToIValue(path, item);
+        auto v = ToIValue(path, item, converted);
         if (!v.ok()) return v.status();
         list.push_back(*std::move(v));
       }
-      return c10::IValue(list);
+      out = c10::IValue(list);
+      break;
     }
     case K::kDict: {
       c10::TypePtr key_type = c10::StringType::get();
@@ -595,20 +709,40 @@ absl::StatusOr<c10::IValue> ToIValue(const std::string& path, const PyRef& o) {
           return absl::DataLossError(absl::StrCat(
               path, ": dict keys must be all str or all int"));
         }
-        auto v = ToIValue(path, entry.second);
+        auto v = ToIValue(path, entry.second, converted);
         if (!v.ok()) return v.status();
         c10::IValue key = want == K::kInt ? c10::IValue(entry.first->i)
                                           : c10::IValue(entry.first->s);
         dict.insert_or_assign(std::move(key), *std::move(v));
       }
-      return c10::IValue(dict);
+      out = c10::IValue(dict);
+      break;
     }
     case K::kGlobal:
     case K::kStorage:
-      break;
+      return absl::DataLossError(
+          absl::StrCat(path, ": archive holds a bare class or storage, not data"));
   }
-  return absl::DataLossError(
-      absl::StrCat(path, ": archive holds a bare class or storage, not data"));
+  converted.emplace(o.get(), out);
+  return out;
+}
+
+// ToIValue after checking how deeply `o` nests.
+absl::StatusOr<c10::IValue> ToBoundedIValue(
+    const std::string& path, const PyRef& o,
+    std::unordered_map<const PyObject*, c10::IValue>& converted) {
+  const int64_t depth = NestingDepth(o.get());
+  if (depth < 0) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": pickle holds a container that contains itself; only acyclic "
+        "data is read"));
+  }
+  if (depth > kMaxNesting) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": pickle nests containers ", depth, " levels deep; at most ",
+        kMaxNesting, " levels are read"));
+  }
+  return ToIValue(path, o, converted);
 }
 
 }  // namespace
@@ -624,16 +758,23 @@ absl::StatusOr<UnpickledArchive> ReadTorchArchive(const std::string& path) {
     std::tie(ptr, size) = reader.getRecord("data.pkl");
     const std::string pickle(static_cast<const char*>(ptr.get()), size);
     Vm vm(path, pickle, &reader);
+    // Destroyed before `vm` (and on every return and throw): frees the VM's
+    // objects however deep or cyclic they are.
+    struct DismantleOnExit {
+      Vm& vm;
+      ~DismantleOnExit() { Dismantle(vm.Roots()); }
+    } dismantle{vm};
     auto top = vm.Run();
     if (!top.ok()) return top.status();
     UnpickledArchive out;
-    auto value = ToIValue(path, *top);
+    std::unordered_map<const PyObject*, c10::IValue> converted;
+    auto value = ToBoundedIValue(path, *top, converted);
     if (!value.ok()) return value.status();
     out.value = *std::move(value);
     if ((*top)->attributes != nullptr) {
       for (const auto& entry : (*top)->attributes->entries) {
         if (entry.first->kind == PyObject::Kind::kStr && entry.first->s == "_metadata") {
-          auto metadata = ToIValue(path, entry.second);
+          auto metadata = ToBoundedIValue(path, entry.second, converted);
           if (!metadata.ok()) return metadata.status();
           out.metadata = *std::move(metadata);
         }

@@ -1,7 +1,9 @@
 #include "state_dict/pytorch_format.h"
 
+#include <chrono>
 #include <fstream>
 
+#include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -185,6 +187,102 @@ torch.save({"w": torch.ones(2)}, sys.argv[1] + "/legacy.pt", _use_new_zipfile_se
   EXPECT_NE(loaded.status().message().find(dir + "/legacy.pt: not a readable PyTorch archive"),
             std::string::npos)
       << loaded.status();
+}
+
+// A torch.save-style archive whose data.pkl is `pickle` (protocol 2, no
+// tensors), written by LibTorch's own zip writer.
+void WritePickleArchive(const std::string& path, const std::string& pickle) {
+  caffe2::serialize::PyTorchStreamWriter writer(path);
+  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+  writer.writeEndOfFile();
+}
+
+// `depth` lists nested in one another: push them all, then APPEND each into
+// the one below it.
+std::string NestedListPickle(size_t depth) {
+  return "\x80\x02" + std::string(depth, ']') + std::string(depth - 1, 'a') + ".";
+}
+
+// A crafted file nesting lists a million deep (Python's torch.load reads it)
+// used to overflow the stack. Now the depth is bounded before any recursive
+// conversion, and the error names the limit and the depth found.
+TEST(PytorchFormatTest, DeeplyNestedPickleIsRefusedNotACrash) {
+  const std::string dir = TempDir("deep");
+  WritePickleArchive(dir + "/deep.pt", NestedListPickle(1000000));
+  auto deep = LoadIValue(dir + "/deep.pt");
+  ASSERT_FALSE(deep.ok());
+  EXPECT_NE(deep.status().message().find(
+                dir + "/deep.pt: pickle nests containers 1000000 levels deep; at "
+                      "most 1000 levels are read"),
+            std::string::npos)
+      << deep.status();
+
+  // The limit itself loads (and its IValue is destroyed without trouble).
+  WritePickleArchive(dir + "/limit.pt", NestedListPickle(1000));
+  auto limit = LoadIValue(dir + "/limit.pt");
+  ASSERT_TRUE(limit.ok()) << limit.status();
+  int levels = 0;
+  for (c10::IValue v = *limit; v.isList(); ++levels) {
+    auto list = v.toList();
+    v = list.empty() ? c10::IValue() : list.get(0);
+  }
+  EXPECT_EQ(levels, 1000);
+  WritePickleArchive(dir + "/over.pt", NestedListPickle(1001));
+  auto over = LoadIValue(dir + "/over.pt");
+  EXPECT_NE(over.status().message().find("1001 levels deep"), std::string::npos)
+      << over.status();
+
+  // The same through dicts as LoadTensorDict reads them: {"a": {"a": ...}}.
+  // Push the outer dict, then ("a", next dict) per level; SETITEM each into
+  // the one below.
+  const std::string key_a("X\x01\x00\x00\x00" "a", 6);
+  std::string dicts = "\x80\x02}";
+  for (int k = 1; k < 200000; ++k) dicts += key_a + "}";
+  dicts += std::string(200000 - 1, 's') + ".";
+  WritePickleArchive(dir + "/dicts.pt", dicts);
+  auto nested_dicts = LoadTensorDict(dir + "/dicts.pt");
+  EXPECT_NE(nested_dicts.status().message().find("200000 levels deep"), std::string::npos)
+      << nested_dicts.status();
+}
+
+// The memo lets a pickle make a list that contains itself (Python reads it as
+// a recursive list); it has no IValue form and is refused, not recursed into
+// forever.
+TEST(PytorchFormatTest, SelfContainingPickleIsRefused) {
+  const std::string dir = TempDir("cycle");
+  // []; memo[0] = it; push memo[0]; APPEND -> l = [l]
+  WritePickleArchive(dir + "/cycle.pt", std::string("\x80\x02]q\x00h\x00" "a.", 9));
+  auto cycle = LoadIValue(dir + "/cycle.pt");
+  ASSERT_FALSE(cycle.ok());
+  EXPECT_NE(cycle.status().message().find("contains itself"), std::string::npos)
+      << cycle.status();
+}
+
+// One list shared 2^60 ways through the memo (60 levels of [x, x]) stays
+// shared, as in Python, instead of being copied out exponentially.
+TEST(PytorchFormatTest, SharedObjectsStayShared) {
+  const std::string dir = TempDir("shared");
+  std::string pickle = std::string("\x80\x02]q\x00", 5);
+  for (int k = 1; k <= 60; ++k) {
+    pickle += "(h";
+    pickle += static_cast<char>(k - 1);
+    pickle += "h";
+    pickle += static_cast<char>(k - 1);
+    pickle += "lq";
+    pickle += static_cast<char>(k);
+    pickle += "0";  // POP: the list stays reachable through the memo
+  }
+  pickle += "h";
+  pickle += static_cast<char>(60);
+  pickle += ".";
+  WritePickleArchive(dir + "/shared.pt", pickle);
+  const auto start = std::chrono::steady_clock::now();
+  auto shared = LoadIValue(dir + "/shared.pt");
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  auto top = shared->toList();
+  ASSERT_EQ(top.size(), 2u);
+  EXPECT_TRUE(top.get(0).is(top.get(1)));
 }
 
 }  // namespace
