@@ -16,6 +16,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "functorch/transforms/internal/decompositions.h"
 #include "functorch/transforms/grad.h"
 #include "functorch/transforms/internal/levels.h"
 #include "functorch/transforms/jacobian.h"
@@ -188,6 +189,7 @@ std::pair<IValue, IValue> split_aux(const IValue& output,
 IValue grad_and_value_impl(const TreeFn& f, const Argnums& argnums,
                            bool has_aux, const std::vector<IValue>& args) {
   const std::string api = "grad_and_value(f)(*args)";
+  internal::register_decompositions();
   internal::GradLevel grad_level;
   const int64_t level = grad_level.level();
   std::vector<IValue> wrapped;
@@ -350,6 +352,7 @@ VjpResult vjp_with_argnums(const TreeFn& f, const std::vector<IValue>& args,
   IValue results, aux;
   std::vector<at::Tensor> flat_primals_out, flat_diff_primals;
   TreeSpec primals_out_spec, primals_spec;
+  register_decompositions();
   {
     internal::GradLevel grad_level;
     const int64_t level = grad_level.level();
@@ -427,6 +430,7 @@ JvpResult jvp_with_argnums(const TreeFn& f, const std::vector<IValue>& primals,
   assert_non_empty_list_of_tensors(flat_primals.first, api, "primals");
   assert_non_empty_list_of_tensors(flat_tangents.first, api, "tangents");
 
+  register_decompositions();
   internal::JvpLevel jvp_level;
   const int64_t level = jvp_level.level();
   JvpNesting nesting;

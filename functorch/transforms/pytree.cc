@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace functorch {
@@ -221,12 +222,22 @@ bool DimTree::broadcast_into(const TreeSpec& spec,
   const bool sequence_there = spec.kind() != TreeSpec::Kind::kDict;
   if (sequence_here != sequence_there) return false;
   if (children_.size() != spec.children().size()) return false;
-  for (size_t i = 0; i < children_.size(); ++i) {
-    if (kind_ == TreeSpec::Kind::kDict) {
-      const auto& key = spec.keys()[i];
-      if (!key.isString() || key.toStringRef() != keys_[i]) return false;
+  if (kind_ != TreeSpec::Kind::kDict) {
+    for (size_t i = 0; i < children_.size(); ++i) {
+      if (!children_[i].broadcast_into(spec.children()[i], out)) return false;
     }
-    if (!children_[i].broadcast_into(spec.children()[i], out)) return false;
+    return true;
+  }
+  // A dict matches by key, in the order of the tree's own keys: a C++ dict
+  // (std::map sorts, OrderedDict does not) need not list them in the same
+  // order as the DimTree.
+  for (size_t i = 0; i < spec.children().size(); ++i) {
+    const auto& key = spec.keys()[i];
+    if (!key.isString()) return false;
+    auto it = std::find(keys_.begin(), keys_.end(), key.toStringRef());
+    if (it == keys_.end()) return false;
+    const DimTree& child = children_[it - keys_.begin()];
+    if (!child.broadcast_into(spec.children()[i], out)) return false;
   }
   return true;
 }

@@ -78,6 +78,7 @@ c10::IValue tree_map(const std::function<c10::IValue(const c10::IValue&)>& fn,
 //                          (c10::nullopt works too)
 //   {0, {1, std::nullopt}} nested; a brace list is a tuple
 //   DimTree::dict({{"w", 0}, {"b", std::nullopt}})
+//                          matched to a dict by key, in any order
 class DimTree {
  public:
   DimTree(int64_t dim) : dim_(dim) {}                 // NOLINT: implicit like Python

@@ -9,8 +9,20 @@
 //
 // Arguments and results cross the transform as IValues. Supported C++ types:
 // at::Tensor, c10::IValue, Tree, double/float, integers, bool, std::string,
-// std::vector<T>, std::tuple<T...>, std::pair<A, B>,
-// std::map<std::string, T>, c10::optional<T>.
+// std::vector<T>, std::tuple<T...>, std::pair<A, B>, NamedTensors (and any
+// torch::OrderedDict<std::string, T>), std::map<std::string, T>,
+// c10::optional<T>.
+//
+// NamedTensors -- what named_parameters() returns and functional_call takes --
+// crosses a transform as a dict in its own insertion order and comes back as
+// NamedTensors, so one dict type flows through both:
+//
+//   auto loss = [&](functorch::NamedTensors p, torch::Tensor x) {
+//     return functorch::functional_call(model, p, x).sum();
+//   };
+//   functorch::Tree g = functorch::grad(loss)(params, x);  // g["0.weight"]
+//
+// (std::map still works, in its sorted key order.)
 //
 // The wrapped callable is invoked with the *caller's* argument types, so
 // generic lambdas work and a transform's output type can differ from its
@@ -21,6 +33,7 @@
 
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
+#include <torch/ordered_dict.h>
 
 #include <map>
 #include <string>
@@ -32,6 +45,11 @@
 #include "functorch/transforms/tree_fn.h"
 
 namespace functorch {
+
+// A dict of named tensors in insertion order: named_parameters()'s type, and
+// the one functional_call takes (functorch/module/functional_call.h declares
+// the same alias).
+using NamedTensors = torch::OrderedDict<std::string, at::Tensor>;
 
 template <class T, class Enable = void>
 struct IValueConvert;
@@ -45,7 +63,8 @@ class Tree {
 
   const c10::IValue& ivalue() const { return value_; }
   at::Tensor tensor() const;
-  // Element of a tuple or list result (e.g. grad with argnums={0, 1}).
+  // Element of a tuple or list result (e.g. grad with argnums={0, 1}); on a
+  // tensor leaf, the tensor's row `index` (tree["w"][2] is row 2 of w).
   Tree operator[](size_t index) const;
   // Value of a dict result.
   Tree operator[](const std::string& key) const;
@@ -157,6 +176,28 @@ struct IValueConvert<std::vector<T>> {
 };
 
 template <class T>
+struct IValueConvert<torch::OrderedDict<std::string, T>> {
+  static c10::IValue to(const torch::OrderedDict<std::string, T>& v) {
+    c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& item : v) {
+      dict.insert(item.key(), IValueConvert<T>::to(item.value()));
+    }
+    return dict;
+  }
+  static torch::OrderedDict<std::string, T> from(const c10::IValue& v) {
+    TORCH_CHECK(v.isGenericDict(), "functorch: expected a dict, got ",
+                v.tagKind());
+    torch::OrderedDict<std::string, T> out;
+    const auto dict = v.toGenericDict();
+    out.reserve(dict.size());
+    for (const auto& kv : dict) {  // c10::Dict keeps insertion order
+      out.insert(kv.key().toStringRef(), IValueConvert<T>::from(kv.value()));
+    }
+    return out;
+  }
+};
+
+template <class T>
 struct IValueConvert<std::map<std::string, T>> {
   static c10::IValue to(const std::map<std::string, T>& v) {
     c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
@@ -228,13 +269,22 @@ inline at::Tensor Tree::tensor() const {
 }
 
 inline Tree Tree::operator[](size_t index) const {
+  if (value_.isTensor()) {
+    const at::Tensor& t = value_.toTensor();
+    TORCH_CHECK(t.dim() > 0, "Tree: cannot index a 0-dim Tensor (index ",
+                index, ")");
+    TORCH_CHECK(static_cast<int64_t>(index) < t.size(0), "Tree: index ",
+                index, " out of range for a Tensor of size ", t.sizes());
+    return Tree(t.select(0, static_cast<int64_t>(index)));
+  }
   if (value_.isTuple()) {
     const auto& elements = value_.toTupleRef().elements();
     TORCH_CHECK(index < elements.size(), "Tree: index ", index,
                 " out of range for a tuple of ", elements.size());
     return Tree(elements[index]);
   }
-  TORCH_CHECK(value_.isList(), "Tree: cannot index a ", value_.tagKind());
+  TORCH_CHECK(value_.isList(), "Tree: cannot index a ", value_.tagKind(),
+              " (index ", index, "); expected a tuple, list or Tensor");
   auto list = value_.toList();
   TORCH_CHECK(index < list.size(), "Tree: index ", index,
               " out of range for a list of ", list.size());
@@ -243,10 +293,17 @@ inline Tree Tree::operator[](size_t index) const {
 
 inline Tree Tree::operator[](const std::string& key) const {
   TORCH_CHECK(value_.isGenericDict(), "Tree: cannot look up key '", key,
-              "' in a ", value_.tagKind());
+              "' in a ", value_.tagKind(), "; expected a dict");
   auto dict = value_.toGenericDict();
   auto it = dict.find(key);
-  TORCH_CHECK(it != dict.end(), "Tree: no key '", key, "'");
+  if (it == dict.end()) {
+    std::string keys;
+    for (const auto& kv : dict) {
+      keys += (keys.empty() ? "'" : ", '") + kv.key().toStringRef() + "'";
+    }
+    TORCH_CHECK(false, "Tree: no key '", key, "'; the dict has keys [", keys,
+                "]");
+  }
   return Tree(it->value());
 }
 

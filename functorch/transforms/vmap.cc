@@ -9,6 +9,7 @@
 #include <sstream>
 #include <vector>
 
+#include "functorch/transforms/internal/decompositions.h"
 #include "functorch/transforms/internal/levels.h"
 
 namespace functorch {
@@ -264,6 +265,7 @@ c10::IValue vmap_call(const TreeFn& f, const DimTree& in_dims,
                       const DimTree& out_dims, Randomness randomness,
                       const c10::optional<int64_t>& chunk_size,
                       const std::vector<c10::IValue>& args) {
+  internal::register_decompositions();
   Call call{f, in_dims, out_dims, randomness};
   BatchedInputs in = process_inputs(call, args);
   if (chunk_size.has_value() && *chunk_size < in.batch_size) {

@@ -28,15 +28,15 @@ inline std::string runfile(const std::string& path) {
 // torch.save of a plain {str: Tensor} dict, read with torch::pickle_load.
 class Golden {
  public:
-  Golden() {
-    const std::string path =
-        runfile("functorch/transforms/testdata/transforms_golden.pt");
+  explicit Golden(const std::string& file = "transforms_golden.pt") {
+    const std::string path = runfile("functorch/transforms/testdata/" + file);
     std::ifstream in(path, std::ios::binary);
     EXPECT_TRUE(in.good()) << "cannot open " << path;
     std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
                             std::istreambuf_iterator<char>());
     dict_ = torch::pickle_load(bytes).toGenericDict();
   }
+  bool has(const std::string& key) const { return dict_.contains(key); }
   torch::Tensor operator[](const std::string& key) const {
     auto it = dict_.find(key);
     if (it == dict_.end()) {

@@ -1,0 +1,149 @@
+#include "functorch/transforms/internal/decompositions.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/Reduction.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/mse_loss_backward_ops.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+#include <torch/jit.h>
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/runtime/decomposition_registry.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <string>
+#include <utility>
+
+namespace functorch {
+namespace internal {
+namespace {
+
+// torch/_decomp's mse_loss_backward, in primitive ops.
+at::Tensor mse_loss_backward_decomposed(const at::Tensor& grad_output,
+                                        const at::Tensor& self,
+                                        const at::Tensor& target,
+                                        int64_t reduction) {
+  const double norm = reduction == at::Reduction::Mean
+                          ? 2.0 / static_cast<double>(self.numel())
+                          : 2.0;
+  return (self - target).mul(norm).mul(grad_output);
+}
+
+// torch/_refs' addr, in primitive ops (outer product, scaled and added).
+at::Tensor addr_decomposed(const at::Tensor& self, const at::Tensor& vec1,
+                           const at::Tensor& vec2, const at::Scalar& beta,
+                           const at::Scalar& alpha) {
+  TORCH_CHECK(vec1.dim() == 1, "addr: Expected 1-D argument vec1, but got ",
+              vec1.dim(), "-D");
+  TORCH_CHECK(vec2.dim() == 1, "addr: Expected 1-D argument vec2, but got ",
+              vec2.dim(), "-D");
+  at::Tensor expanded = self.expand({vec1.size(0), vec2.size(0)});
+  at::Tensor outer = at::outer(vec1, vec2);
+  if (expanded.scalar_type() == at::kBool) {
+    at::Tensor scaled = alpha.toBool() ? outer : at::full_like(expanded, false);
+    return beta.toBool() ? at::logical_or(expanded, scaled) : scaled;
+  }
+  // beta == 0 drops self entirely, NaNs included (as the fused kernel does).
+  if (beta.isIntegral(true) ? beta.toLong() == 0 : beta.toDouble() == 0.0) {
+    return outer.mul(alpha);
+  }
+  return expanded.mul(beta).add(outer.mul(alpha));
+}
+
+bool needs_derivative(const at::Tensor& t) {
+  if (!t.defined()) return false;
+  return (c10::GradMode::is_enabled() && t.requires_grad()) ||
+         t._fw_grad(/*level=*/0).defined();
+}
+
+// AutogradCPU kernel of mse_loss_backward. Its generated kernel's forward
+// formula scales a ZeroTensor in place (the tangent of a target that has
+// none) and throws; the primitive ops have correct forward and backward
+// formulas. When no derivative is wanted (the ordinary backward pass) the
+// fused kernel below autograd runs, as before.
+at::Tensor mse_loss_backward_autograd(c10::DispatchKeySet ks,
+                                      const at::Tensor& grad_output,
+                                      const at::Tensor& self,
+                                      const at::Tensor& target,
+                                      int64_t reduction) {
+  if (needs_derivative(grad_output) || needs_derivative(self) ||
+      needs_derivative(target)) {
+    return mse_loss_backward_decomposed(grad_output, self, target, reduction);
+  }
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return at::_ops::mse_loss_backward::redispatch(
+      ks & c10::after_autograd_keyset, grad_output, self, target, reduction);
+}
+
+// Forward-AD decompositions, in TorchScript as PyTorch registers them
+// (torch/_decomp/decompositions.py; one function per op, same signature as
+// the op's schema). Reduction.MEAN is 1.
+constexpr const char* kJvpDecompositions = R"JIT(
+def _log_softmax_backward_data(grad_output: Tensor, output: Tensor, dim: int, input_dtype: int):
+    grad_input = grad_output - torch.exp(output) * torch.sum(grad_output, dim=dim, keepdim=True)
+    return grad_input.to(input_dtype)
+
+def _softmax_backward_data(grad_output: Tensor, output: Tensor, dim: int, input_dtype: int):
+    new_grad = grad_output * output
+    grad_input = new_grad - output * torch.sum(new_grad, dim=dim, keepdim=True)
+    return grad_input.to(input_dtype)
+
+def log_sigmoid_backward(grad_output: Tensor, self: Tensor, buffer: Tensor):
+    max_deriv = (self < 0).to(self.dtype)
+    sign = max_deriv * 2 - 1
+    z = torch.exp(-torch.abs(self))
+    return grad_output * (max_deriv - sign * (z / (1 + z)))
+
+def huber_loss_backward(grad_output: Tensor, self: Tensor, target: Tensor, reduction: int, delta: float):
+    norm = 1.0 / self.numel() if reduction == 1 else 1.0
+    x = self - target
+    return torch.where(x < -delta, -norm * grad_output * delta,
+                       torch.where(x > delta, norm * grad_output * delta, norm * x * grad_output))
+
+def soft_margin_loss_backward(grad_output: Tensor, self: Tensor, target: Tensor, reduction: int):
+    grad_input = target * grad_output / (torch.exp(target * self) + 1)
+    if reduction == 1:
+        grad_input = grad_input / self.numel()
+    return -grad_input
+)JIT";
+
+void register_jvp_decompositions() {
+  auto unit = torch::jit::compile(kJvpDecompositions);
+  for (const char* name :
+       {"_log_softmax_backward_data", "_softmax_backward_data",
+        "log_sigmoid_backward", "huber_loss_backward",
+        "soft_margin_loss_backward"}) {
+    // The registry is keyed by the address of the dispatcher's own schema.
+    const c10::FunctionSchema& schema =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow((std::string("aten::") + name).c_str(), "")
+            .schema();
+    if (torch::jit::has_jit_decomposition(schema)) continue;
+    torch::jit::RegisterDecomposition(
+        schema,
+        torch::jit::toGraphFunction(unit->get_function(name)).graph()->copy());
+  }
+}
+
+}  // namespace
+
+void register_decompositions() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Libraries live for the whole process: the kernels stay registered.
+    auto* batched = new torch::Library(torch::Library::IMPL, "aten",
+                                       c10::DispatchKey::FuncTorchBatched,
+                                       __FILE__, __LINE__);
+    batched->impl("mse_loss_backward", TORCH_FN(mse_loss_backward_decomposed));
+    batched->impl("addr", TORCH_FN(addr_decomposed));
+    auto* autograd = new torch::Library(torch::Library::IMPL, "aten",
+                                        c10::DispatchKey::AutogradCPU,
+                                        __FILE__, __LINE__);
+    autograd->impl("mse_loss_backward", TORCH_FN(mse_loss_backward_autograd));
+    register_jvp_decompositions();
+  });
+}
+
+}  // namespace internal
+}  // namespace functorch
