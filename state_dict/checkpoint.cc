@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <set>
 #include <utility>
 
@@ -76,29 +78,139 @@ absl::Status PrepareStepDirectory(const std::string& step_dir) {
   return internal::CreateDirectories(step_dir);
 }
 
-absl::Status CheckRanks(const std::string& step_dir, const Manifest& m) {
+// The product of `shape`, or -1 when it overflows int64 (a damaged manifest).
+int64_t CheckedNumel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) return -1;
+  }
+  return n;
+}
+
+// Whether `key` is one SaveShard gives a piece of `name`: the name itself
+// (first piece) or "<name>#<k>".
+bool IsPieceKey(const std::string& key, const std::string& name) {
+  if (key == name) return true;
+  int64_t k;
+  return absl::StartsWith(key, name + "#") &&
+         absl::SimpleAtoi(absl::string_view(key).substr(name.size() + 1), &k) && k > 0;
+}
+
+// Everything about a checkpoint that can be checked without reading its data
+// files: the manifest's entries agree with one another and with the file
+// names the savers use; every tensor's pieces, over all files, cover its
+// global shape; every file is present with the recorded size.
+// VerifyCheckpoint and every load run this, then ReadVerifiedFile on each
+// file they read, so `verify` accepts exactly what a load accepts. Errors
+// name the manifest (or the missing/short file) and the entry.
+absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
+  const std::string manifest_path = step_dir + "/" + kManifestFileName;
+  auto bad = [&](absl::string_view what) {
+    return absl::DataLossError(absl::StrCat("manifest ", manifest_path, ": ", what));
+  };
+  // A manifest copied into another step's directory would resume the wrong
+  // step.
+  const std::string base = step_dir.substr(step_dir.find_last_of('/') + 1);
+  int64_t dir_step;
+  if (absl::StartsWith(base, "step_") && absl::SimpleAtoi(base.substr(5), &dir_step) &&
+      dir_step != m.step) {
+    return bad(absl::StrCat("records step ", m.step, " but lies in directory ", base));
+  }
   if (m.kind == CheckpointKind::kFull) {
-    if (m.files.size() != 1) {
-      return absl::DataLossError(absl::StrCat(
-          "manifest of ", step_dir, " lists ", m.files.size(),
-          " files for a full checkpoint, expected 1"));
+    if (m.world_size != 1 || m.files.size() != 1 || m.files[0].name != kFullFileName ||
+        m.files[0].rank != 0) {
+      return bad(absl::StrCat("a full checkpoint has one file, ", kFullFileName,
+                              " of rank 0 in a world of 1; found ", m.files.size(),
+                              " files in a world of ", m.world_size));
     }
-    return absl::OkStatus();
+  } else {
+    std::vector<int> seen(static_cast<size_t>(m.world_size), 0);
+    for (const ManifestFile& f : m.files) {
+      if (f.rank >= m.world_size) {
+        return bad(absl::StrCat("file ", f.name, " is for rank ", f.rank,
+                                " but the world size is ", m.world_size));
+      }
+      if (f.name != RankFileName(f.rank)) {
+        return bad(absl::StrCat("rank ", f.rank, "'s file is named ", f.name,
+                                ", expected ", RankFileName(f.rank)));
+      }
+      ++seen[static_cast<size_t>(f.rank)];
+    }
+    for (int r = 0; r < m.world_size; ++r) {
+      if (seen[static_cast<size_t>(r)] != 1) {
+        return bad(absl::StrCat("has ", seen[static_cast<size_t>(r)], " files for rank ", r,
+                                " of world size ", m.world_size, ", expected 1"));
+      }
+    }
   }
-  std::vector<int> seen(static_cast<size_t>(m.world_size), 0);
+  // Per name: global shape and dtype as first listed, and the data pieces.
+  struct Global {
+    const ManifestTensor* first;
+    std::vector<FlatRange> pieces;
+  };
+  std::map<std::string, Global> globals;
   for (const ManifestFile& f : m.files) {
-    if (f.rank >= m.world_size) {
-      return absl::DataLossError(absl::StrCat(
-          "manifest of ", step_dir, ": file ", f.name, " is for rank ", f.rank,
-          " but the world size is ", m.world_size));
+    std::set<std::string> keys;
+    for (const ManifestTensor& t : f.tensors) {
+      const std::string where = absl::StrCat("tensor '", t.name, "' in file ", f.name);
+      absl::Status status = CheckName(t.name);
+      if (!status.ok()) return bad(absl::StrCat(where, ": ", status.message()));
+      const int64_t numel = CheckedNumel(t.global_shape);
+      if (numel < 0) return bad(absl::StrCat(where, ": shape ", Shape(t.global_shape),
+                                             " has more elements than int64 holds"));
+      const FlatRange& r = t.range;
+      if (r.offset < 0 || r.numel < 0 || r.offset > numel - r.numel) {
+        return bad(absl::StrCat(where, ": its piece of ", r.numel, " elements at offset ",
+                                r.offset, " lies outside its ", numel, " elements (shape ",
+                                Shape(t.global_shape), ")"));
+      }
+      // The entries the savers write: a full file holds each tensor whole
+      // under its name; a rank file holds pieces under "<name>" and
+      // "<name>#<k>", or a data-less "-" entry recording shape and dtype.
+      const bool no_data = m.kind == CheckpointKind::kSharded && t.key == kNoData;
+      bool well_formed;
+      if (m.kind == CheckpointKind::kFull) {
+        well_formed = t.key == t.name && r.offset == 0 && r.numel == numel;
+      } else if (no_data) {
+        well_formed = r.offset == 0 && r.numel == 0;
+      } else {
+        well_formed = IsPieceKey(t.key, t.name);
+      }
+      if (!well_formed) {
+        return bad(absl::StrCat(where, ": key '", t.key, "' with piece [", r.offset, ", ",
+                                r.end(), ") is not an entry the checkpoint writer makes"));
+      }
+      if (!no_data && !keys.insert(t.key).second) {
+        return bad(absl::StrCat("file ", f.name, " lists key '", t.key, "' twice"));
+      }
+      auto inserted = globals.emplace(t.name, Global{&t, {}});
+      const ManifestTensor& first = *inserted.first->second.first;
+      if (first.global_shape != t.global_shape || first.dtype != t.dtype) {
+        return bad(absl::StrCat(where, " is ", Shape(t.global_shape), " ",
+                                c10::toString(t.dtype), ", an earlier entry says ",
+                                Shape(first.global_shape), " ", c10::toString(first.dtype)));
+      }
+      if (!no_data && r.numel > 0) inserted.first->second.pieces.push_back(r);
     }
-    ++seen[static_cast<size_t>(f.rank)];
   }
-  for (int r = 0; r < m.world_size; ++r) {
-    if (seen[static_cast<size_t>(r)] != 1) {
-      return absl::DataLossError(absl::StrCat(
-          "manifest of ", step_dir, " has ", seen[static_cast<size_t>(r)],
-          " files for rank ", r, " of world size ", m.world_size, ", expected 1"));
+  for (auto& entry : globals) {
+    std::vector<FlatRange>& pieces = entry.second.pieces;
+    std::sort(pieces.begin(), pieces.end(),
+              [](const FlatRange& a, const FlatRange& b) { return a.offset < b.offset; });
+    const int64_t numel = CheckedNumel(entry.second.first->global_shape);
+    // Overlaps are allowed: a LOCAL save (every rank's raw state) holds
+    // replicated tensors from every rank, and resharding reads either copy.
+    int64_t covered = 0;  // elements [0, covered) are held by some piece
+    for (const FlatRange& r : pieces) {
+      if (r.offset > covered) {
+        return bad(absl::StrCat("tensor '", entry.first, "': no file holds elements [",
+                                covered, ", ", r.offset, ")"));
+      }
+      covered = std::max(covered, r.end());
+    }
+    if (covered != numel) {
+      return bad(absl::StrCat("tensor '", entry.first, "': no file holds elements [",
+                              covered, ", ", numel, ") of its ", numel));
     }
   }
   for (const ManifestFile& f : m.files) {
@@ -108,6 +220,11 @@ absl::Status CheckRanks(const std::string& step_dir, const Manifest& m) {
       return absl::NotFoundError(absl::StrCat(
           "missing file ", path, " (rank ", f.rank, " of ", m.world_size,
           "): the checkpoint cannot be loaded without it"));
+    }
+    if (static_cast<uint64_t>(st.st_size) != f.bytes) {
+      return absl::DataLossError(absl::StrCat(
+          "file ", path, " is ", static_cast<uint64_t>(st.st_size) < f.bytes ? "truncated" : "too long",
+          ": ", st.st_size, " bytes, the manifest records ", f.bytes));
     }
   }
   return absl::OkStatus();
@@ -174,9 +291,11 @@ absl::StatusOr<TensorDict> ReadVerifiedFile(const std::string& step_dir,
           "file ", path, ": tensor '", t.name, "' has shape ",
           Shape(found->sizes().vec()), ", the manifest records ", Shape(want)));
     }
-    if (TensorCrc(*found) != t.crc32c) {
-      return absl::DataLossError(absl::StrCat(
-          "checksum mismatch in file ", path, ": tensor '", t.name, "'"));
+    const uint32_t tensor_crc = TensorCrc(*found);
+    if (tensor_crc != t.crc32c) {
+      return absl::DataLossError(absl::StrFormat(
+          "checksum mismatch in file %s: tensor '%s' has crc32c %08x, the manifest "
+          "records %08x", path, t.name, tensor_crc, t.crc32c));
     }
   }
   if (stored != loaded->tensors.size()) {
@@ -190,7 +309,7 @@ absl::StatusOr<TensorDict> ReadVerifiedFile(const std::string& step_dir,
 absl::StatusOr<Manifest> ReadCheckedManifest(const std::string& step_dir) {
   auto m = ReadManifest(step_dir);
   if (!m.ok()) return m.status();
-  absl::Status status = CheckRanks(step_dir, *m);
+  absl::Status status = ValidateManifest(step_dir, *m);
   if (!status.ok()) return status;
   return m;
 }
@@ -340,7 +459,27 @@ absl::Status CommitShardedCheckpoint(const std::string& root, int64_t step,
     }
     m.files.push_back(std::move(meta->files[0]));
   }
-  return WriteCheckpointFile(dir + "/" + kManifestFileName, FormatManifest(m));
+  // A checkpoint that would not load is never made visible.
+  absl::Status status = ValidateManifest(dir, m);
+  if (!status.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot commit ", dir, ": ", status.message()));
+  }
+  status = WriteCheckpointFile(dir + "/" + kManifestFileName, FormatManifest(m));
+  if (!status.ok()) return status;
+  // The .meta files only carry each rank's entry to this commit; nothing
+  // reads them once the MANIFEST exists (which records all they held, and
+  // checksums the data files). Removing them leaves no unchecked file in the
+  // checkpoint. A crash before this point leaves harmless, unread leftovers.
+  for (int r = 0; r < world_size; ++r) {
+    const std::string meta_path = dir + "/" + RankMetaName(r);
+    if (::unlink(meta_path.c_str()) != 0 && errno != ENOENT) {
+      return absl::InternalError(absl::StrCat(
+          "checkpoint ", dir, " is committed, but removing ", meta_path,
+          " failed: ", std::strerror(errno)));
+    }
+  }
+  return internal::FsyncDirectory(dir);
 }
 
 absl::Status SaveShardedCheckpoint(const std::string& root, int64_t step,

@@ -3,7 +3,8 @@
 //   <root>/step_<N>/MANIFEST          written last (see manifest.h)
 //   <root>/step_<N>/model.pt          FULL: one PyTorch-format file
 //   <root>/step_<N>/rank_<RRRRR>.pt   SHARDED: one per rank, 1-D pieces
-//   <root>/step_<N>/rank_<RRRRR>.meta SHARDED: a rank's part of the manifest
+//   <root>/step_<N>/rank_<RRRRR>.meta SHARDED, until the commit only: a
+//                                     rank's part of the manifest
 //
 // Every file is written under a temporary name, fsynced, renamed and its
 // directory fsynced; the MANIFEST comes last. A step directory without a
@@ -11,16 +12,19 @@
 // crash at any moment leaves the previous checkpoint the one that loads.
 //
 // Loading checks everything before returning anything — format version,
-// world size and that every rank's file is present, file sizes and CRC-32C
+// world size and that every rank's file is present, that the manifest's
+// entries are consistent (file names, keys, shapes, dtypes, and every
+// tensor's pieces covering it), file sizes and CRC-32C
 // checksums, each tensor's dtype, shape and checksum — and errors name the
-// file and the tensor. Nothing is loaded into a model here; the returned
+// file and the tensor. VerifyCheckpoint runs the same checks on every file. Nothing is loaded into a model here; the returned
 // dicts go to LoadModuleStateDict (module_state.h) or FSDP, which check them
 // against the model before copying.
 //
 // Sharded saves need no communication: each rank calls SaveShard, then — once
 // all ranks returned (the caller's barrier) — one rank calls
 // CommitShardedCheckpoint, which gathers the ranks' .meta files into the
-// MANIFEST. A sharded checkpoint written by N ranks loads on any M ranks
+// MANIFEST and then removes them (nothing reads them after the commit; the
+// MANIFEST records and checksums everything). A sharded checkpoint written by N ranks loads on any M ranks
 // through LoadResharded.
 #pragma once
 
@@ -57,7 +61,8 @@ absl::Status SaveShard(const std::string& root, int64_t step, int rank,
 
 // After every rank's SaveShard returned: checks all `world_size` ranks'
 // files are there and agree on step, world size and global shapes/dtypes,
-// then writes the MANIFEST, which makes the checkpoint visible.
+// and that the pieces cover every tensor (what a load will check), then writes the MANIFEST, which makes the checkpoint visible, and
+// removes the .meta files.
 absl::Status CommitShardedCheckpoint(const std::string& root, int64_t step,
                                      int world_size);
 
@@ -76,9 +81,14 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& root);
 // The parsed MANIFEST of a step directory (NotFound when there is none).
 absl::StatusOr<Manifest> ReadManifest(const std::string& step_dir);
 
-// Checks every file the manifest lists: present, size, checksum, each
-// tensor's key, dtype, size and checksum; for sharded checkpoints also that
-// ranks 0..world_size-1 each have exactly one file.
+// Checks everything any load checks, without a model: the manifest's
+// consistency (step matches the directory, ranks 0..world_size-1 each have
+// exactly one file named for its rank, keys, shapes and dtypes agree, every
+// tensor's pieces cover it) and every file it lists: present,
+// size, checksum, each tensor's key, dtype, size and checksum. The loads run
+// the same function on the manifest and the same per-file check on each file
+// they read, so a checkpoint that verifies loads, and one that a load
+// rejects fails verify with the same error.
 absl::Status VerifyCheckpoint(const std::string& step_dir);
 
 // The FULL state dict of a checkpoint of either kind (sharded ones are

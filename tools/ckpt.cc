@@ -101,7 +101,8 @@ int Verify(const std::string& step_dir) {
   size_t tensors = 0;
   for (const auto& f : m->files) tensors += f.tensors.size();
   std::cout << "OK " << step_dir << ": " << m->files.size() << " files, " << tensors
-            << " tensor entries, checksums match\n";
+            << " tensor entries; manifest consistent, every tensor's pieces cover it, "
+               "sizes and checksums match\n";
   return 0;
 }
 

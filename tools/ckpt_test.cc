@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <string>
@@ -104,6 +105,46 @@ TEST(CkptToolTest, InspectVerifyConvert) {
   EXPECT_EQ(Ckpt("inspect", &out), 2);
   EXPECT_EQ(Ckpt("frobnicate " + root, &out), 2);
   EXPECT_EQ(Ckpt("inspect " + root + "/nothing_here", &out), 1);
+}
+
+// verify used to stop at checksums: a MANIFEST whose piece offset moved by
+// one passed verify and then failed the load. Now verify runs the same
+// manifest checks as every load.
+TEST(CkptToolTest, VerifyRejectsWhatLoadingRejects) {
+  const std::string root = TempDir("ckpt_offset");
+  ASSERT_TRUE(state_dict::SaveShardedCheckpoint(root, 2, Shard(MakeState(), 2)).ok());
+  const std::string dir = root + "/step_2";
+  // The ranks' .meta files do not outlive the commit: nothing reads them,
+  // so no unchecked file is left in the checkpoint.
+  EXPECT_NE(access((dir + "/rank_00000.meta").c_str(), F_OK), 0);
+  EXPECT_NE(access((dir + "/rank_00001.meta").c_str(), F_OK), 0);
+  std::string out;
+  ASSERT_EQ(Ckpt("verify " + dir, &out), 0) << out;
+
+  const std::string manifest_path = dir + "/MANIFEST";
+  std::string manifest;
+  {
+    std::ifstream in(manifest_path);
+    manifest.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // Rank 1's piece of layer.weight (15 elements) starts at 8; move it to 9.
+  const size_t line = manifest.find("tensor layer.weight name layer.weight dtype Float shape 5,3 offset 8 ");
+  ASSERT_NE(line, std::string::npos) << manifest;
+  const size_t at = manifest.find("offset 8 ", line);
+  manifest.replace(at, 9, "offset 9 ");
+  {
+    std::ofstream o(manifest_path, std::ios::trunc);
+    o << manifest;
+  }
+  EXPECT_EQ(Ckpt("verify " + dir, &out), 1) << out;
+  EXPECT_NE(out.find("manifest " + manifest_path + ": tensor 'layer.weight' in file "
+                     "rank_00001.pt: its piece of 7 elements at offset 9 lies outside "
+                     "its 15 elements"),
+            std::string::npos)
+      << out;
+  std::string convert_out;
+  EXPECT_EQ(Ckpt("convert " + dir + " --to-full " + root + "/x.pt", &convert_out), 1);
+  EXPECT_EQ(convert_out, out);  // the same check, the same message
 }
 
 }  // namespace

@@ -4,11 +4,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <chrono>
 #include <fstream>
+#include <map>
+#include <random>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "absl/strings/str_cat.h"
 #include "state_dict/test/python_interop.h"
 
 namespace state_dict {
@@ -297,6 +303,218 @@ TEST(CheckpointTest, CommitRefusesUntilEveryRankFinished) {
   ASSERT_TRUE(SaveShard(root, 4, 1, 3, shards[1]).ok());
   ASSERT_TRUE(CommitShardedCheckpoint(root, 4, 3).ok());
   EXPECT_TRUE(LatestCheckpoint(root).ok());
+}
+
+// What a rank of a `world`-rank job requests when resuming: its shard of
+// every tensor (as Shard lays them out).
+std::vector<std::pair<std::string, ShardRequest>> Requests(const ShardedStateDict& shard) {
+  std::vector<std::pair<std::string, ShardRequest>> out;
+  for (const auto& item : shard) {
+    ShardRequest request;
+    request.global_shape = item.value().global_shape;
+    request.dtype = item.value().dtype;
+    for (const ShardPiece& p : item.value().pieces) request.ranges.push_back(p.range);
+    out.emplace_back(item.key(), request);
+  }
+  return out;
+}
+
+// A resume of the whole checkpoint on `world` ranks (every rank's
+// LoadResharded): OK only if every rank's is, and then with the right data.
+absl::Status Resume(const std::string& dir, const TensorDict& state, int world) {
+  const std::vector<ShardedStateDict> expected = Shard(state, world);
+  for (int rank = 0; rank < world; ++rank) {
+    const ShardedStateDict& want = expected[static_cast<size_t>(rank)];
+    auto got = LoadResharded(dir, Requests(want));
+    if (!got.ok()) return got.status();
+    for (const auto& item : want) {
+      const ShardedTensor& g = (*got)[item.key()];
+      for (size_t k = 0; k < item.value().pieces.size(); ++k) {
+        if (!torch::equal(g.pieces.at(k).data, item.value().pieces[k].data)) {
+          return absl::InternalError(absl::StrCat("resume on ", world, " ranks: rank ", rank,
+                                                  " got wrong data for ", item.key()));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool MentionsFile(const absl::Status& status, const std::string& path) {
+  std::string lower(status.message());
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  if (path.find("MANIFEST") != std::string::npos) {
+    return lower.find("manifest") != std::string::npos;
+  }
+  return Contains(status, path);
+}
+
+// Many deterministic, seeded corruptions of a real 2-rank sharded
+// checkpoint: byte flips and truncation of any file, deleted files, garbage
+// appended, MANIFEST numbers (offsets, sizes, shapes, counts, ranks, step)
+// nudged by one, dtypes swapped, rank files swapped. In every trial `verify`
+// and every way of loading (full, resume on 2 and 3 ranks, local shards)
+// must agree: all reject, naming a file involved, or all accept with intact
+// data. Nothing may crash or hang.
+TEST(CheckpointTest, CorruptionTrialsVerifyAndLoadsAgree) {
+  const std::string root = TempDir("corruption");
+  const TensorDict state = MakeState(1);
+  ASSERT_TRUE(SaveShardedCheckpoint(root, 3, Shard(state, 2)).ok());
+  const std::string dir = StepDirectory(root, 3);
+  const std::vector<std::string> names = {"MANIFEST", "rank_00000.pt", "rank_00001.pt"};
+  // Only the manifest and the data files make up a committed checkpoint:
+  // the ranks' .meta files are gone after the commit.
+  std::map<std::string, std::string> pristine;
+  for (const std::string& name : names) pristine[name] = Slurp(dir + "/" + name);
+  EXPECT_NE(::access((dir + "/rank_00000.meta").c_str(), F_OK), 0);
+  EXPECT_NE(::access((dir + "/rank_00001.meta").c_str(), F_OK), 0);
+  ASSERT_TRUE(VerifyCheckpoint(dir).ok());
+
+  const char* kDtypes[] = {"Float", "Double", "Long", "Half", "Int", "BFloat16"};
+  const int kKinds = 7;
+  const int kTrials = 280;
+  std::map<int, std::pair<int, int>> outcomes;  // kind -> (rejected, accepted)
+  const auto start = std::chrono::steady_clock::now();
+  for (int trial = 0; trial < kTrials; ++trial) {
+    for (const auto& file : pristine) Spit(dir + "/" + file.first, file.second);
+    std::mt19937 rng(static_cast<uint32_t>(trial));
+    auto pick = [&](size_t n) {
+      return static_cast<size_t>(std::uniform_int_distribution<size_t>(0, n - 1)(rng));
+    };
+    const int kind = trial % kKinds;
+    const std::string name = names[pick(names.size())];
+    const std::string path = dir + "/" + name;
+    std::string bytes = pristine[name];
+    std::string what;
+    std::vector<std::string> involved = {path};
+    switch (kind) {
+      case 0: {  // flip one byte anywhere
+        const size_t at = pick(bytes.size());
+        bytes[at] = static_cast<char>(bytes[at] ^ (1 + pick(255)));
+        what = absl::StrCat("flip byte ", at, " of ", name);
+        Spit(path, bytes);
+        break;
+      }
+      case 1: {  // truncate
+        const size_t size = pick(bytes.size());
+        what = absl::StrCat("truncate ", name, " to ", size);
+        Spit(path, bytes.substr(0, size));
+        break;
+      }
+      case 2:  // delete
+        what = absl::StrCat("delete ", name);
+        ::unlink(path.c_str());
+        break;
+      case 3:  // garbage appended
+        what = absl::StrCat("append to ", name);
+        Spit(path, bytes + std::string(1 + pick(64), '\0'));
+        break;
+      case 4:
+      case 5: {  // a number in the MANIFEST moved by one
+        std::string m = pristine["MANIFEST"];
+        std::vector<std::pair<size_t, size_t>> runs;  // digit runs
+        for (size_t i = 0; i < m.size();) {
+          if (!std::isdigit(static_cast<unsigned char>(m[i]))) { ++i; continue; }
+          size_t j = i;
+          while (j < m.size() && std::isdigit(static_cast<unsigned char>(m[j]))) ++j;
+          runs.emplace_back(i, j - i);
+          i = j;
+        }
+        const auto run = runs[pick(runs.size())];
+        const int64_t value = std::stoll(m.substr(run.first, run.second));
+        const int64_t nudged = value + (pick(2) == 0 ? 1 : -1);
+        m.replace(run.first, run.second, std::to_string(nudged));
+        what = absl::StrCat("MANIFEST number at byte ", run.first, ": ", value, " -> ", nudged);
+        involved = {dir + "/MANIFEST"};
+        Spit(dir + "/MANIFEST", m);
+        break;
+      }
+      case 6: {  // a dtype in the MANIFEST changed, or the rank files swapped
+        if (pick(2) == 0) {
+          std::string m = pristine["MANIFEST"];
+          std::vector<size_t> at;
+          for (size_t i = m.find(" dtype "); i != std::string::npos; i = m.find(" dtype ", i + 1)) {
+            at.push_back(i + 7);
+          }
+          const size_t begin = at[pick(at.size())];
+          const size_t end = m.find(' ', begin);
+          const std::string old = m.substr(begin, end - begin);
+          std::string dtype = kDtypes[pick(6)];
+          if (dtype == old) dtype = old == "Float" ? "Double" : "Float";
+          m.replace(begin, end - begin, dtype);
+          what = absl::StrCat("MANIFEST dtype ", old, " -> ", dtype);
+          involved = {dir + "/MANIFEST"};
+          Spit(dir + "/MANIFEST", m);
+        } else {
+          what = "swap rank_00000.pt and rank_00001.pt";
+          Spit(dir + "/rank_00000.pt", pristine["rank_00001.pt"]);
+          Spit(dir + "/rank_00001.pt", pristine["rank_00000.pt"]);
+          involved = {dir + "/rank_00000.pt", dir + "/rank_00001.pt"};
+        }
+        break;
+      }
+    }
+    SCOPED_TRACE(absl::StrCat("trial ", trial, ": ", what));
+    const absl::Status verify = VerifyCheckpoint(dir);
+    absl::Status full = LoadFullStateDict(dir).status();
+    if (full.ok()) {
+      auto loaded = LoadFullStateDict(dir);
+      for (const auto& item : state) {
+        if (!torch::equal((*loaded)[item.key()], item.value())) {
+          full = absl::InternalError("full load returned wrong data for " + item.key());
+        }
+      }
+    }
+    absl::Status local;
+    for (int rank = 0; rank < 2 && local.ok(); ++rank) {
+      auto shard = LoadLocalShard(dir, rank, 2);
+      local = shard.status();
+    }
+    const std::vector<std::pair<std::string, absl::Status>> loads = {
+        {"full", full}, {"resume on 2", Resume(dir, state, 2)},
+        {"resume on 3", Resume(dir, state, 3)}, {"local shards", local}};
+    for (const auto& load : loads) {
+      EXPECT_EQ(load.second.ok(), verify.ok())
+          << load.first << ": " << load.second << "\nverify: " << verify;
+      EXPECT_FALSE(absl::IsInternal(load.second)) << load.first << ": " << load.second;
+    }
+    if (!verify.ok()) {
+      bool named = false;
+      for (const std::string& file : involved) named = named || MentionsFile(verify, file);
+      EXPECT_TRUE(named) << "verify: " << verify;
+      named = false;
+      for (const std::string& file : involved) named = named || MentionsFile(full, file);
+      EXPECT_TRUE(named) << "full load: " << full;
+    }
+    (verify.ok() ? outcomes[kind].second : outcomes[kind].first)++;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (const auto& o : outcomes) {
+    std::cout << "corruption kind " << o.first << ": " << o.second.first << " rejected, "
+              << o.second.second << " accepted (intact)\n";
+    EXPECT_GT(o.second.first, 0) << "kind " << o.first << " never caught anything";
+  }
+  std::cout << kTrials << " trials in " << seconds << " s\n";
+  // Restored, the checkpoint loads again.
+  for (const auto& file : pristine) Spit(dir + "/" + file.first, file.second);
+  EXPECT_TRUE(VerifyCheckpoint(dir).ok());
+}
+
+// A MANIFEST moved into another step's directory (or edited to another
+// step) would resume the wrong step.
+TEST(CheckpointTest, ManifestStepMustMatchItsDirectory) {
+  const std::string root = TempDir("wrong_step");
+  ASSERT_TRUE(SaveFullCheckpoint(root, 4, MakeState(1)).ok());
+  const std::string dir = StepDirectory(root, 4);
+  std::string manifest = Slurp(dir + "/MANIFEST");
+  const size_t at = manifest.find("step 4\n");
+  ASSERT_NE(at, std::string::npos);
+  Spit(dir + "/MANIFEST", manifest.replace(at, 7, "step 5\n"));
+  absl::Status status = VerifyCheckpoint(dir);
+  EXPECT_TRUE(Contains(status, "records step 5 but lies in directory step_4")) << status;
+  EXPECT_FALSE(LoadFullStateDict(dir).ok());
 }
 
 }  // namespace

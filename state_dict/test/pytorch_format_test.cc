@@ -262,7 +262,7 @@ TEST(PytorchFormatTest, SelfContainingPickleIsRefused) {
 // shared, as in Python, instead of being copied out exponentially.
 TEST(PytorchFormatTest, SharedObjectsStayShared) {
   const std::string dir = TempDir("shared");
-  std::string pickle = std::string("\x80\x02]q\x00", 5);
+  std::string pickle = std::string("\x80\x02]q\x00" "0", 6);  // [] memoized, popped
   for (int k = 1; k <= 60; ++k) {
     pickle += "(h";
     pickle += static_cast<char>(k - 1);
