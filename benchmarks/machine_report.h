@@ -69,7 +69,11 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& run : runs) {
       if (run.error_occurred || run.run_type != Run::RT_Iteration) continue;
-      auto& samples = samples_[run.run_name.str()];
+      // Keyed by the registered name ("/real_time" and the like dropped).
+      std::string name = run.run_name.str();
+      const auto cut = name.find("/real_time");
+      if (cut != std::string::npos) name.erase(cut);
+      auto& samples = samples_[name];
       samples.real_s.push_back(run.GetAdjustedRealTime() /
                                benchmark::GetTimeUnitMultiplier(run.time_unit));
       for (const auto& [name, counter] : run.counters) {
