@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -142,12 +143,42 @@ TEST(Launcher, FailingRankEndsOthersAndItsStatusPropagates) {
   EXPECT_EQ(*result->first_failed_rank, 1);
   EXPECT_THAT(result->summary, HasSubstr("rank 1"));
   EXPECT_THAT(result->summary, HasSubstr("exited with status 7"));
+  EXPECT_THAT(result->summary, HasSubstr("rank 1: simulated checksum mismatch"));
   EXPECT_LT(seconds, 5.0);
   EXPECT_TRUE(result->ranks[0].ended_by_launcher);
   EXPECT_FALSE(result->ranks[1].ended_by_launcher);
   const auto pids = read_pids(dir, 3);
   EXPECT_EQ(pids.size(), 6u);  // 3 ranks + 3 grandchildren
   for (int pid : pids) EXPECT_FALSE(process_alive(pid)) << "pid " << pid << " survived";
+}
+
+TEST(Launcher, RanksGetTheThreadLayoutAsOmpNumThreads) {
+  Captured captured;
+  auto options = options_for(2, {"--print-env"}, &captured);
+  options.unset_env = {"OMP_NUM_THREADS"};
+  auto layout = thread_layout(options);
+  ASSERT_TRUE(layout.ok());
+  auto result = launch(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const std::string expected =
+      "OMP_NUM_THREADS=" + std::to_string(std::max(1, AvailableCores() / 2));
+  EXPECT_THAT(captured.out, ::testing::Contains("[rank 1] " + expected));
+
+  Captured requested;
+  options = options_for(2, {"--print-env"}, &requested);
+  options.threads_per_rank = 3;
+  ASSERT_TRUE(launch(options).ok());
+  EXPECT_THAT(requested.out, ::testing::Contains("[rank 0] OMP_NUM_THREADS=3"));
+}
+
+// A rank writing to a dead peer's socket must fail with EPIPE (and say so),
+// not die of SIGPIPE and be reported as the first failure.
+TEST(Launcher, RanksDoNotDieOfSigpipe) {
+  Captured captured;
+  auto result = launch(options_for(1, {"--write-closed-pipe"}, &captured));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 3) << result->summary;
+  EXPECT_THAT(result->summary, HasSubstr("write: EPIPE"));
 }
 
 TEST(Launcher, KilledRankReportsSignalStatus) {

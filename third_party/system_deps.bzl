@@ -114,7 +114,7 @@ def _absl_build_files():
     return files
 
 def system_dependencies():
-    """Declares @libtorch, @tcmalloc, @com_google_absl, @com_google_googletest, @com_github_google_benchmark."""
+    """Declares @libtorch (with @openblas), @tcmalloc, @com_google_absl, @com_google_googletest, @com_github_google_benchmark."""
     debian_package_repository(
         name = "libtorch",
         package = "libtorch-dev (and libgloo-dev for c10d/Gloo)",
@@ -132,8 +132,17 @@ def system_dependencies():
                 defines = ["USE_C10D_GLOO", "USE_DISTRIBUTED", "USE_C10D"],
                 includes = ["include/torch/csrc/api/include"],
                 hdrs_glob = ["include/torch/csrc/api/include/**/*.h"],
+                deps = ["@openblas"],
             ),
         },
+    )
+    debian_package_repository(
+        name = "openblas",
+        package = "libopenblas0-openmp",
+        # LibTorch's matmuls run in whatever libblas.so.3 is; without this
+        # package that is the reference BLAS, 5-10x slower (tools/setup.sh).
+        required_files = [_LIB + "openblas-openmp/libblas.so.3"],
+        build_files = {"BUILD": _system_cc_library("openblas", [])},
     )
     debian_package_repository(
         name = "tcmalloc",

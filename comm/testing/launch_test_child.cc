@@ -6,9 +6,12 @@
 //   --spawn-grandchild    fork a child that sleeps forever
 //   --ignore-sigterm      ignore SIGTERM (the launcher must SIGKILL)
 //   --sleep               sleep forever after the above (else exit 0)
+//   --write-closed-pipe   write to a pipe whose reader is gone; exits 3 on
+//                         EPIPE (dies of SIGPIPE unless it is ignored)
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +23,7 @@ int main(int argc, char** argv) {
   const char* rank_text = std::getenv("RANK");
   const int rank = rank_text ? std::atoi(rank_text) : -1;
   bool print_env = false, spawn = false, ignore_term = false, sleep = false;
+  bool write_closed_pipe = false;
   int fail_rank = -1, fail_code = 0, kill_rank = -1;
   std::string pid_dir;
   for (int i = 1; i < argc; ++i) {
@@ -33,9 +37,20 @@ int main(int argc, char** argv) {
     else if (a == "--spawn-grandchild") spawn = true;
     else if (a == "--ignore-sigterm") ignore_term = true;
     else if (a == "--sleep") sleep = true;
+    else if (a == "--write-closed-pipe") write_closed_pipe = true;
     else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 64; }
   }
   if (ignore_term) signal(SIGTERM, SIG_IGN);
+  if (write_closed_pipe) {
+    int fds[2];
+    if (pipe(fds) != 0) return 64;
+    close(fds[0]);
+    if (write(fds[1], "x", 1) < 0 && errno == EPIPE) {
+      std::fprintf(stderr, "write: EPIPE\n");
+      return 3;
+    }
+    return 4;
+  }
   if (print_env) {
     for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                              "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"}) {
@@ -66,6 +81,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     if (rank == kill_rank) raise(SIGKILL);
     std::printf("rank %d failing with %d\n", rank, fail_code);
+    std::fprintf(stderr, "rank %d: simulated checksum mismatch\n", rank);
     return fail_code;
   }
   if (sleep || fail_rank >= 0 || kill_rank >= 0) {
