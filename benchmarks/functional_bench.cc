@@ -10,6 +10,8 @@
 #include "functorch/module/stack_module_state.h"
 
 #include <benchmark/benchmark.h>
+
+#include "benchmarks/machine_report.h"
 #include <torch/torch.h>
 
 #include <vector>
@@ -78,4 +80,11 @@ BENCHMARK(BM_StackModuleState_32)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmarks::UseAllCores("functional_bench");
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -345,6 +345,7 @@ BENCHMARK(BM_TensorCopy)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LoopbackTcp)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 int main(int argc, char** argv) {
+  benchmarks::UseAllCores("hardware_limits_bench");
   for (const GemmShape& s : kGemmShapes) {
     const std::string name = "BM_Sgemm/" + std::string(s.workload) + "/" + std::to_string(s.m) +
                              "x" + std::to_string(s.k) + "x" + std::to_string(s.n);

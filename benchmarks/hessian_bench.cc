@@ -429,6 +429,7 @@ void PrintSummary(const benchmarks::Results& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  benchmarks::UseAllCores("hessian_bench");
   Cases& cases = GetCases();
   std::printf("hessian_bench: %s\n", benchmarks::ThreadsLabel().c_str());
 

@@ -1,7 +1,12 @@
 #pragma once
 
-// Shared by //benchmarks:hardware_limits_bench and //benchmarks:hessian_bench:
+// Shared by the single-process benchmarks:
 //
+//   UseAllCores()      applies comm's thread layout (cores, or
+//                      OMP_NUM_THREADS when set) before anything runs:
+//                      LibTorch 1.13 would size its pool from cpuinfo's
+//                      physical cores (1 on these VMs), and the OpenMP
+//                      OpenBLAS follows that pool.
 //   ThreadsLabel()     the threads a run actually used, as a benchmark label:
 //                      LibTorch's intra-op threads (at::get_num_threads(), as
 //                      the environment set them) and, separately, OpenBLAS's
@@ -20,6 +25,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -27,7 +33,20 @@
 #include <utility>
 #include <vector>
 
+#include "comm/compute_layout.h"
+
 namespace benchmarks {
+
+// Exits with status 2 and the reason when OMP_NUM_THREADS is malformed.
+inline void UseAllCores(const char* binary) {
+  auto layout = comm::ApplyThreadLayout(1, 0);
+  if (!layout.ok()) {
+    std::fprintf(stderr, "%s: %s\n", binary, std::string(layout.status().message()).c_str());
+    std::exit(2);
+  }
+  if (!layout->warning.empty()) std::fprintf(stderr, "%s: warning: %s\n", binary, layout->warning.c_str());
+  std::fprintf(stderr, "%s: compute: %s\n", binary, comm::DescribeComputeLayout(1).c_str());
+}
 
 // OpenBLAS's pool size and the kernel it picked, looked up at run time
 // (libblas.so.3 may be OpenBLAS, the reference BLAS or something else: the

@@ -10,6 +10,8 @@
 // a vmapped dot on [8, 5] inputs.
 
 #include <benchmark/benchmark.h>
+
+#include "benchmarks/machine_report.h"
 #include <torch/torch.h>
 
 #include <vector>
@@ -134,4 +136,11 @@ BENCHMARK(BM_Dot_Tiny_Direct)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmarks::UseAllCores("transforms_bench");
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "comm/collectives.h"
+#include "comm/compute_layout.h"
 #include "comm/device_mesh.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "fsdp/wrap_policy.h"
@@ -32,7 +33,6 @@
 #include "trainer/lr_schedule.h"
 #include "trainer/models.h"
 #include "trainer/progress.h"
-#include "trainer/runtime_layout.h"
 
 namespace trainer {
 namespace {
@@ -468,7 +468,7 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
                 static_cast<long long>(result.first_step), static_cast<long long>(o.steps));
     const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
     std::printf("trainer: compute: %s\n",
-                DescribeRuntimeLayout(local_world != nullptr ? std::atoi(local_world) : world)
+                comm::DescribeComputeLayout(local_world != nullptr ? std::atoi(local_world) : world)
                     .c_str());
     std::fflush(stdout);
     if (!o.log_json.empty()) {

@@ -26,11 +26,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "c10/util/Exception.h"
+#include "comm/compute_layout.h"
 #include "comm/launcher.h"
 #include "comm/process_group.h"
 #include "comm/thread_layout.h"
 #include "trainer/options.h"
-#include "trainer/runtime_layout.h"
 #include "trainer/train.h"
 
 namespace {
@@ -103,7 +103,7 @@ absl::Status RunTraining(const trainer::Options& options,
 int RunRank(const trainer::Options& options) {
   // Started by our own launcher, OMP_NUM_THREADS already says this; an
   // outside launcher's ranks take the flag here.
-  if (options.threads_per_rank > 0) trainer::SetComputeThreads(options.threads_per_rank);
+  if (options.threads_per_rank > 0) comm::SetComputeThreads(options.threads_per_rank);
   comm::InitOptions init;
   init.timeout = std::chrono::minutes(10);
   init.rendezvous_timeout = std::chrono::minutes(2);
@@ -123,13 +123,11 @@ int RunRank(const trainer::Options& options) {
 // temporary directory (no TCP port to pick or collide on), so a single
 // process runs the same FSDP code path as every rank of a larger run.
 int RunSingleProcess(const trainer::Options& options) {
-  auto layout = comm::PlanThreadLayout(1, options.threads_per_rank,
-                                       std::getenv("OMP_NUM_THREADS"));
+  auto layout = comm::ApplyThreadLayout(1, options.threads_per_rank);
   if (!layout.ok()) return Fail(layout.status(), 2);
   if (!layout->warning.empty()) {
     std::fprintf(stderr, "trainer: warning: %s\n", layout->warning.c_str());
   }
-  trainer::SetComputeThreads(layout->threads_per_rank);
   const char* tmp = std::getenv("TMPDIR");
   std::string dir_template =
       absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/trainer_store_XXXXXX");

@@ -1,16 +1,16 @@
-#include "trainer/runtime_layout.h"
+#include "comm/compute_layout.h"
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
 #include "ATen/Parallel.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "comm/thread_layout.h"
 
-namespace trainer {
+namespace comm {
 
 namespace {
 
@@ -64,9 +64,15 @@ void SetComputeThreads(int threads) {
   if (SetThreads set = OpenBlasSetThreads()) set(threads);
 }
 
-std::string DescribeRuntimeLayout(int local_ranks) {
+absl::StatusOr<ThreadLayout> ApplyThreadLayout(int local_ranks, int requested_threads) {
+  auto layout = PlanThreadLayout(local_ranks, requested_threads, std::getenv("OMP_NUM_THREADS"));
+  if (layout.ok()) SetComputeThreads(layout->threads_per_rank);
+  return layout;
+}
+
+std::string DescribeComputeLayout(int local_ranks) {
   const int threads = at::get_num_threads();
-  const int cores = comm::AvailableCores();
+  const int cores = AvailableCores();
   return absl::StrCat(local_ranks, local_ranks == 1 ? " rank x " : " ranks x ", threads,
                       threads == 1 ? " thread" : " threads", " on ", cores,
                       cores == 1 ? " core" : " cores", "; BLAS: ", DescribeBlas(),
@@ -74,4 +80,4 @@ std::string DescribeRuntimeLayout(int local_ranks) {
                       MappedLibrary("libtcmalloc").empty() ? "glibc malloc" : "tcmalloc");
 }
 
-}  // namespace trainer
+}  // namespace comm
