@@ -6,24 +6,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <array>
+#include <atomic>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace state_dict {
 namespace internal {
 namespace {
-
-std::array<uint32_t, 256> MakeCrc32cTable() {
-  std::array<uint32_t, 256> table{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    table[i] = c;
-  }
-  return table;
-}
 
 absl::Status ErrnoError(absl::string_view what, const std::string& path) {
   return absl::Status(absl::ErrnoToStatusCode(errno),
@@ -39,14 +30,6 @@ std::string Dirname(const std::string& path) {
 
 }  // namespace
 
-uint32_t Crc32c(const void* data, size_t size, uint32_t crc) {
-  static const std::array<uint32_t, 256> table = MakeCrc32cTable();
-  const auto* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  for (size_t i = 0; i < size; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-  return ~crc;
-}
-
 absl::Status FsyncDirectory(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("cannot open directory", path);
@@ -56,42 +39,126 @@ absl::Status FsyncDirectory(const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status WriteFileAtomically(const std::string& path,
-                                 absl::string_view contents) {
-  // The pid keeps concurrent writers (ranks sharing a file system) apart;
-  // a leftover temporary from a crashed writer is never read by anyone.
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+// Small appends (zip headers, the pickle) are gathered in this buffer;
+// tensor data larger than it is written directly.
+constexpr size_t kWriteBufferBytes = size_t{1} << 20;
+constexpr size_t kReadBufferBytes = size_t{4} << 20;
+
+AtomicFileWriter::AtomicFileWriter(std::string path, std::string tmp, int fd)
+    : path_(std::move(path)),
+      tmp_(std::move(tmp)),
+      fd_(fd),
+      buffer_(new char[kWriteBufferBytes]) {}
+
+absl::StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Open(
+    const std::string& path) {
+  // The pid and a per-process counter keep concurrent writers (ranks sharing
+  // a file system, a background save beside a foreground one) apart; a
+  // leftover temporary from a crashed writer is never read by anyone.
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".", counter++);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError("cannot create", tmp);
-  size_t done = 0;
-  while (done < contents.size()) {
-    ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
+  return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(path, tmp, fd));
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+absl::Status AtomicFileWriter::WriteAll(const char* data, size_t size) {
+  while (size > 0) {
+    ssize_t n = ::write(fd_, data, size);
     if (n < 0) {
       if (errno == EINTR) continue;
-      absl::Status status = ErrnoError("cannot write", tmp);
+      return error_ = ErrnoError("cannot write", tmp_);
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFileWriter::Flush() {
+  absl::Status status = WriteAll(buffer_.get(), buffered_);
+  buffered_ = 0;
+  return status;
+}
+
+absl::Status AtomicFileWriter::Append(const void* data, size_t size) {
+  if (!error_.ok()) return error_;
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, " is already committed"));
+  crc_ = Crc32c(data, size, crc_);
+  bytes_ += size;
+  const char* p = static_cast<const char*>(data);
+  if (buffered_ + size <= kWriteBufferBytes) {
+    std::memcpy(buffer_.get() + buffered_, p, size);
+    buffered_ += size;
+    return absl::OkStatus();
+  }
+  absl::Status status = Flush();
+  if (!status.ok()) return status;
+  if (size < kWriteBufferBytes) {
+    std::memcpy(buffer_.get(), p, size);
+    buffered_ = size;
+    return absl::OkStatus();
+  }
+  return WriteAll(p, size);
+}
+
+absl::Status AtomicFileWriter::Commit() {
+  if (!error_.ok()) return error_;
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, " is already committed"));
+  absl::Status status = Flush();
+  if (!status.ok()) return status;
+  if (::fsync(fd_) != 0) return error_ = ErrnoError("cannot fsync", tmp_);
+  const int fd = fd_;
+  fd_ = -1;  // from here on the destructor must not close it again
+  if (::close(fd) != 0) {
+    error_ = ErrnoError("cannot close", tmp_);
+    ::unlink(tmp_.c_str());
+    return error_;
+  }
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    error_ = ErrnoError("cannot rename into place", path_);
+    ::unlink(tmp_.c_str());
+    return error_;
+  }
+  return FsyncDirectory(Dirname(path_));
+}
+
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::string_view contents) {
+  auto writer = AtomicFileWriter::Open(path);
+  if (!writer.ok()) return writer.status();
+  absl::Status status = (*writer)->Append(contents.data(), contents.size());
+  if (!status.ok()) return status;
+  return (*writer)->Commit();
+}
+
+absl::StatusOr<FileChecksum> ChecksumFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("cannot open", path);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  std::unique_ptr<char[]> buffer(new char[kReadBufferBytes]);
+  FileChecksum out;
+  while (true) {
+    ssize_t n = ::read(fd, buffer.get(), kReadBufferBytes);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      absl::Status status = ErrnoError("cannot read", path);
       ::close(fd);
-      ::unlink(tmp.c_str());
       return status;
     }
-    done += static_cast<size_t>(n);
+    if (n == 0) break;
+    out.crc32c = Crc32c(buffer.get(), static_cast<size_t>(n), out.crc32c);
+    out.bytes += static_cast<uint64_t>(n);
   }
-  if (::fsync(fd) != 0) {
-    absl::Status status = ErrnoError("cannot fsync", tmp);
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return status;
-  }
-  if (::close(fd) != 0) {
-    absl::Status status = ErrnoError("cannot close", tmp);
-    ::unlink(tmp.c_str());
-    return status;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    absl::Status status = ErrnoError("cannot rename into place", path);
-    ::unlink(tmp.c_str());
-    return status;
-  }
-  return FsyncDirectory(Dirname(path));
+  ::close(fd);
+  return out;
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {

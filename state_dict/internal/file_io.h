@@ -4,20 +4,61 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "state_dict/internal/crc32c.h"
 
 namespace state_dict {
 namespace internal {
 
-// CRC-32C (Castagnoli polynomial 0x1EDC6F41, reflected 0x82F63B78), the
-// checksum of iSCSI/ext4/LevelDB. Table driven; `crc` continues a previous
-// call (start with 0).
-uint32_t Crc32c(const void* data, size_t size, uint32_t crc = 0);
+// A file written in pieces under a temporary name in its directory, with the
+// CRC-32C and size of everything appended so far; Commit() fsyncs it,
+// renames it over `path` and fsyncs the directory. Destroyed uncommitted (an
+// error, an exception) it removes the temporary file: `path` is untouched.
+// Memory is one fixed buffer that gathers small appends; large appends go
+// straight to the file.
+class AtomicFileWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<AtomicFileWriter>> Open(const std::string& path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  absl::Status Append(const void* data, size_t size);
+  absl::Status Commit();
+
+  uint64_t bytes() const { return bytes_; }
+  uint32_t crc32c() const { return crc_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  AtomicFileWriter(std::string path, std::string tmp, int fd);
+  absl::Status Flush();
+  absl::Status WriteAll(const char* data, size_t size);
+
+  std::string path_;
+  std::string tmp_;
+  int fd_;
+  std::unique_ptr<char[]> buffer_;
+  size_t buffered_ = 0;
+  uint64_t bytes_ = 0;
+  uint32_t crc_ = 0;
+  absl::Status error_;  // the first failure; later calls repeat it
+};
+
+struct FileChecksum {
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+
+// Size and CRC-32C of a file, read sequentially through one fixed buffer.
+// NotFound when it does not exist.
+absl::StatusOr<FileChecksum> ChecksumFile(const std::string& path);
 
 // Writes `contents` to `path` atomically and durably: a temporary file in the
 // same directory is written, fsynced and renamed over `path`, then the
