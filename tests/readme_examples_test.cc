@@ -26,29 +26,23 @@ namespace {
 // README: "functional_call and per-sample gradients".
 TEST(ReadmeExamples, PerSampleGradients) {
   torch::manual_seed(0);
+  torch::Tensor x = torch::randn({8, 128});
+  torch::Tensor y = torch::randint(0, 10, {8});
+
   torch::nn::Sequential model(torch::nn::Linear(128, 256), torch::nn::ReLU(),
                               torch::nn::Linear(256, 10));
-  std::map<std::string, torch::Tensor> params;
-  for (const auto& p : model->named_parameters()) params[p.key()] = p.value().detach();
-
   // The loss of one example as a function of the parameters.
-  auto loss = [&](std::map<std::string, torch::Tensor> p, torch::Tensor x,
-                  torch::Tensor y) {
-    functorch::NamedTensors named;
-    for (const auto& [name, tensor] : p) named.insert(name, tensor);
-    auto logits = functorch::functional_call(model, named, x.unsqueeze(0));
+  auto loss = [&](functorch::NamedTensors params, torch::Tensor x, torch::Tensor y) {
+    auto logits = functorch::functional_call(model, params, x.unsqueeze(0));
     return torch::nn::functional::cross_entropy(logits, y.unsqueeze(0));
   };
   // vmap over the batch (dim 0 of x and y), not over the parameters.
-  auto per_sample_grads =
-      functorch::vmap(functorch::grad(loss), {std::nullopt, 0, 0});
+  functorch::NamedTensors grads = functorch::vmap(functorch::grad(loss), {std::nullopt, 0, 0})(
+      model->named_parameters(), x, y);
+  torch::Tensor w = grads["0.weight"];  // [batch, 256, 128]
 
-  torch::Tensor x = torch::randn({8, 128});
-  torch::Tensor y = torch::randint(0, 10, {8});
-  functorch::Tree grads = per_sample_grads(params, x, y);
-  torch::Tensor w = grads["0.weight"];
   ASSERT_EQ(w.sizes(), (std::vector<int64_t>{8, 256, 128}));
-
+  EXPECT_EQ(grads.keys(), model->named_parameters().keys());
   // Example 3 against plain autograd on the module.
   model->zero_grad();
   torch::nn::functional::cross_entropy(model->forward(x[3].unsqueeze(0)),
@@ -56,6 +50,61 @@ TEST(ReadmeExamples, PerSampleGradients) {
       .backward();
   EXPECT_TRUE(torch::allclose(w[3], model->named_parameters()["0.weight"].grad(),
                               1e-5, 1e-6));
+  // The gradient dict back into an update and functional_call, unconverted.
+  functorch::NamedTensors params;
+  for (const auto& p : model->named_parameters()) params.insert(p.key(), p.value().detach());
+  const double lr = 0.1;
+  for (auto& p : params) p.value() -= lr * grads[p.key()][3];
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(lr));
+  sgd.step();  // with example 3's gradients from above
+  EXPECT_TRUE(torch::allclose(functorch::functional_call(model, params, x), model->forward(x),
+                              1e-5, 1e-6));
+}
+
+// README: "functional_call and per-sample gradients", the Hessian.
+TEST(ReadmeExamples, ParameterDictHessian) {
+  torch::manual_seed(0);
+  torch::Tensor x = torch::randn({5, 3}), t = torch::randn({5, 2});
+
+  torch::nn::Linear net(3, 2);
+  auto mse = [&](functorch::NamedTensors p) {
+    return torch::mse_loss(functorch::functional_call(net, p, x), t);
+  };
+  functorch::Tree H = functorch::hessian(mse)(net->named_parameters());
+  torch::Tensor H_ww = H["weight"]["weight"];  // [2, 3, 2, 3]
+
+  // Analytically, for L = mean over N*O of (x W^T + b - t)^2:
+  // d2L/dW_ij dW_kl = 2/(N O) delta_ik (x^T x)_jl, d2L/db_i db_k = 2/O delta_ik.
+  const double n = 5, o = 2;
+  torch::Tensor expected_ww =
+      torch::einsum("ik,jl->ijkl", {torch::eye(2), x.t().mm(x)}) * (2 / (n * o));
+  EXPECT_TRUE(torch::allclose(H_ww, expected_ww, 1e-4, 1e-5));
+  EXPECT_TRUE(torch::allclose(H["bias"]["bias"].tensor(), torch::eye(2) * (2 / o), 1e-4, 1e-5));
+  torch::Tensor expected_wb =
+      torch::einsum("ik,j->ijk", {torch::eye(2), x.sum(0)}) * (2 / (n * o));
+  EXPECT_TRUE(torch::allclose(H["weight"]["bias"].tensor(), expected_wb, 1e-4, 1e-5));
+}
+
+// README: "functional_call and per-sample gradients", has_aux and bindings.
+TEST(ReadmeExamples, VjpJvpHasAuxAndBindings) {
+  torch::manual_seed(0);
+  torch::Tensor x = torch::randn({4}), y = torch::randn({4}), ct = torch::randn({4});
+  torch::Tensor tx = torch::randn({4});
+  auto f = [](torch::Tensor x, torch::Tensor y) {
+    return std::make_pair(x.sin() * y, x.cos());
+  };
+  auto g = [](torch::Tensor x) { return x.exp(); };
+
+  auto [out, vjp_fn, aux] = functorch::vjp(f, x, y, functorch::has_aux);  // f -> (out, aux)
+  auto [dx, dy] = vjp_fn(ct);  // one product per primal, typed like it
+  auto [f_x, jvp_out] = functorch::jvp(g, std::make_tuple(x), std::make_tuple(tx));
+
+  EXPECT_TRUE(torch::allclose(out, x.sin() * y));
+  EXPECT_TRUE(torch::allclose(aux, x.cos()));
+  EXPECT_TRUE(torch::allclose(dx, x.cos() * y * ct));
+  EXPECT_TRUE(torch::allclose(dy, x.sin() * ct));
+  EXPECT_TRUE(torch::allclose(f_x, x.exp()));
+  EXPECT_TRUE(torch::allclose(jvp_out, x.exp() * tx));
 }
 
 // README: "Process groups and collectives".

@@ -91,28 +91,35 @@ TEST_F(AutodiffTest, GoldenGrad) {
   Tree ga = grad(with_aux, 0, /*has_aux=*/true)(a);
   EXPECT_TRUE(AllClose(ga[0], g["grad_aux_grad"]));
   EXPECT_TRUE(AllClose(ga[1], g["grad_aux_aux"]));
-  auto ftree = [](std::map<std::string, Tensor> p, Tensor x) {
+  auto ftree = [](NamedTensors p, Tensor x) {
     return (p["w"].matmul(x) + p["b"]).tanh().sum();
   };
-  Tree gt = grad(ftree)(std::map<std::string, Tensor>{{"w", g["tree.w"]},
-                                                      {"b", g["tree.b"]}},
-                        a);
+  NamedTensors gt = grad(ftree)(NamedTensors{{"w", g["tree.w"]}, {"b", g["tree.b"]}}, a);
+  EXPECT_EQ(gt.keys(), (std::vector<std::string>{"w", "b"}));
   EXPECT_TRUE(AllClose(gt["w"], g["grad_tree_w"]));
   EXPECT_TRUE(AllClose(gt["b"], g["grad_tree_b"]));
+  // A std::map argument converts: the callable still receives NamedTensors
+  // (in the map's order), and the result is the same dict.
+  NamedTensors from_map = grad(ftree)(
+      std::map<std::string, Tensor>{{"w", g["tree.w"]}, {"b", g["tree.b"]}}, a);
+  EXPECT_EQ(from_map.keys(), (std::vector<std::string>{"b", "w"}));
+  EXPECT_TRUE(AllClose(from_map["w"], g["grad_tree_w"]));
+  EXPECT_TRUE(AllClose(from_map["b"], g["grad_tree_b"]));
 }
 
 TEST_F(AutodiffTest, GoldenVjpJvp) {
   const auto& g = golden();
   Tensor a = g["ab.a"], b = g["ab.b"];
-  VjpResult r = vjp(fsin_mul, a, b);
-  EXPECT_TRUE(AllClose(r.output, g["vjp_out"]));
-  Tree vjps = r.vjp_fn(g["vjp.ct"]);
-  EXPECT_TRUE(AllClose(vjps[0], g["vjp_0"]));
-  EXPECT_TRUE(AllClose(vjps[1], g["vjp_1"]));
-  JvpResult j = jvp(fsin_mul, std::make_tuple(a, b),
-                    std::make_tuple(g["jvp.ta"], g["jvp.tb"]));
-  EXPECT_TRUE(AllClose(j.output, g["jvp_out"]));
-  EXPECT_TRUE(AllClose(j.tangent, g["jvp_tangent"]));
+  auto [out, vjp_fn] = vjp(fsin_mul, a, b);
+  static_assert(std::is_same<decltype(out), Tensor>::value, "f's own type");
+  EXPECT_TRUE(AllClose(out, g["vjp_out"]));
+  auto [da, db] = vjp_fn(g["vjp.ct"]);
+  EXPECT_TRUE(AllClose(da, g["vjp_0"]));
+  EXPECT_TRUE(AllClose(db, g["vjp_1"]));
+  auto [jvp_primal_out, jvp_out] = jvp(fsin_mul, std::make_tuple(a, b),
+                                       std::make_tuple(g["jvp.ta"], g["jvp.tb"]));
+  EXPECT_TRUE(AllClose(jvp_primal_out, g["jvp_out"]));
+  EXPECT_TRUE(AllClose(jvp_out, g["jvp_tangent"]));
 }
 
 TEST_F(AutodiffTest, GoldenJacobians) {
@@ -153,14 +160,9 @@ torch::nn::Sequential make_mlp(const testing::Golden& g) {
 TEST_F(AutodiffTest, PerSampleGradsViaFunctionalCall) {
   const auto& g = golden();
   torch::nn::Sequential model = make_mlp(g);
-  std::map<std::string, Tensor> params;
-  for (const auto& p : model->named_parameters()) {
-    params[p.key()] = p.value().detach();
-  }
-  auto loss = [&model](std::map<std::string, Tensor> p, Tensor x, Tensor t) {
-    NamedTensors named;
-    for (const auto& kv : p) named.insert(kv.first, kv.second);
-    Tensor logits = functional_call(model, named, x.unsqueeze(0));
+  NamedTensors params = model->named_parameters();
+  auto loss = [&model](NamedTensors p, Tensor x, Tensor t) {
+    Tensor logits = functional_call(model, p, x.unsqueeze(0));
     return torch::nn::functional::cross_entropy(logits, t.unsqueeze(0));
   };
   Tensor xs = g["mlp.x"], ts = g["mlp.t"];
@@ -195,12 +197,10 @@ TEST_F(AutodiffTest, PerSampleGradsViaFunctionalCall) {
 TEST_F(AutodiffTest, GradOverFunctionalCall) {
   torch::nn::Linear model(3, 2);
   Tensor x = torch::randn({5, 3});
-  std::map<std::string, Tensor> params{{"weight", model->weight.detach()},
-                                       {"bias", model->bias.detach()}};
-  auto f = [&model, x](std::map<std::string, Tensor> p) {
-    NamedTensors named;
-    for (const auto& kv : p) named.insert(kv.first, kv.second);
-    return functional_call(model, named, x).pow(2).sum();
+  NamedTensors params{{"weight", model->weight.detach()},
+                      {"bias", model->bias.detach()}};
+  auto f = [&model, x](NamedTensors p) {
+    return functional_call(model, p, x).pow(2).sum();
   };
   Tree g = grad(f)(params);
   Tensor out = model->forward(x);
@@ -339,13 +339,14 @@ TEST_F(AutodiffTest, GradOfVjpAndVjpOfGrad) {
   Tensor x = torch::randn({}), y = torch::randn({});
   // grad of vjp
   auto h = [](Tensor x, Tensor y) {
-    VjpResult r = vjp(sin_fn, x);
-    return r.vjp_fn(y)[0].tensor();
+    auto [out, vjp_fn] = vjp(sin_fn, x);
+    auto [dx] = vjp_fn(y);
+    return dx;
   };
   EXPECT_TRUE(AllClose(grad(h)(x, y), -x.sin() * y));
   // vjp of grad
-  VjpResult r = vjp(grad(sin_fn), x);
-  EXPECT_TRUE(AllClose(r.vjp_fn(y)[0], -x.sin() * y));
+  auto r = vjp(grad(sin_fn), x);
+  EXPECT_TRUE(AllClose(std::get<0>(r.vjp_fn(y)), -x.sin() * y));
 }
 
 TEST_F(AutodiffTest, GradSeedErrors) {
@@ -411,20 +412,23 @@ TEST_F(AutodiffTest, ThrowingFunctionLeavesStackClean) {
 TEST_F(AutodiffTest, VjpPytreeOutputAndErrors) {
   Tensor x = torch::randn({3});
   auto f = [](Tensor x) { return std::make_tuple(x.sin(), x.cos()); };
-  VjpResult r = vjp(f, x);
-  Tree v = r.vjp_fn(to_ivalue(std::make_tuple(torch::ones({3}), torch::ones({3}))));
-  EXPECT_TRUE(AllClose(v[0], x.cos() - x.sin()));
-  // Called twice: the graph is retained.
-  Tree v2 = r.vjp_fn(to_ivalue(std::make_tuple(torch::ones({3}), torch::zeros({3}))));
-  EXPECT_TRUE(AllClose(v2[0], x.cos()));
+  auto r = vjp(f, x);
+  auto [sin_x, cos_x] = r.output;  // f's std::tuple<Tensor, Tensor>
+  EXPECT_TRUE(AllClose(sin_x, x.sin()));
+  EXPECT_TRUE(AllClose(cos_x, x.cos()));
+  auto [v] = r.vjp_fn(std::make_tuple(torch::ones({3}), torch::ones({3})));
+  EXPECT_TRUE(AllClose(v, x.cos() - x.sin()));
+  // Called twice: the graph is retained. Two cotangents stand for a tuple.
+  auto [v2] = r.vjp_fn(torch::ones({3}), torch::zeros({3}));
+  EXPECT_TRUE(AllClose(v2, x.cos()));
   EXPECT_THROW_WITH(r.vjp_fn(torch::ones({3})),
                     "Expected pytree structure of cotangents to be the same as "
                     "pytree structure of outputs to the function. "
                     "cotangents: *, primal output: (*, *)");
   // Unrelated output: zeros.
   Tensor y = torch::randn({3});
-  VjpResult u = vjp([y](Tensor) { return y; }, x);
-  EXPECT_TRUE(AllClose(u.vjp_fn(torch::ones({3}))[0], torch::zeros({3})));
+  auto u = vjp([y](Tensor) { return y; }, x);
+  EXPECT_TRUE(AllClose(std::get<0>(u.vjp_fn(torch::ones({3}))), torch::zeros({3})));
   // has_aux through the pytree form.
   TreeFn with_aux([](const std::vector<c10::IValue>& a) -> c10::IValue {
     Tensor t = a[0].toTensor();
@@ -534,14 +538,14 @@ TEST_F(AutodiffTest, HessianSimple) {
 
 TEST_F(AutodiffTest, JvpBasics) {
   Tensor x = torch::randn({2, 3}), t = torch::randn({2, 3});
-  JvpResult r = jvp(sin_fn, std::make_tuple(x), std::make_tuple(t));
+  auto r = jvp(sin_fn, std::make_tuple(x), std::make_tuple(t));
   EXPECT_TRUE(AllClose(r.output, x.sin()));
-  EXPECT_TRUE(AllClose(r.tangent, x.cos() * t));
+  EXPECT_TRUE(AllClose(r.jvp_out, x.cos() * t));
   // Multiple inputs.
   Tensor y = torch::randn({2, 3}), ty = torch::randn({2, 3});
-  JvpResult m = jvp([](Tensor a, Tensor b) { return a * b; },
-                    std::make_tuple(x, y), std::make_tuple(t, ty));
-  EXPECT_TRUE(AllClose(m.tangent, t * y + x * ty));
+  auto m = jvp([](Tensor a, Tensor b) { return a * b; },
+                std::make_tuple(x, y), std::make_tuple(t, ty));
+  EXPECT_TRUE(AllClose(m.jvp_out, t * y + x * ty));
   // Pytree inputs (pytree form).
   TreeFn tree_f([](const std::vector<c10::IValue>& a) -> c10::IValue {
     auto pair = a[0].toTupleRef().elements();
@@ -573,8 +577,8 @@ TEST_F(AutodiffTest, JvpBasics) {
   // Unrelated output: zero tangent, or an error with strict.
   Tensor c = torch::randn({2, 3});
   auto unrelated = [c](Tensor) { return c; };
-  JvpResult u = jvp(unrelated, std::make_tuple(x), std::make_tuple(t));
-  EXPECT_TRUE(AllClose(u.tangent, torch::zeros({2, 3})));
+  auto u = jvp(unrelated, std::make_tuple(x), std::make_tuple(t));
+  EXPECT_TRUE(AllClose(u.jvp_out, torch::zeros({2, 3})));
   EXPECT_THROW_WITH(jvp(unrelated, std::make_tuple(x), std::make_tuple(t), true),
                     "The output of f is independent of the inputs");
 }
@@ -583,23 +587,23 @@ TEST_F(AutodiffTest, JvpCompositions) {
   Tensor x = torch::randn({3}), t = torch::randn({3});
   // jvp of jvp: second derivative of sin along t.
   auto inner = [t](Tensor x) {
-    return jvp(sin_fn, std::make_tuple(x), std::make_tuple(t)).tangent.tensor();
+    return jvp(sin_fn, std::make_tuple(x), std::make_tuple(t)).jvp_out;
   };
-  JvpResult outer = jvp(inner, std::make_tuple(x), std::make_tuple(t));
-  EXPECT_TRUE(AllClose(outer.tangent, -x.sin() * t * t));
+  auto outer = jvp(inner, std::make_tuple(x), std::make_tuple(t));
+  EXPECT_TRUE(AllClose(outer.jvp_out, -x.sin() * t * t));
   // vmap of jvp.
   Tensor xs = torch::randn({4, 3}), ts = torch::randn({4, 3});
   Tensor vt = vmap([](Tensor x, Tensor t) {
-    return jvp(sin_fn, std::make_tuple(x), std::make_tuple(t)).tangent.tensor();
+    return jvp(sin_fn, std::make_tuple(x), std::make_tuple(t)).jvp_out;
   })(xs, ts);
   EXPECT_TRUE(AllClose(vt, xs.cos() * ts));
   // jvp of grad (forward-over-reverse).
   auto g = [](Tensor x) { return grad([](Tensor y) { return y.sin().sum(); })(x).tensor(); };
-  JvpResult fr = jvp(g, std::make_tuple(x), std::make_tuple(t));
-  EXPECT_TRUE(AllClose(fr.tangent, -x.sin() * t));
+  auto fr = jvp(g, std::make_tuple(x), std::make_tuple(t));
+  EXPECT_TRUE(AllClose(fr.jvp_out, -x.sin() * t));
   // grad of jvp (reverse-over-forward).
   auto h = [t](Tensor x) {
-    return jvp(sin_fn, std::make_tuple(x), std::make_tuple(t)).tangent.tensor().sum();
+    return jvp(sin_fn, std::make_tuple(x), std::make_tuple(t)).jvp_out.sum();
   };
   EXPECT_TRUE(AllClose(grad(h)(x), -x.sin() * t));
 }

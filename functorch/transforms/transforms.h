@@ -8,6 +8,7 @@
 
 #include "functorch/transforms/argnums.h"   // IWYU pragma: export
 #include "functorch/transforms/grad.h"      // IWYU pragma: export
+#include "functorch/transforms/has_aux.h"   // IWYU pragma: export
 #include "functorch/transforms/jacobian.h"  // IWYU pragma: export
 #include "functorch/transforms/jvp.h"       // IWYU pragma: export
 #include "functorch/transforms/pytree.h"    // IWYU pragma: export

@@ -13,23 +13,28 @@
 // torch::OrderedDict<std::string, T>), std::map<std::string, T>,
 // c10::optional<T>.
 //
-// NamedTensors -- what named_parameters() returns and functional_call takes --
-// crosses a transform as a dict in its own insertion order and comes back as
-// NamedTensors, so one dict type flows through both:
+// One dict type: NamedTensors -- what named_parameters() returns and
+// functional_call takes -- crosses a transform as a dict in its own insertion
+// order, and a dict result converts back to NamedTensors, so parameters and
+// gradients flow between functional_call and the transforms unconverted:
 //
 //   auto loss = [&](functorch::NamedTensors p, torch::Tensor x) {
 //     return functorch::functional_call(model, p, x).sum();
 //   };
-//   functorch::Tree g = functorch::grad(loss)(params, x);  // g["0.weight"]
+//   functorch::NamedTensors g = functorch::grad(loss)(params, x);
+//   torch::Tensor y = functorch::functional_call(model, g, x);
 //
-// (std::map still works, in its sorted key order.)
+// A std::map<std::string, T> argument is accepted and converted: the callable
+// receives it as torch::OrderedDict<std::string, T> (NamedTensors for
+// tensors), in the map's (sorted) order. Callables therefore take dicts as
+// NamedTensors, never as std::map.
 //
-// The wrapped callable is invoked with the *caller's* argument types, so
-// generic lambdas work and a transform's output type can differ from its
-// input types. Results of vmap keep the callable's return type; results of
-// the autodiff transforms (whose structure depends on runtime argnums) are a
-// Tree, which converts implicitly to at::Tensor, std::vector<at::Tensor> and
-// std::tuple<...>.
+// The wrapped callable is invoked with the caller's argument types (dicts
+// as above), so generic lambdas work and a transform's output type can
+// differ from its input types. Results of vmap keep the callable's return
+// type; results of grad and the Jacobians (whose structure depends on runtime
+// argnums) are a Tree, which converts implicitly to at::Tensor,
+// std::vector<at::Tensor>, NamedTensors and std::tuple<...>.
 
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
@@ -79,6 +84,8 @@ class Tree {
   operator std::vector<at::Tensor>() const {         // NOLINT
     return to<std::vector<at::Tensor>>();
   }
+  // A dict result (grad w.r.t. a NamedTensors argument), keys in order.
+  operator NamedTensors() const { return to<NamedTensors>(); }  // NOLINT
   template <class... Ts>
   operator std::tuple<Ts...>() const {  // NOLINT
     return to<std::tuple<Ts...>>();
@@ -316,6 +323,57 @@ inline size_t Tree::size() const {
 
 namespace internal {
 
+// The type a transformed callable receives for an argument passed as T:
+// T itself, except that dicts arrive as torch::OrderedDict (std::map
+// arguments are converted), at any depth.
+template <class T>
+struct Canonical {
+  using type = T;
+};
+template <class T>
+using canonical_t = typename Canonical<std::decay_t<T>>::type;
+template <class T>
+struct Canonical<std::map<std::string, T>> {
+  using type = torch::OrderedDict<std::string, canonical_t<T>>;
+};
+template <class T>
+struct Canonical<torch::OrderedDict<std::string, T>> {
+  using type = torch::OrderedDict<std::string, canonical_t<T>>;
+};
+template <class T>
+struct Canonical<std::vector<T>> {
+  using type = std::vector<canonical_t<T>>;
+};
+template <class... Ts>
+struct Canonical<std::tuple<Ts...>> {
+  using type = std::tuple<canonical_t<Ts>...>;
+};
+template <class A, class B>
+struct Canonical<std::pair<A, B>> {
+  using type = std::pair<canonical_t<A>, canonical_t<B>>;
+};
+template <class T>
+struct Canonical<c10::optional<T>> {
+  using type = c10::optional<canonical_t<T>>;
+};
+
+// What `f` returns when called with the canonical forms of Args.
+template <class F, class... Args>
+struct TypedCall {
+  static_assert(std::is_invocable<const F&, canonical_t<Args>...>::value,
+                "functorch: the transformed function cannot be called with "
+                "these arguments. Dict arguments reach it as "
+                "functorch::NamedTensors (torch::OrderedDict<std::string, T>), "
+                "also when passed as std::map: declare dict parameters as "
+                "NamedTensors.");
+  using type =
+      std::decay_t<std::invoke_result_t<const F&, canonical_t<Args>...>>;
+  static_assert(!std::is_void<type>::value,
+                "functorch: a transformed function must return a value");
+};
+template <class F, class... Args>
+using typed_result_t = typename TypedCall<F, Args...>::type;
+
 template <class F, class... Args, size_t... I>
 c10::IValue invoke_typed(const F& f, const std::vector<c10::IValue>& args,
                          std::index_sequence<I...>) {
@@ -345,10 +403,8 @@ class Typed {
 
   template <class... Args>
   auto operator()(Args&&... args) const {
-    using R = std::decay_t<std::invoke_result_t<const F&, std::decay_t<Args>...>>;
-    static_assert(!std::is_void<R>::value,
-                  "functorch: a transformed function must return a value");
-    TreeFn inner = as_tree_fn<F, std::decay_t<Args>...>(&f_);
+    using R = typed_result_t<F, Args...>;
+    TreeFn inner = as_tree_fn<F, canonical_t<Args>...>(&f_);
     c10::IValue out = transform_(inner)({to_ivalue(args)...});
     return IValueConvert<Result<R>>::from(out);
   }

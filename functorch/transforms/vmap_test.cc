@@ -168,8 +168,8 @@ TEST_F(VmapTest, InDimsNoneAndNested) {
 
 TEST_F(VmapTest, DictAndListInDims) {
   Tensor w = torch::randn({5, 3}), bias = torch::randn({3});
-  std::map<std::string, Tensor> params{{"b", bias}, {"w", w}};
-  auto f = [](std::map<std::string, Tensor> p) { return p["w"] + p["b"]; };
+  NamedTensors params{{"w", w}, {"b", bias}};
+  auto f = [](NamedTensors p) { return p["w"] + p["b"]; };
   Tensor out = vmap(f, {DimTree::dict({{"b", c10::nullopt}, {"w", 0}})})(params);
   EXPECT_TRUE(AllClose(out, w + bias));
   // in_dims as a broadcast int over a list argument.

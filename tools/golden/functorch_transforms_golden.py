@@ -123,6 +123,47 @@ def main():
     g["vmap_jacrev_tanh"] = vmap(jacrev(tanh_mlp))(xb)
     g["vmap_jacfwd_tanh"] = vmap(jacfwd(tanh_mlp))(xb)
 
+    # has_aux on vjp and jvp (drawn after everything above, so the earlier
+    # values do not move when cases are added here).
+    def sin_mul_aux(x, y):
+        out = x.sin() * y
+        return out, {"cos": x.cos() * y, "sq": out * out}
+
+    out, vjp_fn, aux = vjp(sin_mul_aux, a, b, has_aux=True)
+    ct2 = torch.randn(4, dtype=dt)
+    g["vjp_aux.ct"] = ct2
+    g["vjp_aux_out"] = out
+    g["vjp_aux_0"], g["vjp_aux_1"] = vjp_fn(ct2)
+    g["vjp_aux_aux_cos"], g["vjp_aux_aux_sq"] = aux["cos"], aux["sq"]
+    out, jvp_out, aux = jvp(sin_mul_aux, (a, b), (ta, tb), has_aux=True)
+    g["jvp_aux_out"], g["jvp_aux_tangent"] = out, jvp_out
+    g["jvp_aux_aux_cos"], g["jvp_aux_aux_sq"] = aux["cos"], aux["sq"]
+
+    # vjp of a two-output function (cotangents are a tuple) and of a loss
+    # over a parameter dict; vjp_fn's results are a tuple, one per primal.
+    def two_outputs(x, y):
+        return x * y, (x + y).exp()
+
+    out, vjp_fn = vjp(two_outputs, a, b)
+    c0, c1 = torch.randn(4, dtype=dt), torch.randn(4, dtype=dt)
+    g["vjp2.ct0"], g["vjp2.ct1"] = c0, c1
+    g["vjp2_out0"], g["vjp2_out1"] = out
+    g["vjp2_0"], g["vjp2_1"] = vjp_fn((c0, c1))
+
+    def dict_loss(params, x):
+        y = (params["w"] @ x + params["b"]).tanh()
+        return y.sum(), y
+
+    loss, vjp_fn, aux = vjp(dict_loss, {"w": w, "b": bias}, a, has_aux=True)
+    one = torch.ones((), dtype=dt)
+    dparams, dx = vjp_fn(one)
+    g["vjp_dict_loss"], g["vjp_dict_aux"] = loss, aux
+    g["vjp_dict_w"], g["vjp_dict_b"], g["vjp_dict_x"] = dparams["w"], dparams["b"], dx
+    out, jvp_out, aux = jvp(dict_loss, ({"w": w, "b": bias}, a),
+                            ({"w": torch.ones_like(w), "b": torch.zeros_like(bias)},
+                             torch.zeros_like(a)), has_aux=True)
+    g["jvp_dict_out"], g["jvp_dict_tangent"], g["jvp_dict_aux"] = out, jvp_out, aux
+
     for k, v in g.items():
         assert isinstance(v, torch.Tensor), k
     g = {k: v.detach().clone().contiguous() for k, v in g.items()}
