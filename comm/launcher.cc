@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <thread>
 #include <utility>
 
@@ -37,6 +38,8 @@ struct Child {
   std::string last_err_line;  // for the failure summary
   bool reaped = false;
   int status = 0;
+  int stop_signal = 0;  // the signal that stopped it, while stopped
+  Clock::time_point stopped_at;
 };
 
 std::string errno_text(int err) { return std::strerror(err); }
@@ -138,6 +141,15 @@ std::string describe_status(int status) {
   return absl::StrCat("exited with status ", WEXITSTATUS(status));
 }
 
+void event(const LaunchOptions& options, const std::string& message) {
+  if (options.on_event) {
+    options.on_event(message);
+    return;
+  }
+  std::fprintf(stderr, "launch: %s\n", message.c_str());
+  std::fflush(stderr);
+}
+
 int shell_status(int status) {
   return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
 }
@@ -166,46 +178,15 @@ absl::StatusOr<int> pick_free_port() {
   return static_cast<int>(ntohs(addr.sin_port));
 }
 
-absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
-  if (options.nproc_per_node <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--nproc=", options.nproc_per_node, ": expected a positive integer"));
-  }
-  if (options.nnodes <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--nnodes=", options.nnodes, ": expected a positive integer"));
-  }
-  if (options.node_rank < 0 || options.node_rank >= options.nnodes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--node-rank=", options.node_rank,
-                     ": expected an integer in [0, --nnodes=", options.nnodes,
-                     ")"));
-  }
-  if (options.master_port < 0 || options.master_port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--master-port=", options.master_port,
-        ": expected a TCP port in [1, 65535] (or 0 to pick a free one)"));
-  }
-  if (options.master_port == 0 && options.nnodes > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--master-port is unset with --nnodes=", options.nnodes,
-        ": expected an explicit port every node agrees on"));
-  }
-  if (options.command.empty()) {
-    return absl::InvalidArgumentError(
-        "no program to launch: expected `-- PROGRAM [ARGS...]`");
-  }
-  auto program = resolve_program(options.command[0]);
-  if (!program.ok()) return program.status();
-  int port = options.master_port;
-  if (port == 0) {
-    auto picked = pick_free_port();
-    if (!picked.ok()) return picked.status();
-    port = *picked;
-  }
-
-  auto layout = thread_layout(options);
-  if (!layout.ok()) return layout.status();
+// One attempt: starts the local ranks, forwards their output and waits for
+// them (see launch()). `deadline` bounds the whole job (Clock::time_point::max()
+// without --timeout).
+static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
+                                                const std::string& program_path,
+                                                const ThreadLayout& thread_plan, int port,
+                                                int attempt, Clock::time_point deadline) {
+  const std::string* program = &program_path;
+  const ThreadLayout* layout = &thread_plan;
   const int nproc = options.nproc_per_node;
   const int world = nproc * options.nnodes;
   std::vector<std::string> argv_strings = options.command;
@@ -225,6 +206,11 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
     vars["MASTER_ADDR"] = options.master_addr;
     vars["MASTER_PORT"] = std::to_string(port);
     vars["OMP_NUM_THREADS"] = std::to_string(layout->threads_per_rank);
+    vars[kRestartCountVariable] = std::to_string(attempt);
+    vars[kMaxRestartsVariable] = std::to_string(options.max_restarts);
+    if (options.collective_timeout.count() > 0) {
+      vars[kCollectiveTimeoutVariable] = std::to_string(options.collective_timeout.count());
+    }
     env_strings[local] = child_environment(vars, options.unset_env);
     envs[local] = c_strings(env_strings[local]);
   }
@@ -286,14 +272,29 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
   }
 
   LaunchResult result;
-  const auto start = Clock::now();
   bool ending = false;  // SIGTERM sent to the survivors
   Clock::time_point term_sent;
   bool killed = false;
   auto end_all = [&](int signal) {
     for (auto& c : children) {
-      if (c.pid > 0 && !c.reaped) kill(-c.pid, signal);
+      // A stopped process acts on SIGTERM only once continued: kill it.
+      if (c.pid > 0 && !c.reaped) kill(-c.pid, c.stop_signal != 0 ? SIGKILL : signal);
     }
+  };
+  // "rank 1 (pid 123) hung (stopped by signal 19 (Stopped (signal)) 5.1 s
+  // before and never continued); " for each rank stopped now, or "".
+  auto describe_hung = [&]() {
+    std::string text;
+    for (const auto& c : children) {
+      if (c.reaped || c.stop_signal == 0) continue;
+      result.hung_ranks.push_back(c.rank);
+      const auto tenths = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              Clock::now() - c.stopped_at).count() / 100;
+      absl::StrAppend(&text, "rank ", c.rank, " (pid ", c.pid, ") hung (stopped by signal ",
+                      c.stop_signal, " (", strsignal(c.stop_signal), ") ", tenths / 10, ".",
+                      tenths % 10, " s before and never continued); ");
+    }
+    return text;
   };
   if (!spawn_error.ok()) {
     ending = true;
@@ -337,10 +338,23 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
     // Reap.
     int status = 0;
     pid_t pid;
-    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    while ((pid = waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED)) > 0) {
       for (int i = 0; i < nproc; ++i) {
         Child& c = children[i];
         if (c.pid != pid) continue;
+        if (WIFSTOPPED(status)) {
+          c.stop_signal = WSTOPSIG(status);
+          c.stopped_at = Clock::now();
+          event(options, absl::StrCat("rank ", c.rank, " (pid ", c.pid,
+                                      ") was stopped by signal ", c.stop_signal, " (",
+                                      strsignal(c.stop_signal), ")"));
+          if (ending) kill(-c.pid, SIGKILL);
+          continue;
+        }
+        if (WIFCONTINUED(status)) {
+          c.stop_signal = 0;
+          continue;
+        }
         c.reaped = true;
         c.status = status;
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -357,8 +371,10 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
           }
           result.first_failed_rank = c.rank;
           result.exit_code = shell_status(status);
-          result.summary = absl::StrCat("rank ", c.rank, " (pid ", c.pid, ") ",
+          const std::string hung = describe_hung();
+          result.summary = absl::StrCat(hung, "rank ", c.rank, " (pid ", c.pid, ") ",
                                         describe_status(status), " first");
+          if (!hung.empty()) absl::StrAppend(&result.summary, ", waiting for it");
           if (!c.last_err_line.empty()) {
             absl::StrAppend(&result.summary, " (its last error line: \"",
                             c.last_err_line, "\")");
@@ -391,11 +407,10 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
     }
 
     // Timeout and external stop.
-    if (!ending && options.timeout.count() > 0 &&
-        Clock::now() - start > options.timeout) {
+    if (!ending && Clock::now() > deadline) {
       result.timed_out = true;
       result.exit_code = 124;
-      result.summary = absl::StrCat("timeout: ranks still running after ",
+      result.summary = absl::StrCat(describe_hung(), "timeout: ranks still running after ",
                                     options.timeout.count(),
                                     " ms were ended");
       ending = true;
@@ -448,6 +463,78 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
     result.ranks.push_back(exit);
   }
   return result;
+}
+
+absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
+  if (options.nproc_per_node <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nproc=", options.nproc_per_node, ": expected a positive integer"));
+  }
+  if (options.nnodes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nnodes=", options.nnodes, ": expected a positive integer"));
+  }
+  if (options.node_rank < 0 || options.node_rank >= options.nnodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--node-rank=", options.node_rank,
+                     ": expected an integer in [0, --nnodes=", options.nnodes,
+                     ")"));
+  }
+  if (options.master_port < 0 || options.master_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--master-port=", options.master_port,
+        ": expected a TCP port in [1, 65535] (or 0 to pick a free one)"));
+  }
+  if (options.master_port == 0 && options.nnodes > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--master-port is unset with --nnodes=", options.nnodes,
+        ": expected an explicit port every node agrees on"));
+  }
+  if (options.command.empty()) {
+    return absl::InvalidArgumentError(
+        "no program to launch: expected `-- PROGRAM [ARGS...]`");
+  }
+  if (options.max_restarts < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-restarts=", options.max_restarts, ": expected an integer >= 0"));
+  }
+  if (options.max_restarts > 0 && options.nnodes > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--max-restarts=", options.max_restarts, " with --nnodes=", options.nnodes,
+        ": restarting a multi-node job is not implemented (the launchers would need a "
+        "shared rendezvous to agree on each restart); use --max-restarts 0"));
+  }
+  auto program = resolve_program(options.command[0]);
+  if (!program.ok()) return program.status();
+  auto layout = thread_layout(options);
+  if (!layout.ok()) return layout.status();
+  const Clock::time_point deadline = options.timeout.count() > 0
+                                         ? Clock::now() + options.timeout
+                                         : Clock::time_point::max();
+  std::vector<std::string> causes;
+  for (int attempt = 0;; ++attempt) {
+    int port = options.master_port;
+    if (port == 0) {  // a fresh rendezvous for every attempt
+      auto picked = pick_free_port();
+      if (!picked.ok()) return picked.status();
+      port = *picked;
+    }
+    auto result = run_attempt(options, *program, *layout, port, attempt, deadline);
+    if (!result.ok()) return result.status();
+    result->restart_causes = causes;
+    const bool stopped = options.stop_signal != nullptr && options.stop_signal->load() != 0;
+    if (result->exit_code == 0 || result->timed_out || stopped) return result;
+    if (attempt >= options.max_restarts) {
+      if (options.max_restarts > 0) {
+        absl::StrAppend(&result->summary, "; no restart left (--max-restarts=",
+                        options.max_restarts, " used)");
+      }
+      return result;
+    }
+    causes.push_back(result->summary);
+    event(options, absl::StrCat("restart ", attempt + 1, " of ", options.max_restarts,
+                                ": ", result->summary));
+  }
 }
 
 absl::StatusOr<ThreadLayout> thread_layout(const LaunchOptions& options) {
@@ -506,6 +593,17 @@ absl::StatusOr<LaunchOptions> parse_launch_args(
       options.master_addr = value;
     } else if (flag == "--master-port" || flag == "--master_port") {
       status = take_int(flag, value, 1, &options.master_port);
+    } else if (flag == "--collective-timeout") {
+      double seconds = 0;
+      if (!absl::SimpleAtod(value, &seconds) || !(seconds > 0) || seconds > 1e7) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--collective-timeout='", value,
+            "': expected a positive number of seconds (at most 1e7)"));
+      }
+      options.collective_timeout = std::chrono::milliseconds(
+          std::max<int64_t>(1, static_cast<int64_t>(seconds * 1000)));
+    } else if (flag == "--max-restarts" || flag == "--max_restarts") {
+      status = take_int(flag, value, 0, &options.max_restarts);
     } else if (flag == "--threads-per-rank") {
       status = take_int(flag, value, 1, &options.threads_per_rank);
     } else if (flag == "--timeout") {
@@ -520,7 +618,8 @@ absl::StatusOr<LaunchOptions> parse_launch_args(
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown flag ", flag,
           ": expected --nproc, --nnodes, --node-rank, --master-addr, "
-          "--master-port, --timeout, --threads-per-rank"));
+          "--master-port, --timeout, --collective-timeout, --max-restarts, "
+          "--threads-per-rank"));
     }
     if (!status.ok()) return status;
   }

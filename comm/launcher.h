@@ -6,7 +6,24 @@
 // and OMP_NUM_THREADS from thread_layout(): the ranks on this node share its
 // cores (see comm/thread_layout.h). Its stdout/stderr
 // lines are prefixed "[rank K] ". When a rank fails (non-zero exit or killed
-// by a signal) the others get SIGTERM, then SIGKILL after `kill_grace`.
+// by a signal) the others get SIGTERM, then SIGKILL after `kill_grace` (a
+// stopped rank gets SIGKILL at once: SIGTERM would wait for a SIGCONT).
+//
+// Elastic restarts (torchrun's --max-restarts): with max_restarts N > 0, a
+// failed group is ended as a whole and started again, with a fresh
+// rendezvous port (when master_port is 0) and TORCHELASTIC_RESTART_COUNT set
+// to the attempt number (0 first), up to N times; every restart is reported
+// through `on_event` with its cause. A program that checkpoints resumes from
+// its newest checkpoint when it sees a restart count above 0 (the trainer
+// does). A timeout or a stop signal ends the job without restarting.
+//
+// Hung ranks: a rank stopped by a signal (SIGSTOP, SIGTSTP, a tracer) is
+// seen by the launcher (waitpid WUNTRACED). When the job then fails — the
+// other ranks' collectives time out waiting for it — the summary names the
+// stopped rank as the one that hung, before the rank whose timeout came
+// first. A rank that is alive but silent without being stopped (spinning,
+// deadlocked) cannot be told from its waiting peers from outside; the
+// summary then names only the ranks that failed.
 // Children die with the launcher (PR_SET_PDEATHSIG) and each runs in its own
 // process group, which is killed as a whole, so nothing is left behind.
 // launch() blocks and must be called from a thread that outlives it (the
@@ -36,9 +53,18 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   // 0: pick a free local port (single node only).
   int master_port = 0;
-  // Ends every rank after this long (0: no limit); the result then has
-  // timed_out set and exit_code 124.
+  // Ends every rank after this long (0: no limit), restarts included; the
+  // result then has timed_out set and exit_code 124.
   std::chrono::milliseconds timeout{0};
+  // The collective timeout the ranks should give their process groups,
+  // passed as COMM_COLLECTIVE_TIMEOUT_MS (0: not set). The trainer honours
+  // it when its own --timeout is not given.
+  std::chrono::milliseconds collective_timeout{0};
+  // Restarts of the whole group after a rank fails (0: none).
+  int max_restarts = 0;
+  // Receives the launcher's own messages (a restart and its cause, a rank
+  // stopped by a signal). Unset: "launch: MESSAGE" on stderr.
+  std::function<void(const std::string& message)> on_event;
   // How long ranks get between SIGTERM and SIGKILL.
   std::chrono::milliseconds kill_grace{3000};
   // Intra-op threads per rank; 0: OMP_NUM_THREADS if the environment (or
@@ -78,10 +104,22 @@ struct LaunchResult {
   std::optional<int> first_failed_rank;
   bool timed_out = false;
   // One line saying what happened ("rank 1 (pid 123) was killed by signal 9
-  // (Killed) first; ended the others"), empty on success.
+  // (Killed) first; ended the others"), empty on success. Of the last
+  // attempt when the group was restarted.
   std::string summary;
-  std::vector<RankExit> ranks;  // indexed by local rank
+  // Ranks that were stopped by a signal when the attempt failed (the ranks
+  // that hung), in rank order.
+  std::vector<int> hung_ranks;
+  std::vector<RankExit> ranks;  // indexed by local rank; of the last attempt
+  // Restarts done, with the summary of the failure that caused each.
+  std::vector<std::string> restart_causes;
 };
+
+// The environment variables a rank reads: restart attempt (0 first) and the
+// collective timeout in milliseconds (set only when `collective_timeout` is).
+inline constexpr char kRestartCountVariable[] = "TORCHELASTIC_RESTART_COUNT";
+inline constexpr char kMaxRestartsVariable[] = "TORCHELASTIC_MAX_RESTARTS";
+inline constexpr char kCollectiveTimeoutVariable[] = "COMM_COLLECTIVE_TIMEOUT_MS";
 
 // Bad options (nproc <= 0, node_rank >= nnodes, nnodes > 1 without a master
 // port, empty command, program not executable) are an InvalidArgument /
@@ -94,7 +132,8 @@ absl::StatusOr<ThreadLayout> thread_layout(const LaunchOptions& options);
 
 // Parses the command line of //tools:launch:
 //   --nproc N [--nnodes M] [--node-rank K] [--master-addr A] [--master-port P]
-//   [--timeout SECONDS] [--threads-per-rank T] -- PROGRAM [ARGS...]
+//   [--timeout SECONDS] [--collective-timeout SECONDS] [--max-restarts N]
+//   [--threads-per-rank T] -- PROGRAM [ARGS...]
 // (also --flag=value). `args` excludes argv[0].
 absl::StatusOr<LaunchOptions> parse_launch_args(const std::vector<std::string>& args);
 

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -214,6 +215,107 @@ TEST(Launcher, TimeoutEndsHungRanks) {
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 5.0);
 }
 
+// A rank stopped by a signal hangs its peers until their collectives time
+// out; the summary names it (not only the ranks that timed out), and it is
+// killed although stopped (SIGTERM would wait for a SIGCONT).
+TEST(Launcher, StoppedRankIsNamedAsTheOneThatHung) {
+  Captured captured;
+  std::vector<std::string> events;
+  auto options = options_for(3, {"--hang-rank", "1"}, &captured);
+  options.on_event = [&](const std::string& message) { events.push_back(message); };
+  const auto start = Clock::now();
+  auto result = launch(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 5.0);
+  EXPECT_EQ(result->exit_code, 1) << result->summary;
+  EXPECT_EQ(result->hung_ranks, std::vector<int>{1});
+  EXPECT_THAT(result->summary, HasSubstr("rank 1 (pid "));
+  EXPECT_THAT(result->summary,
+              HasSubstr(") hung (stopped by signal " + std::to_string(SIGSTOP)));
+  EXPECT_THAT(result->summary, HasSubstr("timed out"));
+  // The rank that failed first is one of the waiting ones.
+  ASSERT_TRUE(result->first_failed_rank.has_value());
+  EXPECT_NE(*result->first_failed_rank, 1);
+  EXPECT_THAT(events, ::testing::Contains(HasSubstr("rank 1 (pid")));
+  EXPECT_EQ(result->ranks[1].term_signal, SIGKILL);
+  EXPECT_FALSE(process_alive(result->ranks[1].pid));
+}
+
+TEST(Launcher, CollectiveTimeoutAndRestartCountReachTheRanks) {
+  Captured captured;
+  auto options = options_for(2, {"--print-env"}, &captured);
+  options.collective_timeout = std::chrono::milliseconds(1500);
+  options.max_restarts = 4;
+  auto result = launch(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 0) << result->summary;
+  EXPECT_THAT(captured.out, ::testing::Contains("[rank 1] COMM_COLLECTIVE_TIMEOUT_MS=1500"));
+  EXPECT_THAT(captured.out, ::testing::Contains("[rank 1] TORCHELASTIC_RESTART_COUNT=0"));
+  EXPECT_THAT(captured.out, ::testing::Contains("[rank 0] TORCHELASTIC_MAX_RESTARTS=4"));
+  EXPECT_TRUE(result->restart_causes.empty());
+}
+
+// Every failure restarts the whole group, with a fresh rendezvous port,
+// until the ranks succeed (here: on the second restart).
+TEST(Launcher, FailedGroupIsRestartedWithAFreshRendezvous) {
+  Captured captured;
+  std::vector<std::string> events;
+  const std::string dir = temp_dir();
+  auto options = options_for(3, {"--print-env", "--fail-rank", "1", "--fail-code", "7",
+                                 "--fail-until-restart", "2", "--pid-dir", dir},
+                             &captured);
+  options.max_restarts = 3;
+  options.on_event = [&](const std::string& message) { events.push_back(message); };
+  auto result = launch(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 0) << result->summary;
+  ASSERT_EQ(result->restart_causes.size(), 2u);
+  for (const auto& cause : result->restart_causes) {
+    EXPECT_THAT(cause, HasSubstr("rank 1 (pid "));
+    EXPECT_THAT(cause, HasSubstr("exited with status 7"));
+  }
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_THAT(events[0], HasSubstr("restart 1 of 3: rank 1 (pid "));
+  EXPECT_THAT(events[1], HasSubstr("restart 2 of 3: rank 1 (pid "));
+  std::set<std::string> ports;
+  for (const auto& line : captured.out) {
+    if (line.find("[rank 0] MASTER_PORT=") == 0) ports.insert(line);
+  }
+  EXPECT_EQ(ports.size(), 3u) << "expected a fresh port for each of 3 attempts";
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    EXPECT_THAT(captured.out, ::testing::Contains("[rank 2] TORCHELASTIC_RESTART_COUNT=" +
+                                                  std::to_string(attempt)));
+  }
+  EXPECT_THAT(captured.out, ::testing::Contains("[rank 1] rank 1: restart 2, not failing"));
+  // The ranks of the failed attempts were ended, not left running.
+  for (int pid : read_pids(dir, 3)) EXPECT_FALSE(process_alive(pid)) << pid;
+}
+
+TEST(Launcher, GivesUpWhenRestartsAreUsedUp) {
+  Captured captured;
+  auto options = options_for(2, {"--kill-self-rank", "0", "--fail-until-restart", "5"},
+                             &captured);
+  options.max_restarts = 1;
+  options.on_event = [](const std::string&) {};
+  auto result = launch(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 128 + SIGKILL);
+  EXPECT_EQ(result->restart_causes.size(), 1u);
+  EXPECT_THAT(result->summary, HasSubstr("killed by signal 9"));
+  EXPECT_THAT(result->summary, HasSubstr("no restart left (--max-restarts=1 used)"));
+}
+
+TEST(Launcher, TimeoutIsNotRestarted) {
+  Captured captured;
+  auto options = options_for(2, {"--sleep"}, &captured);
+  options.timeout = std::chrono::milliseconds(800);
+  options.max_restarts = 3;
+  auto result = launch(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->timed_out);
+  EXPECT_TRUE(result->restart_causes.empty());
+}
+
 TEST(Launcher, BadOptionsAreErrors) {
   LaunchOptions options;
   options.command = {child_program()};
@@ -231,6 +333,13 @@ TEST(Launcher, BadOptionsAreErrors) {
   EXPECT_EQ(launch(options).status().code(), absl::StatusCode::kNotFound);
   options.command = {};
   EXPECT_FALSE(launch(options).ok());
+  options.command = {child_program()};
+  options.max_restarts = -1;
+  EXPECT_THAT(std::string(launch(options).status().message()), HasSubstr("--max-restarts=-1"));
+  options.max_restarts = 2;
+  options.nnodes = 2;
+  options.master_port = 29999;
+  EXPECT_EQ(launch(options).status().code(), absl::StatusCode::kUnimplemented);
 }
 
 TEST(Launcher, ParsesCommandLine) {
@@ -255,6 +364,22 @@ TEST(Launcher, ParsesCommandLine) {
               HasSubstr("unknown flag --bogus"));
   EXPECT_THAT(std::string(parse_launch_args({"--nproc", "2"}).status().message()),
               HasSubstr("no program"));
+  auto elastic = parse_launch_args({"--nproc", "2", "--collective-timeout", "1.5",
+                                    "--max-restarts=3", "--", "prog"});
+  ASSERT_TRUE(elastic.ok()) << elastic.status();
+  EXPECT_EQ(elastic->collective_timeout.count(), 1500);
+  EXPECT_EQ(elastic->max_restarts, 3);
+  EXPECT_EQ(elastic->timeout.count(), 0);
+  EXPECT_THAT(std::string(parse_launch_args({"--nproc", "2", "--collective-timeout", "0",
+                                             "--", "p"})
+                              .status()
+                              .message()),
+              HasSubstr("--collective-timeout='0'"));
+  EXPECT_THAT(std::string(parse_launch_args({"--nproc", "2", "--max-restarts", "-1",
+                                             "--", "p"})
+                              .status()
+                              .message()),
+              HasSubstr("--max-restarts='-1'"));
 }
 
 // The command-line tool, as a user runs it.
@@ -371,6 +496,15 @@ TEST(LaunchTool, RanksDieWithAKilledLauncher) {
     }
     EXPECT_FALSE(process_alive(pid)) << "pid " << pid << " survived its launcher";
   }
+}
+
+TEST(LaunchTool, MaxRestartsRestartsAndLogsTheCause) {
+  auto run = run_tool({"--nproc", "2", "--max-restarts", "2", "--", child_program(),
+                       "--fail-rank", "0", "--fail-code", "6", "--fail-until-restart", "1"});
+  EXPECT_EQ(run.status, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("launch: restart 1 of 2: rank 0 (pid "));
+  EXPECT_THAT(run.output, HasSubstr("exited with status 6"));
+  EXPECT_THAT(run.output, HasSubstr("[rank 0] rank 0: restart 1, not failing"));
 }
 
 TEST(LaunchTool, TimeoutFlagEndsHungRanks) {

@@ -1,5 +1,6 @@
 // bazel run //tools:launch -- --nproc N [--nnodes M --node-rank K
 //     --master-addr A --master-port P --timeout SECONDS
+//     --collective-timeout SECONDS --max-restarts N
 //     --threads-per-rank T] -- PROGRAM [ARGS...]
 //
 // Starts N local ranks of PROGRAM with RANK, WORLD_SIZE, LOCAL_RANK,
@@ -7,7 +8,8 @@
 // comm/launcher.h and comm/thread_layout.h; the layout is printed first),
 // prefixes their output with "[rank K] ", and exits with the status of the
 // first rank that failed (128 + signal if it was killed, 124 on --timeout,
-// 2 on bad usage).
+// 2 on bad usage). With --max-restarts N a failed group is restarted (all
+// ranks, fresh rendezvous) up to N times, each restart logged with its cause.
 #include <signal.h>
 #include <unistd.h>
 
@@ -27,8 +29,13 @@ void on_signal(int signal) { g_stop_signal.store(signal); }
 
 constexpr const char kUsage[] =
     "usage: launch --nproc N [--nnodes M] [--node-rank K] [--master-addr A]\n"
-    "              [--master-port P] [--timeout SECONDS] [--threads-per-rank T]\n"
-    "              -- PROGRAM [ARGS...]\n"
+    "              [--master-port P] [--timeout SECONDS] [--collective-timeout SECONDS]\n"
+    "              [--max-restarts N] [--threads-per-rank T] -- PROGRAM [ARGS...]\n"
+    "  --timeout SECONDS     end the whole job after this long (exit 124)\n"
+    "  --collective-timeout SECONDS  the ranks' process-group timeout, passed as\n"
+    "                        COMM_COLLECTIVE_TIMEOUT_MS (the trainer honours it)\n"
+    "  --max-restarts N      restart every rank after a failure, up to N times;\n"
+    "                        ranks see TORCHELASTIC_RESTART_COUNT (single node only)\n"
     "  --threads-per-rank T  intra-op threads of each rank (OMP_NUM_THREADS);\n"
     "                        default: OMP_NUM_THREADS if set, else cores / nproc\n";
 

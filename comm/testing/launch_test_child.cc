@@ -8,6 +8,11 @@
 //   --sleep               sleep forever after the above (else exit 0)
 //   --write-closed-pipe   write to a pipe whose reader is gone; exits 3 on
 //                         EPIPE (dies of SIGPIPE unless it is ignored)
+//   --fail-until-restart K  with --fail-rank/--kill-self-rank: only fail
+//                         while TORCHELASTIC_RESTART_COUNT < K (then exit 0)
+//   --hang-rank R         rank R stops itself (SIGSTOP) after 200 ms; the
+//                         others exit 1 after 1.5 s saying their collective
+//                         timed out (a peer that hung)
 #include <signal.h>
 #include <unistd.h>
 
@@ -24,7 +29,10 @@ int main(int argc, char** argv) {
   const int rank = rank_text ? std::atoi(rank_text) : -1;
   bool print_env = false, spawn = false, ignore_term = false, sleep = false;
   bool write_closed_pipe = false;
-  int fail_rank = -1, fail_code = 0, kill_rank = -1;
+  int fail_rank = -1, fail_code = 0, kill_rank = -1, fail_until_restart = -1,
+      hang_rank = -1;
+  const char* restart_text = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const int restart = restart_text ? std::atoi(restart_text) : -1;
   std::string pid_dir;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -38,6 +46,8 @@ int main(int argc, char** argv) {
     else if (a == "--ignore-sigterm") ignore_term = true;
     else if (a == "--sleep") sleep = true;
     else if (a == "--write-closed-pipe") write_closed_pipe = true;
+    else if (a == "--fail-until-restart") fail_until_restart = std::atoi(next().c_str());
+    else if (a == "--hang-rank") hang_rank = std::atoi(next().c_str());
     else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 64; }
   }
   if (ignore_term) signal(SIGTERM, SIG_IGN);
@@ -53,7 +63,9 @@ int main(int argc, char** argv) {
   }
   if (print_env) {
     for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                             "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"}) {
+                             "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
+                             "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                             "COMM_COLLECTIVE_TIMEOUT_MS"}) {
       const char* v = std::getenv(name);
       std::printf("%s=%s\n", name, v ? v : "<unset>");
     }
@@ -76,6 +88,20 @@ int main(int argc, char** argv) {
       std::fclose(f);
       std::rename(tmp.c_str(), path.c_str());
     }
+  }
+  if (hang_rank >= 0) {
+    if (rank == hang_rank) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      raise(SIGSTOP);
+      for (;;) pause();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    std::fprintf(stderr, "rank %d: all_reduce timed out after 1500 ms\n", rank);
+    return 1;
+  }
+  if (fail_until_restart >= 0 && restart >= fail_until_restart) {
+    std::printf("rank %d: restart %d, not failing\n", rank, restart);
+    return 0;
   }
   if (rank == fail_rank || rank == kill_rank) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
