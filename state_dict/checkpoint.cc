@@ -30,6 +30,17 @@ std::function<void(const std::string&)>& AfterFileWrittenHook() {
 void SetAfterFileWrittenHookForTesting(std::function<void(const std::string&)> hook) {
   AfterFileWrittenHook() = std::move(hook);
 }
+
+namespace {
+std::function<void(const std::string&)>& BeforeRemoveHook() {
+  static auto* hook = new std::function<void(const std::string&)>();
+  return *hook;
+}
+}  // namespace
+
+void SetBeforeRemoveHookForTesting(std::function<void(const std::string&)> hook) {
+  BeforeRemoveHook() = std::move(hook);
+}
 }  // namespace internal
 
 namespace {
@@ -56,6 +67,28 @@ absl::Status WriteCheckpointFile(const std::string& path, absl::string_view byte
     internal::AfterFileWrittenHook()(path);
   }
   return status;
+}
+
+// Streams `tensors` into the data file `path` and records its size and
+// checksums in `file`, whose entries with data are in `tensors`' order
+// (data-less "-" entries are skipped); then runs the test hook.
+absl::Status WriteDataFile(const std::string& path, const TensorDict& tensors,
+                           ManifestFile& file) {
+  auto written = WriteTensorDict(tensors, path);
+  if (!written.ok()) return written.status();
+  file.bytes = written->bytes;
+  file.crc32c = written->crc32c;
+  size_t i = 0;
+  for (ManifestTensor& t : file.tensors) {
+    if (t.key == kNoData) continue;
+    if (i >= written->tensor_crc32c.size() || tensors[i].key() != t.key) {
+      return absl::InternalError(absl::StrCat("writing ", path, ": manifest entry '", t.key,
+                                              "' does not match the written tensors"));
+    }
+    t.crc32c = written->tensor_crc32c[i++];
+  }
+  if (internal::AfterFileWrittenHook()) internal::AfterFileWrittenHook()(path);
+  return absl::OkStatus();
 }
 
 absl::Status CheckName(const std::string& name) {
@@ -237,19 +270,21 @@ absl::StatusOr<TensorDict> ReadVerifiedFile(const std::string& step_dir,
                                             CheckpointKind kind,
                                             const ManifestFile& f) {
   const std::string path = step_dir + "/" + f.name;
-  auto bytes = internal::ReadFile(path);
-  if (!bytes.ok()) {
-    if (absl::IsNotFound(bytes.status())) {
+  // One sequential pass for the file's checksum (a fixed buffer, never the
+  // whole file in memory), then the records the dict needs, one by one.
+  auto sum = internal::ChecksumFile(path);
+  if (!sum.ok()) {
+    if (absl::IsNotFound(sum.status())) {
       return absl::NotFoundError(absl::StrCat("missing file ", path, " (rank ", f.rank, ")"));
     }
-    return bytes.status();
+    return sum.status();
   }
-  if (bytes->size() != f.bytes) {
+  if (sum->bytes != f.bytes) {
     return absl::DataLossError(absl::StrCat(
-        "file ", path, " is ", bytes->size() < f.bytes ? "truncated" : "too long",
-        ": ", bytes->size(), " bytes, the manifest records ", f.bytes));
+        "file ", path, " is ", sum->bytes < f.bytes ? "truncated" : "too long",
+        ": ", sum->bytes, " bytes, the manifest records ", f.bytes));
   }
-  const uint32_t crc = internal::Crc32c(bytes->data(), bytes->size());
+  const uint32_t crc = sum->crc32c;
   auto loaded = LoadTensorDict(path);
   if (crc != f.crc32c) {
     std::string culprit = "the damage is outside tensor data";
@@ -337,16 +372,11 @@ absl::Status SaveFullCheckpoint(const std::string& root, int64_t step,
     t.dtype = item.value().scalar_type();
     t.global_shape = item.value().sizes().vec();
     t.range = FlatRange{0, item.value().numel()};
-    t.crc32c = TensorCrc(item.value());
     file.tensors.push_back(std::move(t));
   }
   absl::Status status = PrepareStepDirectory(dir);
   if (!status.ok()) return status;
-  auto bytes = SerializeTensorDict(state);
-  if (!bytes.ok()) return bytes.status();
-  file.bytes = bytes->size();
-  file.crc32c = internal::Crc32c(bytes->data(), bytes->size());
-  status = WriteCheckpointFile(dir + "/" + kFullFileName, *bytes);
+  status = WriteDataFile(dir + "/" + kFullFileName, state, file);
   if (!status.ok()) return status;
   Manifest m;
   m.kind = CheckpointKind::kFull;
@@ -383,7 +413,6 @@ absl::Status SaveShard(const std::string& root, int64_t step, int rank,
     for (size_t k = 0; k < st.pieces.size(); ++k) {
       t.key = k == 0 ? item.key() : absl::StrCat(item.key(), "#", k);
       t.range = st.pieces[k].range;
-      t.crc32c = TensorCrc(st.pieces[k].data);
       pieces.insert(t.key, st.pieces[k].data);
       file.tensors.push_back(t);
     }
@@ -398,11 +427,7 @@ absl::Status SaveShard(const std::string& root, int64_t step, int rank,
     status = internal::FsyncDirectory(dir);
     if (!status.ok()) return status;
   }
-  auto bytes = SerializeTensorDict(pieces);
-  if (!bytes.ok()) return bytes.status();
-  file.bytes = bytes->size();
-  file.crc32c = internal::Crc32c(bytes->data(), bytes->size());
-  status = WriteCheckpointFile(dir + "/" + file.name, *bytes);
+  status = WriteDataFile(dir + "/" + file.name, pieces, file);
   if (!status.ok()) return status;
   Manifest meta;
   meta.kind = CheckpointKind::kSharded;
@@ -527,6 +552,104 @@ absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& root
   std::vector<std::string> out;
   for (auto& s : steps) out.push_back(std::move(s.second));
   return out;
+}
+
+namespace {
+
+constexpr char kRemovingPrefix[] = ".removing.";
+
+absl::Status ErrnoError(const std::string& what, const std::string& path) {
+  return absl::InternalError(absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
+}
+
+void BeforeRemove(const std::string& path) {
+  if (internal::BeforeRemoveHook()) internal::BeforeRemoveHook()(path);
+}
+
+// rm -r of a directory no reader looks at any more (already renamed away).
+absl::Status RemoveTree(const std::string& path) {
+  auto names = internal::ListDirectory(path);
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    const std::string child = path + "/" + name;
+    struct stat st;
+    if (::lstat(child.c_str(), &st) != 0) return ErrnoError("lstat", child);
+    if (S_ISDIR(st.st_mode)) {
+      if (auto s = RemoveTree(child); !s.ok()) return s;
+      continue;
+    }
+    BeforeRemove(child);
+    if (::unlink(child.c_str()) != 0) return ErrnoError("unlink", child);
+  }
+  BeforeRemove(path);
+  if (::rmdir(path.c_str()) != 0) return ErrnoError("rmdir", path);
+  return absl::OkStatus();
+}
+
+// Renames `root`/`name` out of sight (durably), then deletes it.
+absl::Status RemoveStepDirectory(const std::string& root, const std::string& name) {
+  const std::string from = root + "/" + name;
+  const std::string to = absl::StrCat(root, "/", kRemovingPrefix, name);
+  if (internal::PathExists(to)) {  // debris of an earlier interrupted removal
+    if (auto s = RemoveTree(to); !s.ok()) return s;
+  }
+  BeforeRemove(from);
+  if (::rename(from.c_str(), to.c_str()) != 0) return ErrnoError("rename", from);
+  if (auto s = internal::FsyncDirectory(root); !s.ok()) return s;
+  return RemoveTree(to);
+}
+
+}  // namespace
+
+absl::StatusOr<PruneReport> PruneCheckpoints(const std::string& root, int keep_last) {
+  if (keep_last < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keep_last=", keep_last, ": expected at least 1 (the newest complete checkpoint "
+        "is never removed)"));
+  }
+  auto names = internal::ListDirectory(root);
+  if (!names.ok()) return names.status();
+  std::vector<std::pair<int64_t, std::string>> complete, torn;
+  std::vector<std::string> removing;
+  for (const std::string& name : *names) {
+    if (absl::StartsWith(name, kRemovingPrefix)) {
+      removing.push_back(name);
+      continue;
+    }
+    int64_t step;
+    if (!absl::StartsWith(name, "step_") || !absl::SimpleAtoi(name.substr(5), &step)) continue;
+    auto m = ReadManifest(root + "/" + name);
+    if (m.ok() && m->step == step) {
+      complete.emplace_back(step, name);
+    } else if (absl::IsNotFound(m.status())) {
+      torn.emplace_back(step, name);
+    } else if (absl::IsFailedPrecondition(m.status())) {
+      return m.status();  // a newer format: nothing here is ours to judge
+    }
+  }
+  std::sort(complete.begin(), complete.end());
+  std::sort(torn.begin(), torn.end());
+  std::sort(removing.begin(), removing.end());
+  PruneReport report;
+  for (const std::string& name : removing) {
+    if (auto s = RemoveTree(root + "/" + name); !s.ok()) return s;
+    report.torn.push_back(root + "/" + name);
+  }
+  if (complete.empty()) return report;  // a first save may be in progress
+  const int64_t newest = complete.back().first;
+  const size_t doomed = complete.size() > static_cast<size_t>(keep_last)
+                            ? complete.size() - static_cast<size_t>(keep_last)
+                            : 0;
+  for (size_t i = 0; i < doomed; ++i) {
+    if (auto s = RemoveStepDirectory(root, complete[i].second); !s.ok()) return s;
+    report.removed.push_back(root + "/" + complete[i].second);
+  }
+  for (const auto& [step, name] : torn) {
+    if (step >= newest) continue;
+    if (auto s = RemoveStepDirectory(root, name); !s.ok()) return s;
+    report.torn.push_back(root + "/" + name);
+  }
+  return report;
 }
 
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& root) {

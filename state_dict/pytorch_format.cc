@@ -1,8 +1,12 @@
 #include "state_dict/pytorch_format.h"
 
+#include <map>
 #include <vector>
 
+#include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+#include <c10/util/strides.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -29,31 +33,105 @@ absl::StatusOr<c10::IValue> LoadIValue(const std::string& path) {
   return std::move(archive->value);
 }
 
-absl::StatusOr<std::string> SerializeTensorDict(const TensorDict& tensors) {
-  c10::Dict<std::string, at::Tensor> dict;
+namespace {
+
+// A CPU tensor of `t`'s dtype and shape, contiguous, over a storage of the
+// right size that holds no memory. The pickler reads only a tensor's
+// metadata (dtype, storage size, offset, shape, strides) and keeps a
+// reference to each tensor it will need the data of; handing it these
+// stand-ins keeps the pickling step from pinning (or copying) any data, so
+// that the records can then be written one tensor at a time.
+at::Tensor MetadataOnlyTensor(const at::Tensor& t) {
+  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
+                       c10::DataPtr(nullptr, c10::Device(c10::kCPU)),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  return at::empty({0}, at::TensorOptions().dtype(t.scalar_type()))
+      .set_(storage, 0, t.sizes(), c10::contiguous_strides(t.sizes()));
+}
+
+}  // namespace
+
+absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
+                                                  const std::string& path) {
+  // The data.pkl program, pickled from stand-ins (see MetadataOnlyTensor).
+  c10::Dict<std::string, at::Tensor> stand_ins;
+  std::vector<const at::Tensor*> sources;  // by the pickler's storage order
+  std::map<const c10::StorageImpl*, size_t> index_of_storage;
   for (const auto& item : tensors) {
     if (!item.value().defined()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot save tensor '", item.key(), "': it is undefined"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot save tensor '", item.key(), "' to ", path, ": it is undefined"));
     }
-    dict.insert(item.key(), item.value().detach().to(at::kCPU).contiguous());
+    if (item.value().layout() != c10::kStrided || item.value().is_quantized()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot save tensor '", item.key(), "' to ", path, ": only dense tensors are "
+          "supported, it has layout ", c10::str(item.value().layout()),
+          item.value().is_quantized() ? " (quantized)" : ""));
+    }
+    at::Tensor stand_in = MetadataOnlyTensor(item.value());
+    index_of_storage.emplace(stand_in.storage().unsafeGetStorageImpl(), sources.size());
+    sources.push_back(&item.value());
+    stand_ins.insert(item.key(), std::move(stand_in));
   }
+  std::string pickle;
+  std::vector<at::Tensor> records;
   try {
-    std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(dict));
-    return std::string(bytes.data(), bytes.size());
+    torch::jit::Pickler pickler(
+        [&](const char* data, size_t size) { pickle.append(data, size); });
+    pickler.protocol();
+    pickler.pushIValue(c10::IValue(stand_ins));
+    pickler.stop();
+    records = pickler.tensorData();
   } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot serialise tensors: ", e.what_without_backtrace()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot serialise tensors for ", path, ": ", e.what_without_backtrace()));
   }
+
+  auto file = internal::AtomicFileWriter::Open(path);
+  if (!file.ok()) return file.status();
+  // The zip writer gets a function that never fails: an I/O error is kept
+  // (and every later write dropped) rather than thrown through the zip
+  // writer, whose destructor would otherwise write again while unwinding.
+  absl::Status io_error;
+  caffe2::serialize::PyTorchStreamWriter zip([&](const void* data, size_t size) {
+    if (io_error.ok()) io_error = (*file)->Append(data, size);
+    return size;
+  });
+  WrittenTensorDict out;
+  out.tensor_crc32c.resize(sources.size());
+  try {
+    // The same records, in the same order, as torch::pickle_save: the
+    // storages as data/<i>, then data.pkl (and `version` at the end).
+    for (size_t i = 0; i < records.size() && io_error.ok(); ++i) {
+      auto found = index_of_storage.find(records[i].storage().unsafeGetStorageImpl());
+      if (found == index_of_storage.end()) {
+        return absl::InternalError(absl::StrCat(
+            "saving ", path, ": the pickler listed a storage that is not a tensor of the dict"));
+      }
+      // At most one tensor is copied at a time (when it is not a contiguous
+      // CPU tensor already); the copy is freed before the next one.
+      const at::Tensor data = sources[found->second]->detach().to(at::kCPU).contiguous();
+      const size_t nbytes = data.nbytes();
+      out.tensor_crc32c[found->second] = internal::Crc32c(data.data_ptr(), nbytes);
+      zip.writeRecord(absl::StrCat("data/", i), data.data_ptr(), nbytes);
+    }
+    if (io_error.ok()) zip.writeRecord("data.pkl", pickle.data(), pickle.size());
+    zip.writeEndOfFile();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("cannot write ", path, ": ",
+                                            e.what_without_backtrace()));
+  }
+  if (!io_error.ok()) return io_error;
+  out.bytes = (*file)->bytes();
+  out.crc32c = (*file)->crc32c();
+  absl::Status status = (*file)->Commit();
+  if (!status.ok()) return status;
+  return out;
 }
 
 absl::Status SaveTensorDict(const TensorDict& tensors, const std::string& path) {
-  auto bytes = SerializeTensorDict(tensors);
-  if (!bytes.ok()) {
-    return absl::Status(bytes.status().code(),
-                        absl::StrCat(path, ": ", bytes.status().message()));
-  }
-  return internal::WriteFileAtomically(path, *bytes);
+  return WriteTensorDict(tensors, path).status();
 }
 
 absl::StatusOr<LoadedTensorDict> LoadTensorDict(const std::string& path) {

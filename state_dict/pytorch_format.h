@@ -13,7 +13,9 @@
 // internal/unpickler.h for why and how).
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>  // torch/ordered_dict.h uses TORCH_CHECK unincluded
@@ -36,11 +38,25 @@ struct LoadedTensorDict {
 };
 
 // Writes `tensors` to `path` (atomically: temporary file, fsync, rename).
-// Tensors are written contiguous and on the CPU.
+// Tensors are written contiguous and on the CPU, one after another straight
+// into the file: the memory a save adds is one fixed write buffer, plus a
+// copy of one tensor at a time when it is not already a contiguous CPU
+// tensor. Each tensor gets its own storage record holding exactly its bytes
+// (views of one storage are written separately, never the whole storage).
 absl::Status SaveTensorDict(const TensorDict& tensors, const std::string& path);
 
-// The exact bytes SaveTensorDict writes (for callers that checksum them).
-absl::StatusOr<std::string> SerializeTensorDict(const TensorDict& tensors);
+// What WriteTensorDict wrote, checksummed on the fly while writing.
+struct WrittenTensorDict {
+  uint64_t bytes = 0;    // size of the file
+  uint32_t crc32c = 0;   // CRC-32C of the whole file
+  // CRC-32C of each tensor's contiguous data, in the dict's order.
+  std::vector<uint32_t> tensor_crc32c;
+};
+
+// SaveTensorDict that also reports the file's size and checksums (for
+// checkpoint manifests).
+absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
+                                                  const std::string& path);
 
 // Reads a dict of tensors written by SaveTensorDict or Python's torch.save.
 // Errors name the file and, for a non-tensor value, its key.
