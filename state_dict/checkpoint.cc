@@ -30,6 +30,17 @@ std::function<void(const std::string&)>& AfterFileWrittenHook() {
 void SetAfterFileWrittenHookForTesting(std::function<void(const std::string&)> hook) {
   AfterFileWrittenHook() = std::move(hook);
 }
+
+namespace {
+std::function<void(const std::string&)>& BeforeRemoveHook() {
+  static auto* hook = new std::function<void(const std::string&)>();
+  return *hook;
+}
+}  // namespace
+
+void SetBeforeRemoveHookForTesting(std::function<void(const std::string&)> hook) {
+  BeforeRemoveHook() = std::move(hook);
+}
 }  // namespace internal
 
 namespace {
@@ -541,6 +552,104 @@ absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& root
   std::vector<std::string> out;
   for (auto& s : steps) out.push_back(std::move(s.second));
   return out;
+}
+
+namespace {
+
+constexpr char kRemovingPrefix[] = ".removing.";
+
+absl::Status ErrnoError(const std::string& what, const std::string& path) {
+  return absl::InternalError(absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
+}
+
+void BeforeRemove(const std::string& path) {
+  if (internal::BeforeRemoveHook()) internal::BeforeRemoveHook()(path);
+}
+
+// rm -r of a directory no reader looks at any more (already renamed away).
+absl::Status RemoveTree(const std::string& path) {
+  auto names = internal::ListDirectory(path);
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    const std::string child = path + "/" + name;
+    struct stat st;
+    if (::lstat(child.c_str(), &st) != 0) return ErrnoError("lstat", child);
+    if (S_ISDIR(st.st_mode)) {
+      if (auto s = RemoveTree(child); !s.ok()) return s;
+      continue;
+    }
+    BeforeRemove(child);
+    if (::unlink(child.c_str()) != 0) return ErrnoError("unlink", child);
+  }
+  BeforeRemove(path);
+  if (::rmdir(path.c_str()) != 0) return ErrnoError("rmdir", path);
+  return absl::OkStatus();
+}
+
+// Renames `root`/`name` out of sight (durably), then deletes it.
+absl::Status RemoveStepDirectory(const std::string& root, const std::string& name) {
+  const std::string from = root + "/" + name;
+  const std::string to = absl::StrCat(root, "/", kRemovingPrefix, name);
+  if (internal::PathExists(to)) {  // debris of an earlier interrupted removal
+    if (auto s = RemoveTree(to); !s.ok()) return s;
+  }
+  BeforeRemove(from);
+  if (::rename(from.c_str(), to.c_str()) != 0) return ErrnoError("rename", from);
+  if (auto s = internal::FsyncDirectory(root); !s.ok()) return s;
+  return RemoveTree(to);
+}
+
+}  // namespace
+
+absl::StatusOr<PruneReport> PruneCheckpoints(const std::string& root, int keep_last) {
+  if (keep_last < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keep_last=", keep_last, ": expected at least 1 (the newest complete checkpoint "
+        "is never removed)"));
+  }
+  auto names = internal::ListDirectory(root);
+  if (!names.ok()) return names.status();
+  std::vector<std::pair<int64_t, std::string>> complete, torn;
+  std::vector<std::string> removing;
+  for (const std::string& name : *names) {
+    if (absl::StartsWith(name, kRemovingPrefix)) {
+      removing.push_back(name);
+      continue;
+    }
+    int64_t step;
+    if (!absl::StartsWith(name, "step_") || !absl::SimpleAtoi(name.substr(5), &step)) continue;
+    auto m = ReadManifest(root + "/" + name);
+    if (m.ok() && m->step == step) {
+      complete.emplace_back(step, name);
+    } else if (absl::IsNotFound(m.status())) {
+      torn.emplace_back(step, name);
+    } else if (absl::IsFailedPrecondition(m.status())) {
+      return m.status();  // a newer format: nothing here is ours to judge
+    }
+  }
+  std::sort(complete.begin(), complete.end());
+  std::sort(torn.begin(), torn.end());
+  std::sort(removing.begin(), removing.end());
+  PruneReport report;
+  for (const std::string& name : removing) {
+    if (auto s = RemoveTree(root + "/" + name); !s.ok()) return s;
+    report.torn.push_back(root + "/" + name);
+  }
+  if (complete.empty()) return report;  // a first save may be in progress
+  const int64_t newest = complete.back().first;
+  const size_t doomed = complete.size() > static_cast<size_t>(keep_last)
+                            ? complete.size() - static_cast<size_t>(keep_last)
+                            : 0;
+  for (size_t i = 0; i < doomed; ++i) {
+    if (auto s = RemoveStepDirectory(root, complete[i].second); !s.ok()) return s;
+    report.removed.push_back(root + "/" + complete[i].second);
+  }
+  for (const auto& [step, name] : torn) {
+    if (step >= newest) continue;
+    if (auto s = RemoveStepDirectory(root, name); !s.ok()) return s;
+    report.torn.push_back(root + "/" + name);
+  }
+  return report;
 }
 
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& root) {

@@ -75,6 +75,28 @@ absl::Status SaveShardedCheckpoint(const std::string& root, int64_t step,
 // Directories without a valid MANIFEST are skipped.
 absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& root);
 
+// What PruneCheckpoints removed (step directories, by ascending step).
+struct PruneReport {
+  std::vector<std::string> removed;  // complete checkpoints beyond the newest K
+  std::vector<std::string> torn;     // saves and removals a crash interrupted
+};
+
+// Keeps the newest `keep_last` complete checkpoints under `root` and removes
+// the older ones, together with debris of earlier crashes: step directories
+// without a MANIFEST older than the newest complete checkpoint (interrupted
+// saves) and "<root>/.removing.*" (interrupted removals). Torn directories
+// newer than the newest complete checkpoint are left alone (a save may be
+// writing one), as are directories whose MANIFEST is damaged or of a newer
+// format (those are errors to look at, not debris).
+//
+// Crash-safe: a doomed directory is first renamed to
+// "<root>/.removing.step_<N>" and the rename made durable, then its files are
+// deleted. A kill at any moment leaves the newest complete checkpoint (and
+// every other kept one) untouched and loadable, and each doomed one either
+// whole or out of ListCheckpoints' sight; the next call finishes the job.
+// keep_last < 1 is InvalidArgument (the newest is never removed).
+absl::StatusOr<PruneReport> PruneCheckpoints(const std::string& root, int keep_last);
+
 // The step directory of the newest complete checkpoint; NotFound if none.
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& root);
 
@@ -113,6 +135,9 @@ namespace internal {
 // Test hook: called after each file of a save is durably in place, with its
 // path. Lets a test kill a process between two files of one checkpoint.
 void SetAfterFileWrittenHookForTesting(std::function<void(const std::string&)> hook);
+// Test hook: called by PruneCheckpoints before each rename, unlink and rmdir,
+// with the path it is about to change. Lets a test kill a removal midway.
+void SetBeforeRemoveHookForTesting(std::function<void(const std::string&)> hook);
 }  // namespace internal
 
 }  // namespace state_dict

@@ -140,6 +140,20 @@ const std::map<std::string, FlagSpec>& Flags() {
          o->threads_per_rank = static_cast<int>(n);
          return s;
        }}},
+      {"timeout", {false, [](const std::string& v, Options* o) {
+         auto s = ParseDouble("timeout", v, false, &o->timeout_s);
+         if (s.ok() && o->timeout_s > 1e7) {
+           return BadValue("timeout", v, "a number of seconds in (0, 1e7]");
+         }
+         return s;
+       }}},
+      {"max-restarts", {false, [](const std::string& v, Options* o) {
+         int64_t n = 0;
+         auto s = ParseInt("max-restarts", v, 0, &n);
+         if (s.ok() && n > 1000) return BadValue("max-restarts", v, "an integer in [0, 1000]");
+         o->max_restarts = static_cast<int>(n);
+         return s;
+       }}},
       {"sharding", {false, [](const std::string& v, Options* o) {
          return ParseEnum<Sharding>("sharding", v,
              {{"full", Sharding::kFull}, {"grad_op", Sharding::kGradOp},
@@ -208,6 +222,9 @@ const std::map<std::string, FlagSpec>& Flags() {
          return ParseEnum<CheckpointFormat>("checkpoint-format", v,
              {{"sharded", CheckpointFormat::kSharded}, {"full", CheckpointFormat::kFull}},
              &o->checkpoint_format);
+       }}},
+      {"keep-last", {false, [](const std::string& v, Options* o) {
+         return ParseInt("keep-last", v, 0, &o->keep_last);
        }}},
       {"resume", {true, [](const std::string& v, Options* o) {
          return ParseBool("resume", v, &o->resume);
@@ -282,6 +299,11 @@ absl::Status ValidateOptions(const Options& o) {
   if (o.resume && o.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError(
         "--resume: expected --checkpoint-dir to name the directory to resume from");
+  }
+  if (o.keep_last > 0 && o.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--keep-last=", o.keep_last,
+        ": expected --checkpoint-dir to say which checkpoints to keep"));
   }
   if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -398,7 +420,10 @@ std::vector<std::string> ToArgs(const Options& o) {
       absl::StrCat("--checkpoint-every=", o.checkpoint_every),
       absl::StrCat("--checkpoint-format=", Name(o.checkpoint_format)),
       absl::StrCat("--resume=", o.resume ? "true" : "false"),
+      absl::StrCat("--keep-last=", o.keep_last),
   };
+  // Not --max-restarts: restarting is the launcher's job, not the ranks'.
+  if (o.timeout_s > 0) a.push_back("--timeout=" + exact(o.timeout_s));
   if (!o.checkpoint_dir.empty()) a.push_back("--checkpoint-dir=" + o.checkpoint_dir);
   if (!o.log_json.empty()) a.push_back("--log-json=" + o.log_json);
   return a;
@@ -416,6 +441,10 @@ std::string Usage() {
       "  --lr X                         (", d.lr, ")\n"
       "  --nproc N                      (", d.nproc, ") ranks to start through comm's launcher\n"
       "  --threads-per-rank N           (0 = OMP_NUM_THREADS if set, else cores / ranks)\n"
+      "  --timeout SECONDS              collective timeout: a rank waiting this long for a\n"
+      "                                 hung peer fails (default: the launcher's, else 600)\n"
+      "  --max-restarts N               (0) restart every rank after one fails, up to N\n"
+      "                                 times; resumes from --checkpoint-dir's newest\n"
       "  --sharding full|grad_op|none|hybrid   (", Name(d.sharding), ")\n"
       "  --mixed-precision none|bf16    (", Name(d.mixed_precision), ")\n"
       "  --cpu-offload                  (off)\n"
@@ -434,6 +463,8 @@ std::string Usage() {
       "  --checkpoint-every K           (0 = only at the end, with --checkpoint-dir)\n"
       "  --checkpoint-format sharded|full   (", Name(d.checkpoint_format), ") sharded: each rank\n"
       "                                 writes its pieces; full: rank 0 writes model.pt\n"
+      "  --keep-last K                  (0 = all) after each checkpoint, remove complete\n"
+      "                                 ones older than the newest K (and crash debris)\n"
       "  --resume                       continue from the newest checkpoint in DIR\n"
       "  --log-json FILE                one JSON object per step (rank 0)\n");
 }

@@ -48,6 +48,14 @@ struct Options {
   // Intra-op threads per rank (LibTorch's pool and OpenBLAS); 0: automatic,
   // OMP_NUM_THREADS if set, else cores / ranks (comm/thread_layout.h).
   int threads_per_rank = 0;
+  // Collective timeout of the process groups, in seconds: a rank waiting
+  // this long for a peer that hung fails. 0: the launcher's
+  // COMM_COLLECTIVE_TIMEOUT_MS if set, else 600 (10 minutes).
+  double timeout_s = 0;
+  // Restarts of every rank after one fails (the trainer's own launcher,
+  // --nproc; with --checkpoint-dir a restart resumes from the newest
+  // complete checkpoint). An outside launcher restarts its own ranks.
+  int max_restarts = 0;
 
   // FSDP.
   Sharding sharding = Sharding::kFull;
@@ -75,6 +83,10 @@ struct Options {
   // kSharded: every rank writes its pieces (no gathering); kFull: rank 0
   // writes one model.pt that Python's torch.load opens. --resume reads either.
   CheckpointFormat checkpoint_format = CheckpointFormat::kSharded;
+  // After each checkpoint commits, remove complete checkpoints older than
+  // the newest K, and debris of crashed saves (state_dict::PruneCheckpoints).
+  // 0: keep every checkpoint.
+  int64_t keep_last = 0;
   bool resume = false;
   std::string log_json;  // empty: no JSON log
 

@@ -121,6 +121,38 @@ INSTANTIATE_TEST_SUITE_P(
         BadFlag{{"--resume"}, {"--resume", "--checkpoint-dir"}},
         BadFlag{{"--checkpoint-every=5"}, {"--checkpoint-every=5", "--checkpoint-dir"}}));
 
+TEST(OptionsTest, FaultFlags) {
+  auto o = ParseOptions({"--timeout", "2.5", "--max-restarts=3", "--keep-last", "2",
+                         "--checkpoint-dir", "/tmp/x"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->timeout_s, 2.5);
+  EXPECT_EQ(o->max_restarts, 3);
+  EXPECT_EQ(o->keep_last, 2);
+  // The ranks get --timeout and --keep-last; restarting is the launcher's.
+  const std::vector<std::string> args = ToArgs(*o);
+  EXPECT_THAT(args, ::testing::Contains("--timeout=2.5"));
+  EXPECT_THAT(args, ::testing::Contains("--keep-last=2"));
+  auto again = ParseOptions(args);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->timeout_s, 2.5);
+  EXPECT_EQ(again->keep_last, 2);
+  EXPECT_EQ(again->max_restarts, 0);
+  auto defaults = ParseOptions({});
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->timeout_s, 0);  // the launcher's, else 10 minutes
+  EXPECT_EQ(defaults->keep_last, 0);
+
+  auto message = [](std::vector<std::string> args) {
+    return std::string(ParseOptions(args).status().message());
+  };
+  EXPECT_THAT(message({"--timeout", "0"}), HasSubstr("--timeout='0': expected a number > 0"));
+  EXPECT_THAT(message({"--timeout", "nan"}), HasSubstr("--timeout='nan'"));
+  EXPECT_THAT(message({"--timeout", "1e9"}), HasSubstr("(0, 1e7]"));
+  EXPECT_THAT(message({"--max-restarts", "-1"}), HasSubstr("--max-restarts='-1'"));
+  EXPECT_THAT(message({"--keep-last", "-2"}), HasSubstr("--keep-last='-2'"));
+  EXPECT_THAT(message({"--keep-last", "2"}), HasSubstr("expected --checkpoint-dir"));
+}
+
 TEST(OptionsTest, GlobalBatchMustSplitOverRanksAndMicroBatches) {
   auto o = Parse({"--global-batch=6"});
   ASSERT_TRUE(o.ok());

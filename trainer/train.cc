@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -174,10 +175,18 @@ absl::Status SaveCheckpoint(const Options& o, fsdp::FullyShardedDataParallel& mo
                            ? SaveShardedCheckpoint(o, model, optimizer, step)
                            : SaveFullCheckpoint(o, model, optimizer, step, is_main);
   if (auto s = AgreeOnStatus(group, in_context(saved), what); !s.ok()) return s;
-  if (o.checkpoint_format == CheckpointFormat::kFull) return absl::OkStatus();
+  const bool sharded = o.checkpoint_format == CheckpointFormat::kSharded;
+  if (!sharded && o.keep_last == 0) return absl::OkStatus();
   absl::Status committed = absl::OkStatus();
-  if (is_main) {
+  if (is_main && sharded) {
     committed = state_dict::CommitShardedCheckpoint(o.checkpoint_dir, step, group.size());
+  }
+  // --keep-last: only once this step is committed, so the newest complete
+  // checkpoint is always the one just written.
+  if (is_main && committed.ok() && o.keep_last > 0) {
+    committed = state_dict::PruneCheckpoints(
+                    o.checkpoint_dir, static_cast<int>(std::min<int64_t>(o.keep_last, 1 << 30)))
+                    .status();
   }
   return AgreeOnStatus(group, in_context(committed), what);
 }

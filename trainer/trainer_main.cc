@@ -9,9 +9,18 @@
 //     process group from the environment and trains as that rank.
 // Exit status: 0 on success, 2 on bad flags, 1 on any other error (which is
 // printed naming what went wrong); with --nproc, the first failing rank's.
+//
+// Faults: --timeout bounds every collective (a rank waiting for a hung peer
+// fails; the launcher names the hung rank when it was stopped by a signal);
+// --max-restarts N makes the launcher restart every rank after a failure,
+// and a restarted rank (TORCHELASTIC_RESTART_COUNT > 0, set by comm's
+// launcher or torchrun) resumes from --checkpoint-dir's newest complete
+// checkpoint by itself. --max-restarts goes through the launcher even with
+// --nproc 1, so the one rank can be restarted.
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cerrno>
@@ -24,12 +33,14 @@
 #include <system_error>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "c10/util/Exception.h"
 #include "comm/compute_layout.h"
 #include "comm/launcher.h"
 #include "comm/process_group.h"
 #include "comm/thread_layout.h"
+#include "state_dict/checkpoint.h"
 #include "trainer/options.h"
 #include "trainer/train.h"
 
@@ -53,6 +64,11 @@ int LaunchRanks(const trainer::Options& options) {
   comm::LaunchOptions launch;
   launch.nproc_per_node = options.nproc;
   launch.threads_per_rank = options.threads_per_rank;
+  launch.max_restarts = options.max_restarts;
+  launch.on_event = [](const std::string& message) {
+    std::fprintf(stderr, "trainer: %s\n", message.c_str());
+    std::fflush(stderr);
+  };
   auto layout = comm::thread_layout(launch);
   if (!layout.ok()) return Fail(layout.status(), 2);
   if (!layout->warning.empty()) {
@@ -100,13 +116,71 @@ absl::Status RunTraining(const trainer::Options& options,
   }
 }
 
-int RunRank(const trainer::Options& options) {
+// The collective timeout: --timeout, else the launcher's
+// COMM_COLLECTIVE_TIMEOUT_MS, else 10 minutes.
+absl::StatusOr<std::chrono::milliseconds> CollectiveTimeout(const trainer::Options& options) {
+  if (options.timeout_s > 0) {
+    return std::chrono::milliseconds(
+        std::max<int64_t>(1, static_cast<int64_t>(options.timeout_s * 1000)));
+  }
+  if (const char* ms = std::getenv(comm::kCollectiveTimeoutVariable)) {
+    int64_t value = 0;
+    if (!absl::SimpleAtoi(ms, &value) || value <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          comm::kCollectiveTimeoutVariable, "='", ms,
+          "': expected a positive number of milliseconds (set by the launcher)"));
+    }
+    return std::chrono::milliseconds(value);
+  }
+  return std::chrono::milliseconds(std::chrono::minutes(10));
+}
+
+// A restarted rank (the launcher's restart count > 0) continues from the
+// newest complete checkpoint, if the run got to write one; before that, it
+// starts over.
+absl::Status ResumeIfRestarted(trainer::Options& options, int rank) {
+  const char* count = std::getenv(comm::kRestartCountVariable);
+  int64_t restart = 0;
+  if (count == nullptr || !absl::SimpleAtoi(count, &restart) || restart <= 0 ||
+      options.checkpoint_dir.empty() || options.resume) {
+    return absl::OkStatus();
+  }
+  auto latest = state_dict::LatestCheckpoint(options.checkpoint_dir);
+  if (absl::IsNotFound(latest.status())) {
+    if (rank == 0) {
+      std::printf("trainer: restart %lld: no complete checkpoint in '%s' yet, starting over\n",
+                  static_cast<long long>(restart), options.checkpoint_dir.c_str());
+    }
+    return absl::OkStatus();
+  }
+  if (!latest.ok()) return latest.status();
+  if (rank == 0) {
+    std::printf("trainer: restart %lld: resuming from %s\n", static_cast<long long>(restart),
+                latest->c_str());
+    std::fflush(stdout);
+  }
+  options.resume = true;
+  return absl::OkStatus();
+}
+
+int RunRank(trainer::Options options) {
   // Started by our own launcher, OMP_NUM_THREADS already says this; an
   // outside launcher's ranks take the flag here.
   if (options.threads_per_rank > 0) comm::SetComputeThreads(options.threads_per_rank);
+  if (options.max_restarts > 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--max-restarts=", options.max_restarts,
+                    ": a rank started by an outside launcher (RANK is set) cannot restart "
+                    "its peers; give --max-restarts to the launcher")),
+                2);
+  }
+  auto timeout = CollectiveTimeout(options);
+  if (!timeout.ok()) return Fail(timeout.status(), 2);
   comm::InitOptions init;
-  init.timeout = std::chrono::minutes(10);
-  init.rendezvous_timeout = std::chrono::minutes(2);
+  init.timeout = *timeout;
+  // Ranks start seconds apart on a loaded machine: a short collective
+  // timeout must not fail the rendezvous.
+  init.rendezvous_timeout = std::max<std::chrono::milliseconds>(*timeout, std::chrono::minutes(2));
   auto group = comm::init_process_group(init);
   if (!group.ok()) return Fail(group.status());
   if (options.nproc_given && options.nproc != 1 && options.nproc != group->size()) {
@@ -114,6 +188,7 @@ int RunRank(const trainer::Options& options) {
         "--nproc=", options.nproc, ": expected 1 or the launcher's WORLD_SIZE=",
         group->size(), " when started as a rank (RANK is set)")), 2);
   }
+  if (auto s = ResumeIfRestarted(options, group->rank()); !s.ok()) return Fail(s);
   auto result = RunTraining(options, *group);
   if (!result.ok()) return Fail(result);
   return 0;
@@ -123,6 +198,8 @@ int RunRank(const trainer::Options& options) {
 // temporary directory (no TCP port to pick or collide on), so a single
 // process runs the same FSDP code path as every rank of a larger run.
 int RunSingleProcess(const trainer::Options& options) {
+  auto timeout = CollectiveTimeout(options);
+  if (!timeout.ok()) return Fail(timeout.status(), 2);
   auto layout = comm::ApplyThreadLayout(1, options.threads_per_rank);
   if (!layout.ok()) return Fail(layout.status(), 2);
   if (!layout->warning.empty()) {
@@ -146,7 +223,7 @@ int RunSingleProcess(const trainer::Options& options) {
     init.init_method = "file://" + store;
     init.rank = 0;
     init.world_size = 1;
-    init.timeout = std::chrono::minutes(10);
+    init.timeout = *timeout;
     auto group = comm::init_process_group(init);
     if (!group.ok()) {
       code = Fail(group.status());
@@ -182,6 +259,6 @@ int main(int argc, char** argv) {
   if (auto s = trainer::CheckFeatureAvailability(*options, options->nproc); !s.ok()) {
     return Fail(s, 2);
   }
-  if (options->nproc > 1) return LaunchRanks(*options);
+  if (options->nproc > 1 || options->max_restarts > 0) return LaunchRanks(*options);
   return RunSingleProcess(*options);
 }

@@ -1,6 +1,7 @@
 #include "state_dict/checkpoint.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <torch/torch.h>
 
 #include "absl/strings/str_cat.h"
+#include "state_dict/internal/file_io.h"
 #include "state_dict/test/python_interop.h"
 
 namespace state_dict {
@@ -515,6 +517,102 @@ TEST(CheckpointTest, ManifestStepMustMatchItsDirectory) {
   absl::Status status = VerifyCheckpoint(dir);
   EXPECT_TRUE(Contains(status, "records step 5 but lies in directory step_4")) << status;
   EXPECT_FALSE(LoadFullStateDict(dir).ok());
+}
+
+// --keep-last: older complete checkpoints go, and so does the debris of
+// earlier crashes (torn saves older than the newest checkpoint, interrupted
+// removals); a torn directory newer than the newest checkpoint stays (a save
+// may be writing it), and so does anything kept.
+TEST(CheckpointTest, PruneKeepsTheNewestAndRemovesOlderAndDebris) {
+  const std::string root = TempDir("prune");
+  for (int step : {1, 2, 4, 5}) {
+    ASSERT_TRUE(SaveShardedCheckpoint(root, step, Shard(MakeState(step), 2)).ok());
+  }
+  ASSERT_TRUE(SaveShardedCheckpoint(root, 3, Shard(MakeState(3), 2)).ok());
+  ASSERT_EQ(::unlink((StepDirectory(root, 3) + "/MANIFEST").c_str()), 0);  // torn save
+  ::mkdir(StepDirectory(root, 7).c_str(), 0755);  // a save in progress
+  Spit(StepDirectory(root, 7) + "/rank_00000.pt", "partial");
+  ::mkdir((root + "/.removing.step_0").c_str(), 0755);  // an interrupted removal
+  Spit(root + "/.removing.step_0/rank_00000.pt", "debris");
+
+  EXPECT_TRUE(absl::IsInvalidArgument(PruneCheckpoints(root, 0).status()));
+  auto nothing = PruneCheckpoints(root, 10);
+  ASSERT_TRUE(nothing.ok()) << nothing.status();
+  EXPECT_TRUE(nothing->removed.empty());
+  EXPECT_EQ(nothing->torn, (std::vector<std::string>{root + "/.removing.step_0",
+                                                     StepDirectory(root, 3)}));
+
+  Spit(root + "/not_a_checkpoint.txt", "left alone");
+  auto report = PruneCheckpoints(root, 2);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->removed,
+            (std::vector<std::string>{StepDirectory(root, 1), StepDirectory(root, 2)}));
+  EXPECT_TRUE(report->torn.empty());
+  auto left = internal::ListDirectory(root);
+  ASSERT_TRUE(left.ok());
+  std::sort(left->begin(), left->end());
+  EXPECT_EQ(*left, (std::vector<std::string>{"not_a_checkpoint.txt", "step_4", "step_5",
+                                             "step_7"}));
+  auto loaded = LoadFullStateDict(StepDirectory(root, 5));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSameState(*loaded, MakeState(5));
+  ASSERT_TRUE(VerifyCheckpoint(StepDirectory(root, 4)).ok());
+
+  auto one = PruneCheckpoints(root, 1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->removed, std::vector<std::string>{StepDirectory(root, 4)});
+  auto latest = LatestCheckpoint(root);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(*latest, StepDirectory(root, 5));
+}
+
+// A removal killed at every point it changes the disk (each rename, unlink
+// and rmdir, via the hook): the newest checkpoint always loads, every
+// checkpoint still listed verifies, and the next prune finishes the job.
+TEST(CheckpointTest, PruneKilledAtAnyPointLeavesTheNewestLoadable) {
+  int kills = 0;
+  for (int kill_at = 0; kill_at < 200; ++kill_at) {
+    const std::string root = TempDir("prune_killed");
+    for (int step : {1, 2, 3}) {
+      ASSERT_TRUE(SaveShardedCheckpoint(root, step, Shard(MakeState(step), 2)).ok());
+    }
+    ::mkdir(StepDirectory(root, 0).c_str(), 0755);  // torn, older
+    Spit(StepDirectory(root, 0) + "/rank_00001.pt", "partial");
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      int calls = 0;
+      internal::SetBeforeRemoveHookForTesting([&](const std::string&) {
+        if (calls++ == kill_at) ::raise(SIGKILL);
+      });
+      ::_exit(PruneCheckpoints(root, 1).ok() ? 0 : 1);
+    }
+    int wstatus = 0;
+    ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
+    const bool killed = WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL;
+    ASSERT_TRUE(killed || (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0))
+        << "kill_at " << kill_at << ": status " << wstatus;
+    auto latest = LatestCheckpoint(root);
+    ASSERT_TRUE(latest.ok()) << "kill_at " << kill_at << ": " << latest.status();
+    EXPECT_EQ(*latest, StepDirectory(root, 3)) << "kill_at " << kill_at;
+    auto loaded = LoadFullStateDict(*latest);
+    ASSERT_TRUE(loaded.ok()) << "kill_at " << kill_at << ": " << loaded.status();
+    ExpectSameState(*loaded, MakeState(3));
+    auto listed = ListCheckpoints(root);
+    ASSERT_TRUE(listed.ok());
+    for (const std::string& dir : *listed) {
+      EXPECT_TRUE(VerifyCheckpoint(dir).ok()) << "kill_at " << kill_at << ": " << dir;
+    }
+    auto finish = PruneCheckpoints(root, 1);
+    ASSERT_TRUE(finish.ok()) << "kill_at " << kill_at << ": " << finish.status();
+    auto left = internal::ListDirectory(root);
+    ASSERT_TRUE(left.ok());
+    EXPECT_EQ(*left, std::vector<std::string>{"step_3"}) << "kill_at " << kill_at;
+    if (!killed) break;  // past the last point the removal changes the disk
+    ++kills;
+  }
+  // 2 checkpoints x (rename, 2 rank files, MANIFEST, rmdir) + the torn one.
+  EXPECT_GE(kills, 12);
 }
 
 }  // namespace

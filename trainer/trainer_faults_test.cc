@@ -1,0 +1,108 @@
+// Runtime faults on the built trainer, injected from outside as a user
+// would: a rank stopped with SIGSTOP (hung peer, --timeout), --keep-last
+// pruning with debris of earlier crashes, and the flags' errors.
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "trainer/testing/processes.h"
+#include "trainer/testing/run_trainer.h"
+
+namespace trainer::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+// A small fast run: the MLP on synthetic tokens.
+constexpr char kSmall[] =
+    "--model mlp --data synthetic --vocab 64 --dim 32 --seq 16 --global-batch 8 "
+    "--warmup-steps 2 ";
+
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Rank 1 is stopped mid-run: rank 0's next collective times out after
+// --timeout, the job ends soon after, the report names rank 1 as the rank
+// that hung, and the stopped process does not outlive the job.
+TEST(TrainerFaults, StoppedRankIsNamedAndTheJobEndsWithinTheTimeout) {
+  const std::string dir = TempDir("hung");
+  const std::string log = dir + "/log.jsonl";
+  const double timeout_s = 4;
+  const pid_t trainer = StartTrainer(
+      std::string(kSmall) + "--nproc 2 --steps 100000 --timeout 4 --log-json " + log,
+      dir + "/out.txt");
+  pid_t stopped = -1;
+  Clock::time_point stopped_at;
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < deadline && stopped < 0) {
+    if (LoggedSteps(log).size() >= 3) {
+      for (pid_t pid : ChildrenOf(trainer)) {
+        if (RankOf(pid) == 1) stopped = pid;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GT(stopped, 0) << "rank 1 never trained: " << ReadAll(dir + "/out.txt");
+  ASSERT_EQ(kill(stopped, SIGSTOP), 0);
+  stopped_at = Clock::now();
+  const int status = WaitExit(trainer);
+  const double seconds = std::chrono::duration<double>(Clock::now() - stopped_at).count();
+  const std::string output = ReadAll(dir + "/out.txt");
+  EXPECT_NE(status, 0) << output;
+  EXPECT_GE(seconds, timeout_s - 1) << output;  // ended by the timeout, not sooner
+  EXPECT_LT(seconds, timeout_s + 6) << output;  // and not much later
+  EXPECT_THAT(output, HasSubstr("rank 1 (pid " + std::to_string(stopped) +
+                                ") hung (stopped by signal " + std::to_string(SIGSTOP)))
+      << output;
+  EXPECT_THAT(output, HasSubstr("rank 0 (pid ")) << output;
+  EXPECT_FALSE(Alive(stopped)) << "the stopped rank outlived the job";
+}
+
+// --keep-last 2: after the run only the newest two checkpoints remain, and
+// an interrupted save of an earlier crash (older, no MANIFEST) is gone; a
+// resumed run with --keep-last 1 leaves only its last.
+TEST(TrainerFaults, KeepLastLeavesTheNewestCheckpointsAndRemovesDebris) {
+  const std::string root = TempDir("keep_last");
+  const std::string ckpt = root + "/ckpt";
+  fs::create_directories(ckpt + "/step_1");
+  { std::ofstream(ckpt + "/step_1/rank_00000.pt") << "torn save of a crashed run"; }
+  auto run = RunTrainer(std::string(kSmall) + "--nproc 2 --steps 12 --checkpoint-every 2 "
+                        "--keep-last 2 --checkpoint-dir " + ckpt);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(Entries(ckpt), (std::vector<std::string>{"step_10", "step_12"}));
+
+  auto resumed = RunTrainer(std::string(kSmall) + "--nproc 2 --steps 15 --checkpoint-every 2 "
+                            "--keep-last 1 --resume --checkpoint-dir " + ckpt);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(Entries(ckpt), (std::vector<std::string>{"step_15"}));
+}
+
+TEST(TrainerFaults, FlagErrorsNameTheFlag) {
+  auto keep = RunTrainer(std::string(kSmall) + "--nproc 1 --steps 2 --keep-last 2");
+  EXPECT_EQ(keep.exit_code, 2);
+  EXPECT_THAT(keep.output, HasSubstr("--keep-last=2: expected --checkpoint-dir"));
+  auto timeout = RunTrainer(std::string(kSmall) + "--nproc 1 --steps 2 --timeout 0");
+  EXPECT_EQ(timeout.exit_code, 2);
+  EXPECT_THAT(timeout.output, HasSubstr("--timeout='0'"));
+  auto restarts = RunTrainer(std::string(kSmall) + "--nproc 1 --steps 2 --max-restarts -1");
+  EXPECT_EQ(restarts.exit_code, 2);
+  EXPECT_THAT(restarts.output, HasSubstr("--max-restarts='-1'"));
+}
+
+}  // namespace
+}  // namespace trainer::testing
