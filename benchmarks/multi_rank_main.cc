@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/collectives.h"
+#include "comm/compute_layout.h"
 #include "comm/launcher.h"
 
 namespace benchmarks {
@@ -56,6 +57,15 @@ int RunOnLocalRanks(int argc, char** argv, const MultiRankBenchmark& spec) {
   if (!group.ok()) {
     std::fprintf(stderr, "%s: %s\n", spec.name.c_str(), group.status().ToString().c_str());
     return 1;
+  }
+  if (group->rank() == 0) {
+    // Ranks started by comm::launch got OMP_NUM_THREADS from its layout.
+    const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
+    std::printf("%s: compute: %s\n", spec.name.c_str(),
+                comm::DescribeComputeLayout(local_world != nullptr ? std::atoi(local_world)
+                                                                   : group->size())
+                    .c_str());
+    std::fflush(stdout);
   }
   if (group->rank() != 0) {
     // Only rank 0 writes --benchmark_out files.
