@@ -67,6 +67,7 @@
 #include <utility>
 #include <vector>
 
+#include "activation_checkpointing/internal/checkpoint_function.h"
 #include "comm/device_mesh.h"
 #include "comm/process_group.h"
 #include "fsdp/flat_param.h"
@@ -402,6 +403,35 @@ T& impl_of(T* m) {
   return *m;
 }
 
+// Before a checkpointed module inside `module`'s unit is recomputed in
+// backward: gather that unit (normally already done by its pre-backward)
+// and point the module tree at its unsharded views again (resharding
+// pointed it back at the shards).
+void before_recompute(torch::nn::Module& module);
+
+// impl.forward(args...) as a checkpointed region
+// (activation_checkpointing/apply_activation_checkpointing.h): the module's
+// parameters are declared, and FSDP prepares each recomputation.
+template <typename Impl, typename... Args>
+auto checkpointed_forward(Impl& impl, Args&&... args) {
+  using Out = std::decay_t<decltype(impl.forward(std::forward<Args>(args)...))>;
+  if constexpr (activation_checkpointing::internal::is_region_output<Out>::value) {
+    Impl* self = &impl;
+    activation_checkpointing::internal::Declared declared;
+    declared.params = [self] { return self->parameters(); };
+    declared.before_recompute = [self] { before_recompute(*self); };
+    declared.what = "activation checkpointing of module " + impl.name();
+    return activation_checkpointing::internal::checkpoint_call(
+        /*preserve_rng_state=*/true, std::move(declared),
+        [self](auto&&... a) { return self->forward(a...); }, std::forward<Args>(args)...);
+  } else {
+    TORCH_CHECK(false, "activation checkpointing of module ", impl.name(),
+                ": its forward returns a type a checkpointed region cannot return: expected "
+                "at::Tensor, std::vector<at::Tensor> or std::tuple of tensors");
+    return impl.forward(std::forward<Args>(args)...);
+  }
+}
+
 }  // namespace internal
 
 template <typename ModuleRef, typename... Args>
@@ -421,7 +451,10 @@ auto call(ModuleRef&& module, Args&&... args) {
     internal::post_forward(frame, tensors, known);
     return out.get<at::Tensor>();
   } else {
-    auto out = impl.forward(internal::cast_input(std::forward<Args>(args), dtype)...);
+    auto out = activation_checkpointing::internal::is_checkpointed(impl)
+                   ? internal::checkpointed_forward(impl, internal::cast_input(
+                                                              std::forward<Args>(args), dtype)...)
+                   : impl.forward(internal::cast_input(std::forward<Args>(args), dtype)...);
     std::vector<at::Tensor> tensors;
     const bool known = internal::collect_tensors(out, &tensors);
     guard.release();

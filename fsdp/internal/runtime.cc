@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <exception>
 
+#include "activation_checkpointing/internal/checkpoint_function.h"
 #include "fsdp/internal/runtime_state.h"
 
 namespace fsdp {
@@ -64,6 +65,12 @@ void Runtime::prefetch(int unit) {
 
 Frame Runtime::unit_pre_forward(int index) {
   Unit& unit = *units_[index];
+  TORCH_CHECK(!activation_checkpointing::internal::in_checkpointed_forward() &&
+                  !activation_checkpointing::internal::in_recomputation(),
+              "fsdp::call(", describe(unit.fqn), "): this FSDP unit runs inside an "
+              "activation-checkpointed region, whose recomputation in backward would have "
+              "to run the unit's forward again: checkpoint the FSDP units themselves (or "
+              "modules inside them), not a module that contains units");
   if (unit.is_root) {
     if (state_ == TrainingState::kBackward) {
       // The last backward failed before its final callback ran (an error
@@ -154,6 +161,19 @@ void Runtime::check_owner_gathered(const torch::nn::Module& module) {
               "): module ", module.name(), " belongs to FSDP unit ", unit_name(unit.fqn),
               " whose parameters are sharded; call ", unit_name(unit.fqn),
               " through fsdp::call (the root through FullyShardedDataParallel::forward)");
+}
+
+void Runtime::prepare_recompute(const torch::nn::Module& module) {
+  auto unit = unit_of_.find(&module);
+  if (unit == unit_of_.end()) unit = owner_of_.find(&module);
+  if (unit == owner_of_.end()) return;
+  auto& handle = units_[unit->second]->handle;
+  if (!handle) return;
+  // Normally a no-op: the unit's pre-backward (hooked on its outputs) ran
+  // before backward reached anything inside it.
+  handle->unshard();
+  handle->use_unsharded_views();
+  note_unsharded();
 }
 
 void Runtime::pre_backward(int index) {
@@ -315,6 +335,10 @@ void abort_forward(const Frame& frame) noexcept {
   frame.rt->state_ = TrainingState::kIdle;
 }
 
+void before_recompute(torch::nn::Module& module) {
+  if (std::shared_ptr<Runtime> rt = Registry::get().find(&module)) rt->prepare_recompute(module);
+}
+
 c10::optional<c10::ScalarType> input_dtype(const Frame& frame) {
   if (!frame.rt) return c10::nullopt;
   return frame.rt->options_.mixed_precision.param_dtype;
@@ -338,8 +362,8 @@ std::vector<at::Tensor> any_value_tensors(torch::nn::AnyValue& value, bool* know
 }
 
 namespace {
-torch::nn::AnyValue call_any(torch::nn::AnyModule& module, std::vector<torch::nn::AnyValue> args) {
-  Frame frame = pre_forward(*module.ptr());
+torch::nn::AnyValue any_forward(torch::nn::AnyModule& module,
+                                std::vector<torch::nn::AnyValue> args) {
   torch::nn::AnyValue out = torch::nn::AnyValue(0);
   switch (args.size()) {
     case 0:
@@ -358,6 +382,47 @@ torch::nn::AnyValue call_any(torch::nn::AnyModule& module, std::vector<torch::nn
       TORCH_CHECK(false, "fsdp: a torch::nn::Sequential driven by FSDP was called with ",
                   args.size(), " arguments: expected at most 3");
   }
+  return out;
+}
+
+// A Sequential child marked by apply_activation_checkpointing: tensors in,
+// one tensor out, as a checkpointed region.
+torch::nn::AnyValue checkpointed_any_forward(torch::nn::AnyModule& module,
+                                             std::vector<torch::nn::AnyValue> args) {
+  const std::string what = "activation checkpointing of Sequential child " + module.ptr()->name();
+  std::vector<at::Tensor> inputs;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const at::Tensor* t = args[i].try_get<at::Tensor>();
+    TORCH_CHECK(t != nullptr, what, ": argument ", i, " is not an at::Tensor: a checkpointed "
+                "Sequential child takes tensors");
+    inputs.push_back(*t);
+  }
+  activation_checkpointing::internal::Declared declared;
+  std::shared_ptr<torch::nn::Module> self = module.ptr();
+  declared.params = [self] { return self->parameters(); };
+  declared.before_recompute = [self] { before_recompute(*self); };
+  declared.what = what;
+  activation_checkpointing::internal::Region region =
+      [module, what](const std::vector<at::Tensor>& ins) mutable {
+        std::vector<torch::nn::AnyValue> values;
+        for (const auto& t : ins) values.emplace_back(t);
+        torch::nn::AnyValue out = any_forward(module, std::move(values));
+        const at::Tensor* t = out.try_get<at::Tensor>();
+        TORCH_CHECK(t != nullptr, what, ": its forward returned ", out.type_info().name(),
+                    ": a checkpointed Sequential child must return an at::Tensor");
+        return std::vector<at::Tensor>{*t};
+      };
+  std::vector<at::Tensor> out = activation_checkpointing::internal::run_checkpointed(
+      std::move(region), std::move(inputs), std::move(declared), /*preserve_rng_state=*/true);
+  return torch::nn::AnyValue(out.at(0));
+}
+
+torch::nn::AnyValue call_any(torch::nn::AnyModule& module, std::vector<torch::nn::AnyValue> args) {
+  Frame frame = pre_forward(*module.ptr());
+  torch::nn::AnyValue out =
+      activation_checkpointing::internal::is_checkpointed(*module.ptr())
+          ? checkpointed_any_forward(module, std::move(args))
+          : any_forward(module, std::move(args));
   bool known = false;
   std::vector<at::Tensor> tensors = any_value_tensors(out, &known);
   post_forward(frame, tensors, known);

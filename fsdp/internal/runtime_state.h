@@ -84,6 +84,9 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   Frame unit_pre_forward(int unit);
   void unit_post_forward(int unit, const std::vector<at::Tensor>& outputs, bool known);
   void check_owner_gathered(const torch::nn::Module& module);
+  // A checkpointed module of one of this runtime's units is about to be
+  // recomputed in backward: gather its unit and use the unsharded views.
+  void prepare_recompute(const torch::nn::Module& module);
   void pre_backward(int unit);
   void post_backward(int unit);
   void final_callback();
