@@ -1,0 +1,94 @@
+// Checkpoints written in the background while training goes on, after
+// PyTorch's torch.distributed.checkpoint.async_save: at the step boundary the
+// state is copied (a snapshot, so the next optimizer steps may change the
+// live tensors), and one background thread writes the snapshot with the
+// synchronous functions of checkpoint.h — the same files, checksums and
+// commit protocol.
+//
+//   state_dict::AsyncCheckpointer saver;
+//   for (int64_t step = 1; step <= steps; ++step) {
+//     Train(step);
+//     if (step % every == 0) {
+//       // Returns once the snapshot is taken; the write goes on meanwhile.
+//       absl::Status s = saver.SaveFull(root, step, State());
+//       if (!s.ok()) return s;  // the PREVIOUS save's error, or this copy's
+//     }
+//   }
+//   absl::Status last = saver.Wait();  // the last save's result
+//
+// At most one save is in flight: each Save* first waits for the previous one
+// and returns its error, so a failed background save is reported at the
+// next save or at Wait(), never lost. (The destructor waits too, and prints
+// an error nobody collected to stderr.) A process killed during a background
+// save leaves a step directory without a MANIFEST, which LatestCheckpoint
+// skips: the previous checkpoint is the one that loads.
+//
+// Memory: one copy of the state, kept between saves and refilled in place
+// when the next state has the same entries (no new allocation, no page
+// faults), the price async checkpointing pays for overlapping the write.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "state_dict/checkpoint.h"
+#include "state_dict/pytorch_format.h"
+#include "state_dict/sharded_tensor.h"
+
+namespace state_dict {
+
+class AsyncCheckpointer {
+ public:
+  AsyncCheckpointer() = default;
+  ~AsyncCheckpointer();
+  AsyncCheckpointer(const AsyncCheckpointer&) = delete;
+  AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
+
+  // SaveFullCheckpoint(root, step, snapshot of `state`) in the background,
+  // then `then` (when given and the save succeeded; e.g. pruning old
+  // checkpoints, which must follow the commit).
+  absl::Status SaveFull(const std::string& root, int64_t step, const TensorDict& state,
+                        std::function<absl::Status()> then = nullptr);
+
+  // SaveShard of one rank in the background. As for the synchronous
+  // SaveShard, CommitShardedCheckpoint may run only after every rank's save
+  // succeeded: each rank's Wait() returned OK, then the caller's barrier.
+  absl::Status SaveShard(const std::string& root, int64_t step, int rank, int world_size,
+                         const ShardedStateDict& shard);
+
+  // The building blocks, for state of other shapes (e.g. an FSDP state dict
+  // holding both kinds): Snapshot waits for the save in flight (returning
+  // its error, if any) and copies the tensors into the kept buffers; Start
+  // runs `write` in the background. `write` must own what it reads.
+  absl::StatusOr<TensorDict> Snapshot(const TensorDict& state);
+  absl::StatusOr<ShardedStateDict> Snapshot(const ShardedStateDict& shard);
+  absl::Status Start(std::function<absl::Status()> write);
+
+  // Blocks until the save in flight, if any, finished; returns its status
+  // (OK when there was none). Each result is returned once.
+  absl::Status Wait();
+
+  bool in_flight() const { return worker_.joinable(); }
+  // No save in flight, or it has finished: Wait() returns at once. For
+  // polling at step boundaries.
+  bool finished() const { return !worker_.joinable() || finished_.load(std::memory_order_acquire); }
+
+ private:
+  // A copy of `source` in the buffer kept under `slot` (refilled in place
+  // when dtype and shape match).
+  at::Tensor Copy(const std::string& slot, const at::Tensor& source);
+
+  std::thread worker_;
+  absl::Status result_;  // written by the worker, read after join
+  std::atomic<bool> finished_{true};
+  std::map<std::string, at::Tensor> buffers_;
+};
+
+}  // namespace state_dict
