@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <algorithm>
 #include <thread>
 #include <utility>
@@ -21,6 +23,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 extern char** environ;
 
@@ -178,13 +182,400 @@ absl::StatusOr<int> pick_free_port() {
   return static_cast<int>(ntohs(addr.sin_port));
 }
 
+namespace {
+
+// Hooks an attempt runs with on a multi-node elastic job: `poll` is asked
+// every loop whether another node failed (exit code and cause), and
+// `on_failure` is told of this node's first failure at once.
+struct AttemptHooks {
+  std::function<std::optional<std::pair<int, std::string>>()> poll;
+  std::function<void(int exit_code, const std::string& summary)> on_failure;
+};
+
+// Multi-node restarts: the launchers agree on every attempt through node
+// 0's launcher, which listens on master_addr:master_port (the ranks then get
+// a fresh port node 0 picks for each attempt). One TCP connection per node,
+// one message per line:
+//   node k -> 0  "NODE k"               once, after connecting
+//   node k -> 0  "JOIN r"               ready for attempt r
+//   0 -> all     "GO r PORT"            every node joined: start, ranks use PORT
+//   node k -> 0  "FAIL r CODE SUMMARY"  a local rank failed (the first failure)
+//   0 -> all     "END r CODE CAUSE"     some node failed: end your ranks
+//   node k -> 0  "OVER r"               every local rank of attempt r is gone
+//   0 -> all     "NEXT r CAUSE" | "FINISH" | "ABORT CODE CAUSE"
+//                                        the verdict once every node is over
+// A launcher that disappears closes its connection: node 0 counts it as a
+// failed node (and cannot restart without it), the others as the end of
+// the job.
+class Rendezvous {
+ public:
+  static absl::StatusOr<std::unique_ptr<Rendezvous>> Open(const LaunchOptions& options,
+                                                          Clock::time_point deadline) {
+    auto r = std::unique_ptr<Rendezvous>(new Rendezvous(options));
+    const std::string where =
+        absl::StrCat(options.master_addr, ":", options.master_port);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(options.master_port));
+    if (inet_pton(AF_INET, options.master_addr.c_str(), &addr.sin_addr) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--master-addr=", options.master_addr,
+          ": expected an IPv4 address for the launchers' rendezvous (--max-restarts)"));
+    }
+    if (options.node_rank == 0) {
+      const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      const int one = 1;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+          listen(fd, options.nnodes) != 0) {
+        const int err = errno;
+        if (fd >= 0) close(fd);
+        return absl::UnavailableError(absl::StrCat(
+            "--master-port: node 0's launcher cannot listen on ", where,
+            " for the other nodes: ", errno_text(err)));
+      }
+      r->listen_fd_ = fd;
+      r->peers_.resize(static_cast<size_t>(options.nnodes));
+      int joined = 1;
+      while (joined < options.nnodes) {
+        if (Clock::now() > deadline) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              "only ", joined, " of --nnodes=", options.nnodes, " launchers reached ", where));
+        }
+        pollfd p{fd, POLLIN, 0};
+        if (poll(&p, 1, 100) <= 0) continue;
+        const int peer = accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
+        if (peer < 0) continue;
+        Peer incoming{peer, -1, "", false};
+        std::string line;
+        const auto hello_deadline = Clock::now() + std::chrono::seconds(10);
+        while (!incoming.closed && !r->NextLine(incoming, &line) &&
+               Clock::now() < hello_deadline) {
+          r->Read(incoming, 100);
+        }
+        int node = -1;
+        if (absl::StartsWith(line, "NODE ") && absl::SimpleAtoi(line.substr(5), &node) &&
+            node > 0 && node < options.nnodes && r->peers_[node].fd < 0) {
+          incoming.node = node;
+          r->peers_[node] = incoming;
+          ++joined;
+        } else {
+          close(peer);  // not one of ours, or a node twice
+        }
+      }
+    } else {
+      while (true) {
+        const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+          r->peers_.push_back(Peer{fd, 0, "", false});
+          break;
+        }
+        const int err = errno;
+        if (fd >= 0) close(fd);
+        if (Clock::now() > deadline) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              "node ", options.node_rank, " could not reach node 0's launcher at ", where,
+              ": ", errno_text(err)));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      if (!r->Send(r->peers_[0], absl::StrCat("NODE ", options.node_rank))) {
+        return absl::UnavailableError(absl::StrCat("lost node 0's launcher at ", where));
+      }
+    }
+    return r;
+  }
+
+  ~Rendezvous() {
+    for (auto& p : peers_) {
+      if (p.fd >= 0) close(p.fd);
+    }
+    if (listen_fd_ >= 0) close(listen_fd_);
+  }
+
+  // Agrees on attempt `round` with every node; returns the ranks' port.
+  absl::StatusOr<int> Join(int round, Clock::time_point deadline) {
+    if (!is_master()) {
+      if (!Send(peers_[0], absl::StrCat("JOIN ", round))) return Lost();
+      while (true) {
+        if (Clock::now() > deadline) return Late("starting an attempt");
+        const absl::Status status = Pump(50);
+        for (auto it = inbox_.begin(); it != inbox_.end(); ++it) {
+          int r = -1, port = 0;
+          if (Parse2(*it, "GO", &r, &port) && r == round) {
+            inbox_.erase(inbox_.begin(), it + 1);
+            return port;
+          }
+        }
+        if (!status.ok()) return status;
+      }
+    }
+    while (true) {
+      int ready = 1;
+      for (size_t k = 1; k < peers_.size(); ++k) {
+        if (peers_[k].joined == round) ++ready;
+      }
+      if (ready == options_.nnodes) break;
+      for (size_t k = 1; k < peers_.size(); ++k) {
+        if (peers_[k].closed) {
+          return absl::UnavailableError(absl::StrCat(
+              "node ", k, "'s launcher disconnected before attempt ", round));
+        }
+      }
+      if (Clock::now() > deadline) return Late("starting an attempt");
+      (void)Pump(50);
+    }
+    auto port = pick_free_port();
+    if (!port.ok()) return port.status();
+    Broadcast(absl::StrCat("GO ", round, " ", *port));
+    return *port;
+  }
+
+  // Non-blocking: whether some node failed during attempt `round`.
+  std::optional<std::pair<int, std::string>> Poll(int round) {
+    (void)Pump(0);
+    if (failure_round_ == round) return failure_;
+    return std::nullopt;
+  }
+
+  // This node's first failure of attempt `round`.
+  void ReportFailure(int round, int code, const std::string& summary) {
+    if (is_master()) {
+      Fail(round, code, absl::StrCat("node 0: ", summary));
+    } else {
+      Send(peers_[0], absl::StrCat("FAIL ", round, " ", code, " ", summary));
+    }
+  }
+
+  struct Verdict {
+    bool restart = false;
+    bool finish = false;
+    int exit_code = 0;
+    std::string cause;
+  };
+
+  // Once this node's ranks of attempt `round` are gone: waits for every
+  // node, then the verdict (node 0 decides: restart while restarts remain).
+  absl::StatusOr<Verdict> Finish(int round, Clock::time_point deadline) {
+    if (!is_master()) {
+      if (!Send(peers_[0], absl::StrCat("OVER ", round))) return Lost();
+      while (true) {
+        if (Clock::now() > deadline) return Late("the end of an attempt");
+        const absl::Status status = Pump(50);
+        for (auto it = inbox_.begin(); it != inbox_.end(); ++it) {
+          const std::string line = *it;
+          Verdict v;
+          int r = -1;
+          if (absl::StartsWith(line, "FINISH")) {
+            v.finish = true;
+          } else if (Parse1(line, "NEXT", &r, &v.cause) && r == round) {
+            v.restart = true;
+          } else if (!Parse1(line, "ABORT", &v.exit_code, &v.cause)) {
+            continue;
+          }
+          inbox_.erase(inbox_.begin(), it + 1);
+          return v;
+        }
+        inbox_.clear();
+        if (!status.ok()) return status;
+      }
+    }
+    while (true) {
+      int over = 1;
+      for (size_t k = 1; k < peers_.size(); ++k) {
+        if (peers_[k].over == round || peers_[k].closed) ++over;
+      }
+      if (over == options_.nnodes) break;
+      if (Clock::now() > deadline) return Late("the end of an attempt");
+      (void)Pump(50);
+    }
+    Verdict v;
+    if (failure_round_ != round) {
+      v.finish = true;
+      Broadcast("FINISH");
+      return v;
+    }
+    v.exit_code = failure_.first;
+    v.cause = failure_.second;
+    bool lost_node = false;
+    for (size_t k = 1; k < peers_.size(); ++k) lost_node = lost_node || peers_[k].closed;
+    if (round < options_.max_restarts && !lost_node) {
+      v.restart = true;
+      Broadcast(absl::StrCat("NEXT ", round, " ", v.cause));
+    } else {
+      if (lost_node) absl::StrAppend(&v.cause, "; cannot restart without that node");
+      Broadcast(absl::StrCat("ABORT ", v.exit_code, " ", v.cause));
+    }
+    return v;
+  }
+
+ private:
+  struct Peer {
+    int fd = -1;
+    int node = -1;
+    std::string partial;
+    bool closed = false;
+    int joined = -1;  // node 0: the last attempt the node joined
+    int over = -1;    // node 0: the last attempt whose ranks are gone there
+  };
+
+  explicit Rendezvous(const LaunchOptions& options) : options_(options) {}
+
+  bool is_master() const { return options_.node_rank == 0; }
+
+  absl::Status Lost() const {
+    return absl::UnavailableError(absl::StrCat(
+        "lost the connection to node 0's launcher at ", options_.master_addr, ":",
+        options_.master_port, " (it ended or died)"));
+  }
+
+  bool Send(Peer& peer, const std::string& line) {
+    if (peer.closed) return false;
+    std::string text = line;
+    for (char& c : text) {
+      if (c == '\n') c = ' ';
+    }
+    text.push_back('\n');
+    size_t sent = 0;
+    while (sent < text.size()) {
+      const ssize_t n = send(peer.fd, text.data() + sent, text.size() - sent, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        peer.closed = true;
+        return false;
+      }
+      sent += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  void Broadcast(const std::string& line) {
+    for (size_t k = 1; k < peers_.size(); ++k) Send(peers_[k], line);
+  }
+
+  // Reads what `peer` has within `timeout_ms`.
+  void Read(Peer& peer, int timeout_ms) {
+    if (peer.closed) return;
+    pollfd p{peer.fd, POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) <= 0) return;
+    char buffer[4096];
+    const ssize_t n = recv(peer.fd, buffer, sizeof buffer, 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (n <= 0) {
+      peer.closed = true;
+      return;
+    }
+    peer.partial.append(buffer, static_cast<size_t>(n));
+  }
+
+  bool NextLine(Peer& peer, std::string* line) {
+    const size_t newline = peer.partial.find('\n');
+    if (newline == std::string::npos) return false;
+    *line = peer.partial.substr(0, newline);
+    peer.partial.erase(0, newline + 1);
+    return true;
+  }
+
+  static bool Parse2(const std::string& line, const char* verb, int* a, int* b) {
+    std::vector<std::string> words = absl::StrSplit(line, ' ');
+    return words.size() == 3 && words[0] == verb && absl::SimpleAtoi(words[1], a) &&
+           absl::SimpleAtoi(words[2], b);
+  }
+  // "VERB N REST..." -> N, REST.
+  static bool Parse1(const std::string& line, const char* verb, int* n, std::string* rest) {
+    std::vector<std::string> words = absl::StrSplit(line, absl::MaxSplits(' ', 2));
+    if (words.size() < 2 || words[0] != verb || !absl::SimpleAtoi(words[1], n)) return false;
+    *rest = words.size() == 3 ? words[2] : "";
+    return true;
+  }
+
+  void Fail(int round, int code, const std::string& cause) {
+    if (failure_round_ == round) return;  // the first failure is the cause
+    failure_round_ = round;
+    failure_ = {code, cause};
+    Broadcast(absl::StrCat("END ", round, " ", code, " ", cause));
+  }
+
+  // Reads every connection once (waiting up to `wait_ms` in all), does node
+  // 0's bookkeeping and queues the other lines. On nodes > 0, Lost() once
+  // node 0 is gone (also recorded as the attempt's failure).
+  absl::Status Pump(int wait_ms) {
+    const int per_peer = std::max(0, wait_ms / std::max<int>(1, static_cast<int>(peers_.size())));
+    for (size_t k = 0; k < peers_.size(); ++k) {
+      Peer& peer = peers_[k];
+      if (is_master() && k == 0) continue;
+      const bool was_closed = peer.closed;
+      Read(peer, per_peer);
+      std::string line;
+      while (NextLine(peer, &line)) {
+        int r = -1, code = 0;
+        std::string rest;
+        if (!is_master()) {
+          if (Parse1(line, "END", &r, &rest)) {
+            std::vector<std::string> parts = absl::StrSplit(rest, absl::MaxSplits(' ', 1));
+            if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &code)) {
+              failure_round_ = r;
+              failure_ = {code, parts[1]};
+            }
+          } else {
+            inbox_.push_back(line);
+          }
+          continue;
+        }
+        if (Parse1(line, "JOIN", &r, &rest)) {
+          peer.joined = r;
+        } else if (Parse1(line, "OVER", &r, &rest)) {
+          peer.over = r;
+        } else if (Parse1(line, "FAIL", &r, &rest)) {
+          std::vector<std::string> parts = absl::StrSplit(rest, absl::MaxSplits(' ', 1));
+          if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &code)) {
+            Fail(r, code, absl::StrCat("node ", peer.node, ": ", parts[1]));
+          }
+        }
+      }
+      if (peer.closed && !was_closed && is_master() && current_round_ >= 0) {
+        Fail(current_round_, 1, absl::StrCat("node ", peer.node, "'s launcher disconnected"));
+      }
+      if (peer.closed && !is_master()) {
+        if (failure_round_ != current_round_) {
+          failure_round_ = current_round_;
+          failure_ = {1, "node 0's launcher disconnected"};
+        }
+        return Lost();
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Late(const char* what) const {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "node ", options_.node_rank, ": the launchers did not agree on ", what,
+        " in time (--timeout, or 2 minutes to gather)"));
+  }
+
+ public:
+  void set_round(int round) { current_round_ = round; }
+
+ private:
+  const LaunchOptions& options_;
+  int listen_fd_ = -1;
+  std::vector<Peer> peers_;  // node 0: indexed by node (0 unused); others: [node 0]
+  std::vector<std::string> inbox_;
+  int current_round_ = -1;
+  int failure_round_ = -1;
+  std::pair<int, std::string> failure_;
+};
+
+}  // namespace
+
 // One attempt: starts the local ranks, forwards their output and waits for
 // them (see launch()). `deadline` bounds the whole job (Clock::time_point::max()
 // without --timeout).
 static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
                                                 const std::string& program_path,
                                                 const ThreadLayout& thread_plan, int port,
-                                                int attempt, Clock::time_point deadline) {
+                                                int attempt, Clock::time_point deadline,
+                                                const AttemptHooks* hooks) {
   const std::string* program = &program_path;
   const ThreadLayout* layout = &thread_plan;
   const int nproc = options.nproc_per_node;
@@ -380,6 +771,7 @@ static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
                             c.last_err_line, "\")");
           }
           absl::StrAppend(&result.summary, "; ended the other ranks");
+          if (hooks != nullptr) hooks->on_failure(result.exit_code, result.summary);
           ending = true;
           term_sent = Clock::now();
           for (int j = 0; j < nproc; ++j) {
@@ -404,6 +796,20 @@ static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
       // Grandchildren may keep the pipes open; give them a moment, then stop.
       ending = true;
       term_sent = Clock::now();
+    }
+
+    // Another node failed (multi-node restarts).
+    if (!ending && hooks != nullptr) {
+      if (auto remote = hooks->poll()) {
+        result.exit_code = remote->first;
+        result.summary = absl::StrCat(remote->second, "; ended this node's ranks");
+        ending = true;
+        term_sent = Clock::now();
+        for (int j = 0; j < nproc; ++j) {
+          if (!children[j].reaped) ended_by_us[j] = true;
+        }
+        end_all(SIGTERM);
+      }
     }
 
     // Timeout and external stop.
@@ -465,6 +871,57 @@ static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
   return result;
 }
 
+// Multi-node with restarts: every attempt starts once all launchers joined
+// it (Rendezvous), a failure anywhere ends the ranks on every node, and node
+// 0's verdict (restart, finish, give up) holds for all.
+static absl::StatusOr<LaunchResult> launch_elastic_nodes(const LaunchOptions& options,
+                                                         const std::string& program,
+                                                         const ThreadLayout& layout,
+                                                         Clock::time_point deadline) {
+  auto gather_deadline = [&] {
+    return std::min(deadline, Clock::now() + std::chrono::minutes(2));
+  };
+  auto rendezvous = Rendezvous::Open(options, gather_deadline());
+  if (!rendezvous.ok()) return rendezvous.status();
+  Rendezvous& rdzv = **rendezvous;
+  std::vector<std::string> causes;
+  for (int attempt = 0;; ++attempt) {
+    rdzv.set_round(attempt);
+    auto port = rdzv.Join(attempt, gather_deadline());
+    if (!port.ok()) {
+      return absl::Status(port.status().code(),
+                          absl::StrCat("attempt ", attempt, ": ", port.status().message(),
+                                       causes.empty() ? "" : "; after restarts for: ",
+                                       absl::StrJoin(causes, " | ")));
+    }
+    AttemptHooks hooks;
+    hooks.poll = [&rdzv, attempt] { return rdzv.Poll(attempt); };
+    hooks.on_failure = [&rdzv, attempt](int code, const std::string& summary) {
+      rdzv.ReportFailure(attempt, code, summary);
+    };
+    auto result = run_attempt(options, program, layout, *port, attempt, deadline, &hooks);
+    if (!result.ok()) return result.status();
+    result->restart_causes = causes;
+    auto verdict = rdzv.Finish(attempt, deadline);
+    if (!verdict.ok()) {
+      if (result->exit_code == 0) result->exit_code = 1;
+      absl::StrAppend(&result->summary, result->summary.empty() ? "" : "; ",
+                      verdict.status().message());
+      return result;
+    }
+    if (verdict->finish) return result;
+    if (!verdict->restart) {
+      if (result->exit_code == 0) result->exit_code = verdict->exit_code;
+      result->summary = absl::StrCat(verdict->cause, "; no restart left (--max-restarts=",
+                                     options.max_restarts, " used)");
+      return result;
+    }
+    causes.push_back(verdict->cause);
+    event(options, absl::StrCat("restart ", attempt + 1, " of ", options.max_restarts,
+                                " (all ", options.nnodes, " nodes): ", verdict->cause));
+  }
+}
+
 absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
   if (options.nproc_per_node <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -498,12 +955,6 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max-restarts=", options.max_restarts, ": expected an integer >= 0"));
   }
-  if (options.max_restarts > 0 && options.nnodes > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "--max-restarts=", options.max_restarts, " with --nnodes=", options.nnodes,
-        ": restarting a multi-node job is not implemented (the launchers would need a "
-        "shared rendezvous to agree on each restart); use --max-restarts 0"));
-  }
   auto program = resolve_program(options.command[0]);
   if (!program.ok()) return program.status();
   auto layout = thread_layout(options);
@@ -512,6 +963,9 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
                                          ? Clock::now() + options.timeout
                                          : Clock::time_point::max();
   std::vector<std::string> causes;
+  if (options.nnodes > 1 && options.max_restarts > 0) {
+    return launch_elastic_nodes(options, *program, *layout, deadline);
+  }
   for (int attempt = 0;; ++attempt) {
     int port = options.master_port;
     if (port == 0) {  // a fresh rendezvous for every attempt
@@ -519,7 +973,7 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options) {
       if (!picked.ok()) return picked.status();
       port = *picked;
     }
-    auto result = run_attempt(options, *program, *layout, port, attempt, deadline);
+    auto result = run_attempt(options, *program, *layout, port, attempt, deadline, nullptr);
     if (!result.ok()) return result.status();
     result->restart_causes = causes;
     const bool stopped = options.stop_signal != nullptr && options.stop_signal->load() != 0;

@@ -16,6 +16,13 @@
 // through `on_event` with its cause. A program that checkpoints resumes from
 // its newest checkpoint when it sees a restart count above 0 (the trainer
 // does). A timeout or a stop signal ends the job without restarting.
+// Multi-node (nnodes > 1 with max_restarts > 0): node 0's launcher listens on
+// master_addr:master_port and the other launchers connect to it; every
+// attempt starts once all nodes joined it, its ranks get a fresh port node 0
+// picks (not master_port), a failure on any node ends the ranks on every
+// node, and node 0's verdict — restart everywhere, or give up with the
+// reason — holds for all. A launcher that dies ends the job (no restart
+// without its node).
 //
 // Hung ranks: a rank stopped by a signal (SIGSTOP, SIGTSTP, a tracer) is
 // seen by the launcher (waitpid WUNTRACED). When the job then fails — the

@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +26,7 @@ namespace comm {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using Clock = std::chrono::steady_clock;
 
 std::string runfile(const std::string& path) {
@@ -336,10 +338,6 @@ TEST(Launcher, BadOptionsAreErrors) {
   options.command = {child_program()};
   options.max_restarts = -1;
   EXPECT_THAT(std::string(launch(options).status().message()), HasSubstr("--max-restarts=-1"));
-  options.max_restarts = 2;
-  options.nnodes = 2;
-  options.master_port = 29999;
-  EXPECT_EQ(launch(options).status().code(), absl::StatusCode::kUnimplemented);
 }
 
 TEST(Launcher, ParsesCommandLine) {
@@ -505,6 +503,130 @@ TEST(LaunchTool, MaxRestartsRestartsAndLogsTheCause) {
   EXPECT_THAT(run.output, HasSubstr("launch: restart 1 of 2: rank 0 (pid "));
   EXPECT_THAT(run.output, HasSubstr("exited with status 6"));
   EXPECT_THAT(run.output, HasSubstr("[rank 0] rank 0: restart 1, not failing"));
+}
+
+// Two launchers on loopback (nodes 0 and 1, one rank each), as two
+// processes: start_tool runs //tools:launch in the background.
+pid_t start_tool(const std::vector<std::string>& args, const std::string& out_path) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    FILE* out = std::freopen(out_path.c_str(), "w", stdout);
+    (void)out;
+    dup2(fileno(stdout), STDERR_FILENO);
+    std::vector<std::string> argv_strings{runfile("tools/launch")};
+    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& s : argv_strings) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+ToolRun wait_tool(pid_t pid, const std::string& out_path) {
+  ToolRun run;
+  int status = 0;
+  waitpid(pid, &status, 0);
+  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream f(out_path);
+  run.output.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  return run;
+}
+
+std::vector<std::string> node_args(int node, int port, int max_restarts,
+                                   std::vector<std::string> child_args) {
+  std::vector<std::string> args = {"--nproc", "1", "--nnodes", "2", "--node-rank",
+                                   std::to_string(node), "--master-port", std::to_string(port),
+                                   "--max-restarts", std::to_string(max_restarts), "--",
+                                   child_program()};
+  args.insert(args.end(), child_args.begin(), child_args.end());
+  return args;
+}
+
+std::vector<std::string> lines_with(const std::string& text, const std::string& prefix) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(prefix, 0) == 0) out.push_back(line.substr(prefix.size()));
+  }
+  return out;
+}
+
+// Rank 1 (node 1) fails in the first attempt: node 0's rank is ended too,
+// both launchers log the same restart and cause, and the second attempt
+// runs on both nodes with one fresh port.
+TEST(LaunchTool, MultiNodeRestartsEveryNode) {
+  const int port = pick_free_port().value();
+  const std::string dir = temp_dir();
+  const std::vector<std::string> child = {"--print-env", "--fail-rank", "1", "--fail-code",
+                                          "5", "--fail-until-restart", "1"};
+  const pid_t node1 = start_tool(node_args(1, port, 2, child), dir + "/node1");
+  const pid_t node0 = start_tool(node_args(0, port, 2, child), dir + "/node0");
+  const ToolRun run0 = wait_tool(node0, dir + "/node0");
+  const ToolRun run1 = wait_tool(node1, dir + "/node1");
+  EXPECT_EQ(run0.status, 0) << run0.output;
+  EXPECT_EQ(run1.status, 0) << run1.output;
+  for (const ToolRun* run : {&run0, &run1}) {
+    EXPECT_THAT(run->output, HasSubstr("launch: restart 1 of 2 (all 2 nodes): node 1: rank 1 "
+                                       "(pid "))
+        << run->output;
+    EXPECT_THAT(run->output, HasSubstr("exited with status 5")) << run->output;
+    EXPECT_THAT(run->output, Not(HasSubstr("restart 2 of 2"))) << run->output;
+  }
+  EXPECT_THAT(run0.output, HasSubstr("[rank 0] rank 0: restart 1, not failing"));
+  EXPECT_THAT(run1.output, HasSubstr("[rank 1] rank 1: restart 1, not failing"));
+  // Both nodes' ranks got the same port in each attempt, a new one per attempt.
+  const auto ports0 = lines_with(run0.output, "[rank 0] MASTER_PORT=");
+  const auto ports1 = lines_with(run1.output, "[rank 1] MASTER_PORT=");
+  ASSERT_EQ(ports0.size(), 2u) << run0.output;
+  EXPECT_EQ(ports0, ports1);
+  EXPECT_NE(ports0[0], ports0[1]);
+  EXPECT_NE(ports0[0], std::to_string(port));  // the launchers' own port
+}
+
+TEST(LaunchTool, MultiNodeGivesUpTogetherWithTheReason) {
+  const int port = pick_free_port().value();
+  const std::string dir = temp_dir();
+  const std::vector<std::string> child = {"--fail-rank", "0", "--fail-code", "6",
+                                          "--fail-until-restart", "9"};
+  const pid_t node1 = start_tool(node_args(1, port, 1, child), dir + "/node1");
+  const pid_t node0 = start_tool(node_args(0, port, 1, child), dir + "/node0");
+  const ToolRun run0 = wait_tool(node0, dir + "/node0");
+  const ToolRun run1 = wait_tool(node1, dir + "/node1");
+  for (const ToolRun* run : {&run0, &run1}) {
+    EXPECT_EQ(run->status, 6) << run->output;
+    EXPECT_THAT(run->output, HasSubstr("restart 1 of 1 (all 2 nodes): node 0: rank 0"))
+        << run->output;
+    EXPECT_THAT(run->output, HasSubstr("no restart left (--max-restarts=1 used)"))
+        << run->output;
+  }
+}
+
+// A launcher that dies takes its node out: node 0 ends its ranks and says
+// why instead of waiting or restarting without it.
+TEST(LaunchTool, MultiNodeLauncherLossEndsTheJob) {
+  const int port = pick_free_port().value();
+  const std::string dir = temp_dir();
+  const pid_t node1 = start_tool(node_args(1, port, 3, {"--sleep", "--pid-dir", dir}),
+                                 dir + "/node1");
+  const pid_t node0 = start_tool(node_args(0, port, 3, {"--sleep", "--pid-dir", dir}),
+                                 dir + "/node0");
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (Clock::now() < deadline && read_pids(dir, 2).size() < 2) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(read_pids(dir, 2).size(), 2u);
+  kill(node1, SIGKILL);
+  const auto start = Clock::now();
+  const ToolRun run0 = wait_tool(node0, dir + "/node0");
+  wait_tool(node1, dir + "/node1");
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0);
+  EXPECT_NE(run0.status, 0) << run0.output;
+  EXPECT_THAT(run0.output, HasSubstr("node 1's launcher disconnected")) << run0.output;
+  EXPECT_THAT(run0.output, HasSubstr("cannot restart without that node")) << run0.output;
+  for (int pid : read_pids(dir, 2)) EXPECT_FALSE(process_alive(pid)) << pid;
 }
 
 TEST(LaunchTool, TimeoutFlagEndsHungRanks) {

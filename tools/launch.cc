@@ -35,7 +35,9 @@ constexpr const char kUsage[] =
     "  --collective-timeout SECONDS  the ranks' process-group timeout, passed as\n"
     "                        COMM_COLLECTIVE_TIMEOUT_MS (the trainer honours it)\n"
     "  --max-restarts N      restart every rank after a failure, up to N times;\n"
-    "                        ranks see TORCHELASTIC_RESTART_COUNT (single node only)\n"
+    "                        ranks see TORCHELASTIC_RESTART_COUNT; with --nnodes M\n"
+    "                        the launchers agree through node 0 (listening on\n"
+    "                        --master-port; ranks get a fresh port per attempt)\n"
     "  --threads-per-rank T  intra-op threads of each rank (OMP_NUM_THREADS);\n"
     "                        default: OMP_NUM_THREADS if set, else cores / nproc\n";
 

@@ -32,8 +32,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int kSteps = 48;
-constexpr int kCheckpointEvery = 4;
+// Long enough (~1-5 s of steps) that a kill aimed at a quarter of the run
+// lands in it although a 1-rank step takes about a millisecond.
+constexpr int kSteps = 400;
+constexpr int kCheckpointEvery = 10;
 constexpr int kKillsPerRun = 3;
 
 std::string RunArgs(int world, const std::string& ckpt) {
@@ -76,7 +78,7 @@ struct ChaosStats {
 };
 
 // One run of `world` ranks with kKillsPerRun kills; kill i waits for a step
-// drawn from the i-th quarter of the run, then a random 0-120 ms more.
+// drawn from the i-th quarter of the run, then a random 0-30 ms more.
 void ChaosRun(int world, std::mt19937& rng, const std::string& baseline, ChaosStats* stats) {
   const std::string dir = TempDir("chaos_" + std::to_string(world));
   const std::string ckpt = dir + "/ckpt";
@@ -94,6 +96,10 @@ void ChaosRun(int world, std::mt19937& rng, const std::string& baseline, ChaosSt
     const auto deadline = Clock::now() + std::chrono::seconds(90);
     std::vector<pid_t> ranks;
     while (Clock::now() < deadline) {
+      int status = 0;
+      ASSERT_EQ(waitpid(trainer, &status, WNOHANG), 0)
+          << "kill " << k << ": the run ended first (status " << status << ")\n"
+          << ReadAll(out);
       ranks = ChildrenOf(trainer);
       bool fresh = static_cast<int>(ranks.size()) == world;
       for (pid_t pid : ranks) {
@@ -106,7 +112,7 @@ void ChaosRun(int world, std::mt19937& rng, const std::string& baseline, ChaosSt
     ASSERT_LT(Clock::now(), deadline) << "kill " << k << ": the run stalled\n"
                                       << ReadAll(out);
     std::this_thread::sleep_for(
-        std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 120)(rng)));
+        std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 30)(rng)));
     const pid_t victim = ranks[std::uniform_int_distribution<size_t>(0, ranks.size() - 1)(rng)];
     const auto steps = LoggedSteps(log);
     ASSERT_EQ(kill(victim, SIGKILL), 0) << "kill " << k << " found the run finished";
