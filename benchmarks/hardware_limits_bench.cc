@@ -9,7 +9,8 @@
 //                               Hessian MLP's batched layer (1024 x 512 x
 //                               512, hessian_bench), and the trainer_bench
 //                               transformer's matmuls (2 rows x 32 tokens =
-//                               64 rows per rank, dim 512, MLP 4 x 512).
+//                               64 rows per rank, dim 512, MLP 4 x 512; and
+//                               1024 rows, its compute-bound MFU setting).
 //                               Counter FLOP/s = 2 M K N per call; the
 //                               summary prints the peak (max over shapes)
 //                               and each shape as a fraction of it.
@@ -78,6 +79,12 @@ const GemmShape kGemmShapes[] = {
     {"transformer_fc2", 64, 2048, 512},        // [64,2048] x [2048,512]
     {"transformer_attn_in", 64, 512, 1536},    // q,k,v projection
     {"transformer_fc1_wgrad", 2048, 64, 512},  // dW = dY^T X, K = 64 rows
+    // The same at the compute-bound configuration MFU is measured at
+    // (TRAINER_BENCH_ROWS=8 TRAINER_BENCH_SEQ=128: 1024 token rows).
+    {"transformer_mfu_fc1", 1024, 512, 2048},
+    {"transformer_mfu_fc2", 1024, 2048, 512},
+    {"transformer_mfu_attn_in", 1024, 512, 1536},
+    {"transformer_mfu_fc1_wgrad", 2048, 1024, 512},
 };
 
 void BM_Sgemm(benchmark::State& state, GemmShape s) {

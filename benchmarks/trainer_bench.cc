@@ -13,6 +13,20 @@
 //                          fsdp::FullyShardedDataParallel wrapped as the
 //                          trainer wraps it (one unit per block, backward
 //                          prefetch pre, use_orig_params).
+//   BM_Step/<case>_ckpt    the same with every block activation-checkpointed
+//                          (activation_checkpointing/, as the trainer's
+//                          --activation-checkpointing=block), for NoFSDP,
+//                          FULL_SHARD and SHARD_GRAD_OP.
+//
+// Memory counters besides peak RSS: fwd_retained_MiB, the bytes the
+// allocator holds more after the forward (loss computed) than before it,
+// max over steps and ranks: the activations the graph keeps for backward
+// (plus, under FULL_SHARD, the root unit's gathered parameters, which stay
+// gathered until backward: 0.6 MiB here); base_rss_MiB, the process's RSS
+// when the case starts (LibTorch, Gloo, the benchmark itself), so that
+// peak_rss_MiB - base_rss_MiB is what the step costs. Allocator bytes come
+// from tcmalloc (MallocExtension_GetNumericProperty, looked up at run time so
+// the binary still links with another allocator; -1 then).
 //
 // Peak RSS is a process-wide high-water mark, so each case must run in its
 // own process for its counter to mean anything: run_trainer_bench.sh
@@ -23,11 +37,17 @@
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "activation_checkpointing/apply_activation_checkpointing.h"
 #include "benchmarks/multi_rank_main.h"
 #include "comm/collectives.h"
 #include "comm/process_group.h"
@@ -44,9 +64,26 @@ namespace {
 // tied 256x512 embedding and 64x512 positions. Small batch and sequence keep
 // one step around a second on 2 cores, so 4 ranks (oversubscribed 2x) stay
 // within the runner's time budget.
+//
+// TRAINER_BENCH_ROWS (rows per rank, default 2) and TRAINER_BENCH_SEQ
+// (default 32) give the compute-bound configurations MFU is measured at
+// (benchmarks/RESULTS.md): at the defaults a step is dominated by
+// per-parameter work (optimizer, gradient reduction), not matmuls.
+int64_t PositiveFromEnv(const char* name, int64_t fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  const long long value = std::strtoll(text, &end, 10);
+  if (*end != '\0' || value <= 0) {
+    std::fprintf(stderr, "trainer_bench: %s='%s': expected a positive integer\n", name, text);
+    std::exit(2);
+  }
+  return value;
+}
 const trainer::ModelConfig kConfig{/*layers=*/8, /*dim=*/512, /*heads=*/8,
-                                   /*vocab=*/256, /*seq=*/32};
-constexpr int64_t kRowsPerRank = 2;
+                                   /*vocab=*/256,
+                                   /*seq=*/PositiveFromEnv("TRAINER_BENCH_SEQ", 32)};
+const int64_t kRowsPerRank = PositiveFromEnv("TRAINER_BENCH_ROWS", 2);
 constexpr double kLr = 1e-4;
 
 const comm::ProcessGroup* g_group = nullptr;
@@ -74,6 +111,55 @@ int64_t NumParams(const torch::nn::Module& m) {
   return n;
 }
 
+// tcmalloc's generic.current_allocated_bytes (-1 without tcmalloc).
+int64_t AllocatedBytes() {
+  using Getter = int (*)(const char*, size_t*);
+  static const auto getter =
+      reinterpret_cast<Getter>(dlsym(RTLD_DEFAULT, "MallocExtension_GetNumericProperty"));
+  size_t value = 0;
+  if (getter == nullptr || !getter("generic.current_allocated_bytes", &value)) return -1;
+  return static_cast<int64_t>(value);
+}
+
+// This process's resident set now, in bytes (/proc/self/statm).
+int64_t CurrentRssBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages_total = 0, pages_resident = 0;
+  statm >> pages_total >> pages_resident;
+  return pages_resident * 4096;
+}
+
+double MaxOverRanksMiB(const comm::ProcessGroup& group, int64_t bytes) {
+  torch::Tensor t = torch::tensor({bytes}, torch::kInt64);
+  comm::all_reduce(group, t, comm::ReduceOp::kMax).wait();
+  return static_cast<double>(t.item<int64_t>()) / (1024.0 * 1024.0);
+}
+
+// The largest forward-retained allocation over the steps (see the top).
+struct ForwardRetained {
+  int64_t max_bytes = 0;
+  template <typename Forward>
+  torch::Tensor operator()(Forward&& forward) {
+    const int64_t before = AllocatedBytes();
+    torch::Tensor loss = forward();
+    const int64_t after = AllocatedBytes();
+    if (before >= 0 && after >= 0) max_bytes = std::max(max_bytes, after - before);
+    return loss;
+  }
+};
+
+void CheckpointBlocks(const std::shared_ptr<trainer::TransformerLM>& lm) {
+  // NoFSDP also calls its blocks through fsdp::call (a plain forward on a
+  // module that is not a unit), where checkpointed modules are run.
+  lm->set_block_runner([](int64_t, trainer::TransformerBlock& block, const torch::Tensor& x,
+                         const torch::Tensor& mask) { return fsdp::call(block, x, mask); });
+  const auto blocks = activation_checkpointing::apply_activation_checkpointing(
+      std::static_pointer_cast<torch::nn::Module>(lm),
+      fsdp::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>());
+  TORCH_CHECK(blocks.size() == static_cast<size_t>(kConfig.layers),
+              "trainer_bench: checkpointed ", blocks.size(), " blocks, expected ", kConfig.layers);
+}
+
 // Peak RSS of every rank, in MiB; the max is what a machine must provision.
 double MaxPeakRssMiB(const comm::ProcessGroup& group) {
   torch::Tensor rss = torch::tensor({trainer::PeakRssBytes()}, torch::kInt64);
@@ -93,11 +179,21 @@ double MaxStateBytes(const comm::ProcessGroup& group, const std::vector<torch::T
 }
 
 void Report(benchmark::State& state, const comm::ProcessGroup& group, int64_t num_params,
-            const std::vector<torch::Tensor>& params, const torch::optim::Optimizer& optim) {
+            const std::vector<torch::Tensor>& params, const torch::optim::Optimizer& optim,
+            int64_t base_rss, const ForwardRetained& retained) {
   state.counters["ranks"] = group.size();
+  state.counters["base_rss_MiB"] = MaxOverRanksMiB(group, base_rss);
+  state.counters["fwd_retained_MiB"] = MaxOverRanksMiB(group, retained.max_bytes);
   state.counters["params"] = static_cast<double>(num_params);
   state.counters["peak_rss_MiB"] = MaxPeakRssMiB(group);
   state.counters["state_bytes"] = MaxStateBytes(group, params, optim);
+  // 6 * parameters * tokens: the usual count of a step's model FLOPs
+  // (forward 2, backward 4 per parameter per token), per rank; divided by
+  // the measured sgemm peak it is the MFU.
+  const double tokens = static_cast<double>(kRowsPerRank * kConfig.seq);
+  state.counters["tokens_per_rank"] = tokens;
+  state.counters["model_FLOP/s_per_rank"] = benchmark::Counter(
+      6.0 * static_cast<double>(num_params) * tokens, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // One warm-up step before timing: Adam allocates its state and FSDP
@@ -109,28 +205,33 @@ void TimeSteps(benchmark::State& state, Step&& step) {
   for (auto _ : state) step();
 }
 
-void BM_NoFSDP(benchmark::State& state) {
+void BM_NoFSDP(benchmark::State& state, bool checkpointing) {
   const comm::ProcessGroup& group = *g_group;
+  const int64_t base_rss = CurrentRssBytes();
   auto lm = BuildLM();
+  if (checkpointing) CheckpointBlocks(lm);
   torch::optim::Adam optim(lm->parameters(), torch::optim::AdamOptions(kLr));
   const torch::Tensor batch = RankBatch(group.rank());
+  ForwardRetained retained;
   TimeSteps(state, [&] {
     optim.zero_grad();
-    lm->Loss(batch).backward();
+    retained([&] { return lm->Loss(batch); }).backward();
     optim.step();
   });
-  Report(state, group, NumParams(*lm), lm->parameters(), optim);
+  Report(state, group, NumParams(*lm), lm->parameters(), optim, base_rss, retained);
 }
 
 void BM_DDP(benchmark::State& state) {
   const comm::ProcessGroup& group = *g_group;
+  const int64_t base_rss = CurrentRssBytes();
   auto lm = BuildLM();
   const std::vector<torch::Tensor> params = lm->parameters();
   torch::optim::Adam optim(params, torch::optim::AdamOptions(kLr));
   const torch::Tensor batch = RankBatch(group.rank());
+  ForwardRetained retained;
   TimeSteps(state, [&] {
     optim.zero_grad();
-    lm->Loss(batch).backward();
+    retained([&] { return lm->Loss(batch); }).backward();
     std::vector<torch::Tensor> grads;
     grads.reserve(params.size());
     for (const auto& p : params) grads.push_back(p.grad().reshape({-1}));
@@ -144,13 +245,15 @@ void BM_DDP(benchmark::State& state) {
     }
     optim.step();
   });
-  Report(state, group, NumParams(*lm), params, optim);
+  Report(state, group, NumParams(*lm), params, optim, base_rss, retained);
 }
 
-void BM_FSDP(benchmark::State& state, fsdp::ShardingStrategy strategy) {
+void BM_FSDP(benchmark::State& state, fsdp::ShardingStrategy strategy, bool checkpointing) {
   const comm::ProcessGroup& group = *g_group;
+  const int64_t base_rss = CurrentRssBytes();
   auto lm = BuildLM();
   const int64_t num_params = NumParams(*lm);
+  if (checkpointing) CheckpointBlocks(lm);
   // The trainer's wrapping (train.cc WrapModel with its defaults): blocks
   // are units called through fsdp::call from the block runner, the root is
   // entered through run(), and the optimizer sees the original parameters.
@@ -168,12 +271,15 @@ void BM_FSDP(benchmark::State& state, fsdp::ShardingStrategy strategy) {
                                        std::move(options));
   torch::optim::Adam optim(model.parameters(), torch::optim::AdamOptions(kLr));
   const torch::Tensor batch = RankBatch(group.rank());
+  ForwardRetained retained;
   TimeSteps(state, [&] {
     optim.zero_grad();
-    model.run([&] { return lm->Loss(batch); }).backward();
+    retained([&] { return model.run([&] { return lm->Loss(batch); }); }).backward();
     optim.step();
   });
-  Report(state, group, num_params, model.parameters(), optim);
+  Report(state, group, num_params, model.parameters(), optim, base_rss, retained);
+  state.counters["peak_gathered_MiB"] =
+      static_cast<double>(model.peak_unsharded_bytes()) / (1024.0 * 1024.0);
 }
 
 void RegisterAll(const comm::ProcessGroup& group) {
@@ -186,15 +292,20 @@ void RegisterAll(const comm::ProcessGroup& group) {
         ->Unit(benchmark::kMillisecond);
   };
   if (group.size() == 1) {
-    add("NoFSDP", BM_NoFSDP);
+    add("NoFSDP", [](benchmark::State& s) { BM_NoFSDP(s, false); });
+    add("NoFSDP_ckpt", [](benchmark::State& s) { BM_NoFSDP(s, true); });
   } else {
     add("DDP", BM_DDP);
   }
-  add("FULL_SHARD",
-      [](benchmark::State& s) { BM_FSDP(s, fsdp::ShardingStrategy::kFullShard); });
+  using fsdp::ShardingStrategy;
+  add("FULL_SHARD", [](benchmark::State& s) { BM_FSDP(s, ShardingStrategy::kFullShard, false); });
   add("SHARD_GRAD_OP",
-      [](benchmark::State& s) { BM_FSDP(s, fsdp::ShardingStrategy::kShardGradOp); });
-  add("NO_SHARD", [](benchmark::State& s) { BM_FSDP(s, fsdp::ShardingStrategy::kNoShard); });
+      [](benchmark::State& s) { BM_FSDP(s, ShardingStrategy::kShardGradOp, false); });
+  add("NO_SHARD", [](benchmark::State& s) { BM_FSDP(s, ShardingStrategy::kNoShard, false); });
+  add("FULL_SHARD_ckpt",
+      [](benchmark::State& s) { BM_FSDP(s, ShardingStrategy::kFullShard, true); });
+  add("SHARD_GRAD_OP_ckpt",
+      [](benchmark::State& s) { BM_FSDP(s, ShardingStrategy::kShardGradOp, true); });
 }
 
 int WorldSize() {
