@@ -210,11 +210,11 @@ TEST(MseLossDecomposition, JvpOfGradWithoutVmap) {
   Tensor x = torch::randn({4}, torch::kFloat64), y = torch::randn({3}, torch::kFloat64);
   Tensor v = torch::randn({3, 4}, torch::kFloat64);
   auto loss = [x, y](Tensor w) { return torch::mse_loss(w.matmul(x), y); };
-  JvpResult r = jvp(grad(loss), std::make_tuple(w), std::make_tuple(v));
+  auto [dloss, hvp] = jvp(grad(loss), std::make_tuple(w), std::make_tuple(v));
   // d/dw mean((w x - y)^2) = 2/3 (w x - y) x^T, so the Hessian-vector
   // product along v is 2/3 (v x) x^T.
   Tensor expected = (v.matmul(x)).outer(x) * (2.0 / 3.0);
-  EXPECT_TRUE(AllClose(r.tangent, expected, 1e-10, 1e-12));
+  EXPECT_TRUE(AllClose(hvp, expected, 1e-10, 1e-12));
   // The ordinary backward pass is unchanged (the fused kernel runs).
   Tensor wr = w.clone().requires_grad_();
   loss(wr).backward();
