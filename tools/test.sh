@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Sets up what is missing and runs the whole test suite. Extra arguments go to
 # `bazel test` (e.g. tools/test.sh --config=asan). The last line is
-# "N passed, N failed", counted from Bazel's own per-target results.
+# "N passed, N failed", counted from Bazel's own per-target results plus one
+# entry for fuzzing: after the Bazel tests, tools/fuzz.sh fuzzes the file
+# loaders for 50 s per target (100 s in all). Fuzzing is skipped when extra
+# arguments are given: a configured run (--config=asan, a test filter) is a
+# rerun of the Bazel tests, and the fuzzers carry their own sanitizers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +20,18 @@ passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
 failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE|FAILED TO BUILD)' "$log")
 if ((status != 0 && failed == 0)); then
   failed=1  # the build itself failed before any test ran
+fi
+if (($# == 0)); then
+  if tools/fuzz.sh --seconds 50; then
+    echo "fuzz: PASSED"
+    passed=$((passed + 1))
+  else
+    echo "fuzz: FAILED"
+    failed=$((failed + 1))
+    ((status == 0)) && status=1
+  fi
+else
+  echo "fuzz: skipped (extra arguments given to bazel test)"
 fi
 echo "${passed} passed, ${failed} failed"
 exit "$status"

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "state_dict/internal/zip_precheck.h"
 
 namespace state_dict {
 namespace internal {
@@ -748,6 +749,10 @@ absl::StatusOr<c10::IValue> ToBoundedIValue(
 }  // namespace
 
 absl::StatusOr<UnpickledArchive> ReadTorchArchive(const std::string& path) {
+  // The reader's constructor leaks miniz's state when it throws after opening
+  // the zip; the precheck refuses every archive it would throw on there.
+  absl::Status archive_ok = PrecheckTorchArchive(path);
+  if (!archive_ok.ok()) return archive_ok;
   try {
     caffe2::serialize::PyTorchStreamReader reader(path);
     if (!reader.hasRecord("data.pkl")) {

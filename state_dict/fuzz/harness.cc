@@ -1,0 +1,352 @@
+#include "state_dict/fuzz/harness.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "state_dict/checkpoint.h"
+#include "state_dict/internal/crc32c.h"
+#include "state_dict/manifest.h"
+#include "state_dict/pytorch_format.h"
+#include "state_dict/sharded_tensor.h"
+
+namespace state_dict {
+namespace fuzz {
+namespace {
+
+// Round trips of tensors larger than this are skipped: a crafted file can
+// describe a huge tensor as a stride-0 view of a tiny storage, which loads
+// fine (it is a view) but would be materialised by SaveTensorDict. The loads
+// themselves are always checked.
+constexpr int64_t kMaxRoundTripBytes = int64_t{16} << 20;
+
+[[noreturn]] void Violation(const std::string& what) {
+  std::fprintf(stderr, "\n*** state_dict fuzz oracle violated: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+std::string StatusText(const absl::Status& status) {
+  return status.ok() ? "OK" : std::string(status.ToString());
+}
+
+void WriteBytesOrDie(const std::string& path, const void* data, size_t size) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) Violation(absl::StrCat("harness cannot create ", path));
+  const bool ok = (size == 0 || std::fwrite(data, 1, size, f) == size);
+  if (std::fclose(f) != 0 || !ok) Violation(absl::StrCat("harness cannot write ", path));
+}
+
+std::string ReadBytesOrDie(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) Violation(absl::StrCat("harness cannot open ", path));
+  std::string out;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  std::fclose(f);
+  return out;
+}
+
+// A directory of this process's own, removed at exit. Under $TEST_TMPDIR
+// (Bazel), else $TMPDIR, else /tmp; tools/fuzz.sh points TMPDIR at a tmpfs.
+const std::string& ScratchDirectory() {
+  static const std::string* dir = [] {
+    const char* base = std::getenv("TEST_TMPDIR");
+    if (base == nullptr) base = std::getenv("TMPDIR");
+    if (base == nullptr) base = "/tmp";
+    std::string pattern = absl::StrCat(base, "/state_dict_fuzz.XXXXXX");
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      Violation(absl::StrCat("harness cannot create a directory like ", pattern));
+    }
+    auto* d = new std::string(pattern);
+    std::atexit([] {
+      std::error_code ignored;
+      std::filesystem::remove_all(*dir, ignored);
+    });
+    return d;
+  }();
+  return *dir;
+}
+
+bool BitwiseEqual(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const torch::Tensor ca = a.contiguous();
+  const torch::Tensor cb = b.contiguous();
+  return ca.nbytes() == cb.nbytes() &&
+         (ca.nbytes() == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0);
+}
+
+std::string Describe(const torch::Tensor& t) {
+  return absl::StrCat(c10::toString(t.scalar_type()), " ", c10::str(t.sizes()));
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoint template.
+
+constexpr int kWorldSize = 2;
+const char* const kCheckpointFiles[CheckpointInputLayout::kFiles] = {
+    "MANIFEST", "rank_00000.pt", "rank_00001.pt"};
+
+// The full tensors of the template; every rank file holds pieces of several.
+TensorDict TemplateTensors() {
+  TensorDict full;
+  full.insert("layer.weight", torch::arange(12, torch::kFloat).reshape({3, 4}) / 7);
+  full.insert("layer.bias", torch::linspace(-1, 1, 5, torch::kDouble));
+  full.insert("embed", torch::arange(6, torch::kFloat).reshape({2, 3}).to(torch::kBFloat16));
+  full.insert("mask", torch::tensor({true, false, true, true}));
+  full.insert("steps", torch::tensor({3, -4, 5}, torch::kLong));
+  full.insert("half", torch::full({7}, 0.5, torch::kHalf));
+  full.insert("scalar", torch::tensor(2.5));
+  return full;
+}
+
+std::vector<ShardedStateDict> TemplateShards() {
+  std::vector<ShardedStateDict> shards(kWorldSize);
+  for (const auto& item : TemplateTensors()) {
+    const int64_t numel = item.value().numel();
+    for (int r = 0; r < kWorldSize; ++r) {
+      // "steps" lives wholly on rank 0, so rank 1 records it without data.
+      const FlatRange range = item.key() == "steps"
+                                  ? FlatRange{0, r == 0 ? numel : 0}
+                                  : EvenShardRange(numel, kWorldSize, r);
+      std::vector<FlatRange> ranges;
+      if (range.numel > 0) ranges.push_back(range);
+      shards[static_cast<size_t>(r)].insert(item.key(), ShardFullTensor(item.value(), ranges));
+    }
+  }
+  return shards;
+}
+
+struct CheckpointTemplate {
+  std::string step_dir;  // holds the pristine files
+  std::string contents[CheckpointInputLayout::kFiles];
+  Manifest manifest;
+  std::vector<std::pair<std::string, ShardRequest>> whole_requests;
+};
+
+std::vector<std::pair<std::string, ShardRequest>> WholeTensorRequests(const Manifest& m) {
+  std::vector<std::pair<std::string, ShardRequest>> requests;
+  std::map<std::string, bool> seen;
+  for (const ManifestFile& f : m.files) {
+    for (const ManifestTensor& t : f.tensors) {
+      if (!seen.emplace(t.name, true).second) continue;
+      ShardRequest request;
+      request.global_shape = t.global_shape;
+      request.dtype = t.dtype;
+      // Saturates on overflow (a fuzzed shape); such a manifest fails
+      // validation in every load anyway.
+      int64_t numel = 1;
+      for (int64_t d : t.global_shape) {
+        if (__builtin_mul_overflow(numel, d, &numel)) numel = INT64_MAX;
+      }
+      request.ranges.push_back(FlatRange{0, numel});
+      requests.emplace_back(t.name, std::move(request));
+    }
+  }
+  return requests;
+}
+
+const CheckpointTemplate& Template() {
+  static const CheckpointTemplate* made = [] {
+    auto* t = new CheckpointTemplate;
+    const std::string root = ScratchDirectory() + "/template";
+    absl::Status status = SaveShardedCheckpoint(root, 1, TemplateShards());
+    if (!status.ok()) Violation("cannot save the template checkpoint: " + StatusText(status));
+    t->step_dir = StepDirectory(root, 1);
+    status = VerifyCheckpoint(t->step_dir);
+    if (!status.ok()) Violation("the template checkpoint does not verify: " + StatusText(status));
+    for (int i = 0; i < CheckpointInputLayout::kFiles; ++i) {
+      t->contents[i] = ReadBytesOrDie(t->step_dir + "/" + kCheckpointFiles[i]);
+    }
+    auto manifest = ReadManifest(t->step_dir);
+    if (!manifest.ok()) Violation("cannot read the template manifest: " + StatusText(manifest.status()));
+    t->manifest = *std::move(manifest);
+    t->whole_requests = WholeTensorRequests(t->manifest);
+    return t;
+  }();
+  return *made;
+}
+
+// Names of the manifest's files that hold at least one piece with data: the
+// files a request for every tensor whole has to read.
+bool SomeFileHoldsNoData(const Manifest& m) {
+  for (const ManifestFile& f : m.files) {
+    bool has_data = false;
+    for (const ManifestTensor& t : f.tensors) has_data |= (t.key != "-" && t.range.numel > 0);
+    if (!has_data) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+void RunTorchFileInput(const uint8_t* data, size_t size) {
+  const std::string path = ScratchDirectory() + "/input.pt";
+  WriteBytesOrDie(path, data, size);
+  auto dict = LoadTensorDict(path);
+  auto value = LoadIValue(path);
+  if (!dict.ok()) return;
+  if (!value.ok()) {
+    Violation(absl::StrCat("LoadTensorDict accepted a file LoadIValue rejects: ",
+                           StatusText(value.status())));
+  }
+  int64_t bytes = 0;
+  for (const auto& item : dict->tensors) bytes += item.value().numel() * item.value().element_size();
+  if (bytes > kMaxRoundTripBytes) return;
+
+  const std::string copy = ScratchDirectory() + "/roundtrip.pt";
+  absl::Status saved = SaveTensorDict(dict->tensors, copy);
+  if (!saved.ok()) Violation("SaveTensorDict rejected a loaded dict: " + StatusText(saved));
+  auto reloaded = LoadTensorDict(copy);
+  if (!reloaded.ok()) {
+    Violation("LoadTensorDict rejected what SaveTensorDict wrote: " + StatusText(reloaded.status()));
+  }
+  if (reloaded->tensors.keys() != dict->tensors.keys()) {
+    Violation("the round trip changed the dict's keys or their order");
+  }
+  for (const auto& item : dict->tensors) {
+    const torch::Tensor& again = reloaded->tensors[item.key()];
+    if (!BitwiseEqual(item.value(), again)) {
+      Violation(absl::StrCat("the round trip changed tensor '", item.key(), "': ",
+                             Describe(item.value()), " became ", Describe(again)));
+    }
+  }
+}
+
+CheckpointInputLayout DecodeCheckpointSelector(uint8_t first_byte) {
+  CheckpointInputLayout layout;
+  layout.file = first_byte % CheckpointInputLayout::kFiles;
+  layout.fix_file_checksum = layout.file != 0 && (first_byte / CheckpointInputLayout::kFiles) % 2 == 1;
+  return layout;
+}
+
+void RunCheckpointInput(const uint8_t* data, size_t size) {
+  if (size == 0) return;
+  const CheckpointTemplate& t = Template();
+  const CheckpointInputLayout layout = DecodeCheckpointSelector(data[0]);
+  const std::string root = ScratchDirectory() + "/input";
+  const std::string step_dir = StepDirectory(root, 1);
+  std::error_code error;
+  std::filesystem::create_directories(step_dir, error);
+  if (error) Violation(absl::StrCat("harness cannot create ", step_dir, ": ", error.message()));
+
+  const std::string replacement(reinterpret_cast<const char*>(data) + 1, size - 1);
+  std::string files[CheckpointInputLayout::kFiles];
+  for (int i = 0; i < CheckpointInputLayout::kFiles; ++i) files[i] = t.contents[i];
+  files[layout.file] = replacement;
+  if (layout.fix_file_checksum) {
+    // Lets the input get past the whole-file checksum to the per-tensor
+    // checks: the manifest records the replaced file's real size and CRC.
+    Manifest m = t.manifest;
+    for (ManifestFile& f : m.files) {
+      if (f.name != kCheckpointFiles[layout.file]) continue;
+      f.bytes = replacement.size();
+      f.crc32c = internal::Crc32c(replacement.data(), replacement.size());
+    }
+    files[0] = FormatManifest(m);
+  }
+  for (int i = 0; i < CheckpointInputLayout::kFiles; ++i) {
+    WriteBytesOrDie(step_dir + "/" + kCheckpointFiles[i], files[i].data(), files[i].size());
+  }
+
+  const absl::Status verified = VerifyCheckpoint(step_dir);
+  auto full = LoadFullStateDict(step_dir);
+  auto manifest = ReadManifest(step_dir);
+  const auto& requests = manifest.ok() ? WholeTensorRequests(*manifest) : t.whole_requests;
+  auto resharded = LoadResharded(step_dir, requests);
+  auto local = LoadLocalShard(step_dir, 0, kWorldSize);
+
+  const std::string results = absl::StrCat(
+      "\n  verify:    ", StatusText(verified), "\n  full:      ", StatusText(full.status()),
+      "\n  resharded: ", StatusText(resharded.status()), "\n  local:     ",
+      StatusText(local.status()), "\n  (input replaced ", kCheckpointFiles[layout.file],
+      layout.fix_file_checksum ? ", manifest checksum fixed up)" : ")");
+  if (verified.ok()) {
+    if (!full.ok() || !resharded.ok() || !local.ok()) {
+      Violation("the checkpoint verifies but a load fails:" + results);
+    }
+    for (const auto& item : *full) {
+      const ShardedTensor* piece = resharded->find(item.key());
+      if (piece == nullptr || piece->pieces.size() != 1 ||
+          !BitwiseEqual(piece->pieces[0].data, item.value().reshape({-1}))) {
+        Violation(absl::StrCat("full and resharded loads disagree on '", item.key(), "'", results));
+      }
+    }
+    return;
+  }
+  if (full.ok()) Violation("verify fails but the full load succeeds:" + results);
+  if (resharded.ok() && !(manifest.ok() && SomeFileHoldsNoData(*manifest))) {
+    Violation("verify fails but the resharded load of every tensor succeeds:" + results);
+  }
+}
+
+absl::Status WriteProjectSeeds(const std::string& torch_file_dir,
+                               const std::string& checkpoint_dir) {
+  // A dict of every dtype, including views, a 0-dim and an empty tensor.
+  TensorDict tensors;
+  const torch::Tensor base = torch::arange(24, torch::kFloat).reshape({4, 6});
+  tensors.insert("float", base);
+  tensors.insert("transposed", base.t());
+  tensors.insert("strided", base.index({torch::indexing::Slice(), torch::indexing::Slice(1, 6, 2)}));
+  tensors.insert("scalar", torch::tensor(3.25, torch::kDouble));
+  tensors.insert("empty", torch::zeros({0, 3}, torch::kInt));
+  for (auto dtype : {torch::kHalf, torch::kBFloat16, torch::kDouble, torch::kChar, torch::kByte,
+                     torch::kShort, torch::kInt, torch::kLong, torch::kBool, torch::kComplexFloat,
+                     torch::kComplexDouble}) {
+    tensors.insert(absl::StrCat("dtype_", c10::toString(dtype)),
+                   torch::arange(5, torch::kFloat).sub(2).to(dtype));
+  }
+  absl::Status status = SaveTensorDict(tensors, torch_file_dir + "/project_tensor_dict.pt");
+  if (!status.ok()) return status;
+
+  // An optimizer-like nested IValue: int keys, lists, tuples, strings,
+  // floats, bools, None.
+  c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+  c10::impl::GenericDict slot(c10::StringType::get(), c10::AnyType::get());
+  slot.insert("step", c10::IValue(torch::tensor(3.0)));
+  slot.insert("exp_avg", c10::IValue(torch::ones({2, 2})));
+  state.insert(0, c10::IValue(slot));
+  c10::impl::GenericDict group(c10::StringType::get(), c10::AnyType::get());
+  group.insert("lr", 0.001);
+  group.insert("betas", c10::ivalue::Tuple::create({0.9, 0.999}));
+  group.insert("amsgrad", false);
+  group.insert("maximize", c10::IValue());
+  group.insert("params", c10::List<int64_t>({0, 1}));
+  group.insert("name", std::string("decoder"));
+  c10::impl::GenericList groups(c10::AnyType::get());
+  groups.push_back(c10::IValue(group));
+  c10::impl::GenericDict optimizer(c10::StringType::get(), c10::AnyType::get());
+  optimizer.insert("state", c10::IValue(state));
+  optimizer.insert("param_groups", c10::IValue(groups));
+  status = SaveIValue(c10::IValue(optimizer), torch_file_dir + "/project_optimizer.pt");
+  if (!status.ok()) return status;
+
+  // The template checkpoint's files as inputs of RunCheckpointInput: the
+  // selector byte, then the file.
+  const CheckpointTemplate& t = Template();
+  for (int i = 0; i < CheckpointInputLayout::kFiles; ++i) {
+    for (bool fix : {false, true}) {
+      if (fix && i == 0) continue;
+      const uint8_t selector = static_cast<uint8_t>(i + (fix ? CheckpointInputLayout::kFiles : 0));
+      std::string seed(1, static_cast<char>(selector));
+      seed += t.contents[i];
+      WriteBytesOrDie(absl::StrCat(checkpoint_dir, "/project_", kCheckpointFiles[i],
+                                   fix ? "_fixed_checksum" : ""),
+                      seed.data(), seed.size());
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fuzz
+}  // namespace state_dict

@@ -1,0 +1,55 @@
+// Fuzz harnesses for the loaders of untrusted files, shared by the libFuzzer
+// targets (tools/fuzz.sh builds them with clang) and by
+// //state_dict/fuzz:corpus_replay_test, which replays the committed corpus
+// and regressions through the same functions under Bazel.
+//
+// Each Run* function feeds one input to the loaders and checks an oracle
+// beyond "no crash". A loader may reject an input (that is the point), but
+// the loaders must agree with each other; on a disagreement the function
+// prints both results and calls abort(), which libFuzzer records as a crash.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace state_dict {
+namespace fuzz {
+
+// The input is a whole file, loaded with LoadTensorDict and LoadIValue.
+// Oracle: when LoadTensorDict accepts it, LoadIValue does too, and the dict
+// saved with SaveTensorDict loads back with the same keys in the same order,
+// each tensor of the same dtype and shape with bitwise equal elements
+// (bitwise, not torch::equal, because fuzzed floats are often NaN).
+void RunTorchFileInput(const uint8_t* data, size_t size);
+
+// Which file of the template checkpoint an input replaces, and whether the
+// MANIFEST's size and checksum of that file are updated to match it.
+struct CheckpointInputLayout {
+  static constexpr int kFiles = 3;  // MANIFEST, rank_00000.pt, rank_00001.pt
+  int file = 0;                     // first byte % 3
+  bool fix_file_checksum = false;   // (first byte / 3) % 2, rank files only
+};
+CheckpointInputLayout DecodeCheckpointSelector(uint8_t first_byte);
+
+// The input's first byte selects a file of a template sharded checkpoint
+// (2 ranks, small tensors of several dtypes; made once per process with
+// SaveShardedCheckpoint), the rest of the input replaces that file; then
+// VerifyCheckpoint, LoadFullStateDict, LoadResharded (every tensor whole) and
+// LoadLocalShard (rank 0 of 2) run on the directory.
+// Oracle: verify OK => every load OK, and the full and resharded loads give
+// bitwise equal tensors; verify fails => the full load fails, and so does the
+// resharded load unless the file verify rejects is one that no whole-tensor
+// request needs to read (a file holding no data pieces).
+void RunCheckpointInput(const uint8_t* data, size_t size);
+
+// Writes the project-made seeds: SaveTensorDict / SaveIValue outputs into
+// `torch_file_dir`, and the template checkpoint's files (each prefixed by its
+// selector byte) into `checkpoint_dir`. Both directories must exist.
+absl::Status WriteProjectSeeds(const std::string& torch_file_dir,
+                               const std::string& checkpoint_dir);
+
+}  // namespace fuzz
+}  // namespace state_dict

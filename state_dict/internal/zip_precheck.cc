@@ -1,0 +1,388 @@
+#include "state_dict/internal/zip_precheck.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <caffe2/serialize/versions.h>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+// miniz's raw-deflate decoder. miniz is compiled into libtorch_cpu and its
+// functions are exported, but LibTorch installs no miniz.h; this is its
+// declaration (flags 0: raw deflate, no zlib header). Returns the number of
+// bytes written, or (size_t)-1 when the stream is bad or does not fit.
+extern "C" size_t tinfl_decompress_mem_to_mem(void* out, size_t out_len, const void* in,
+                                              size_t in_len, int flags);
+
+namespace state_dict {
+namespace internal {
+namespace {
+
+constexpr uint32_t kLocalHeaderSig = 0x04034b50;
+constexpr uint32_t kCentralHeaderSig = 0x02014b50;
+constexpr uint32_t kEndSig = 0x06054b50;
+constexpr uint32_t kZip64EndSig = 0x06064b50;
+constexpr uint32_t kZip64LocatorSig = 0x07064b50;
+constexpr size_t kLocalHeaderSize = 30;
+constexpr size_t kCentralHeaderSize = 46;
+constexpr size_t kEndSize = 22;
+constexpr size_t kZip64EndSize = 56;
+constexpr size_t kZip64LocatorSize = 20;
+constexpr size_t kMaxCommentSize = 0xFFFF;
+// PyTorch writes "3\n"; anything near this size is not a version record.
+constexpr uint64_t kMaxVersionRecordBytes = 64 << 10;
+constexpr uint16_t kStored = 0;
+constexpr uint16_t kDeflated = 8;
+// Encrypted, compressed patch data, strong encryption: miniz refuses these.
+constexpr uint16_t kUnsupportedFlags = 0x0001 | 0x0020 | 0x0040;
+constexpr uint32_t kDosDirectoryAttribute = 0x10;
+
+uint16_t Le16(const char* p) {
+  const auto* u = reinterpret_cast<const unsigned char*>(p);
+  return static_cast<uint16_t>(u[0] | (u[1] << 8));
+}
+uint32_t Le32(const char* p) {
+  return Le16(p) | (static_cast<uint32_t>(Le16(p + 2)) << 16);
+}
+uint64_t Le64(const char* p) {
+  return Le32(p) | (static_cast<uint64_t>(Le32(p + 4)) << 32);
+}
+
+// One central directory record.
+struct Entry {
+  std::string name;
+  uint16_t flags = 0;
+  uint16_t method = 0;
+  uint32_t crc32 = 0;
+  uint64_t compressed = 0;
+  uint64_t uncompressed = 0;
+  uint64_t local_header = 0;
+  uint32_t external_attributes = 0;
+};
+
+// As miniz decides (mz_zip_reader_is_file_a_directory): a name ending in
+// '/', or the DOS directory attribute.
+bool IsDirectory(const Entry& e) {
+  return (!e.name.empty() && e.name.back() == '/') ||
+         (e.external_attributes & kDosDirectoryAttribute) != 0;
+}
+
+// CRC-32 (the zip's checksum: IEEE polynomial, reflected 0xEDB88320).
+uint32_t ZipCrc32(const std::string& data) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (unsigned char c : data) {
+    crc ^= c;
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+class ArchiveCheck {
+ public:
+  explicit ArchiveCheck(const std::string& path) : path_(path) {}
+  ~ArchiveCheck() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  absl::Status Run() {
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) {
+      const int err = errno;
+      const std::string what = absl::StrCat("cannot open it: ", std::strerror(err));
+      return err == ENOENT ? absl::NotFoundError(Message(what)) : Bad(what);
+    }
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) return Bad(absl::StrCat("cannot stat it: ", std::strerror(errno)));
+    size_ = static_cast<uint64_t>(st.st_size);
+
+    absl::Status status = ReadEndRecords();
+    if (!status.ok()) return status;
+    std::vector<Entry> entries;
+    status = ReadCentralDirectory(entries);
+    if (!status.ok()) return status;
+    if (entries.empty()) return Bad("the zip holds no records");
+    const std::string& first = entries.front().name;
+    const size_t slash = first.find('/');
+    if (slash == std::string::npos) {
+      return Bad(absl::StrCat("its first record '", absl::CEscape(first),
+                              "' is not inside a folder (PyTorch archives hold "
+                              "'<folder>/data.pkl', '<folder>/version', ...)"));
+    }
+    const std::string folder = first.substr(0, slash + 1);
+    // The reader takes ".data/version" when there is one, else "version";
+    // it finds names case-insensitively (miniz's sorted lookup).
+    for (const char* record : {".data/version", "version"}) {
+      std::vector<const Entry*> found = Find(entries, folder + record);
+      if (found.empty()) continue;
+      for (const Entry* e : found) {
+        status = CheckVersionRecord(*e);
+        if (!status.ok()) return status;
+      }
+      return absl::OkStatus();
+    }
+    return Bad(absl::StrCat("it has no version record ('", absl::CEscape(folder),
+                            ".data/version' or '", absl::CEscape(folder), "version')"));
+  }
+
+ private:
+  std::string Message(absl::string_view what) const {
+    return absl::StrCat(path_, ": not a readable PyTorch archive: ", what);
+  }
+  absl::Status Bad(absl::string_view what) const { return absl::DataLossError(Message(what)); }
+
+  // `size` bytes at `offset`, which must lie inside the file.
+  absl::Status ReadAt(uint64_t offset, uint64_t size, std::string& out, absl::string_view what) {
+    if (offset > size_ || size > size_ - offset) {
+      return Bad(absl::StrCat("its ", what, " (", size, " bytes at offset ", offset,
+                              ") lies beyond the end of the ", size_, "-byte file"));
+    }
+    out.resize(static_cast<size_t>(size));
+    size_t done = 0;
+    while (done < out.size()) {
+      const ssize_t n = ::pread(fd_, &out[done], out.size() - done,
+                                static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return Bad(absl::StrCat("cannot read its ", what, ": ",
+                                          n < 0 ? std::strerror(errno) : "unexpected end"));
+      done += static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
+  // The end of central directory record (the last one in the final 64 KiB +
+  // 22 bytes: it may be followed by a comment), and the ZIP64 end record
+  // when its locator precedes it.
+  absl::Status ReadEndRecords() {
+    if (size_ < kEndSize) return Bad(absl::StrCat("it is ", size_, " bytes, too short for a zip"));
+    const uint64_t tail_size = std::min<uint64_t>(size_, kEndSize + kMaxCommentSize);
+    std::string tail;
+    absl::Status status = ReadAt(size_ - tail_size, tail_size, tail, "end of central directory");
+    if (!status.ok()) return status;
+    size_t at = tail.size() - kEndSize + 1;
+    bool found = false;
+    while (at-- > 0) {
+      if (Le32(&tail[at]) == kEndSig) {
+        found = true;
+        break;
+      }
+    }
+    if (!found) return Bad("no end of central directory record (not a zip, or truncated)");
+    const uint64_t end_offset = size_ - tail_size + at;
+    const char* end = &tail[at];
+    if (Le16(end + 4) != 0 || Le16(end + 6) != 0 || Le16(end + 8) != Le16(end + 10)) {
+      return Bad("it spans several disks");
+    }
+    entries_ = Le16(end + 10);
+    cd_size_ = Le32(end + 12);
+    cd_offset_ = Le32(end + 16);
+    if (end_offset >= kZip64LocatorSize) {
+      std::string locator;
+      status = ReadAt(end_offset - kZip64LocatorSize, kZip64LocatorSize, locator,
+                      "ZIP64 end locator");
+      if (!status.ok()) return status;
+      if (Le32(locator.data()) == kZip64LocatorSig) {
+        std::string end64;
+        status = ReadAt(Le64(locator.data() + 8), kZip64EndSize, end64,
+                        "ZIP64 end of central directory");
+        if (!status.ok()) return status;
+        if (Le32(end64.data()) != kZip64EndSig) {
+          return Bad("its ZIP64 end locator points at no ZIP64 end record");
+        }
+        if (Le32(end64.data() + 16) != 0 || Le32(end64.data() + 20) != 0 ||
+            Le64(end64.data() + 24) != Le64(end64.data() + 32)) {
+          return Bad("it spans several disks");
+        }
+        entries_ = Le64(end64.data() + 32);
+        cd_size_ = Le64(end64.data() + 40);
+        cd_offset_ = Le64(end64.data() + 48);
+      }
+    }
+    if (cd_offset_ > end_offset || cd_size_ > end_offset - cd_offset_) {
+      return Bad(absl::StrCat("its central directory (", cd_size_, " bytes at offset ",
+                              cd_offset_, ") overlaps its end records at ", end_offset));
+    }
+    if (entries_ > cd_size_ / kCentralHeaderSize) {
+      return Bad(absl::StrCat("it claims ", entries_, " records in a ", cd_size_,
+                              "-byte central directory"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ReadCentralDirectory(std::vector<Entry>& entries) {
+    std::string cd;
+    absl::Status status = ReadAt(cd_offset_, cd_size_, cd, "central directory");
+    if (!status.ok()) return status;
+    size_t at = 0;
+    for (uint64_t i = 0; i < entries_; ++i) {
+      const std::string where = absl::StrCat("central directory record ", i);
+      if (cd.size() - at < kCentralHeaderSize || Le32(&cd[at]) != kCentralHeaderSig) {
+        return Bad(absl::StrCat(where, " is missing or damaged"));
+      }
+      const char* h = &cd[at];
+      Entry e;
+      e.flags = Le16(h + 8);
+      e.method = Le16(h + 10);
+      e.crc32 = Le32(h + 16);
+      e.compressed = Le32(h + 20);
+      e.uncompressed = Le32(h + 24);
+      e.local_header = Le32(h + 42);
+      e.external_attributes = Le32(h + 38);
+      const size_t name_size = Le16(h + 28);
+      const size_t extra_size = Le16(h + 30);
+      const size_t comment_size = Le16(h + 32);
+      const size_t record_size = kCentralHeaderSize + name_size + extra_size + comment_size;
+      if (cd.size() - at < record_size) return Bad(absl::StrCat(where, " is truncated"));
+      e.name.assign(h + kCentralHeaderSize, name_size);
+      status = ApplyZip64Extra(absl::string_view(h + kCentralHeaderSize + name_size, extra_size),
+                               Le16(h + 34), where, e);
+      if (!status.ok()) return status;
+      // miniz extracts a directory as nothing, leaving the reader's buffer
+      // uninitialised: a record with bytes must not be marked as one.
+      if (IsDirectory(e) && (e.compressed != 0 || e.uncompressed != 0)) {
+        return Bad(absl::StrCat(where, " ('", absl::CEscape(e.name), "') holds ",
+                                e.uncompressed, " bytes but is marked as a directory"));
+      }
+      entries.push_back(std::move(e));
+      at += record_size;
+    }
+    return absl::OkStatus();
+  }
+
+  // Sizes and offsets that do not fit 32 bits are 0xFFFFFFFF in the record
+  // and follow, in this order, in its ZIP64 extra field (id 1).
+  absl::Status ApplyZip64Extra(absl::string_view extra, uint16_t disk, const std::string& where,
+                               Entry& e) {
+    const bool need = e.uncompressed == 0xFFFFFFFFu || e.compressed == 0xFFFFFFFFu ||
+                      e.local_header == 0xFFFFFFFFu || disk == 0xFFFF;
+    if (!need) return absl::OkStatus();
+    while (extra.size() >= 4) {
+      const uint16_t id = Le16(extra.data());
+      const size_t size = Le16(extra.data() + 2);
+      if (extra.size() - 4 < size) break;
+      absl::string_view field = extra.substr(4, size);
+      if (id == 1) {
+        for (uint64_t* value : {&e.uncompressed, &e.compressed, &e.local_header}) {
+          if (*value != 0xFFFFFFFFu) continue;
+          if (field.size() < 8) return Bad(absl::StrCat(where, ": its ZIP64 extra field is short"));
+          *value = Le64(field.data());
+          field.remove_prefix(8);
+        }
+        return absl::OkStatus();
+      }
+      extra.remove_prefix(4 + size);
+    }
+    return Bad(absl::StrCat(where, " lacks the ZIP64 extra field its sizes refer to"));
+  }
+
+  // Entries whose name equals `name` ignoring ASCII case, as miniz compares.
+  static std::vector<const Entry*> Find(const std::vector<Entry>& entries,
+                                        const std::string& name) {
+    std::vector<const Entry*> out;
+    for (const Entry& e : entries) {
+      if (e.name.size() != name.size()) continue;
+      bool same = true;
+      for (size_t i = 0; i < name.size() && same; ++i) {
+        same = std::tolower(static_cast<unsigned char>(e.name[i])) ==
+               std::tolower(static_cast<unsigned char>(name[i]));
+      }
+      if (same) out.push_back(&e);
+    }
+    return out;
+  }
+
+  absl::Status CheckVersionRecord(const Entry& e) {
+    const std::string what = absl::StrCat("version record '", absl::CEscape(e.name), "'");
+    if ((e.flags & kUnsupportedFlags) != 0) {
+      return Bad(absl::StrCat("its ", what, " is encrypted or patch data (flags 0x",
+                              absl::Hex(e.flags), ")"));
+    }
+    if (IsDirectory(e)) return Bad(absl::StrCat("its ", what, " is marked as a directory"));
+    if (e.method != kStored && e.method != kDeflated) {
+      return Bad(absl::StrCat("its ", what, " uses compression method ", e.method,
+                              " (only stored and deflated records are read)"));
+    }
+    if (e.method == kStored && e.compressed != e.uncompressed) {
+      return Bad(absl::StrCat("its ", what, " is stored but records ", e.compressed,
+                              " bytes compressed and ", e.uncompressed, " uncompressed"));
+    }
+    if (e.uncompressed > kMaxVersionRecordBytes) {
+      return Bad(absl::StrCat("its ", what, " is ", e.uncompressed,
+                              " bytes; a version record holds a small integer"));
+    }
+    std::string header;
+    absl::Status status = ReadAt(e.local_header, kLocalHeaderSize, header,
+                                 absl::StrCat("local header of the ", what));
+    if (!status.ok()) return status;
+    if (Le32(header.data()) != kLocalHeaderSig) {
+      return Bad(absl::StrCat("the local header of its ", what, " is damaged"));
+    }
+    const uint64_t data_offset =
+        e.local_header + kLocalHeaderSize + Le16(header.data() + 26) + Le16(header.data() + 28);
+    std::string stored;
+    status = ReadAt(data_offset, e.compressed, stored, what);
+    if (!status.ok()) return status;
+    std::string contents;
+    if (e.method == kStored) {
+      contents = std::move(stored);
+    } else {
+      contents.resize(static_cast<size_t>(e.uncompressed));
+      const size_t n = tinfl_decompress_mem_to_mem(&contents[0], contents.size(), stored.data(),
+                                                   stored.size(), /*flags=*/0);
+      if (n != contents.size()) {
+        return Bad(absl::StrCat("its ", what, " does not inflate to its recorded ",
+                                e.uncompressed, " bytes"));
+      }
+    }
+    const uint32_t crc = ZipCrc32(contents);
+    if (crc != e.crc32) {
+      return Bad(absl::StrCat("its ", what, " fails its CRC-32 check (", absl::Hex(crc),
+                              ", recorded ", absl::Hex(e.crc32), ")"));
+    }
+    // What the reader does: std::stoull (strtoull: leading blanks, a sign,
+    // digits, anything after them ignored), then a range check.
+    const std::string text(contents.c_str());  // strtoull stops at a NUL
+    errno = 0;
+    char* end = nullptr;
+    const unsigned long long version = std::strtoull(text.c_str(), &end, 10);
+    if (end == text.c_str() || errno == ERANGE) {
+      return Bad(absl::StrCat("its ", what, " holds '", absl::CEscape(contents.substr(0, 32)),
+                              "', not a file format version"));
+    }
+    if (version < caffe2::serialize::kMinSupportedFileFormatVersion ||
+        version > caffe2::serialize::kMaxSupportedFileFormatVersion) {
+      return Bad(absl::StrCat("its file format version ", version, " is outside the ",
+                              caffe2::serialize::kMinSupportedFileFormatVersion, "..",
+                              caffe2::serialize::kMaxSupportedFileFormatVersion,
+                              " this LibTorch reads"));
+    }
+    return absl::OkStatus();
+  }
+
+  const std::string& path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  uint64_t entries_ = 0;
+  uint64_t cd_size_ = 0;
+  uint64_t cd_offset_ = 0;
+};
+
+}  // namespace
+
+absl::Status PrecheckTorchArchive(const std::string& path) {
+  return ArchiveCheck(path).Run();
+}
+
+}  // namespace internal
+}  // namespace state_dict

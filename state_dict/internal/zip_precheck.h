@@ -1,0 +1,39 @@
+// Checks a PyTorch zip archive before LibTorch's reader is constructed on it.
+//
+// Why: LibTorch 1.13's caffe2::serialize::PyTorchStreamReader constructor
+// opens the zip with miniz (mz_zip_reader_init, which allocates the reader's
+// state) and only then checks the archive's layout: at least one record, the
+// first record's name inside a folder ("archive/..."), a version record
+// ("<folder>/.data/version", else "<folder>/version") that extracts (CRC
+// intact) and holds an integer in the supported range. Each failed check
+// throws from the constructor, so the destructor that would free miniz's
+// state never runs: every such archive leaked ~300 bytes (found by
+// LeakSanitizer under libFuzzer, tools/fuzz.sh). miniz is linked into
+// libtorch_cpu without a header, so the state cannot be freed from outside.
+//
+// PrecheckTorchArchive parses the zip's end records, central directory and
+// version record itself and refuses, with an error naming the file and what
+// is wrong, every archive on which those post-init checks would throw. It
+// accepts everything PyTorch writes (stored records, ZIP64 end records) and
+// standard zip tools' variations (archive comments, deflated records, data
+// descriptors). It is stricter than miniz only for archives no PyTorch
+// writer produces (e.g. a version record over 64 KiB). It also refuses a
+// record with bytes that is marked as a directory: miniz would "extract" it
+// as nothing and the reader would hand out uninitialised memory as its data.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace state_dict {
+namespace internal {
+
+// OK when PyTorchStreamReader can be constructed on `path` without throwing
+// after it has opened the zip (the reader may still reject the file before
+// that point, which leaks nothing). Otherwise DataLoss (NotFound for a missing
+// file) with "<path>: not a readable PyTorch archive: <what is wrong>".
+absl::Status PrecheckTorchArchive(const std::string& path);
+
+}  // namespace internal
+}  // namespace state_dict
