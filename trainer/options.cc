@@ -226,6 +226,9 @@ const std::map<std::string, FlagSpec>& Flags() {
       {"keep-last", {false, [](const std::string& v, Options* o) {
          return ParseInt("keep-last", v, 0, &o->keep_last);
        }}},
+      {"async-checkpoint", {true, [](const std::string& v, Options* o) {
+         return ParseBool("async-checkpoint", v, &o->async_checkpoint);
+       }}},
       {"resume", {true, [](const std::string& v, Options* o) {
          return ParseBool("resume", v, &o->resume);
        }}},
@@ -299,6 +302,10 @@ absl::Status ValidateOptions(const Options& o) {
   if (o.resume && o.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError(
         "--resume: expected --checkpoint-dir to name the directory to resume from");
+  }
+  if (o.async_checkpoint && o.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--async-checkpoint: expected --checkpoint-dir to say where checkpoints go");
   }
   if (o.keep_last > 0 && o.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -421,6 +428,7 @@ std::vector<std::string> ToArgs(const Options& o) {
       absl::StrCat("--checkpoint-format=", Name(o.checkpoint_format)),
       absl::StrCat("--resume=", o.resume ? "true" : "false"),
       absl::StrCat("--keep-last=", o.keep_last),
+      absl::StrCat("--async-checkpoint=", o.async_checkpoint ? "true" : "false"),
   };
   // Not --max-restarts: restarting is the launcher's job, not the ranks'.
   if (o.timeout_s > 0) a.push_back("--timeout=" + exact(o.timeout_s));
@@ -465,6 +473,8 @@ std::string Usage() {
       "                                 writes its pieces; full: rank 0 writes model.pt\n"
       "  --keep-last K                  (0 = all) after each checkpoint, remove complete\n"
       "                                 ones older than the newest K (and crash debris)\n"
+      "  --async-checkpoint             write checkpoints in the background from a\n"
+      "                                 snapshot while the next steps run\n"
       "  --resume                       continue from the newest checkpoint in DIR\n"
       "  --log-json FILE                one JSON object per step (rank 0)\n");
 }

@@ -87,6 +87,10 @@ struct Options {
   // the newest K, and debris of crashed saves (state_dict::PruneCheckpoints).
   // 0: keep every checkpoint.
   int64_t keep_last = 0;
+  // Write each checkpoint from a snapshot in a background thread while the
+  // next steps run (state_dict::AsyncCheckpointer); a sharded one is
+  // committed at the first step boundary where every rank's write finished.
+  bool async_checkpoint = false;
   bool resume = false;
   std::string log_json;  // empty: no JSON log
 

@@ -153,6 +153,24 @@ TEST(OptionsTest, FaultFlags) {
   EXPECT_THAT(message({"--keep-last", "2"}), HasSubstr("expected --checkpoint-dir"));
 }
 
+TEST(OptionsTest, AsyncCheckpointFlag) {
+  auto o = ParseOptions({"--async-checkpoint", "--checkpoint-dir", "/tmp/x"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->async_checkpoint);
+  auto again = ParseOptions(ToArgs(*o));  // the ranks get it
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->async_checkpoint);
+  auto defaults = ParseOptions({});
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_FALSE(defaults->async_checkpoint);
+  EXPECT_THAT(std::string(ParseOptions({"--async-checkpoint"}).status().message()),
+              HasSubstr("--async-checkpoint: expected --checkpoint-dir"));
+  EXPECT_THAT(std::string(ParseOptions({"--async-checkpoint=maybe", "--checkpoint-dir=/tmp/x"})
+                              .status()
+                              .message()),
+              HasSubstr("--async-checkpoint='maybe'"));
+}
+
 TEST(OptionsTest, GlobalBatchMustSplitOverRanksAndMicroBatches) {
   auto o = Parse({"--global-batch=6"});
   ASSERT_TRUE(o.ok());

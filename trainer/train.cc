@@ -25,6 +25,7 @@
 #include "comm/device_mesh.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "fsdp/wrap_policy.h"
+#include "state_dict/async_checkpoint.h"
 #include "state_dict/checkpoint.h"
 #include "state_dict/fsdp_optim_state_dict.h"
 #include "state_dict/fsdp_state_dict.h"
@@ -102,7 +103,8 @@ state_dict::ShardedTensor Scalar(int64_t value) {
 // SHARDED: every rank writes its pieces of the model and the optimizer
 // state (no gathering), the trainer's step and seed go with rank 0's.
 absl::Status SaveShardedCheckpoint(const Options& o, fsdp::FullyShardedDataParallel& model,
-                                   const torch::optim::Optimizer& optimizer, int64_t step) {
+                                   const torch::optim::Optimizer& optimizer, int64_t step,
+                                   state_dict::AsyncCheckpointer* async) {
   auto state = state_dict::GetModelStateDict(model, state_dict::StateDictType::kSharded);
   if (!state.ok()) return state.status();
   auto optim = state_dict::ShardedOptimStateDict(model, optimizer);
@@ -113,6 +115,14 @@ absl::Status SaveShardedCheckpoint(const Options& o, fsdp::FullyShardedDataParal
   both->sharded.insert(kSeedKey, Scalar(o.seed));
   both->replicated.push_back(kStepKey);
   both->replicated.push_back(kSeedKey);
+  if (async != nullptr) {  // --async-checkpoint: write a snapshot meanwhile
+    auto snapshot = async->Snapshot(both->sharded);
+    if (!snapshot.ok()) return snapshot.status();
+    both->sharded = *std::move(snapshot);
+    return async->Start([root = o.checkpoint_dir, step, state = *std::move(both)] {
+      return state_dict::SaveModelCheckpoint(root, step, state);
+    });
+  }
   return state_dict::SaveModelCheckpoint(o.checkpoint_dir, step, *both);
 }
 
@@ -122,7 +132,7 @@ absl::Status SaveShardedCheckpoint(const Options& o, fsdp::FullyShardedDataParal
 // "trainer.step", "trainer.seed".
 absl::Status SaveFullCheckpoint(const Options& o, fsdp::FullyShardedDataParallel& model,
                                 const torch::optim::Optimizer& optimizer, int64_t step,
-                                bool is_main) {
+                                bool is_main, state_dict::AsyncCheckpointer* async) {
   state_dict::StateDictConfig rank0_only;
   rank0_only.rank0_only = true;
   auto state = state_dict::GetModelStateDict(model, state_dict::StateDictType::kFull, rank0_only);
@@ -140,6 +150,7 @@ absl::Status SaveFullCheckpoint(const Options& o, fsdp::FullyShardedDataParallel
   }
   out.insert(kStepKey, torch::tensor({step}, torch::kInt64));
   out.insert(kSeedKey, torch::tensor({o.seed}, torch::kInt64));
+  if (async != nullptr) return async->SaveFull(o.checkpoint_dir, step, out);
   return state_dict::SaveFullCheckpoint(o.checkpoint_dir, step, out);
 }
 
@@ -161,20 +172,26 @@ absl::Status AgreeOnStatus(const comm::ProcessGroup& group, absl::Status local,
   return absl::OkStatus();
 }
 
-// Writes the checkpoint of `step` in --checkpoint-format; a sharded one is
-// committed (made visible) by rank 0 once every rank's pieces are durable.
-absl::Status SaveCheckpoint(const Options& o, fsdp::FullyShardedDataParallel& model,
-                            const torch::optim::Optimizer& optimizer,
-                            const comm::ProcessGroup& group, int64_t step) {
+// --async-checkpoint: the save in flight; `step` is 0 when there is none.
+// Every rank records the step (a FULL save runs on rank 0 only), so all take
+// part in finishing it.
+struct AsyncSave {
+  state_dict::AsyncCheckpointer saver;
+  int64_t step = 0;
+};
+
+std::string CheckpointContext(const Options& o, int64_t step) {
+  return absl::StrCat("--checkpoint-dir='", o.checkpoint_dir, "' step ", step);
+}
+
+absl::Status InContext(const std::string& what, absl::Status s) {
+  return s.ok() ? s : absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+}
+
+// Once every rank's files of `step` are durable: rank 0 commits a sharded
+// checkpoint (makes it visible) and applies --keep-last.
+absl::Status CommitCheckpoint(const Options& o, const comm::ProcessGroup& group, int64_t step) {
   const bool is_main = group.rank() == 0;
-  const std::string what = absl::StrCat("--checkpoint-dir='", o.checkpoint_dir, "' step ", step);
-  auto in_context = [&](absl::Status s) {
-    return s.ok() ? s : absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
-  };
-  absl::Status saved = o.checkpoint_format == CheckpointFormat::kSharded
-                           ? SaveShardedCheckpoint(o, model, optimizer, step)
-                           : SaveFullCheckpoint(o, model, optimizer, step, is_main);
-  if (auto s = AgreeOnStatus(group, in_context(saved), what); !s.ok()) return s;
   const bool sharded = o.checkpoint_format == CheckpointFormat::kSharded;
   if (!sharded && o.keep_last == 0) return absl::OkStatus();
   absl::Status committed = absl::OkStatus();
@@ -188,7 +205,53 @@ absl::Status SaveCheckpoint(const Options& o, fsdp::FullyShardedDataParallel& mo
                     o.checkpoint_dir, static_cast<int>(std::min<int64_t>(o.keep_last, 1 << 30)))
                     .status();
   }
-  return AgreeOnStatus(group, in_context(committed), what);
+  const std::string what = CheckpointContext(o, step);
+  return AgreeOnStatus(group, InContext(what, committed), what);
+}
+
+// Finishes the async save in flight, if any: every rank's result agreed on
+// (a background failure surfaces here, on every rank), then the commit.
+// With `block` false it only polls: one all-reduce, and nothing more unless
+// every rank's write has finished.
+absl::Status FinishAsyncSave(const Options& o, const comm::ProcessGroup& group,
+                             AsyncSave& async, bool block) {
+  if (async.step == 0) return absl::OkStatus();
+  if (!block) {
+    torch::Tensor finished = torch::tensor({int64_t{async.saver.finished() ? 1 : 0}});
+    comm::all_reduce(group, finished, comm::ReduceOp::kMin).wait();
+    if (finished.item<int64_t>() == 0) return absl::OkStatus();
+  }
+  const int64_t step = std::exchange(async.step, 0);
+  const std::string what = CheckpointContext(o, step);
+  if (auto s = AgreeOnStatus(group, InContext(what, async.saver.Wait()), what); !s.ok()) {
+    return s;
+  }
+  return CommitCheckpoint(o, group, step);
+}
+
+// Writes the checkpoint of `step` in --checkpoint-format; a sharded one is
+// committed (made visible) by rank 0 once every rank's pieces are durable.
+// With `async` (--async-checkpoint), the previous async save is finished
+// first, and this one is started from a snapshot and finished later
+// (FinishAsyncSave).
+absl::Status SaveCheckpoint(const Options& o, fsdp::FullyShardedDataParallel& model,
+                            const torch::optim::Optimizer& optimizer,
+                            const comm::ProcessGroup& group, int64_t step, AsyncSave* async) {
+  if (async != nullptr) {
+    if (auto s = FinishAsyncSave(o, group, *async, /*block=*/true); !s.ok()) return s;
+  }
+  state_dict::AsyncCheckpointer* saver = async != nullptr ? &async->saver : nullptr;
+  const bool is_main = group.rank() == 0;
+  const std::string what = CheckpointContext(o, step);
+  absl::Status saved = o.checkpoint_format == CheckpointFormat::kSharded
+                           ? SaveShardedCheckpoint(o, model, optimizer, step, saver)
+                           : SaveFullCheckpoint(o, model, optimizer, step, is_main, saver);
+  if (auto s = AgreeOnStatus(group, InContext(what, saved), what); !s.ok()) return s;
+  if (async != nullptr) {
+    async->step = step;
+    return absl::OkStatus();
+  }
+  return CommitCheckpoint(o, group, step);
 }
 
 absl::Status CheckSeed(const Options& o, const std::string& step_dir, int64_t seed) {
@@ -490,6 +553,10 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
   const int64_t tokens_per_step = o.global_batch * o.seq;
   const Clock::time_point run_start = Clock::now();
   double total_tokens = 0;
+  // Declared before the loop so that leaving it on an error still waits for
+  // the background write (the destructor joins it) before the state goes.
+  AsyncSave async_save;
+  AsyncSave* async = o.async_checkpoint ? &async_save : nullptr;
   for (int64_t step = result.first_step; step <= o.steps; ++step) {
     const Clock::time_point step_start = Clock::now();
     const double lr = LearningRate(o, step);
@@ -558,8 +625,15 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
         !o.checkpoint_dir.empty() &&
         ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == o.steps);
     if (checkpoint_now) {
-      if (auto s = SaveCheckpoint(o, fsdp_model, *optimizer, group, step); !s.ok()) return s;
+      if (auto s = SaveCheckpoint(o, fsdp_model, *optimizer, group, step, async); !s.ok()) {
+        return s;
+      }
+    } else if (async != nullptr) {
+      if (auto s = FinishAsyncSave(o, group, *async, /*block=*/false); !s.ok()) return s;
     }
+  }
+  if (async != nullptr) {
+    if (auto s = FinishAsyncSave(o, group, *async, /*block=*/true); !s.ok()) return s;
   }
   if (is_main) {
     const double elapsed =
