@@ -1,0 +1,458 @@
+// Checkpoint I/O of the trainer's ~25M-parameter TransformerLM (8 blocks,
+// dim 512, as trainer_bench) with its AdamW state (exp_avg, exp_avg_sq):
+// 76M floats, ~291 MiB, against the disk's own bandwidth measured in the
+// same run (issue #16):
+//
+//   BM_DiskWrite            a plain file of the checkpoint's size: write(),
+//                           fsync; the bound for every save
+//   BM_DiskRead             the same file read back with its pages dropped
+//                           from the page cache first (cold reads)
+//   BM_Save/full            SaveFullCheckpoint (one model.pt + MANIFEST)
+//   BM_Save/sharded/R       SaveShard on R ranks (threads here, each its
+//                           half of every tensor) + CommitShardedCheckpoint
+//   BM_Load/full, /sharded/R  LoadFullStateDict / each rank's LoadResharded
+//                           of its own pieces, cold page cache
+//   BM_Verify/full, /sharded/R  VerifyCheckpoint, cold page cache
+//   BM_TrainLoop/0|1|2      4 training steps of the real model with no save
+//                           (0), a SaveFullCheckpoint (1) or an
+//                           AsyncCheckpointer::SaveFull (2, Wait at the end)
+//                           after the first; the loop cost of a save is the
+//                           difference to no save. Each mode runs twice,
+//                           interleaved; blocked_ms is the time spent inside
+//                           the save call (async: the snapshot).
+//
+// Before the benchmarks, main() measures the memory a save adds: the peak
+// RSS (VmHWM, reset through /proc/self/clear_refs) of one SaveFullCheckpoint
+// and one SaveShard, minus the RSS before, beside the largest tensor, and
+// the same for a whole-state copy as a check that the measurement sees
+// allocations. The summary prints every throughput as a fraction of the
+// disk's, and the async loop cost as a fraction of a synchronous save.
+#include <benchmark/benchmark.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "state_dict/async_checkpoint.h"
+#include "state_dict/checkpoint.h"
+#include "state_dict/sharded_tensor.h"
+#include "trainer/models.h"
+
+namespace {
+
+using state_dict::TensorDict;
+
+const trainer::ModelConfig kConfig{/*layers=*/8, /*dim=*/512, /*heads=*/8,
+                                   /*vocab=*/256, /*seq=*/32};
+constexpr int kIterations = 3;
+
+std::string g_root;  // scratch directory on the disk under test
+std::shared_ptr<trainer::LanguageModel> g_model;
+TensorDict g_state;  // model + AdamW state, as the trainer's FULL checkpoint
+uint64_t g_state_bytes = 0;
+
+int64_t g_step = 0;  // fresh step directory per save
+std::string Run(const std::string& cmd) {
+  std::string out;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    char buf[256];
+    while (std::fgets(buf, sizeof(buf), p)) out += buf;
+    ::pclose(p);
+  }
+  return out;
+}
+
+void RemoveTree(const std::string& path) { (void)Run("rm -rf '" + path + "'"); }
+
+// Drops a file's clean pages from the page cache (no root needed), so the
+// next read comes from the disk.
+void DropFromPageCache(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+void DropDirectoryFromPageCache(const std::string& dir) {
+  std::string names = Run("ls '" + dir + "'");
+  size_t start = 0;
+  while (start < names.size()) {
+    size_t end = names.find('\n', start);
+    if (end == std::string::npos) end = names.size();
+    if (end > start) DropFromPageCache(dir + "/" + names.substr(start, end - start));
+    start = end + 1;
+  }
+}
+
+uint64_t DirectoryBytes(const std::string& dir) {
+  return std::strtoull(Run("du -sb '" + dir + "' | cut -f1").c_str(), nullptr, 10);
+}
+
+// /proc/self/status fields in KiB.
+int64_t StatusKiB(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field, 0) == 0) return std::atoll(line.c_str() + std::strlen(field));
+  }
+  return -1;
+}
+
+// Peak RSS added by `fn`: VmHWM after it (reset before through clear_refs)
+// minus VmRSS before, in MiB.
+template <typename Fn>
+double PeakRssAddedMiB(Fn&& fn) {
+  { std::ofstream("/proc/self/clear_refs") << "5"; }
+  const int64_t before = StatusKiB("VmRSS:");
+  fn();
+  return static_cast<double>(StatusKiB("VmHWM:") - before) / 1024.0;
+}
+
+// The rank's half (or all) of every tensor, as FSDP's even split.
+state_dict::ShardedStateDict RankShard(int rank, int world) {
+  state_dict::ShardedStateDict shard;
+  for (const auto& item : g_state) {
+    const state_dict::FlatRange r = state_dict::EvenShardRange(item.value().numel(), world, rank);
+    shard.insert(item.key(), state_dict::ShardFullTensor(
+                                 item.value(), r.numel > 0 ? std::vector<state_dict::FlatRange>{r}
+                                                           : std::vector<state_dict::FlatRange>{}));
+  }
+  return shard;
+}
+
+std::vector<std::pair<std::string, state_dict::ShardRequest>> RankRequests(int rank, int world) {
+  std::vector<std::pair<std::string, state_dict::ShardRequest>> out;
+  for (const auto& item : g_state) {
+    state_dict::ShardRequest req;
+    req.global_shape = item.value().sizes().vec();
+    req.dtype = item.value().scalar_type();
+    const state_dict::FlatRange r = state_dict::EvenShardRange(item.value().numel(), world, rank);
+    if (r.numel > 0) req.ranges.push_back(r);
+    out.emplace_back(item.key(), std::move(req));
+  }
+  return out;
+}
+
+void Check(benchmark::State& state, const absl::Status& status) {
+  if (!status.ok()) state.SkipWithError(std::string(status.message()).c_str());
+}
+
+// Every rank's shard of the state, built once per world size (outside the
+// timed region: ShardFullTensor copies the pieces).
+const std::vector<state_dict::ShardedStateDict>& Shards(int world) {
+  static std::map<int, std::vector<state_dict::ShardedStateDict>> cache;
+  auto& shards = cache[world];
+  if (shards.empty()) {
+    for (int r = 0; r < world; ++r) shards.push_back(RankShard(r, world));
+  }
+  return shards;
+}
+
+// Saves step `step` under `root` in the given layout; world 0 = full.
+absl::Status SaveAs(const std::string& root, int64_t step, int world) {
+  if (world == 0) return state_dict::SaveFullCheckpoint(root, step, g_state);
+  std::vector<absl::Status> statuses(static_cast<size_t>(world));
+  const std::vector<state_dict::ShardedStateDict>& shards = Shards(world);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.emplace_back([&, r] {
+      statuses[static_cast<size_t>(r)] =
+          state_dict::SaveShard(root, step, r, world, shards[static_cast<size_t>(r)]);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (const auto& s : statuses) {
+    if (!s.ok()) return s;
+  }
+  return state_dict::CommitShardedCheckpoint(root, step, world);
+}
+
+void BM_DiskWrite(benchmark::State& state) {
+  const std::string path = g_root + "/plain.bin";
+  // The state's own bytes, as one buffer (what a save must move).
+  std::vector<char> buffer(g_state_bytes);
+  size_t at = 0;
+  for (const auto& item : g_state) {
+    std::memcpy(buffer.data() + at, item.value().data_ptr(), item.value().nbytes());
+    at += item.value().nbytes();
+  }
+  constexpr size_t kChunk = size_t{8} << 20;
+  for (auto _ : state) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    for (size_t done = 0; done < buffer.size();) {
+      ssize_t n = ::write(fd, buffer.data() + done, std::min(kChunk, buffer.size() - done));
+      if (n <= 0) { state.SkipWithError("write failed"); break; }
+      done += static_cast<size_t>(n);
+    }
+    ::fsync(fd);
+    ::close(fd);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * buffer.size()));
+}
+
+void BM_DiskRead(benchmark::State& state) {
+  const std::string path = g_root + "/plain.bin";
+  std::vector<char> buffer(size_t{8} << 20);
+  uint64_t total = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    DropFromPageCache(path);
+    state.ResumeTiming();
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    ssize_t n;
+    while ((n = ::read(fd, buffer.data(), buffer.size())) > 0) total += static_cast<uint64_t>(n);
+    ::close(fd);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(total));
+}
+
+// range(0): ranks, 0 = full checkpoint.
+void BM_Save(benchmark::State& state) {
+  const int world = static_cast<int>(state.range(0));
+  const std::string root = g_root + "/save";
+  if (world > 0) Shards(world);  // built before the clock starts
+  uint64_t bytes = 0;
+  for (auto _ : state) {
+    const int64_t step = ++g_step;
+    Check(state, SaveAs(root, step, world));
+    state.PauseTiming();
+    bytes += DirectoryBytes(state_dict::StepDirectory(root, step));
+    RemoveTree(root);
+    state.ResumeTiming();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+  state.SetLabel(world == 0 ? "full" : "sharded/" + std::to_string(world) + " ranks");
+}
+
+// The checkpoint each load/verify case reads, written once per layout.
+std::string Prepared(int world) {
+  static std::map<int, std::string> dirs;
+  auto found = dirs.find(world);
+  if (found != dirs.end()) return found->second;
+  const std::string root = g_root + "/read_" + std::to_string(world);
+  absl::Status s = SaveAs(root, 1, world);
+  if (!s.ok()) {
+    std::fprintf(stderr, "checkpoint_bench: %s\n", std::string(s.message()).c_str());
+    std::exit(1);
+  }
+  return dirs[world] = state_dict::StepDirectory(root, 1);
+}
+
+void BM_Load(benchmark::State& state) {
+  const int world = static_cast<int>(state.range(0));
+  const std::string dir = Prepared(world);
+  const uint64_t bytes = DirectoryBytes(dir);
+  std::vector<std::vector<std::pair<std::string, state_dict::ShardRequest>>> requests;
+  for (int r = 0; r < world; ++r) requests.push_back(RankRequests(r, world));
+  bool checked = false;
+  for (auto _ : state) {
+    state.PauseTiming();
+    DropDirectoryFromPageCache(dir);
+    state.ResumeTiming();
+    if (world == 0) {
+      auto loaded = state_dict::LoadFullStateDict(dir);
+      Check(state, loaded.status());
+      if (loaded.ok() && !checked) {
+        checked = true;
+        for (const auto& item : g_state) {
+          if (!torch::equal((*loaded)[item.key()], item.value())) {
+            state.SkipWithError(("loaded " + item.key() + " differs").c_str());
+          }
+        }
+      }
+      continue;
+    }
+    std::vector<absl::Status> statuses(static_cast<size_t>(world));
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < world; ++r) {
+      ranks.emplace_back([&, r] {
+        statuses[static_cast<size_t>(r)] =
+            state_dict::LoadResharded(dir, requests[static_cast<size_t>(r)]).status();
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (const auto& s : statuses) Check(state, s);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+  state.SetLabel(world == 0 ? "full" : "sharded/" + std::to_string(world) + " ranks");
+}
+
+void BM_Verify(benchmark::State& state) {
+  const int world = static_cast<int>(state.range(0));
+  const std::string dir = Prepared(world);
+  const uint64_t bytes = DirectoryBytes(dir);
+  for (auto _ : state) {
+    state.PauseTiming();
+    DropDirectoryFromPageCache(dir);
+    state.ResumeTiming();
+    Check(state, state_dict::VerifyCheckpoint(dir));
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+  state.SetLabel(world == 0 ? "full" : "sharded/" + std::to_string(world) + " ranks");
+}
+
+// range(0): 0 = no save, 1 = synchronous save, 2 = async save; at the first
+// of 4 real training steps (forward, backward, Adam) of the model.
+void BM_TrainLoop(benchmark::State& state) {
+  const int mode = static_cast<int>(state.range(0));
+  const std::string root = g_root + "/loop";
+  torch::optim::Adam optimizer(g_model->parameters(), torch::optim::AdamOptions(1e-5));
+  torch::manual_seed(1);
+  const torch::Tensor batch = torch::randint(kConfig.vocab, {4, kConfig.seq + 1}, torch::kInt64);
+  state_dict::AsyncCheckpointer saver;
+  double blocked_s = 0;  // time the loop spent inside the save call
+  for (auto _ : state) {
+    const int64_t step = ++g_step;
+    for (int i = 0; i < 4; ++i) {
+      optimizer.zero_grad();
+      g_model->Loss(batch).backward();
+      optimizer.step();
+      if (i != 0 || mode == 0) continue;
+      const auto start = std::chrono::steady_clock::now();
+      Check(state, mode == 1 ? state_dict::SaveFullCheckpoint(root, step, g_state)
+                             : saver.SaveFull(root, step, g_state));
+      blocked_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    Check(state, saver.Wait());  // the loop's end: the save is complete
+    state.PauseTiming();
+    RemoveTree(root);
+    state.ResumeTiming();
+  }
+  state.counters["blocked_ms"] = benchmark::Counter(1e3 * blocked_s / state.iterations());
+  state.SetLabel(mode == 0 ? "no save" : mode == 1 ? "sync save" : "async save");
+}
+
+BENCHMARK(BM_DiskWrite)->Iterations(kIterations)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DiskRead)->Iterations(kIterations)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Save)->Arg(0)->Arg(1)->Arg(2)->Iterations(kIterations)->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Load)->Arg(0)->Arg(1)->Arg(2)->Iterations(kIterations)->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Verify)->Arg(0)->Arg(1)->Arg(2)->Iterations(kIterations)->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_TrainLoop)->Arg(0)->Arg(1)->Arg(2)->Arg(0)->Arg(1)->Arg(2)->Iterations(kIterations)->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// Console output plus the ratios the issue's goals are stated in.
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run& run : runs) {
+      const std::string name = run.benchmark_name();
+      auto bps = run.counters.find("bytes_per_second");
+      if (bps != run.counters.end()) rate_[name] = bps->second.value;
+      const double seconds =
+          run.GetAdjustedRealTime() * (run.time_unit == benchmark::kMillisecond ? 1e-3 : 1);
+      // Repeated cases (the training loop runs each mode twice, interleaved,
+      // so drifting load on a shared machine hits all modes alike): mean.
+      seconds_[name] += seconds / 2;
+      auto blocked = run.counters.find("blocked_ms");
+      if (blocked != run.counters.end()) blocked_[name] += blocked->second.value / 2;
+    }
+  }
+  void Finalize() override {
+    ConsoleReporter::Finalize();
+    const double write = Rate("BM_DiskWrite"), read = Rate("BM_DiskRead");
+    std::printf("\nDisk: fsync'd write %.0f MB/s, cold read %.0f MB/s\n", write / 1e6, read / 1e6);
+    for (const auto& [name, rate] : rate_) {
+      if (name.rfind("BM_Disk", 0) == 0) continue;
+      const double disk = name.rfind("BM_Save", 0) == 0 ? write : read;
+      std::printf("  %-34s %7.0f MB/s = %3.0f%% of the disk's %s\n", name.c_str(), rate / 1e6,
+                  100 * rate / disk, name.rfind("BM_Save", 0) == 0 ? "write" : "read");
+    }
+    const double none = Seconds("BM_TrainLoop/0/iterations:3/real_time");
+    const double sync = Seconds("BM_TrainLoop/1/iterations:3/real_time");
+    const double async = Seconds("BM_TrainLoop/2/iterations:3/real_time");
+    if (none > 0 && sync > 0 && async > 0) {
+      std::printf("Training loop (4 steps, mean of 2 runs of each mode): no save %.3f s; sync "
+                  "save adds %.3f s; async save adds %.3f s = %.1f%% of the synchronous save's "
+                  "cost\n",
+                  none, sync - none, async - none, 100 * (async - none) / (sync - none));
+      const double sync_blocked = blocked_["BM_TrainLoop/1/iterations:3/real_time"];
+      const double async_blocked = blocked_["BM_TrainLoop/2/iterations:3/real_time"];
+      std::printf("Time the loop waits in the save call: sync %.0f ms, async %.0f ms (snapshot) "
+                  "= %.1f%%\n", sync_blocked, async_blocked, 100 * async_blocked / sync_blocked);
+    }
+  }
+
+ private:
+  double Rate(const std::string& prefix) const {
+    for (const auto& [name, rate] : rate_) {
+      if (name.rfind(prefix, 0) == 0) return rate;
+    }
+    return 0;
+  }
+  double Seconds(const std::string& name) const {
+    auto found = seconds_.find(name);
+    return found == seconds_.end() ? 0 : found->second;
+  }
+  std::map<std::string, double> rate_, seconds_, blocked_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  const char* dir = std::getenv("CHECKPOINT_BENCH_DIR");
+  g_root = dir != nullptr ? dir : "/tmp/checkpoint_bench";
+  RemoveTree(g_root);
+  (void)Run("mkdir -p '" + g_root + "'");
+
+  g_model = trainer::BuildModel(trainer::ModelType::kTransformer, kConfig, /*seed=*/0);
+  torch::manual_seed(0);
+  int64_t largest = 0;
+  for (const auto& p : g_model->named_parameters()) {
+    const torch::Tensor w = p.value().detach();
+    g_state.insert("model." + p.key(), w);
+    g_state.insert("optim." + p.key() + ".exp_avg", torch::randn_like(w) * 1e-3);
+    g_state.insert("optim." + p.key() + ".exp_avg_sq", torch::rand_like(w) * 1e-6);
+    largest = std::max<int64_t>(largest, w.nbytes());
+  }
+  g_state.insert("trainer.step", torch::tensor({int64_t{1000}}));
+  for (const auto& item : g_state) g_state_bytes += item.value().nbytes();
+  std::printf("State: %zu tensors, %.1f MiB (model + AdamW exp_avg, exp_avg_sq); largest "
+              "tensor %.1f MiB; directory %s\n",
+              g_state.size(), g_state_bytes / 1048576.0, largest / 1048576.0, g_root.c_str());
+
+  // Memory a save adds, first thing in the process (nothing freed yet that
+  // the allocator could hand back to the save unseen).
+  const double full_added = PeakRssAddedMiB([] {
+    absl::Status s = state_dict::SaveFullCheckpoint(g_root + "/mem_full", 1, g_state);
+    if (!s.ok()) std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+  });
+  const state_dict::ShardedStateDict shard = RankShard(0, 1);
+  const double shard_added = PeakRssAddedMiB([&] {
+    absl::Status s = state_dict::SaveShard(g_root + "/mem_shard", 1, 0, 1, shard);
+    if (!s.ok()) std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+  });
+  std::vector<torch::Tensor> copies;
+  const double copy_added = PeakRssAddedMiB([&] {
+    for (const auto& item : g_state) copies.push_back(item.value().clone());
+  });
+  copies.clear();
+  std::printf("Peak RSS added: SaveFullCheckpoint %.1f MiB, SaveShard (1 rank) %.1f MiB; "
+              "largest tensor %.1f MiB; check: a full copy of the state adds %.1f MiB\n",
+              full_added, shard_added, largest / 1048576.0, copy_added);
+  RemoveTree(g_root + "/mem_full");
+  RemoveTree(g_root + "/mem_shard");
+
+  RatioReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  RemoveTree(g_root);
+  return 0;
+}
