@@ -570,14 +570,13 @@ class Rendezvous {
 
 // One attempt: starts the local ranks, forwards their output and waits for
 // them (see launch()). `deadline` bounds the whole job (Clock::time_point::max()
-// without --timeout).
+// without --timeout); `hooks` (multi-node restarts only, else null) learn of
+// this node's first failure and say when another node failed.
 static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
-                                                const std::string& program_path,
-                                                const ThreadLayout& thread_plan, int port,
+                                                const std::string& program,
+                                                const ThreadLayout& layout, int port,
                                                 int attempt, Clock::time_point deadline,
                                                 const AttemptHooks* hooks) {
-  const std::string* program = &program_path;
-  const ThreadLayout* layout = &thread_plan;
   const int nproc = options.nproc_per_node;
   const int world = nproc * options.nnodes;
   std::vector<std::string> argv_strings = options.command;
@@ -596,7 +595,7 @@ static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
     vars["GROUP_RANK"] = std::to_string(options.node_rank);
     vars["MASTER_ADDR"] = options.master_addr;
     vars["MASTER_PORT"] = std::to_string(port);
-    vars["OMP_NUM_THREADS"] = std::to_string(layout->threads_per_rank);
+    vars["OMP_NUM_THREADS"] = std::to_string(layout.threads_per_rank);
     vars[kRestartCountVariable] = std::to_string(attempt);
     vars[kMaxRestartsVariable] = std::to_string(options.max_restarts);
     if (options.collective_timeout.count() > 0) {
@@ -646,7 +645,7 @@ static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
       struct sigaction ignore_pipe {};
       ignore_pipe.sa_handler = SIG_IGN;
       sigaction(SIGPIPE, &ignore_pipe, nullptr);
-      execve(program->c_str(), argv.data(), envs[local].data());
+      execve(program.c_str(), argv.data(), envs[local].data());
       const char message[] = "comm::launch: execve failed\n";
       ssize_t ignored = write(STDERR_FILENO, message, sizeof message - 1);
       (void)ignored;
