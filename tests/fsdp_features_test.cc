@@ -2,7 +2,8 @@
 // no_sync, clip_grad_norm_, summon_full_params, clean FQNs, peak gathered
 // memory with FULL_SHARD, mixed precision, CPU offload, ignored modules,
 // sync_module_states, meta-device deferred init, and the errors for bad
-// input.
+// input. Issue #15: activation checkpointing inside FSDP (bitwise equal to
+// the same FSDP run without it; state dict keys; peak gathered bytes).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -12,10 +13,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "activation_checkpointing/apply_activation_checkpointing.h"
 #include "comm/device_mesh.h"
 #include "comm/testing/multiprocess.h"
 #include "functorch/module/named_member_accessor.h"
 #include "fsdp/fully_sharded_data_parallel.h"
+#include "state_dict/fsdp_state_dict.h"
 #include "tests/fsdp_test_models.h"
 #include "trainer/models.h"
 
@@ -542,6 +545,134 @@ TEST(FsdpFeatures, BadInputIsAClearError) {
                       }),
                       HasSubstr("is shared by FSDP units 'blocks.0' and 'blocks.1'"));
         }
+      },
+      LongRun());
+}
+
+// Activation checkpointing changes when activations exist, not what is
+// computed: FSDP with the blocks checkpointed must give bitwise the same
+// parameters as the same FSDP run without, for every strategy, flat or
+// original parameters, float32 or bfloat16 compute. FULL_SHARD still holds
+// at most the root and two blocks gathered (the recomputation gathers a
+// block again, its reshard frees it) and nothing but the root afterwards.
+TEST(FsdpFeatures, ActivationCheckpointingBitwiseEqualsUncheckpointed) {
+  comm::testing::RunOnRanks(
+      2,
+      [](comm::ProcessGroup& pg) {
+        for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                              ShardingStrategy::kNoShard}) {
+          for (bool orig : {false, true}) {
+            for (bool bf16 : {false, true}) {
+              const std::string what = std::string(fsdp::sharding_strategy_name(strategy)) +
+                                       " use_orig_params=" + (orig ? "1" : "0") +
+                                       (bf16 ? " bf16" : " f32");
+              std::vector<std::map<std::string, at::Tensor>> params[2];
+              int64_t peak[2] = {0, 0};
+              for (int ckpt = 0; ckpt < 2; ++ckpt) {
+                auto options = BlockWrapped(pg, strategy, orig);
+                options.limit_all_gathers = true;
+                if (bf16) {
+                  options.mixed_precision.param_dtype = at::kBFloat16;
+                  options.mixed_precision.reduce_dtype = at::kFloat;
+                }
+                Net net(/*num_blocks=*/4);
+                if (ckpt == 1) {
+                  auto chosen = activation_checkpointing::apply_activation_checkpointing(
+                      net, fsdp::module_type_auto_wrap_policy<BlockImpl>());
+                  ASSERT_EQ(chosen.size(), 4u);
+                }
+                FullyShardedDataParallel model(net, options);
+                torch::optim::Adam optim(model.parameters(), torch::optim::AdamOptions(1e-2));
+                for (int step = 0; step < 3; ++step) {
+                  Batch b = LocalBatch(step, pg.rank(), pg.size());
+                  optim.zero_grad();
+                  Loss(model(b.x), b.y).backward();
+                  optim.step();
+                  params[ckpt].push_back(FullSnapshot(model));
+                }
+                peak[ckpt] = model.peak_unsharded_bytes();
+                if (strategy == ShardingStrategy::kFullShard) {
+                  const auto handles = model.handles();
+                  for (size_t i = 1; i < handles.size(); ++i) {
+                    EXPECT_EQ(handles[i]->unsharded_storage_nbytes(), 0)
+                        << what << ": block " << i << " still gathered after backward";
+                  }
+                }
+              }
+              for (int step = 0; step < 3; ++step) {
+                for (const auto& [name, want] : params[0][step]) {
+                  EXPECT_TRUE(torch::equal(params[1][step][name], want))
+                      << what << " step " << step << ": " << name;
+                }
+              }
+              if (strategy == ShardingStrategy::kFullShard) {
+                // The same gathering pattern: the recomputation reuses the
+                // gather its pre-backward made.
+                EXPECT_EQ(peak[1], peak[0]) << what;
+              }
+            }
+          }
+        }
+      },
+      LongRun());
+}
+
+std::vector<std::string> Keys(const state_dict::FsdpModelStateDict& sd) {
+  std::vector<std::string> keys;
+  for (const auto& item : sd.full) keys.push_back(item.key());
+  for (const auto& item : sd.sharded) keys.push_back(item.key());
+  return keys;
+}
+
+TEST(FsdpFeatures, ActivationCheckpointingKeepsStateDictKeys) {
+  comm::testing::RunOnRanks(
+      2,
+      [](comm::ProcessGroup& pg) {
+        for (bool orig : {false, true}) {
+          Net plain_net, ckpt_net;
+          activation_checkpointing::apply_activation_checkpointing(
+              ckpt_net, fsdp::module_type_auto_wrap_policy<BlockImpl>());
+          std::vector<std::string> unwrapped;
+          for (const auto& p : plain_net->named_parameters()) unwrapped.push_back(p.key());
+          std::vector<std::string> ckpt_names;
+          for (const auto& p : ckpt_net->named_parameters()) ckpt_names.push_back(p.key());
+          EXPECT_EQ(ckpt_names, unwrapped);
+          FullyShardedDataParallel plain(plain_net, BlockWrapped(pg, ShardingStrategy::kFullShard, orig));
+          FullyShardedDataParallel ckpt(ckpt_net, BlockWrapped(pg, ShardingStrategy::kFullShard, orig));
+          EXPECT_EQ(ckpt.named_parameters().keys(), plain.named_parameters().keys());
+          for (auto type : {state_dict::StateDictType::kFull, state_dict::StateDictType::kSharded,
+                            state_dict::StateDictType::kLocal}) {
+            auto a = state_dict::GetModelStateDict(plain, type);
+            auto b = state_dict::GetModelStateDict(ckpt, type);
+            ASSERT_TRUE(a.ok()) << a.status();
+            ASSERT_TRUE(b.ok()) << b.status();
+            EXPECT_EQ(Keys(*b), Keys(*a)) << state_dict::StateDictTypeName(type);
+            if (type == state_dict::StateDictType::kFull) {
+              EXPECT_EQ(Keys(*b), unwrapped);
+            }
+          }
+        }
+      },
+      LongRun());
+}
+
+TEST(FsdpFeatures, ActivationCheckpointingAroundUnitsIsAClearError) {
+  comm::testing::RunOnRanks(
+      2,
+      [](comm::ProcessGroup& pg) {
+        // The whole Net (which contains block units) checkpointed as a
+        // child of the root Sequential.
+        torch::nn::Sequential outer(Net(), torch::nn::Linear(kOut, kOut));
+        activation_checkpointing::apply_activation_checkpointing(
+            outer, fsdp::custom_auto_wrap_policy([](const torch::nn::Module&,
+                                                    const std::string& fqn,
+                                                    int64_t) { return fqn == "0"; }));
+        FullyShardedDataParallel model(outer, BlockWrapped(pg, ShardingStrategy::kFullShard, false));
+        Batch b = LocalBatch(0, pg.rank(), pg.size());
+        EXPECT_THAT(ErrorOf([&] { model(b.x); }),
+                    HasSubstr("fsdp::call(0.blocks.0)"));
+        EXPECT_THAT(ErrorOf([&] { model(b.x); }),
+                    HasSubstr("runs inside an activation-checkpointed region"));
       },
       LongRun());
 }

@@ -3,13 +3,17 @@
 // ranks (the global batch split over the data-parallel ranks) for every
 // sharding strategy, nested auto-wrap on, with and without use_orig_params,
 // and each backward-prefetch mode; the full parameters must match the
-// reference after every step (float32, rtol 1e-5).
+// reference after every step (float32, rtol 1e-5). Issue #15: the same
+// cases again with activation checkpointing on (the blocks, or the
+// Sequential's Linears: FSDP units and a module of the root unit), against
+// the same uncheckpointed single-process reference.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <string>
 #include <vector>
 
+#include "activation_checkpointing/apply_activation_checkpointing.h"
 #include "comm/device_mesh.h"
 #include "comm/testing/multiprocess.h"
 #include "fsdp/fully_sharded_data_parallel.h"
@@ -33,6 +37,7 @@ struct Case {
   bool use_orig_params;
   BackwardPrefetch prefetch;
   bool forward_prefetch;
+  bool checkpointing = false;
 };
 
 std::string Describe(const Case& c) {
@@ -41,7 +46,8 @@ std::string Describe(const Case& c) {
          fsdp::sharding_strategy_name(c.strategy) +
          "/use_orig_params=" + (c.use_orig_params ? "1" : "0") +
          "/prefetch=" + prefetch[static_cast<int>(c.prefetch)] +
-         "/forward_prefetch=" + (c.forward_prefetch ? "1" : "0");
+         "/forward_prefetch=" + (c.forward_prefetch ? "1" : "0") +
+         (c.checkpointing ? "/activation_checkpointing" : "");
 }
 
 // Reference parameters after each step: one process, full batch.
@@ -67,6 +73,18 @@ void TrainAndCompare(Model model, FullyShardedDataParallel::Options options, con
   options.use_orig_params = c.use_orig_params;
   options.backward_prefetch = c.prefetch;
   options.forward_prefetch = c.forward_prefetch;
+  if (c.checkpointing) {
+    // Blocks (units), or the Sequential's Linears 0 and 2 (units) and 4
+    // (a module of the root unit).
+    const auto chosen = activation_checkpointing::apply_activation_checkpointing(
+        model, c.model == ModelKind::kModuleList
+                   ? fsdp::module_type_auto_wrap_policy<BlockImpl>()
+                   : fsdp::custom_auto_wrap_policy([](const torch::nn::Module&,
+                                                      const std::string& fqn, int64_t) {
+                       return fqn == "0" || fqn == "2" || fqn == "4";
+                     }));
+    ASSERT_EQ(chosen.size(), 3u);
+  }
   FullyShardedDataParallel fsdp_model(model, options);
   ASSERT_GT(fsdp_model.fsdp_modules().size(), 1u) << "nested auto-wrap made no unit";
   torch::optim::Adam optim(fsdp_model.parameters(), torch::optim::AdamOptions(kLr));
@@ -81,7 +99,8 @@ void TrainAndCompare(Model model, FullyShardedDataParallel::Options options, con
   }
 }
 
-std::vector<Case> Cases(const std::vector<ShardingStrategy>& strategies) {
+std::vector<Case> Cases(const std::vector<ShardingStrategy>& strategies,
+                        bool checkpointing = false) {
   std::vector<Case> cases;
   int k = 0;
   for (auto model : {ModelKind::kModuleList, ModelKind::kSequential}) {
@@ -89,7 +108,7 @@ std::vector<Case> Cases(const std::vector<ShardingStrategy>& strategies) {
       for (bool orig : {false, true}) {
         // Rotate the prefetch modes so each strategy meets all of them.
         const auto prefetch = static_cast<BackwardPrefetch>(k % 3);
-        cases.push_back(Case{model, strategy, orig, prefetch, k % 2 == 1});
+        cases.push_back(Case{model, strategy, orig, prefetch, k % 2 == 1, checkpointing});
         ++k;
       }
     }
@@ -129,18 +148,22 @@ const std::vector<ShardingStrategy> kFlatStrategies = {
     ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard};
 
 // FULL_SHARD, SHARD_GRAD_OP and NO_SHARD over one world of `world_size` ranks.
-void RunFlatStrategies(int world_size) {
+void RunFlatStrategies(int world_size, bool checkpointing = false) {
   comm::testing::RunOnRanks(
       world_size,
-      [](comm::ProcessGroup& pg) {
+      [checkpointing](comm::ProcessGroup& pg) {
         FullyShardedDataParallel::Options options;
         options.process_group = pg;
-        RunCases(Cases(kFlatStrategies), options, pg.rank(), pg.size());
+        RunCases(Cases(kFlatStrategies, checkpointing), options, pg.rank(), pg.size());
       },
       LongRun());
 }
 
 TEST(FsdpParity, TwoRanksAllStrategies) { RunFlatStrategies(2); }
+
+TEST(FsdpParity, TwoRanksAllStrategiesWithActivationCheckpointing) {
+  RunFlatStrategies(2, /*checkpointing=*/true);
+}
 
 TEST(FsdpParity, FourRanksAllStrategies) { RunFlatStrategies(4); }
 
@@ -153,6 +176,21 @@ TEST(FsdpParity, HybridShardTwoByTwo) {
         FullyShardedDataParallel::Options options;
         options.device_mesh = *mesh;
         RunCases(Cases({ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardZero2}),
+                 options, pg.rank(), pg.size());
+      },
+      LongRun());
+}
+
+TEST(FsdpParity, HybridShardTwoByTwoWithActivationCheckpointing) {
+  comm::testing::RunOnRanks(
+      4,
+      [](comm::ProcessGroup& pg) {
+        auto mesh = comm::init_hybrid_shard_mesh(pg, /*replicate_size=*/2, /*shard_size=*/2);
+        ASSERT_TRUE(mesh.ok()) << mesh.status();
+        FullyShardedDataParallel::Options options;
+        options.device_mesh = *mesh;
+        RunCases(Cases({ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardZero2},
+                       /*checkpointing=*/true),
                  options, pg.rank(), pg.size());
       },
       LongRun());

@@ -51,6 +51,7 @@ struct RegionState : torch::CustomClassHolder {
   at::Tensor rng_state;  // the CPU generator's state before the forward
   size_t num_inputs = 0;
   size_t num_params = 0;
+  std::vector<bool> param_requires_grad;  // at the forward
 };
 
 at::Tensor cpu_rng_state() {
@@ -163,9 +164,11 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     {
       std::unique_ptr<RngStateGuard> rng;
       if (state->preserve_rng_state) rng = std::make_unique<RngStateGuard>(state->rng_state);
+      // Grad mode first: what before_recompute makes (FSDP's unsharded
+      // views of the flat parameter) must require grad like the forward's.
+      at::AutoGradMode grad(true);
       if (state->declared.before_recompute) state->declared.before_recompute();
       first = at::sequence_number::peek();
-      at::AutoGradMode grad(true);
       DepthScope scope(&recompute_depth);
       outputs = state->region(detached);
       if (state->declared.params) params = state->declared.params();
@@ -174,6 +177,13 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     TORCH_CHECK(params.size() == state->num_params, what, ": the recomputation declared ",
                 params.size(), " parameters where the forward declared ", state->num_params,
                 ": the module's parameters must not change between forward and backward");
+    for (size_t i = 0; i < params.size(); ++i) {
+      // A parameter that needed a gradient in the forward must in the
+      // recomputation too, or its gradient would silently be lost.
+      TORCH_CHECK(!state->param_requires_grad[i] || params[i].requires_grad(), what,
+                  ": declared parameter ", i, " required grad in the forward but not in "
+                  "the recomputation (made under no-grad?): its gradient would be lost");
+    }
     TORCH_CHECK(outputs.size() == grad_outputs.size(), what, ": the recomputation returned ",
                 outputs.size(), " outputs where the forward returned ", grad_outputs.size(),
                 ": the checkpointed function must be deterministic in its structure");
@@ -253,6 +263,7 @@ std::vector<at::Tensor> run_checkpointed(Region region, std::vector<at::Tensor> 
   if (preserve_rng_state) state->rng_state = cpu_rng_state();
   state->num_inputs = inputs.size();
   state->num_params = params.size();
+  for (const auto& p : params) state->param_requires_grad.push_back(p.requires_grad());
   std::vector<at::Tensor> all = std::move(inputs);
   all.insert(all.end(), params.begin(), params.end());
   return CheckpointFunction::apply(state, at::TensorList(all));
