@@ -201,7 +201,13 @@ void RunTorchFileInput(const uint8_t* data, size_t size) {
                            StatusText(value.status())));
   }
   int64_t bytes = 0;
-  for (const auto& item : dict->tensors) bytes += item.value().numel() * item.value().element_size();
+  for (const auto& item : dict->tensors) {
+    int64_t tensor_bytes;
+    if (__builtin_mul_overflow(item.value().numel(), item.value().element_size(), &tensor_bytes) ||
+        __builtin_add_overflow(bytes, tensor_bytes, &bytes)) {
+      return;  // larger than any round trip we make
+    }
+  }
   if (bytes > kMaxRoundTripBytes) return;
 
   const std::string copy = ScratchDirectory() + "/roundtrip.pt";
