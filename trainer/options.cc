@@ -175,6 +175,11 @@ const std::map<std::string, FlagSpec>& Flags() {
               {"none", BackwardPrefetch::kNone}},
              &o->backward_prefetch);
        }}},
+      {"activation-checkpointing", {false, [](const std::string& v, Options* o) {
+         return ParseEnum<ActivationCheckpointing>("activation-checkpointing", v,
+             {{"none", ActivationCheckpointing::kNone}, {"block", ActivationCheckpointing::kBlock}},
+             &o->activation_checkpointing);
+       }}},
       {"grad-accum", {false, [](const std::string& v, Options* o) {
          return ParseInt("grad-accum", v, 1, &o->grad_accum);
        }}},
@@ -380,6 +385,9 @@ const char* Name(OptimizerKind v) {
   return "?";
 }
 const char* Name(LrSchedule v) { return v == LrSchedule::kConstant ? "constant" : "cosine"; }
+const char* Name(ActivationCheckpointing v) {
+  return v == ActivationCheckpointing::kBlock ? "block" : "none";
+}
 const char* Name(CheckpointFormat v) {
   return v == CheckpointFormat::kSharded ? "sharded" : "full";
 }
@@ -414,6 +422,7 @@ std::vector<std::string> ToArgs(const Options& o) {
       absl::StrCat("--cpu-offload=", o.cpu_offload ? "true" : "false"),
       absl::StrCat("--auto-wrap=", AutoWrapName(o)),
       absl::StrCat("--backward-prefetch=", Name(o.backward_prefetch)),
+      absl::StrCat("--activation-checkpointing=", Name(o.activation_checkpointing)),
       absl::StrCat("--grad-accum=", o.grad_accum),
       absl::StrCat("--clip=", exact(o.clip)),
       absl::StrCat("--optimizer=", Name(o.optimizer)),
@@ -458,6 +467,9 @@ std::string Usage() {
       "  --cpu-offload                  (off)\n"
       "  --auto-wrap block|size:N|none  (", AutoWrapName(d), ")\n"
       "  --backward-prefetch pre|post|none   (", Name(d.backward_prefetch), ")\n"
+      "  --activation-checkpointing block|none   (", Name(d.activation_checkpointing),
+      ") block: recompute each transformer\n"
+      "                                 block's activations in backward instead of keeping them\n"
       "      (hybrid: 2-D mesh replicas x shards, e.g. 2x2 on --nproc 4;\n"
       "       bf16: bfloat16 compute, float32 reduction and optimizer)\n"
       "  --grad-accum K                 (", d.grad_accum, ") micro-batches per optimizer step\n"

@@ -28,6 +28,7 @@ enum class Sharding { kFull, kGradOp, kNone, kHybrid };
 enum class MixedPrecision { kNone, kBf16 };
 enum class AutoWrap { kBlock, kSize, kNone };
 enum class BackwardPrefetch { kPre, kPost, kNone };
+enum class ActivationCheckpointing { kNone, kBlock };
 enum class OptimizerKind { kAdam, kAdamW, kSgd };
 enum class LrSchedule { kConstant, kCosine };
 enum class CheckpointFormat { kSharded, kFull };
@@ -64,6 +65,9 @@ struct Options {
   AutoWrap auto_wrap = AutoWrap::kBlock;
   int64_t auto_wrap_min_params = 0;  // N of --auto-wrap size:N
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;
+  // kBlock: every transformer block's activations are recomputed in
+  // backward instead of kept (activation_checkpointing/).
+  ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kNone;
 
   int64_t grad_accum = 1;
   double clip = 0.0;  // 0: no clipping
@@ -132,6 +136,7 @@ const char* Name(BackwardPrefetch v);
 const char* Name(OptimizerKind v);
 const char* Name(LrSchedule v);
 const char* Name(CheckpointFormat v);
+const char* Name(ActivationCheckpointing v);
 std::string AutoWrapName(const Options& options);  // "block", "size:N", "none"
 
 }  // namespace trainer

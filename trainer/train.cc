@@ -20,6 +20,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "activation_checkpointing/apply_activation_checkpointing.h"
 #include "comm/collectives.h"
 #include "comm/compute_layout.h"
 #include "comm/device_mesh.h"
@@ -424,6 +425,19 @@ absl::StatusOr<Wrapped> WrapModel(const Options& o, std::shared_ptr<LanguageMode
   // is keyed by the model's own FQNs (checkpoints, OptimizerParamNames).
   options.use_orig_params = true;
 
+  if (o.activation_checkpointing == ActivationCheckpointing::kBlock) {
+    // Marks the blocks; fsdp::call (the block runner below) then runs each
+    // one as a checkpointed region, its unit gathered again for the
+    // recomputation in backward.
+    const auto blocks = activation_checkpointing::apply_activation_checkpointing(
+        model, fsdp::module_type_auto_wrap_policy<TransformerBlockImpl>());
+    if (blocks.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--activation-checkpointing=block: the ", Name(o.model),
+          " model has no transformer blocks to checkpoint: use --model=transformer, or "
+          "--activation-checkpointing=none"));
+    }
+  }
   if (auto* lm = dynamic_cast<TransformerLM*>(model.get())) {
     // Every block call goes through the runner: fsdp::call gathers a
     // wrapped block before and reshards it after (a plain forward when the
