@@ -91,6 +91,7 @@ absl::Status AtomicFileWriter::Flush() {
 absl::Status AtomicFileWriter::Append(const void* data, size_t size) {
   if (!error_.ok()) return error_;
   if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, " is already committed"));
+  if (size == 0) return absl::OkStatus();  // an empty tensor's data may be null
   crc_ = Crc32c(data, size, crc_);
   bytes_ += size;
   const char* p = static_cast<const char*>(data);
