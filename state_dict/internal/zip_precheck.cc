@@ -45,6 +45,7 @@ constexpr size_t kMaxCommentSize = 0xFFFF;
 constexpr uint64_t kMaxVersionRecordBytes = 64 << 10;
 constexpr uint16_t kStored = 0;
 constexpr uint16_t kDeflated = 8;
+constexpr uint64_t kMaxDeflateRatio = 1032;
 // Encrypted, compressed patch data, strong encryption: miniz refuses these.
 constexpr uint16_t kUnsupportedFlags = 0x0001 | 0x0020 | 0x0040;
 constexpr uint32_t kDosDirectoryAttribute = 0x10;
@@ -253,6 +254,14 @@ class ArchiveCheck {
       if (IsDirectory(e) && (e.compressed != 0 || e.uncompressed != 0)) {
         return Bad(absl::StrCat(where, " ('", absl::CEscape(e.name), "') holds ",
                                 e.uncompressed, " bytes but is marked as a directory"));
+      }
+      // Deflate expands at most ~1032:1, and LibTorch's getRecord allocates
+      // the claimed size before inflating: a record claiming more would make
+      // a tiny file allocate gigabytes, then fail to inflate anyway.
+      if (e.method == kDeflated && e.uncompressed / kMaxDeflateRatio > e.compressed + 1) {
+        return Bad(absl::StrCat(where, " ('", absl::CEscape(e.name), "') claims ",
+                                e.uncompressed, " bytes from ", e.compressed,
+                                " deflated bytes, more than deflate can expand to"));
       }
       entries.push_back(std::move(e));
       at += record_size;
