@@ -19,7 +19,7 @@
 // descriptors). It is stricter than miniz only for archives no PyTorch
 // writer produces (e.g. a version record over 64 KiB). It also refuses a
 // record with bytes that is marked as a directory: miniz would "extract" it
-// as nothing and the reader would hand out uninitialised memory as its data),
+// as nothing and the reader would hand out uninitialised memory as its data,
 // and a deflated record claiming more than deflate's 1032:1 maximum expansion
 // (the reader allocates the claimed size before inflating: gigabytes for a
 // kilobyte file).
