@@ -386,11 +386,9 @@ struct ToolRun {
   std::string output;
 };
 
-// With `pid_dir`: once every rank (of `nproc`) has written its pid file,
-// SIGKILL rank `kill_rank`, or send `tool_signal` to the launcher itself.
-ToolRun run_tool(const std::vector<std::string>& args, const std::string& pid_dir = "",
-                 int kill_rank = -1, int tool_signal = 0, int nproc = 0) {
-  const std::string out_path = temp_dir() + "/out";
+// Runs //tools:launch with `args` in the background, its stdout and stderr
+// into `out_path`.
+pid_t start_tool(const std::vector<std::string>& args, const std::string& out_path) {
   const pid_t pid = fork();
   if (pid == 0) {
     FILE* out = std::freopen(out_path.c_str(), "w", stdout);
@@ -404,6 +402,15 @@ ToolRun run_tool(const std::vector<std::string>& args, const std::string& pid_di
     execv(argv[0], argv.data());
     _exit(127);
   }
+  return pid;
+}
+
+// With `pid_dir`: once every rank (of `nproc`) has written its pid file,
+// SIGKILL rank `kill_rank`, or send `tool_signal` to the launcher itself.
+ToolRun run_tool(const std::vector<std::string>& args, const std::string& pid_dir = "",
+                 int kill_rank = -1, int tool_signal = 0, int nproc = 0) {
+  const std::string out_path = temp_dir() + "/out";
+  const pid_t pid = start_tool(args, out_path);
   if (kill_rank >= 0) {
     // Kill one rank from outside once it is up.
     const auto deadline = Clock::now() + std::chrono::seconds(10);
@@ -506,23 +513,7 @@ TEST(LaunchTool, MaxRestartsRestartsAndLogsTheCause) {
 }
 
 // Two launchers on loopback (nodes 0 and 1, one rank each), as two
-// processes: start_tool runs //tools:launch in the background.
-pid_t start_tool(const std::vector<std::string>& args, const std::string& out_path) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    FILE* out = std::freopen(out_path.c_str(), "w", stdout);
-    (void)out;
-    dup2(fileno(stdout), STDERR_FILENO);
-    std::vector<std::string> argv_strings{runfile("tools/launch")};
-    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& s : argv_strings) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
-}
+// processes, each started with start_tool.
 
 ToolRun wait_tool(pid_t pid, const std::string& out_path) {
   ToolRun run;
