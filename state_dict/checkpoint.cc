@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -232,7 +233,8 @@ absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
               [](const FlatRange& a, const FlatRange& b) { return a.offset < b.offset; });
     const int64_t numel = CheckedNumel(entry.second.first->global_shape);
     // Overlaps are allowed: a LOCAL save (every rank's raw state) holds
-    // replicated tensors from every rank, and resharding reads either copy.
+    // replicated tensors from every rank. The copies must be identical, which
+    // the loads and VerifyCheckpoint check once the data is read.
     int64_t covered = 0;  // elements [0, covered) are held by some piece
     for (const FlatRange& r : pieces) {
       if (r.offset > covered) {
@@ -339,6 +341,31 @@ absl::StatusOr<TensorDict> ReadVerifiedFile(const std::string& step_dir,
         " tensors, the manifest lists ", stored));
   }
   return std::move(loaded->tensors);
+}
+
+// Names of the tensors some of whose pieces overlap (in any files).
+std::vector<std::string> OverlappingTensors(const Manifest& m) {
+  std::map<std::string, std::vector<FlatRange>> pieces;
+  for (const ManifestFile& f : m.files) {
+    for (const ManifestTensor& t : f.tensors) {
+      if (t.key != kNoData && t.range.numel > 0) pieces[t.name].push_back(t.range);
+    }
+  }
+  std::vector<std::string> out;
+  for (auto& entry : pieces) {
+    std::vector<FlatRange>& ranges = entry.second;
+    std::sort(ranges.begin(), ranges.end(),
+              [](const FlatRange& a, const FlatRange& b) { return a.offset < b.offset; });
+    int64_t reach = 0;
+    for (const FlatRange& r : ranges) {
+      if (r.offset < reach) {
+        out.push_back(entry.first);
+        break;
+      }
+      reach = std::max(reach, r.end());
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<Manifest> ReadCheckedManifest(const std::string& step_dir) {
@@ -664,9 +691,28 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& root) {
 absl::Status VerifyCheckpoint(const std::string& step_dir) {
   auto m = ReadCheckedManifest(step_dir);
   if (!m.ok()) return m.status();
+  // Loads accept overlapping pieces only as identical copies, so verify
+  // compares them; it keeps just the pieces of tensors whose pieces overlap.
+  std::map<std::string, std::vector<ShardedTensor>> overlapping;
+  for (const std::string& name : OverlappingTensors(*m)) overlapping[name];
   for (const ManifestFile& f : m->files) {
     auto contents = ReadVerifiedFile(step_dir, m->kind, f);
     if (!contents.ok()) return contents.status();
+    for (const ManifestTensor& t : f.tensors) {
+      auto it = overlapping.find(t.name);
+      if (it == overlapping.end() || t.key == kNoData) continue;
+      ShardedTensor piece;
+      piece.global_shape = t.global_shape;
+      piece.dtype = t.dtype;
+      piece.pieces.push_back(ShardPiece{t.range, (*contents)[t.key]});
+      it->second.push_back(std::move(piece));
+    }
+  }
+  for (const auto& entry : overlapping) {
+    absl::Status status = CheckOverlapsAgree(entry.first, entry.second);
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat(step_dir, ": ", status.message()));
+    }
   }
   return absl::OkStatus();
 }

@@ -107,7 +107,8 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& step_dir);
 // consistency (step matches the directory, ranks 0..world_size-1 each have
 // exactly one file named for its rank, keys, shapes and dtypes agree, every
 // tensor's pieces cover it) and every file it lists: present,
-// size, checksum, each tensor's key, dtype, size and checksum. The loads run
+// size, checksum, each tensor's key, dtype, size and checksum; pieces that
+// overlap (replicated tensors) must be identical copies. The loads run
 // the same function on the manifest and the same per-file check on each file
 // they read, so a checkpoint that verifies loads, and one that a load
 // rejects fails verify with the same error.

@@ -1,6 +1,7 @@
 #include "state_dict/sharded_tensor.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include <torch/torch.h>
 
@@ -43,6 +44,49 @@ absl::Status CheckSameGlobal(const std::string& name,
     }
     absl::Status status = ValidateShardedTensor(name, shards[r]);
     if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+
+// Index of the first element where a and b (same dtype and numel, 1-D)
+// differ bitwise, or -1. Bitwise, not ==: a NaN equals the same NaN, and -0
+// differs from +0, as in the bytes a checkpoint stores.
+int64_t FirstBitwiseDifference(const torch::Tensor& a, const torch::Tensor& b) {
+  const torch::Tensor ca = a.contiguous();
+  const torch::Tensor cb = b.contiguous();
+  const size_t element = ca.element_size();
+  const auto* pa = static_cast<const unsigned char*>(ca.data_ptr());
+  const auto* pb = static_cast<const unsigned char*>(cb.data_ptr());
+  const size_t bytes = static_cast<size_t>(ca.numel()) * element;
+  if (std::memcmp(pa, pb, bytes) == 0) return -1;
+  size_t i = 0;
+  while (pa[i] == pb[i]) ++i;
+  return static_cast<int64_t>(i / element);
+}
+
+// The pieces sorted by offset must agree wherever they overlap. One sweep
+// suffices: the piece reaching furthest so far (`reach`) holds every earlier
+// element a later piece can overlap, and agrees with all earlier pieces there.
+absl::Status CheckSortedPiecesAgree(const std::string& name,
+                                    const std::vector<const ShardPiece*>& pieces) {
+  const ShardPiece* reach = nullptr;
+  for (const ShardPiece* piece : pieces) {
+    if (reach != nullptr && piece->range.offset < reach->range.end()) {
+      const int64_t begin = piece->range.offset;
+      const int64_t end = std::min(reach->range.end(), piece->range.end());
+      const int64_t differ = FirstBitwiseDifference(
+          reach->data.narrow(0, begin - reach->range.offset, end - begin),
+          piece->data.narrow(0, 0, end - begin));
+      if (differ >= 0) {
+        return absl::DataLossError(absl::StrCat(
+            "tensor '", name, "': pieces [", reach->range.offset, ", ", reach->range.end(),
+            ") and [", piece->range.offset, ", ", piece->range.end(),
+            ") overlap but differ at element ", begin + differ,
+            " (overlapping pieces must be identical copies)"));
+      }
+    }
+    if (reach == nullptr || piece->range.end() > reach->range.end()) reach = piece;
   }
   return absl::OkStatus();
 }
@@ -107,6 +151,13 @@ absl::Status ValidateShardedTensor(const std::string& name,
   return absl::OkStatus();
 }
 
+absl::Status CheckOverlapsAgree(const std::string& name,
+                                const std::vector<ShardedTensor>& shards) {
+  absl::Status status = CheckSameGlobal(name, shards);
+  if (!status.ok()) return status;
+  return CheckSortedPiecesAgree(name, SortedPieces(shards));
+}
+
 absl::StatusOr<torch::Tensor> AssembleFullTensor(
     const std::string& name, const std::vector<ShardedTensor>& shards) {
   absl::Status status = CheckSameGlobal(name, shards);
@@ -114,15 +165,16 @@ absl::StatusOr<torch::Tensor> AssembleFullTensor(
   const ShardedTensor& first = shards.front();
   const int64_t numel = first.global_numel();
   torch::Tensor flat = torch::empty({numel}, torch::TensorOptions().dtype(first.dtype));
+  const std::vector<const ShardPiece*> pieces = SortedPieces(shards);
+  status = CheckSortedPiecesAgree(name, pieces);
+  if (!status.ok()) return status;
   int64_t covered = 0;  // elements [0, covered) are filled
-  for (const ShardPiece* piece : SortedPieces(shards)) {
+  for (const ShardPiece* piece : pieces) {
     if (piece->range.offset > covered) break;  // gap, reported below
-    if (piece->range.offset < covered) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", name, "': pieces overlap at elements [", piece->range.offset,
-          ", ", std::min(covered, piece->range.end()), ")"));
-    }
-    flat.narrow(0, piece->range.offset, piece->range.numel).copy_(piece->data);
+    if (piece->range.end() <= covered) continue;
+    const int64_t skip = covered - piece->range.offset;  // an identical overlap
+    flat.narrow(0, covered, piece->range.numel - skip)
+        .copy_(piece->data.narrow(0, skip, piece->range.numel - skip));
     covered = piece->range.end();
   }
   if (covered != numel) {
@@ -143,6 +195,8 @@ absl::StatusOr<ShardedTensor> Reshard(const std::string& name,
   out.dtype = saved.front().dtype;
   const int64_t numel = out.global_numel();
   const std::vector<const ShardPiece*> pieces = SortedPieces(saved);
+  status = CheckSortedPiecesAgree(name, pieces);
+  if (!status.ok()) return status;
   for (const FlatRange& want : needed) {
     if (want.offset < 0 || want.numel < 0 || want.end() > numel) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -64,22 +64,30 @@ std::vector<FlatRange> OriginalRangesInShard(const std::vector<int64_t>& numels,
                                              FlatRange shard);
 
 // Checks that `tensor`'s pieces are well formed: 1-D, of its dtype, numel
-// matching their range, inside the global numel, not overlapping. Errors name
-// `name`.
+// matching their range, inside the global numel. Errors name `name`.
 absl::Status ValidateShardedTensor(const std::string& name,
                                    const ShardedTensor& tensor);
 
+// Pieces may overlap (a LOCAL save holds a replicated tensor once per rank)
+// only as identical copies: checks that overlapping pieces of all `shards` are
+// bitwise equal where they overlap (NaNs included), else a DataLoss error
+// naming `name`, both pieces and the first element that differs.
+absl::Status CheckOverlapsAgree(const std::string& name,
+                                const std::vector<ShardedTensor>& shards);
+
 // Rebuilds the full tensor (global shape) from the pieces of all ranks
 // (`shards`, one ShardedTensor per rank, same shape and dtype). The pieces
-// must cover every element exactly once; a gap or an overlap is an error
-// naming `name` and the elements involved.
+// must cover every element, overlapping only as identical copies
+// (CheckOverlapsAgree); a gap or a disagreement is an error naming `name`
+// and the elements involved.
 absl::StatusOr<torch::Tensor> AssembleFullTensor(
     const std::string& name, const std::vector<ShardedTensor>& shards);
 
 // Reshard on load: returns a ShardedTensor with one piece per `needed` range,
-// filled from the `saved` pieces (of any number of ranks, any layout). Every
-// needed element must be covered by some saved piece; otherwise the error
-// names `name` and the first uncovered element.
+// filled from the `saved` pieces (of any number of ranks, any layout; overlaps
+// only as identical copies, checked as by CheckOverlapsAgree). Every needed
+// element must be covered by some saved piece; otherwise the error names
+// `name` and the first uncovered element.
 absl::StatusOr<ShardedTensor> Reshard(const std::string& name,
                                       const std::vector<ShardedTensor>& saved,
                                       const std::vector<FlatRange>& needed);

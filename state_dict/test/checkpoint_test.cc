@@ -504,6 +504,45 @@ TEST(CheckpointTest, CorruptionTrialsVerifyAndLoadsAgree) {
   EXPECT_TRUE(VerifyCheckpoint(dir).ok());
 }
 
+// A tensor replicated on every rank (what a LOCAL save holds) is stored as
+// overlapping pieces. Identical copies verify and load; copies that differ
+// are rejected by verify, the full load and every resume alike, naming the
+// tensor and the first element that differs (issue #14: verify and the
+// loads used to disagree on overlaps).
+TEST(CheckpointTest, ReplicatedPiecesMustBeIdenticalCopies) {
+  const torch::Tensor replicated = torch::arange(6, torch::kDouble);
+  TensorDict state = MakeState(1);
+  for (const bool differ : {false, true}) {
+    SCOPED_TRACE(differ ? "copies differ" : "identical copies");
+    const std::string root = TempDir(differ ? "replicated_differ" : "replicated_same");
+    std::vector<ShardedStateDict> shards = Shard(state, 2);
+    torch::Tensor copy = replicated.clone();
+    if (differ) copy[4] = 40.0;
+    shards[0].insert("replicated", ShardFullTensor(replicated, {{0, 6}}));
+    shards[1].insert("replicated", ShardFullTensor(copy, {{0, 6}}));
+    ASSERT_TRUE(SaveShardedCheckpoint(root, 1, shards).ok());
+    const std::string dir = StepDirectory(root, 1);
+    TensorDict with_replicated = state;
+    with_replicated.insert("replicated", replicated);
+    const absl::Status verify = VerifyCheckpoint(dir);
+    auto full = LoadFullStateDict(dir);
+    const std::vector<absl::Status> loads = {verify, full.status(),
+                                             Resume(dir, with_replicated, 2),
+                                             Resume(dir, with_replicated, 3)};
+    for (const absl::Status& status : loads) {
+      if (!differ) {
+        EXPECT_TRUE(status.ok()) << status;
+        continue;
+      }
+      EXPECT_TRUE(absl::IsDataLoss(status)) << status;
+      EXPECT_TRUE(Contains(status, "tensor 'replicated': pieces [0, 6) and [0, 6) overlap but "
+                                   "differ at element 4"))
+          << status;
+    }
+    if (!differ) ExpectSameState(*full, with_replicated);
+  }
+}
+
 // A MANIFEST moved into another step's directory (or edited to another
 // step) would resume the wrong step.
 TEST(CheckpointTest, ManifestStepMustMatchItsDirectory) {

@@ -1,5 +1,7 @@
 #include "state_dict/sharded_tensor.h"
 
+#include <cmath>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -87,10 +89,48 @@ TEST(ShardedTensorTest, MissingRankIsAGapNamingTheTensor) {
   EXPECT_NE(full.status().message().find("from 7"), std::string::npos) << full.status();
 }
 
-TEST(ShardedTensorTest, OverlapAndBadPiecesAreRejected) {
+// Replicated tensors (a LOCAL save) overlap as identical copies: accepted;
+// copies that differ are rejected by every reader, naming the element.
+TEST(ShardedTensorTest, OverlapsMustBeIdenticalCopies) {
+  const torch::Tensor w = Originals()[0];
+  ShardedTensor a = ShardFullTensor(w, {{0, 8}});
+  ShardedTensor b = ShardFullTensor(w, {{6, 9}});
+  ShardedTensor c = ShardFullTensor(w, {{2, 3}});  // inside a, not reaching b
+  EXPECT_TRUE(CheckOverlapsAgree("w", {a, b, c}).ok());
+  auto full = AssembleFullTensor("w", {c, b, a});
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_TRUE(torch::equal(*full, w));
+  auto resharded = Reshard("w", {a, b, c}, {{5, 10}});
+  ASSERT_TRUE(resharded.ok()) << resharded.status();
+  EXPECT_TRUE(torch::equal(resharded->pieces[0].data, w.view({-1}).narrow(0, 5, 10)));
+
+  // A NaN copied bitwise is an identical copy; -0 against +0 is not.
+  ShardedTensor nan_a = a, nan_b = b;
+  nan_a.pieces[0].data = a.pieces[0].data.clone();
+  nan_b.pieces[0].data = b.pieces[0].data.clone();
+  nan_a.pieces[0].data[7] = std::nan("");
+  nan_b.pieces[0].data[1] = std::nan("");
+  EXPECT_TRUE(CheckOverlapsAgree("w", {nan_a, nan_b}).ok());
+
+  ShardedTensor differs = ShardFullTensor(w, {{6, 9}});
+  differs.pieces[0].data[1] = 100.0;  // element 7
+  for (const absl::Status& status :
+       {CheckOverlapsAgree("w", {a, differs}), AssembleFullTensor("w", {a, differs}).status(),
+        Reshard("w", {a, differs}, {{0, 3}}).status()}) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+    EXPECT_NE(status.message().find("tensor 'w': pieces [0, 8) and [6, 15) overlap but differ "
+                                    "at element 7"),
+              std::string::npos)
+        << status;
+  }
+  ShardedTensor zero_a = ShardFullTensor(torch::zeros({4}, torch::kDouble), {{0, 4}});
+  ShardedTensor zero_b = ShardFullTensor(-torch::zeros({4}, torch::kDouble), {{2, 2}});
+  EXPECT_NE(CheckOverlapsAgree("z", {zero_a, zero_b}).message().find("differ at element 2"),
+            std::string::npos);
+}
+
+TEST(ShardedTensorTest, BadPiecesAreRejected) {
   ShardedTensor a = ShardFullTensor(Originals()[0], {{0, 8}});
-  ShardedTensor b = ShardFullTensor(Originals()[0], {{6, 9}});
-  EXPECT_FALSE(AssembleFullTensor("w", {a, b}).ok());
   ShardedTensor bad = a;
   bad.pieces[0].data = bad.pieces[0].data.to(torch::kFloat);
   EXPECT_NE(ValidateShardedTensor("w", bad).message().find("Float"), std::string::npos);
