@@ -114,7 +114,7 @@ def _absl_build_files():
     return files
 
 def system_dependencies():
-    """Declares @libtorch (with @openblas), @tcmalloc, @com_google_absl, @com_google_googletest, @com_github_google_benchmark."""
+    """Declares @libtorch (with @openblas), @tcmalloc, @com_google_absl, @com_google_googletest, @com_github_google_benchmark, @cli11, @nlohmann_json."""
     debian_package_repository(
         name = "libtorch",
         package = "libtorch-dev (and libgloo-dev for c10d/Gloo)",
@@ -180,4 +180,21 @@ def system_dependencies():
             _system_cc_library("benchmark", ["benchmark", "pthread"]),
             _system_cc_library("benchmark_main", ["benchmark_main"], deps = [":benchmark"]),
         ])},
+    )
+    # Header-only, in /usr/include (system headers: exempt from -Werror).
+    debian_package_repository(
+        name = "cli11",
+        package = "libcli11-dev",
+        required_files = ["/usr/include/CLI/CLI.hpp"],
+        build_files = {"BUILD": _system_cc_library("cli11", [], hdrs_glob = ["include/CLI/*.hpp"])},
+    )
+    debian_package_repository(
+        name = "nlohmann_json",
+        package = "nlohmann-json3-dev",
+        required_files = ["/usr/include/nlohmann/json.hpp"],
+        build_files = {"BUILD": _system_cc_library(
+            "nlohmann_json",
+            [],
+            hdrs_glob = ["include/nlohmann/**/*.hpp"],
+        )},
     )

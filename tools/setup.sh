@@ -9,6 +9,8 @@
 # pthread variant a rank running 2 intra-op threads has 2 OpenBLAS threads
 # competing with 2 spinning OpenMP threads on 2 cores (benchmarks/RESULTS.md).
 # tcmalloc (gperftools) is linked into every binary the project builds.
+# CLI11 parses the command lines of the trainer, launch and ckpt;
+# nlohmann-json writes the trainer's --log-json (both header-only).
 #   --with-python  also install python3-torch and python3-matplotlib
 #                  (golden-value fixtures, Python interop tests, tools/plot).
 set -euo pipefail
@@ -24,6 +26,8 @@ packages=(
   libbenchmark-dev
   libopenblas0-openmp
   libgoogle-perftools-dev
+  libcli11-dev
+  nlohmann-json3-dev
 )
 for arg in "$@"; do
   case "$arg" in
