@@ -3,291 +3,251 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
-#include <map>
+#include <limits>
 #include <utility>
 
+#include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/match.h"
 
 namespace trainer {
 namespace {
 
-absl::Status BadValue(const std::string& flag, const std::string& value,
-                      const std::string& expected) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("--", flag, "='", value, "': expected ", expected));
+// %.17g reads back as the same double, so every rank sees the parent's lr
+// (through absl, or CLI11's strtold and a cast: 17 digits sit closer to the
+// double than any rounding midpoint).
+std::string Exact(double d) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.17g", d);
+  return buf;
 }
 
+// A CLI11 transform: `expected` returns what a refused value should have been
+// ("" when it takes the value, which it may rewrite into the spelling CLI11
+// converts). CLI11 words the error "--flag: 'value': expected ...", which
+// ParseOptions turns into "--flag='value': expected ...".
+CLI::Validator Check(std::function<std::string(std::string&)> expected) {
+  return CLI::Validator(
+      [expected](std::string& value) {
+        const std::string given = value, what = expected(value);
+        return what.empty() ? what : absl::StrCat("'", given, "': expected ", what);
+      },
+      "");
+}
+
+// --flag N, an integer in [min, max].
+template <typename Int>
+void AddInt(CLI::App& app, const std::string& flag, Int& out, const std::string& help,
+            int64_t min, int64_t max = std::numeric_limits<Int>::max()) {
+  const std::string range = max == std::numeric_limits<Int>::max()
+                                ? absl::StrCat("an integer >= ", min)
+                                : absl::StrCat("an integer in [", min, ", ", max, "]");
+  app.add_option(flag, out, help)->type_name("N")->transform(
+      Check([=](std::string& v) {
+        int64_t n = 0;
+        if (!absl::SimpleAtoi(v, &n) || n < min || n > max) return range;
+        v = std::to_string(n);  // CLI11 would read "010" as octal
+        return std::string();
+      }));
+}
+
+// --flag X, a finite number > 0 (>= 0 with `zero_ok`) and at most `max`.
+CLI::Option* AddNumber(CLI::App& app, const std::string& flag, double& out, bool zero_ok,
+                       const std::string& help,
+                       double max = std::numeric_limits<double>::max(),
+                       const std::string& above_max = "") {
+  return app.add_option(flag, out, help)->type_name("X")->transform(
+      Check([=](std::string& v) -> std::string {
+        double d = 0;
+        if (!absl::SimpleAtod(v, &d) || !std::isfinite(d)) return "a finite number";
+        if (d < 0 || (!zero_ok && d == 0)) return zero_ok ? "a number >= 0" : "a number > 0";
+        if (d > max) return above_max;
+        v = Exact(d);
+        return "";
+      }));
+}
+
+// --flag NAME, one of `choices` (spelled as Name() spells them).
 template <typename Enum>
-absl::Status ParseEnum(const std::string& flag, const std::string& value,
-                       const std::vector<std::pair<const char*, Enum>>& choices,
-                       Enum* out) {
+void AddChoice(CLI::App& app, const std::string& flag, Enum& out,
+               const std::vector<Enum>& choices, const std::string& help) {
   std::vector<std::string> names;
-  for (const auto& [name, v] : choices) {
-    if (value == name) {
-      *out = v;
-      return absl::OkStatus();
-    }
-    names.push_back(name);
-  }
-  return BadValue(flag, value, absl::StrCat("one of ", absl::StrJoin(names, "|")));
+  for (Enum c : choices) names.push_back(Name(c));
+  const std::string list = absl::StrJoin(names, "|");
+  app.add_option(flag, out, help)->type_name(list)->default_str(Name(out))->transform(
+      Check([=](std::string& v) {
+        for (Enum c : choices) {
+          if (v == Name(c)) {
+            v = std::to_string(static_cast<int>(c));  // what CLI11 converts to the enum
+            return std::string();
+          }
+        }
+        return "one of " + list;
+      }));
 }
 
-absl::Status ParseInt(const std::string& flag, const std::string& value,
-                      int64_t min, int64_t* out) {
-  int64_t v = 0;
-  if (!absl::SimpleAtoi(value, &v)) {
-    return BadValue(flag, value, "an integer");
-  }
-  if (v < min) {
-    return BadValue(flag, value, absl::StrCat("an integer >= ", min));
-  }
-  *out = v;
-  return absl::OkStatus();
+// --flag (true) or --flag=true|false|1|0.
+void AddSwitch(CLI::App& app, const std::string& flag, bool& out, const std::string& help) {
+  app.add_flag(flag, out, help)->transform(Check([](std::string& v) {
+    return v == "true" || v == "1" || v == "false" || v == "0"
+               ? std::string()
+               : std::string("true|false (or the bare flag for true)");
+  }));
 }
 
-absl::Status ParseDouble(const std::string& flag, const std::string& value,
-                         bool allow_zero, double* out) {
-  double v = 0;
-  if (!absl::SimpleAtod(value, &v) || !std::isfinite(v)) {
-    return BadValue(flag, value, "a finite number");
-  }
-  if (v < 0 || (!allow_zero && v == 0)) {
-    return BadValue(flag, value, allow_zero ? "a number >= 0" : "a number > 0");
-  }
-  *out = v;
-  return absl::OkStatus();
+// --flag PATH, not empty.
+void AddPath(CLI::App& app, const std::string& flag, std::string& out, const std::string& what,
+             const std::string& help) {
+  app.add_option(flag, out, help)->type_name(what == "a file path" ? "FILE" : "DIR")->transform(
+      Check([what](std::string& v) { return v.empty() ? what : std::string(); }));
 }
 
-absl::Status ParseBool(const std::string& flag, const std::string& value,
-                       bool* out) {
-  if (value == "true" || value == "1") {
-    *out = true;
-  } else if (value == "false" || value == "0") {
-    *out = false;
-  } else {
-    return BadValue(flag, value, "true|false (or the bare flag for true)");
-  }
-  return absl::OkStatus();
+// Every flag, writing into `o` (whose values are the defaults --help shows).
+void DefineFlags(CLI::App& app, Options& o) {
+  app.name("trainer");
+  app.description(
+      "Trains a small language model with FSDP on --nproc ranks. Flags take --name VALUE "
+      "or --name=VALUE; a switch is --name or --name=true|false.");
+  app.set_help_flag();  // -h/--help set Options::help (ParseOptions returns it)
+  app.add_flag("-h,--help", o.help, "print this help and exit");
+  app.allow_extras();  // unknown flags and stray arguments: reported by ParseOptions
+  app.option_defaults()->always_capture_default()->multi_option_policy(
+      CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last one counts
+  app.get_formatter()->column_width(40);
+
+  AddChoice(app, "--model", o.model, {ModelKind::kMlp, ModelKind::kTransformer},
+            "decoder-only transformer, or an MLP over a window of --seq tokens");
+  AddChoice(app, "--data", o.data, {DataKind::kText, DataKind::kSynthetic},
+            "text: /usr/share/common-licenses, byte-level");
+  AddInt(app, "--steps", o.steps, "optimizer steps", 1);
+  AddInt(app, "--seed", o.seed, "seeds the model and every step's batch", 0);
+  AddInt(app, "--global-batch", o.global_batch, "sequences per step, split across ranks", 1);
+  AddNumber(app, "--lr", o.lr, /*zero_ok=*/false, "peak learning rate");
+  AddInt(app, "--nproc", o.nproc, "ranks to start through comm's launcher", 1, 1024);
+  AddInt(app, "--threads-per-rank", o.threads_per_rank,
+         "intra-op threads of each rank (0: OMP_NUM_THREADS if set, else cores / ranks)", 0,
+         4096);
+  AddNumber(app, "--timeout", o.timeout_s, /*zero_ok=*/false,
+            "collective timeout: a rank waiting this long for a hung peer fails (default: "
+            "the launcher's, else 600)",
+            1e7, "a number of seconds in (0, 1e7]")
+      ->type_name("SECONDS")
+      ->default_str("");
+  AddInt(app, "--max-restarts", o.max_restarts,
+         "restart every rank after one fails, up to N times; resumes from --checkpoint-dir's "
+         "newest checkpoint",
+         0, 1000);
+  AddChoice(app, "--sharding", o.sharding,
+            {Sharding::kFull, Sharding::kGradOp, Sharding::kNone, Sharding::kHybrid},
+            "FSDP strategy (hybrid: a 2-D mesh of replicas x shards, e.g. 2x2 on --nproc 4)");
+  AddChoice(app, "--mixed-precision", o.mixed_precision,
+            {MixedPrecision::kNone, MixedPrecision::kBf16},
+            "bf16: bfloat16 compute, float32 reduction and optimizer");
+  AddSwitch(app, "--cpu-offload", o.cpu_offload, "keep the sharded parameters on the CPU");
+  app.add_option_function<std::string>(
+         "--auto-wrap",
+         [&o](const std::string& v) {
+           o.auto_wrap = v == "block" ? AutoWrap::kBlock
+                         : v == "none" ? AutoWrap::kNone
+                                       : AutoWrap::kSize;
+           if (o.auto_wrap == AutoWrap::kSize) o.auto_wrap_min_params = std::stoll(v.substr(5));
+         },
+         "FSDP units: each transformer block, blocks of at least N parameters, or the root only")
+      ->type_name("block|size:N|none")
+      ->default_str(AutoWrapName(o))
+      ->transform(Check([](std::string& v) -> std::string {
+        int64_t n = 0;
+        if (v == "block" || v == "none") return "";
+        if (!absl::StartsWith(v, "size:")) return "block|none|size:N";
+        if (!absl::SimpleAtoi(v.substr(5), &n) || n <= 0) {
+          return "block|none|size:N with N a positive parameter count";
+        }
+        v = absl::StrCat("size:", n);
+        return "";
+      }));
+  AddChoice(app, "--backward-prefetch", o.backward_prefetch,
+            {BackwardPrefetch::kPre, BackwardPrefetch::kPost, BackwardPrefetch::kNone},
+            "when backward gathers the next unit's parameters");
+  AddChoice(app, "--activation-checkpointing", o.activation_checkpointing,
+            {ActivationCheckpointing::kNone, ActivationCheckpointing::kBlock},
+            "block: recompute each transformer block's activations in backward instead of "
+            "keeping them");
+  AddInt(app, "--grad-accum", o.grad_accum, "micro-batches per optimizer step", 1);
+  AddNumber(app, "--clip", o.clip, /*zero_ok=*/true, "max global gradient norm (0: off)");
+  AddChoice(app, "--optimizer", o.optimizer,
+            {OptimizerKind::kAdam, OptimizerKind::kAdamW, OptimizerKind::kSgd}, "optimizer");
+  AddChoice(app, "--lr-schedule", o.lr_schedule, {LrSchedule::kConstant, LrSchedule::kCosine},
+            "after the linear warmup");
+  AddInt(app, "--warmup-steps", o.warmup_steps, "steps of linear learning-rate warmup", 0);
+  AddInt(app, "--layers", o.layers, "transformer blocks", 1);
+  AddInt(app, "--dim", o.dim, "model width (the MLP's hidden width)", 1);
+  AddInt(app, "--heads", o.heads, "attention heads (a divisor of --dim)", 1);
+  AddInt(app, "--vocab", o.vocab, "vocabulary size (>= 256 with --data text)", 2);
+  AddInt(app, "--seq", o.seq, "tokens per sequence (the MLP's window)", 1);
+  AddPath(app, "--checkpoint-dir", o.checkpoint_dir, "a directory path",
+          "checkpoints go to DIR/step_<N>");
+  AddInt(app, "--checkpoint-every", o.checkpoint_every,
+         "steps between checkpoints (0: only at the end, with --checkpoint-dir)", 0);
+  AddChoice(app, "--checkpoint-format", o.checkpoint_format,
+            {CheckpointFormat::kSharded, CheckpointFormat::kFull},
+            "sharded: each rank writes its pieces; full: rank 0 writes model.pt");
+  AddInt(app, "--keep-last", o.keep_last,
+         "after each checkpoint, remove complete ones older than the newest N, and crash "
+         "debris (0: keep all)",
+         0);
+  AddSwitch(app, "--async-checkpoint", o.async_checkpoint,
+            "write checkpoints in the background from a snapshot while the next steps run");
+  AddSwitch(app, "--resume", o.resume, "continue from the newest checkpoint in --checkpoint-dir");
+  AddPath(app, "--log-json", o.log_json, "a file path", "one JSON object per step (rank 0)");
 }
 
-absl::Status ParseAutoWrap(const std::string& value, Options* o) {
-  if (value == "block") {
-    o->auto_wrap = AutoWrap::kBlock;
-  } else if (value == "none") {
-    o->auto_wrap = AutoWrap::kNone;
-  } else if (absl::StartsWith(value, "size:")) {
-    int64_t n = 0;
-    if (!absl::SimpleAtoi(value.substr(5), &n) || n <= 0) {
-      return BadValue("auto-wrap", value,
-                      "block|none|size:N with N a positive parameter count");
-    }
-    o->auto_wrap = AutoWrap::kSize;
-    o->auto_wrap_min_params = n;
-  } else {
-    return BadValue("auto-wrap", value, "block|none|size:N");
-  }
-  return absl::OkStatus();
-}
-
-using Setter = std::function<absl::Status(const std::string& value, Options*)>;
-
-struct FlagSpec {
-  bool is_bool = false;
-  Setter set;
-};
-
-const std::map<std::string, FlagSpec>& Flags() {
-  static const auto* flags = new std::map<std::string, FlagSpec>{
-      {"model", {false, [](const std::string& v, Options* o) {
-         return ParseEnum<ModelKind>("model", v,
-             {{"mlp", ModelKind::kMlp}, {"transformer", ModelKind::kTransformer}},
-             &o->model);
-       }}},
-      {"data", {false, [](const std::string& v, Options* o) {
-         return ParseEnum<DataKind>("data", v,
-             {{"text", DataKind::kText}, {"synthetic", DataKind::kSynthetic}},
-             &o->data);
-       }}},
-      {"steps", {false, [](const std::string& v, Options* o) {
-         return ParseInt("steps", v, 1, &o->steps);
-       }}},
-      {"seed", {false, [](const std::string& v, Options* o) {
-         return ParseInt("seed", v, 0, &o->seed);
-       }}},
-      {"global-batch", {false, [](const std::string& v, Options* o) {
-         return ParseInt("global-batch", v, 1, &o->global_batch);
-       }}},
-      {"lr", {false, [](const std::string& v, Options* o) {
-         return ParseDouble("lr", v, false, &o->lr);
-       }}},
-      {"nproc", {false, [](const std::string& v, Options* o) {
-         int64_t n = 0;
-         auto s = ParseInt("nproc", v, 1, &n);
-         if (s.ok() && n > 1024) return BadValue("nproc", v, "an integer in [1, 1024]");
-         o->nproc = static_cast<int>(n);
-         o->nproc_given = true;
-         return s;
-       }}},
-      {"threads-per-rank", {false, [](const std::string& v, Options* o) {
-         int64_t n = 0;
-         auto s = ParseInt("threads-per-rank", v, 0, &n);
-         if (s.ok() && n > 4096) {
-           return BadValue("threads-per-rank", v, "an integer in [0, 4096]");
-         }
-         o->threads_per_rank = static_cast<int>(n);
-         return s;
-       }}},
-      {"timeout", {false, [](const std::string& v, Options* o) {
-         auto s = ParseDouble("timeout", v, false, &o->timeout_s);
-         if (s.ok() && o->timeout_s > 1e7) {
-           return BadValue("timeout", v, "a number of seconds in (0, 1e7]");
-         }
-         return s;
-       }}},
-      {"max-restarts", {false, [](const std::string& v, Options* o) {
-         int64_t n = 0;
-         auto s = ParseInt("max-restarts", v, 0, &n);
-         if (s.ok() && n > 1000) return BadValue("max-restarts", v, "an integer in [0, 1000]");
-         o->max_restarts = static_cast<int>(n);
-         return s;
-       }}},
-      {"sharding", {false, [](const std::string& v, Options* o) {
-         return ParseEnum<Sharding>("sharding", v,
-             {{"full", Sharding::kFull}, {"grad_op", Sharding::kGradOp},
-              {"none", Sharding::kNone}, {"hybrid", Sharding::kHybrid}},
-             &o->sharding);
-       }}},
-      {"mixed-precision", {false, [](const std::string& v, Options* o) {
-         return ParseEnum<MixedPrecision>("mixed-precision", v,
-             {{"none", MixedPrecision::kNone}, {"bf16", MixedPrecision::kBf16}},
-             &o->mixed_precision);
-       }}},
-      {"cpu-offload", {true, [](const std::string& v, Options* o) {
-         return ParseBool("cpu-offload", v, &o->cpu_offload);
-       }}},
-      {"auto-wrap", {false, ParseAutoWrap}},
-      {"backward-prefetch", {false, [](const std::string& v, Options* o) {
-         return ParseEnum<BackwardPrefetch>("backward-prefetch", v,
-             {{"pre", BackwardPrefetch::kPre}, {"post", BackwardPrefetch::kPost},
-              {"none", BackwardPrefetch::kNone}},
-             &o->backward_prefetch);
-       }}},
-      {"activation-checkpointing", {false, [](const std::string& v, Options* o) {
-         return ParseEnum<ActivationCheckpointing>("activation-checkpointing", v,
-             {{"none", ActivationCheckpointing::kNone}, {"block", ActivationCheckpointing::kBlock}},
-             &o->activation_checkpointing);
-       }}},
-      {"grad-accum", {false, [](const std::string& v, Options* o) {
-         return ParseInt("grad-accum", v, 1, &o->grad_accum);
-       }}},
-      {"clip", {false, [](const std::string& v, Options* o) {
-         return ParseDouble("clip", v, true, &o->clip);
-       }}},
-      {"optimizer", {false, [](const std::string& v, Options* o) {
-         return ParseEnum<OptimizerKind>("optimizer", v,
-             {{"adam", OptimizerKind::kAdam}, {"adamw", OptimizerKind::kAdamW},
-              {"sgd", OptimizerKind::kSgd}},
-             &o->optimizer);
-       }}},
-      {"lr-schedule", {false, [](const std::string& v, Options* o) {
-         return ParseEnum<LrSchedule>("lr-schedule", v,
-             {{"constant", LrSchedule::kConstant}, {"cosine", LrSchedule::kCosine}},
-             &o->lr_schedule);
-       }}},
-      {"warmup-steps", {false, [](const std::string& v, Options* o) {
-         return ParseInt("warmup-steps", v, 0, &o->warmup_steps);
-       }}},
-      {"layers", {false, [](const std::string& v, Options* o) {
-         return ParseInt("layers", v, 1, &o->layers);
-       }}},
-      {"dim", {false, [](const std::string& v, Options* o) {
-         return ParseInt("dim", v, 1, &o->dim);
-       }}},
-      {"heads", {false, [](const std::string& v, Options* o) {
-         return ParseInt("heads", v, 1, &o->heads);
-       }}},
-      {"vocab", {false, [](const std::string& v, Options* o) {
-         return ParseInt("vocab", v, 2, &o->vocab);
-       }}},
-      {"seq", {false, [](const std::string& v, Options* o) {
-         return ParseInt("seq", v, 1, &o->seq);
-       }}},
-      {"checkpoint-dir", {false, [](const std::string& v, Options* o) {
-         if (v.empty()) return BadValue("checkpoint-dir", v, "a directory path");
-         o->checkpoint_dir = v;
-         return absl::OkStatus();
-       }}},
-      {"checkpoint-every", {false, [](const std::string& v, Options* o) {
-         return ParseInt("checkpoint-every", v, 0, &o->checkpoint_every);
-       }}},
-      {"checkpoint-format", {false, [](const std::string& v, Options* o) {
-         return ParseEnum<CheckpointFormat>("checkpoint-format", v,
-             {{"sharded", CheckpointFormat::kSharded}, {"full", CheckpointFormat::kFull}},
-             &o->checkpoint_format);
-       }}},
-      {"keep-last", {false, [](const std::string& v, Options* o) {
-         return ParseInt("keep-last", v, 0, &o->keep_last);
-       }}},
-      {"async-checkpoint", {true, [](const std::string& v, Options* o) {
-         return ParseBool("async-checkpoint", v, &o->async_checkpoint);
-       }}},
-      {"resume", {true, [](const std::string& v, Options* o) {
-         return ParseBool("resume", v, &o->resume);
-       }}},
-      {"log-json", {false, [](const std::string& v, Options* o) {
-         if (v.empty()) return BadValue("log-json", v, "a file path");
-         o->log_json = v;
-         return absl::OkStatus();
-       }}},
-      {"help", {true, [](const std::string& v, Options* o) {
-         return ParseBool("help", v, &o->help);
-       }}},
-  };
-  return *flags;
+// CLI11 words a flag given last without its value "--steps: 1 required N
+// missing".
+std::string MissingValue(const CLI::App& app, const std::string& what) {
+  const std::string flag = what.substr(0, what.find(':'));
+  const CLI::Option* option = app.get_option_no_throw(flag);
+  return absl::StrCat(flag, ": missing value",
+                      option == nullptr ? "" : " (expected " + option->get_type_name() + ")");
 }
 
 }  // namespace
 
 absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   Options options;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "-h") {
-      options.help = true;
-      continue;
+  CLI::App app;
+  DefineFlags(app, options);
+  // CLI11 reads "--flag=" (nothing after '=') as a bare --flag, which would
+  // take the next argument as its value (or set a switch): refuse it.
+  for (const std::string& arg : args) {
+    const size_t eq = arg.find('=');
+    if (absl::StartsWith(arg, "--") && eq + 1 == arg.size() &&
+        app.get_option_no_throw(arg.substr(0, eq)) != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(arg, "'': expected a value"));
     }
-    if (!absl::StartsWith(arg, "--") || arg.size() == 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unexpected argument '", arg, "': expected a flag --NAME[=VALUE] (see --help)"));
-    }
-    std::string name = arg.substr(2);
-    std::string value;
-    bool has_value = false;
-    if (size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      has_value = true;
-    }
-    auto it = Flags().find(name);
-    if (it == Flags().end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown flag --", name, " (see --help)"));
-    }
-    if (!has_value) {
-      if (it->second.is_bool) {
-        value = "true";
-      } else if (i + 1 < args.size()) {
-        value = args[++i];
-      } else {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--", name, ": missing value"));
-      }
-    }
-    if (absl::Status s = it->second.set(value, &options); !s.ok()) return s;
   }
+  try {
+    app.parse(std::vector<std::string>(args.rbegin(), args.rend()));  // CLI11 reads last-first
+  } catch (const CLI::ValidationError& e) {  // "--flag: 'value': expected ..."
+    std::string what = e.what();
+    if (size_t at = what.find(": '"); at != std::string::npos) what.replace(at, 2, "=");
+    return absl::InvalidArgumentError(what);
+  } catch (const CLI::ArgumentMismatch& e) {
+    return absl::InvalidArgumentError(MissingValue(app, e.what()));
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+  if (const std::vector<std::string> extra = app.remaining(); !extra.empty()) {
+    const std::string& arg = extra.front();
+    if (absl::StartsWith(arg, "--") && arg.size() > 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag ", arg.substr(0, arg.find('=')), " (see --help)"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unexpected argument '", arg, "': expected a flag --NAME[=VALUE] (see --help)"));
+  }
+  options.nproc_given = app.count("--nproc") > 0;
   if (options.help) return options;
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   return options;
@@ -402,19 +362,13 @@ std::string AutoWrapName(const Options& o) {
 }
 
 std::vector<std::string> ToArgs(const Options& o) {
-  // %.17g round-trips doubles exactly, so every rank sees the same lr.
-  auto exact = [](double d) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%.17g", d);
-    return std::string(buf);
-  };
   std::vector<std::string> a = {
       absl::StrCat("--model=", Name(o.model)),
       absl::StrCat("--data=", Name(o.data)),
       absl::StrCat("--steps=", o.steps),
       absl::StrCat("--seed=", o.seed),
       absl::StrCat("--global-batch=", o.global_batch),
-      absl::StrCat("--lr=", exact(o.lr)),
+      absl::StrCat("--lr=", Exact(o.lr)),
       absl::StrCat("--nproc=", o.nproc),
       absl::StrCat("--threads-per-rank=", o.threads_per_rank),
       absl::StrCat("--sharding=", Name(o.sharding)),
@@ -424,7 +378,7 @@ std::vector<std::string> ToArgs(const Options& o) {
       absl::StrCat("--backward-prefetch=", Name(o.backward_prefetch)),
       absl::StrCat("--activation-checkpointing=", Name(o.activation_checkpointing)),
       absl::StrCat("--grad-accum=", o.grad_accum),
-      absl::StrCat("--clip=", exact(o.clip)),
+      absl::StrCat("--clip=", Exact(o.clip)),
       absl::StrCat("--optimizer=", Name(o.optimizer)),
       absl::StrCat("--lr-schedule=", Name(o.lr_schedule)),
       absl::StrCat("--warmup-steps=", o.warmup_steps),
@@ -440,55 +394,17 @@ std::vector<std::string> ToArgs(const Options& o) {
       absl::StrCat("--async-checkpoint=", o.async_checkpoint ? "true" : "false"),
   };
   // Not --max-restarts: restarting is the launcher's job, not the ranks'.
-  if (o.timeout_s > 0) a.push_back("--timeout=" + exact(o.timeout_s));
+  if (o.timeout_s > 0) a.push_back("--timeout=" + Exact(o.timeout_s));
   if (!o.checkpoint_dir.empty()) a.push_back("--checkpoint-dir=" + o.checkpoint_dir);
   if (!o.log_json.empty()) a.push_back("--log-json=" + o.log_json);
   return a;
 }
 
 std::string Usage() {
-  const Options d;
-  return absl::StrCat(
-      "usage: trainer [FLAGS]   (flags take --name VALUE or --name=VALUE)\n"
-      "  --model mlp|transformer        (", Name(d.model), ")\n"
-      "  --data text|synthetic          (", Name(d.data), ") text: /usr/share/common-licenses, byte-level\n"
-      "  --steps N                      (", d.steps, ")\n"
-      "  --seed N                       (", d.seed, ")\n"
-      "  --global-batch N               (", d.global_batch, ") sequences per step, split across ranks\n"
-      "  --lr X                         (", d.lr, ")\n"
-      "  --nproc N                      (", d.nproc, ") ranks to start through comm's launcher\n"
-      "  --threads-per-rank N           (0 = OMP_NUM_THREADS if set, else cores / ranks)\n"
-      "  --timeout SECONDS              collective timeout: a rank waiting this long for a\n"
-      "                                 hung peer fails (default: the launcher's, else 600)\n"
-      "  --max-restarts N               (0) restart every rank after one fails, up to N\n"
-      "                                 times; resumes from --checkpoint-dir's newest\n"
-      "  --sharding full|grad_op|none|hybrid   (", Name(d.sharding), ")\n"
-      "  --mixed-precision none|bf16    (", Name(d.mixed_precision), ")\n"
-      "  --cpu-offload                  (off)\n"
-      "  --auto-wrap block|size:N|none  (", AutoWrapName(d), ")\n"
-      "  --backward-prefetch pre|post|none   (", Name(d.backward_prefetch), ")\n"
-      "  --activation-checkpointing block|none   (", Name(d.activation_checkpointing),
-      ") block: recompute each transformer\n"
-      "                                 block's activations in backward instead of keeping them\n"
-      "      (hybrid: 2-D mesh replicas x shards, e.g. 2x2 on --nproc 4;\n"
-      "       bf16: bfloat16 compute, float32 reduction and optimizer)\n"
-      "  --grad-accum K                 (", d.grad_accum, ") micro-batches per optimizer step\n"
-      "  --clip X                       (0 = off) max global gradient norm\n"
-      "  --optimizer adam|adamw|sgd     (", Name(d.optimizer), ")\n"
-      "  --lr-schedule constant|cosine  (", Name(d.lr_schedule), ")\n"
-      "  --warmup-steps N               (", d.warmup_steps, ")\n"
-      "  --layers N --dim N --heads N --vocab N --seq N   (", d.layers, " ", d.dim,
-      " ", d.heads, " ", d.vocab, " ", d.seq, ")\n"
-      "  --checkpoint-dir DIR           checkpoints go to DIR/step_<N>\n"
-      "  --checkpoint-every K           (0 = only at the end, with --checkpoint-dir)\n"
-      "  --checkpoint-format sharded|full   (", Name(d.checkpoint_format), ") sharded: each rank\n"
-      "                                 writes its pieces; full: rank 0 writes model.pt\n"
-      "  --keep-last K                  (0 = all) after each checkpoint, remove complete\n"
-      "                                 ones older than the newest K (and crash debris)\n"
-      "  --async-checkpoint             write checkpoints in the background from a\n"
-      "                                 snapshot while the next steps run\n"
-      "  --resume                       continue from the newest checkpoint in DIR\n"
-      "  --log-json FILE                one JSON object per step (rank 0)\n");
+  Options defaults;
+  CLI::App app;
+  DefineFlags(app, defaults);
+  return app.help();
 }
 
 }  // namespace trainer

@@ -2,10 +2,10 @@
 // run before anything is built.
 //
 // Flags are spelled with dashes (`--global-batch 8` or `--global-batch=8`),
-// as scripts rely on them. absl flags cannot name a flag with a dash (names
-// are C++ identifiers), so this is a small strict parser: an unknown flag, a
-// missing or malformed value or a value out of range is an error naming the
-// flag, the value and what was expected; nothing is ignored.
+// as scripts rely on them, and parsed by CLI11, which also prints --help. An
+// unknown flag, a missing or malformed value or a value out of range is an
+// error naming the flag, the value and what was expected; nothing is
+// ignored; a flag given twice takes the last value.
 //
 // FSDP flags (--sharding, --mixed-precision, --cpu-offload, --auto-wrap,
 // --backward-prefetch) configure the fsdp::FullyShardedDataParallel wrapper
@@ -105,8 +105,10 @@ struct Options {
 // result (ValidateOptions). Errors are InvalidArgument.
 absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args);
 
-// Range and consistency checks: positive sizes, dim % heads == 0, text data
-// needs vocab >= 256, --resume needs --checkpoint-dir, ...
+// Consistency checks between flags: dim % heads == 0, text data needs
+// vocab >= 256, --resume needs --checkpoint-dir, ... (hand-written: CLI11's
+// needs() could say only "--resume requires --checkpoint-dir", and not the
+// arithmetic ones; single values are checked by the parser).
 absl::Status ValidateOptions(const Options& options);
 
 // Checks against the distributed setup actually used (`world_size` ranks):
@@ -122,10 +124,11 @@ absl::Status CheckFeatureAvailability(const Options& options, int world_size);
 absl::StatusOr<std::pair<int64_t, int64_t>> HybridMeshShape(int world_size);
 
 // The flags back as a command line (used to re-execute the trainer as each
-// rank, so every rank sees exactly the parsed options).
+// rank, so every rank sees exactly the parsed options). Hand-written: CLI11
+// writes config files, not command lines.
 std::vector<std::string> ToArgs(const Options& options);
 
-// --help text.
+// --help text (CLI11's, with every flag's default).
 std::string Usage();
 
 const char* Name(ModelKind v);

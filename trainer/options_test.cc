@@ -171,6 +171,58 @@ TEST(OptionsTest, AsyncCheckpointFlag) {
               HasSubstr("--async-checkpoint='maybe'"));
 }
 
+TEST(OptionsTest, CommandLineDetails) {
+  auto message = [](std::vector<std::string> args) {
+    return std::string(ParseOptions(args).status().message());
+  };
+  EXPECT_EQ(message({"--model", "cnn"}), "--model='cnn': expected one of mlp|transformer");
+  EXPECT_EQ(message({"--seed=-1"}), "--seed='-1': expected an integer >= 0");
+  EXPECT_EQ(message({"--nproc=2000"}), "--nproc='2000': expected an integer in [1, 1024]");
+  EXPECT_EQ(message({"--steps"}), "--steps: missing value (expected N)");
+  EXPECT_EQ(message({"--activation-checkpointing=all"}),
+            "--activation-checkpointing='all': expected one of none|block");
+  EXPECT_EQ(message({"--auto-wrap=size:0"}),
+            "--auto-wrap='size:0': expected block|none|size:N with N a positive parameter count");
+  EXPECT_EQ(message({"--log-json", ""}), "--log-json='': expected a file path");
+  // "--flag=" is not the bare flag: it would take the next argument.
+  EXPECT_EQ(message({"--checkpoint-dir=", "--resume"}), "--checkpoint-dir='': expected a value");
+  EXPECT_EQ(message({"--resume=", "--checkpoint-dir=/tmp/x"}), "--resume='': expected a value");
+  EXPECT_THAT(message({"--bogus="}), HasSubstr("unknown flag --bogus"));
+  EXPECT_THAT(message({"--steps=1", "--", "x"}), HasSubstr("unexpected argument '--'"));
+  EXPECT_THAT(message({"-x"}), HasSubstr("unexpected argument '-x'"));
+
+  auto o = Parse({"--steps=3", "--steps", "010", "--lr=0.1", "--auto-wrap=size:+7"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->steps, 10);  // the last one, and decimal
+  EXPECT_EQ(o->lr, 0.1);    // exactly
+  EXPECT_EQ(o->auto_wrap_min_params, 7);
+  auto defaults = ParseOptions(ToArgs(Options{}));
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->lr, Options{}.lr);  // what ranks re-parse is bit-identical
+
+  // --help skips the checks between flags (the flags themselves are checked).
+  for (const char* help : {"-h", "--help"}) {
+    auto h = Parse({help, "--resume"});
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_TRUE(h->help);
+  }
+}
+
+TEST(OptionsTest, UsageListsEveryFlagWithItsDefault) {
+  const std::string usage = Usage();
+  std::vector<std::string> args = ToArgs(Options{});
+  for (const char* more : {"--timeout", "--max-restarts", "--checkpoint-dir", "--log-json",
+                           "--help"}) {
+    args.push_back(more);
+  }
+  for (const std::string& arg : args) {
+    EXPECT_THAT(usage, HasSubstr(arg.substr(0, arg.find('=')) + " ")) << usage;
+  }
+  EXPECT_THAT(usage, HasSubstr("--sharding full|grad_op|none|hybrid=full"));
+  EXPECT_THAT(usage, HasSubstr("--steps N=450"));
+  EXPECT_THAT(usage, HasSubstr("--auto-wrap block|size:N|none=block"));
+}
+
 TEST(OptionsTest, GlobalBatchMustSplitOverRanksAndMicroBatches) {
   auto o = Parse({"--global-batch=6"});
   ASSERT_TRUE(o.ok());
