@@ -14,12 +14,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <algorithm>
 #include <thread>
 #include <utility>
 
+#include "CLI/CLI.hpp"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -1001,91 +1004,128 @@ absl::StatusOr<ThreadLayout> thread_layout(const LaunchOptions& options) {
   return PlanThreadLayout(options.nproc_per_node, options.threads_per_rank, omp);
 }
 
-absl::StatusOr<LaunchOptions> parse_launch_args(
-    const std::vector<std::string>& args) {
-  LaunchOptions options;
-  bool have_nproc = false;
-  size_t i = 0;
-  auto take_int = [&](const std::string& flag, const std::string& value,
-                      int low, int* out) -> absl::Status {
-    if (!absl::SimpleAtoi(value, out) || *out < low) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          flag, "='", value, "': expected an integer >= ", low));
-    }
-    return absl::OkStatus();
+namespace {
+
+// A CLI11 transform: `expected` returns what a refused value should have been
+// ("" when it takes the value, which it may rewrite). CLI11 then words the
+// error "--flag: 'value': expected ...".
+CLI::Validator checked(std::function<std::string(std::string&)> expected) {
+  return CLI::Validator(
+      [expected](std::string& value) {
+        const std::string given = value, what = expected(value);
+        return what.empty() ? what : absl::StrCat("'", given, "': expected ", what);
+      },
+      "");
+}
+
+// The flags, into `o`. PROGRAM [ARGS...] (after `--`, or from the first
+// argument that is not a flag) is left untouched in app.remaining().
+void define_launch_flags(CLI::App& app, LaunchOptions& o) {
+  app.name("launch");
+  app.footer("PROGRAM [ARGS...] follow the flags, after `--` or not.");
+  app.prefix_command();
+  app.set_help_flag();  // --help only as the first argument (tools/launch.cc)
+  app.option_defaults()->always_capture_default()->multi_option_policy(
+      CLI::MultiOptionPolicy::TakeLast);
+  auto integer = [&app](const std::string& names, int& out, int min, int max,
+                        const std::string& help) {
+    return app.add_option(names, out, help)->type_name("N")->transform(
+        checked([=](std::string& v) {
+          int n = 0;
+          if (!absl::SimpleAtoi(v, &n) || n < min || n > max) {
+            return max == std::numeric_limits<int>::max()
+                       ? absl::StrCat("an integer >= ", min)
+                       : absl::StrCat("an integer in [", min, ", ", max, "]");
+          }
+          v = std::to_string(n);  // CLI11 would read "010" as octal
+          return std::string();
+        }));
   };
-  for (; i < args.size(); ++i) {
-    std::string flag = args[i];
-    if (flag == "--") {
-      ++i;
-      break;
-    }
-    if (!absl::StartsWith(flag, "--")) break;  // the program itself
-    std::string value;
-    const auto eq = flag.find('=');
-    if (eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    } else {
-      if (i + 1 >= args.size()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(flag, " needs a value"));
-      }
-      value = args[++i];
-    }
-    absl::Status status;
-    if (flag == "--nproc" || flag == "--nproc-per-node" ||
-        flag == "--nproc_per_node") {
-      status = take_int(flag, value, 1, &options.nproc_per_node);
-      have_nproc = true;
-    } else if (flag == "--nnodes") {
-      status = take_int(flag, value, 1, &options.nnodes);
-    } else if (flag == "--node-rank" || flag == "--node_rank") {
-      status = take_int(flag, value, 0, &options.node_rank);
-    } else if (flag == "--master-addr" || flag == "--master_addr") {
-      options.master_addr = value;
-    } else if (flag == "--master-port" || flag == "--master_port") {
-      status = take_int(flag, value, 1, &options.master_port);
-    } else if (flag == "--collective-timeout") {
-      double seconds = 0;
-      if (!absl::SimpleAtod(value, &seconds) || !(seconds > 0) || seconds > 1e7) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--collective-timeout='", value,
-            "': expected a positive number of seconds (at most 1e7)"));
-      }
-      options.collective_timeout = std::chrono::milliseconds(
-          std::max<int64_t>(1, static_cast<int64_t>(seconds * 1000)));
-    } else if (flag == "--max-restarts" || flag == "--max_restarts") {
-      status = take_int(flag, value, 0, &options.max_restarts);
-    } else if (flag == "--threads-per-rank") {
-      status = take_int(flag, value, 1, &options.threads_per_rank);
-    } else if (flag == "--timeout") {
-      double seconds = 0;
-      if (!absl::SimpleAtod(value, &seconds) || seconds <= 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--timeout='", value, "': expected a positive number of seconds"));
-      }
-      options.timeout = std::chrono::milliseconds(
-          static_cast<int64_t>(seconds * 1000));
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown flag ", flag,
-          ": expected --nproc, --nnodes, --node-rank, --master-addr, "
-          "--master-port, --timeout, --collective-timeout, --max-restarts, "
-          "--threads-per-rank"));
-    }
-    if (!status.ok()) return status;
-  }
-  if (!have_nproc) {
+  auto seconds = [&app](const std::string& flag, std::chrono::milliseconds& out,
+                        const std::string& help) {
+    app.add_option_function<double>(
+           flag,
+           [&out](double s) {
+             out = std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(s * 1000)));
+           },
+           help)
+        ->type_name("SECONDS")
+        ->transform(checked([](std::string& v) -> std::string {
+          double s = 0;
+          if (absl::SimpleAtod(v, &s) && s > 0 && s <= 1e7) return "";
+          return "a positive number of seconds (at most 1e7)";
+        }));
+  };
+  const int kAny = std::numeric_limits<int>::max();
+  integer("--nproc,--nproc-per-node,--nproc_per_node", o.nproc_per_node, 1, kAny,
+          "ranks on this node")
+      ->required()
+      ->default_str("");
+  integer("--nnodes", o.nnodes, 1, kAny, "nodes");
+  integer("--node-rank,--node_rank", o.node_rank, 0, kAny, "this node's rank");
+  app.add_option("--master-addr,--master_addr", o.master_addr, "node 0's address")
+      ->type_name("ADDR");
+  integer("--master-port,--master_port", o.master_port, 1, 65535,
+          "node 0's port (default: a free local port)")
+      ->default_str("");
+  seconds("--timeout", o.timeout, "end the whole job after this long (exit 124)");
+  seconds("--collective-timeout", o.collective_timeout,
+          "the ranks' process-group timeout, passed as COMM_COLLECTIVE_TIMEOUT_MS");
+  integer("--max-restarts,--max_restarts", o.max_restarts, 0, kAny,
+          "restart every rank after a failure, up to N times (TORCHELASTIC_RESTART_COUNT); "
+          "with --nnodes, node 0 decides for all");
+  integer("--threads-per-rank", o.threads_per_rank, 1, kAny,
+          "OMP_NUM_THREADS of each rank (default: OMP_NUM_THREADS if set, else cores / nproc)")
+      ->default_str("");
+}
+
+}  // namespace
+
+absl::StatusOr<LaunchOptions> parse_launch_args(const std::vector<std::string>& args) {
+  LaunchOptions options;
+  CLI::App app;
+  define_launch_flags(app, options);
+  try {
+    app.parse(std::vector<std::string>(args.rbegin(), args.rend()));  // CLI11 reads last-first
+  } catch (const CLI::ValidationError& e) {  // "--flag: 'value': expected ..."
+    std::string what = e.what();
+    if (size_t at = what.find(": '"); at != std::string::npos) what.replace(at, 2, "=");
+    return absl::InvalidArgumentError(what);
+  } catch (const CLI::RequiredError&) {
     return absl::InvalidArgumentError(
         "--nproc is missing: expected --nproc N (ranks on this node)");
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(e.what());
   }
-  options.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  std::vector<std::string> rest = app.remaining();
+  // CLI11 reads a flag's "--flag=" (nothing after '=') as "--flag", which
+  // took the next argument as its value.
+  for (size_t i = 0; i + rest.size() < args.size(); ++i) {
+    if (absl::StartsWith(args[i], "--") && args[i].find('=') + 1 == args[i].size()) {
+      return absl::InvalidArgumentError(absl::StrCat(args[i], "'': expected a value"));
+    }
+  }
+  if (!rest.empty() && rest.front() == "--") {
+    rest.erase(rest.begin());
+  } else if (!rest.empty() && rest.front().size() > 1 && rest.front()[0] == '-') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown flag ", rest.front().substr(0, rest.front().find('='))));
+  }
+  options.command = std::move(rest);
   if (options.command.empty()) {
     return absl::InvalidArgumentError(
         "no program given: expected `-- PROGRAM [ARGS...]` after the flags");
   }
   return options;
+}
+
+std::string launch_usage() {
+  LaunchOptions defaults;
+  CLI::App app;
+  define_launch_flags(app, defaults);
+  app.set_help_flag("-h,--help", "print this help and exit (only as the first argument)");
+  app.get_formatter()->column_width(34);
+  return app.help();
 }
 
 }  // namespace comm

@@ -137,12 +137,17 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options);
 // (and its warning) before launching.
 absl::StatusOr<ThreadLayout> thread_layout(const LaunchOptions& options);
 
-// Parses the command line of //tools:launch:
+// Parses the command line of //tools:launch (with CLI11):
 //   --nproc N [--nnodes M] [--node-rank K] [--master-addr A] [--master-port P]
 //   [--timeout SECONDS] [--collective-timeout SECONDS] [--max-restarts N]
-//   [--threads-per-rank T] -- PROGRAM [ARGS...]
-// (also --flag=value). `args` excludes argv[0].
+//   [--threads-per-rank T] [--] PROGRAM [ARGS...]
+// (also --flag=value). PROGRAM and everything after it are the program's,
+// untouched. `args` excludes argv[0]. A bad flag or value is an
+// InvalidArgument naming the flag, the value and what was expected.
 absl::StatusOr<LaunchOptions> parse_launch_args(const std::vector<std::string>& args);
+
+// The --help text of //tools:launch: every flag with its default.
+std::string launch_usage();
 
 // A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0).
 absl::StatusOr<int> pick_free_port();

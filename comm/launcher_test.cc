@@ -380,6 +380,38 @@ TEST(Launcher, ParsesCommandLine) {
               HasSubstr("--max-restarts='-1'"));
 }
 
+TEST(Launcher, CommandLineDetails) {
+  auto message = [](std::vector<std::string> args) {
+    return std::string(parse_launch_args(args).status().message());
+  };
+  // The program may come without "--"; its arguments are its own, untouched.
+  auto bare = parse_launch_args({"--nproc=2", "prog", "--nproc", "9", "--x=", "[a,b]"});
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  EXPECT_EQ(bare->nproc_per_node, 2);
+  EXPECT_EQ(bare->command, (std::vector<std::string>{"prog", "--nproc", "9", "--x=", "[a,b]"}));
+  auto dashes = parse_launch_args({"--nproc_per_node", "3", "--nproc-per-node=4", "--", "--"});
+  ASSERT_TRUE(dashes.ok()) << dashes.status();
+  EXPECT_EQ(dashes->nproc_per_node, 4);  // the last one
+  EXPECT_EQ(dashes->command, (std::vector<std::string>{"--"}));
+  EXPECT_THAT(message({"--nproc"}), HasSubstr("--nproc: 1 required N missing"));
+  EXPECT_EQ(message({"--nproc", "2", "--master-port", "70000", "--", "p"}),
+            "--master-port='70000': expected an integer in [1, 65535]");
+  EXPECT_EQ(message({"--nproc", "2", "--timeout", "nan", "--", "p"}),
+            "--timeout='nan': expected a positive number of seconds (at most 1e7)");
+  EXPECT_EQ(message({"--nproc", "2", "--node-rank=-1", "--", "p"}),
+            "--node-rank='-1': expected an integer >= 0");
+  EXPECT_EQ(message({"--nproc", "2", "--master-addr=", "--", "p"}),
+            "--master-addr='': expected a value");
+  EXPECT_THAT(message({"--nproc", "2", "--help", "--", "p"}), HasSubstr("unknown flag --help"));
+  const std::string usage = launch_usage();
+  for (const char* flag : {"--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+                           "--timeout", "--collective-timeout", "--max-restarts",
+                           "--threads-per-rank", "--help"}) {
+    EXPECT_THAT(usage, HasSubstr(flag));
+  }
+  EXPECT_THAT(usage, HasSubstr("PROGRAM [ARGS...] follow the flags"));
+}
+
 // The command-line tool, as a user runs it.
 struct ToolRun {
   int status = -1;
@@ -453,6 +485,15 @@ TEST(LaunchTool, ExitCodePropagatesAndFirstFailureIsReported) {
   auto usage = run_tool({"--nproc", "2"});
   EXPECT_EQ(usage.status, 2);
   EXPECT_THAT(usage.output, HasSubstr("no program"));
+}
+
+TEST(LaunchTool, HelpAndUsageErrors) {
+  auto help = run_tool({"--help"});
+  EXPECT_EQ(help.status, 0) << help.output;
+  EXPECT_THAT(help.output, HasSubstr("--collective-timeout SECONDS"));
+  auto bad = run_tool({"--nproc", "0", "--", child_program()});
+  EXPECT_EQ(bad.status, 2) << bad.output;
+  EXPECT_THAT(bad.output, HasSubstr("launch: --nproc='0': expected an integer >= 1"));
 }
 
 TEST(LaunchTool, KillingOneRankEndsAllWithinSecondsAndLeavesNoProcess) {

@@ -1,7 +1,7 @@
 // bazel run //tools:launch -- --nproc N [--nnodes M --node-rank K
 //     --master-addr A --master-port P --timeout SECONDS
 //     --collective-timeout SECONDS --max-restarts N
-//     --threads-per-rank T] -- PROGRAM [ARGS...]
+//     --threads-per-rank T] -- PROGRAM [ARGS...]     (--help: every flag)
 //
 // Starts N local ranks of PROGRAM with RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and OMP_NUM_THREADS set (see
@@ -27,20 +27,6 @@ std::atomic<int> g_stop_signal{0};
 
 void on_signal(int signal) { g_stop_signal.store(signal); }
 
-constexpr const char kUsage[] =
-    "usage: launch --nproc N [--nnodes M] [--node-rank K] [--master-addr A]\n"
-    "              [--master-port P] [--timeout SECONDS] [--collective-timeout SECONDS]\n"
-    "              [--max-restarts N] [--threads-per-rank T] -- PROGRAM [ARGS...]\n"
-    "  --timeout SECONDS     end the whole job after this long (exit 124)\n"
-    "  --collective-timeout SECONDS  the ranks' process-group timeout, passed as\n"
-    "                        COMM_COLLECTIVE_TIMEOUT_MS (the trainer honours it)\n"
-    "  --max-restarts N      restart every rank after a failure, up to N times;\n"
-    "                        ranks see TORCHELASTIC_RESTART_COUNT; with --nnodes M\n"
-    "                        the launchers agree through node 0 (listening on\n"
-    "                        --master-port; ranks get a fresh port per attempt)\n"
-    "  --threads-per-rank T  intra-op threads of each rank (OMP_NUM_THREADS);\n"
-    "                        default: OMP_NUM_THREADS if set, else cores / nproc\n";
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -50,14 +36,15 @@ int main(int argc, char** argv) {
     if (chdir(dir) != 0) std::perror("launch: chdir(BUILD_WORKING_DIRECTORY)");
   }
   std::vector<std::string> args(argv + 1, argv + argc);
+  // --help only first: anywhere later it may be the program's own.
   if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
-    std::fputs(kUsage, stdout);
+    std::fputs(comm::launch_usage().c_str(), stdout);
     return 0;
   }
   auto options = comm::parse_launch_args(args);
   if (!options.ok()) {
-    std::fprintf(stderr, "launch: %s\n%s",
-                 std::string(options.status().message()).c_str(), kUsage);
+    std::fprintf(stderr, "launch: %s (launch --help lists the flags)\n",
+                 std::string(options.status().message()).c_str());
     return 2;
   }
   auto layout = comm::thread_layout(*options);
