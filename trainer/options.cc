@@ -111,11 +111,11 @@ void DefineFlags(CLI::App& app, Options& o) {
       "Trains a small language model with FSDP on --nproc ranks. Flags take --name VALUE "
       "or --name=VALUE; a switch is --name or --name=true|false.");
   app.set_help_flag();  // -h/--help set Options::help (ParseOptions returns it)
-  app.add_flag("-h,--help", o.help, "print this help and exit");
+  AddSwitch(app, "-h,--help", o.help, "print this help and exit");
   app.allow_extras();  // unknown flags and stray arguments: reported by ParseOptions
   app.option_defaults()->always_capture_default()->multi_option_policy(
       CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last one counts
-  app.get_formatter()->column_width(40);
+  app.get_formatter()->column_width(42);
 
   AddChoice(app, "--model", o.model, {ModelKind::kMlp, ModelKind::kTransformer},
             "decoder-only transformer, or an MLP over a window of --seq tokens");
