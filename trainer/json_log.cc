@@ -3,36 +3,30 @@
 #include <sys/resource.h>
 
 #include <cerrno>
-#include <cmath>
 #include <cstring>
 #include <fstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "nlohmann/json.hpp"
 
 namespace trainer {
-namespace {
-
-std::string Number(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[40];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
-  return buf;
-}
-
-}  // namespace
 
 std::string FormatJsonLine(const StepRecord& r) {
-  return absl::StrCat(
-      "{\"step\": ", r.step, ", \"loss\": ", Number(r.loss), ", \"lr\": ",
-      Number(r.lr), ", \"step_time_s\": ", Number(r.step_time_s),
-      ", \"tokens_per_s\": ", Number(r.tokens_per_s), ", \"peak_rss_bytes\": [",
-      absl::StrJoin(r.peak_rss_bytes, ", "), "], \"sharded_state_bytes\": [",
-      absl::StrJoin(r.sharded_state_bytes, ", "), "], \"world_size\": ",
-      r.peak_rss_bytes.size(), "}");
+  // ordered_json keeps the documented key order.
+  const nlohmann::ordered_json line = {
+      {"step", r.step},
+      {"loss", r.loss},
+      {"lr", r.lr},
+      {"step_time_s", r.step_time_s},
+      {"tokens_per_s", r.tokens_per_s},
+      {"peak_rss_bytes", r.peak_rss_bytes},
+      {"sharded_state_bytes", r.sharded_state_bytes},
+      {"world_size", r.peak_rss_bytes.size()},
+  };
+  return line.dump();
 }
 
 JsonLogWriter::~JsonLogWriter() {

@@ -2,9 +2,9 @@
 // 0, flushed after every line so a crashed run keeps what it logged. Read by
 // tools/plot and by scripts:
 //
-//   {"step": 12, "loss": 3.1416, "lr": 0.003, "step_time_s": 0.41,
-//    "tokens_per_s": 2497.5, "peak_rss_bytes": [412000256, 409923584],
-//    "sharded_state_bytes": [1606656, 1606656], "world_size": 2}
+//   {"step":12,"loss":3.1416,"lr":0.003,"step_time_s":0.41,
+//    "tokens_per_s":2497.5,"peak_rss_bytes":[412000256,409923584],
+//    "sharded_state_bytes":[1606656,1606656],"world_size":2}
 //
 // loss is the global mean over the step's whole batch (before the step's
 // update); lr the rate the step used; tokens_per_s counts the input tokens
@@ -33,9 +33,9 @@ struct StepRecord {
   std::vector<int64_t> sharded_state_bytes;  // per rank: params+grads+optim
 };
 
-// The record as one JSON object (no newline). Doubles are written with 17
-// significant digits, so a reader gets the loss back bit for bit; a
-// non-finite value is written as null (JSON has no NaN).
+// The record as one JSON object (no newline), written by nlohmann::json:
+// doubles in the shortest form that reads back bit for bit, a non-finite
+// value as null (JSON has no NaN).
 std::string FormatJsonLine(const StepRecord& record);
 
 class JsonLogWriter {

@@ -299,24 +299,41 @@ TEST(LrScheduleTest, WarmupThenConstantOrCosineToZero) {
 TEST(JsonLogTest, LineIsJsonWithTheDocumentedKeys) {
   StepRecord r{12, 3.25, 0.003, 0.5, 2048.0, {1000, 2000}, {30, 40}};
   const std::string line = FormatJsonLine(r);
+  // The documented key order; doubles in their shortest exact form.
+  EXPECT_EQ(line,
+            "{\"step\":12,\"loss\":3.25,\"lr\":0.003,\"step_time_s\":0.5,"
+            "\"tokens_per_s\":2048.0,\"peak_rss_bytes\":[1000,2000],"
+            "\"sharded_state_bytes\":[30,40],\"world_size\":2}");
   auto parsed = testing::ParseJsonLine(line);
   ASSERT_TRUE(parsed.has_value()) << line;
-  EXPECT_EQ(parsed->at("step").number, 12);
-  EXPECT_EQ(parsed->at("loss").number, 3.25);
-  EXPECT_EQ(parsed->at("lr").number, 0.003);
-  EXPECT_EQ(parsed->at("step_time_s").number, 0.5);
-  EXPECT_EQ(parsed->at("tokens_per_s").number, 2048.0);
-  EXPECT_EQ(parsed->at("peak_rss_bytes").list, (std::vector<double>{1000, 2000}));
-  EXPECT_EQ(parsed->at("sharded_state_bytes").list, (std::vector<double>{30, 40}));
-  EXPECT_EQ(parsed->at("world_size").number, 2);
+  EXPECT_EQ(parsed->at("step").get<int64_t>(), 12);
+  EXPECT_EQ(parsed->at("loss").get<double>(), 3.25);
+  EXPECT_EQ(parsed->at("lr").get<double>(), 0.003);
+  EXPECT_EQ(parsed->at("step_time_s").get<double>(), 0.5);
+  EXPECT_EQ(parsed->at("tokens_per_s").get<double>(), 2048.0);
+  EXPECT_EQ(parsed->at("peak_rss_bytes").get<std::vector<double>>(),
+            (std::vector<double>{1000, 2000}));
+  EXPECT_EQ(parsed->at("sharded_state_bytes").get<std::vector<double>>(),
+            (std::vector<double>{30, 40}));
+  EXPECT_EQ(parsed->at("world_size").get<int64_t>(), 2);
+
+  // A loss reads back bit for bit.
+  r.loss = 0.1 + 0.2;
+  parsed = testing::ParseJsonLine(FormatJsonLine(r));
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(parsed->at("loss").get<double>(), 0.1 + 0.2);
 
   r.loss = std::numeric_limits<double>::quiet_NaN();
   parsed = testing::ParseJsonLine(FormatJsonLine(r));
   ASSERT_TRUE(parsed.has_value());
-  EXPECT_TRUE(parsed->at("loss").is_null);
+  EXPECT_TRUE(parsed->at("loss").is_null());
 
   EXPECT_FALSE(testing::ParseJsonLine("{\"a\": 1} x").has_value());
   EXPECT_FALSE(testing::ParseJsonLine("{\"a\": nan}").has_value());
+  EXPECT_FALSE(testing::ParseJsonLine("{\"a\": 1, \"a\": 2}").has_value());
+  EXPECT_FALSE(testing::ParseJsonLine("{\"a\": {\"b\": 1}}").has_value());
+  EXPECT_FALSE(testing::ParseJsonLine("{\"a\": \"text\"}").has_value());
+  EXPECT_FALSE(testing::ParseJsonLine("[1, 2]").has_value());
 }
 
 TEST(JsonLogTest, PeakRssIsPlausible) {

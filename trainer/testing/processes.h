@@ -93,7 +93,7 @@ inline std::vector<int64_t> LoggedSteps(const std::string& path) {
     if (in.eof()) break;  // a line still being written
     auto object = ParseJsonLine(line);
     if (object && object->count("step")) {
-      steps.push_back(static_cast<int64_t>(object->at("step").number));
+      steps.push_back(object->at("step").get<int64_t>());
     }
   }
   return steps;

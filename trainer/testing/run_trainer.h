@@ -62,19 +62,23 @@ inline StepLog ReadLog(const std::string& path, int expected_world_size) {
     EXPECT_TRUE(object.has_value()) << "not JSON: " << line;
     if (!object) continue;
     for (const char* key : {"step", "loss", "lr", "step_time_s", "tokens_per_s",
-                            "peak_rss_bytes", "sharded_state_bytes"}) {
+                            "peak_rss_bytes", "sharded_state_bytes", "world_size"}) {
       EXPECT_EQ(object->count(key), 1u) << key << " missing in " << line;
     }
-    EXPECT_EQ(object->at("peak_rss_bytes").list.size(),
-              static_cast<size_t>(expected_world_size));
-    EXPECT_EQ(object->at("sharded_state_bytes").list.size(),
-              static_cast<size_t>(expected_world_size));
-    for (double bytes : object->at("peak_rss_bytes").list) EXPECT_GT(bytes, 1 << 20);
-    for (double bytes : object->at("sharded_state_bytes").list) EXPECT_GT(bytes, 0);
-    EXPECT_GT(object->at("tokens_per_s").number, 0);
-    log.steps.push_back(static_cast<int64_t>(object->at("step").number));
-    log.losses.push_back(object->at("loss").number);
-    log.sharded_state_bytes.push_back(object->at("sharded_state_bytes").list);
+    const auto peak_rss = object->at("peak_rss_bytes").get<std::vector<double>>();
+    const auto state = object->at("sharded_state_bytes").get<std::vector<double>>();
+    EXPECT_EQ(peak_rss.size(), static_cast<size_t>(expected_world_size));
+    EXPECT_EQ(state.size(), static_cast<size_t>(expected_world_size));
+    EXPECT_EQ(object->at("world_size").get<int>(), expected_world_size) << line;
+    for (double bytes : peak_rss) EXPECT_GT(bytes, 1 << 20);
+    for (double bytes : state) EXPECT_GT(bytes, 0);
+    EXPECT_GT(object->at("tokens_per_s").get<double>(), 0);
+    EXPECT_TRUE(object->at("step").is_number_integer()) << line;
+    EXPECT_TRUE(object->at("loss").is_number()) << line;  // null: a non-finite loss
+    log.steps.push_back(object->at("step").get<int64_t>());
+    log.losses.push_back(object->at("loss").is_number() ? object->at("loss").get<double>()
+                                                        : std::nan(""));
+    log.sharded_state_bytes.push_back(state);
   }
   return log;
 }
