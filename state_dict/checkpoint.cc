@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -18,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "state_dict/internal/file_io.h"
+#include "state_dict/pytorch_format.h"
 
 namespace state_dict {
 namespace internal {
@@ -55,11 +57,6 @@ std::string Shape(const std::vector<int64_t>& shape) {
 
 std::string RankFileName(int rank) { return absl::StrFormat("rank_%05d.pt", rank); }
 std::string RankMetaName(int rank) { return absl::StrFormat("rank_%05d.meta", rank); }
-
-uint32_t TensorCrc(const torch::Tensor& t) {
-  torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
-  return internal::Crc32c(c.data_ptr(), c.nbytes());
-}
 
 // Writes one file of a checkpoint durably, then runs the test hook.
 absl::Status WriteCheckpointFile(const std::string& path, absl::string_view bytes) {
@@ -267,50 +264,53 @@ absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
 
 // Reads one data file and checks it against its manifest entry completely
 // (size, checksum, keys, dtypes, sizes, per-tensor checksums). Returns the
-// file's tensors by key.
-absl::StatusOr<TensorDict> ReadVerifiedFile(const std::string& step_dir,
-                                            CheckpointKind kind,
-                                            const ManifestFile& f) {
+// file's tensors by key; with TensorData::kChecksumOnly (VerifyCheckpoint)
+// they carry no data, except those whose keys are in `keep`.
+//
+// One sequential pass over the file: each tensor's record is read once,
+// straight into its storage (or through a fixed buffer when only
+// checksummed), its CRC-32C computed as it is read, and the whole file's
+// CRC-32C assembled from the records' and the bytes between them
+// (internal::ReadChecksummedTensorDict). Verify and every load run this same
+// function, so they accept and reject the same files.
+absl::StatusOr<TensorDict> ReadVerifiedFile(
+    const std::string& step_dir, CheckpointKind kind, const ManifestFile& f,
+    internal::TensorData data = internal::TensorData::kRead,
+    const std::set<std::string>& keep = {}) {
   const std::string path = step_dir + "/" + f.name;
-  // One sequential pass for the file's checksum (a fixed buffer, never the
-  // whole file in memory), then the records the dict needs, one by one.
-  auto sum = internal::ChecksumFile(path);
-  if (!sum.ok()) {
-    if (absl::IsNotFound(sum.status())) {
-      return absl::NotFoundError(absl::StrCat("missing file ", path, " (rank ", f.rank, ")"));
-    }
-    return sum.status();
-  }
-  if (sum->bytes != f.bytes) {
+  auto size_mismatch = [&](uint64_t bytes) {
     return absl::DataLossError(absl::StrCat(
-        "file ", path, " is ", sum->bytes < f.bytes ? "truncated" : "too long",
-        ": ", sum->bytes, " bytes, the manifest records ", f.bytes));
-  }
-  const uint32_t crc = sum->crc32c;
-  auto loaded = LoadTensorDict(path);
-  if (crc != f.crc32c) {
-    std::string culprit = "the damage is outside tensor data";
-    if (!loaded.ok()) {
-      culprit = std::string(loaded.status().message());
-    } else {
-      for (const ManifestTensor& t : f.tensors) {
-        const torch::Tensor* found = loaded->tensors.find(t.key);
-        if (found != nullptr && TensorCrc(*found) != t.crc32c) {
-          culprit = absl::StrCat("tensor '", t.name, "' (key '", t.key, "') is corrupted");
-          break;
-        }
-      }
-    }
+        "file ", path, " is ", bytes < f.bytes ? "truncated" : "too long",
+        ": ", bytes, " bytes, the manifest records ", f.bytes));
+  };
+  auto checksum_mismatch = [&](uint32_t crc, absl::string_view culprit) {
     return absl::DataLossError(absl::StrFormat(
         "checksum mismatch in file %s: crc32c %08x, the manifest records %08x; %s",
         path, crc, f.crc32c, culprit));
+  };
+  auto file = internal::ReadChecksummedTensorDict(path, data, keep);
+  if (!file.ok()) {
+    // Not readable as a dict of tensors. Whether its bytes are the ones the
+    // manifest records decides what is reported: damage (with the reader's
+    // error as its culprit), or the reader's error itself. This second pass
+    // runs on this error path only.
+    auto sum = internal::ChecksumFile(path);
+    if (!sum.ok()) {
+      if (absl::IsNotFound(sum.status())) {
+        return absl::NotFoundError(absl::StrCat("missing file ", path, " (rank ", f.rank, ")"));
+      }
+      return sum.status();
+    }
+    if (sum->bytes != f.bytes) return size_mismatch(sum->bytes);
+    if (sum->crc32c != f.crc32c) return checksum_mismatch(sum->crc32c, file.status().message());
+    return file.status();
   }
-  if (!loaded.ok()) return loaded.status();
-  size_t stored = 0;
-  for (const ManifestTensor& t : f.tensors) {
-    if (t.key == kNoData) continue;
-    ++stored;
-    const torch::Tensor* found = loaded->tensors.find(t.key);
+  if (file->bytes != f.bytes) return size_mismatch(file->bytes);
+  const TensorDict& tensors = file->loaded.tensors;
+  // The file's tensor for manifest entry `t` (one with data) is what the
+  // entry records: present, its dtype, its shape, its checksum.
+  auto check_tensor = [&](const ManifestTensor& t) -> absl::Status {
+    const torch::Tensor* found = tensors.find(t.key);
     if (found == nullptr) {
       return absl::DataLossError(absl::StrCat(
           "file ", path, " lacks tensor '", t.name, "' (key '", t.key, "')"));
@@ -328,19 +328,42 @@ absl::StatusOr<TensorDict> ReadVerifiedFile(const std::string& step_dir,
           "file ", path, ": tensor '", t.name, "' has shape ",
           Shape(found->sizes().vec()), ", the manifest records ", Shape(want)));
     }
-    const uint32_t tensor_crc = TensorCrc(*found);
-    if (tensor_crc != t.crc32c) {
+    const std::optional<uint32_t> tensor_crc =
+        internal::TensorCrc32c(file->record_crc32c, *found);
+    if (!tensor_crc.has_value()) {  // ReadChecksummedTensorDict keeps what this needs
+      return absl::InternalError(absl::StrCat("file ", path, ": tensor '", t.name,
+                                              "' was read without the data its checksum needs"));
+    }
+    if (*tensor_crc != t.crc32c) {
       return absl::DataLossError(absl::StrFormat(
           "checksum mismatch in file %s: tensor '%s' has crc32c %08x, the manifest "
-          "records %08x", path, t.name, tensor_crc, t.crc32c));
+          "records %08x", path, t.name, *tensor_crc, t.crc32c));
     }
+    return absl::OkStatus();
+  };
+  if (file->crc32c != f.crc32c) {
+    std::string culprit = "the damage is outside tensor data";
+    for (const ManifestTensor& t : f.tensors) {
+      if (t.key != kNoData && tensors.find(t.key) != nullptr && !check_tensor(t).ok()) {
+        culprit = absl::StrCat("tensor '", t.name, "' (key '", t.key, "') is corrupted");
+        break;
+      }
+    }
+    return checksum_mismatch(file->crc32c, culprit);
   }
-  if (stored != loaded->tensors.size()) {
+  size_t stored = 0;
+  for (const ManifestTensor& t : f.tensors) {
+    if (t.key == kNoData) continue;
+    ++stored;
+    absl::Status status = check_tensor(t);
+    if (!status.ok()) return status;
+  }
+  if (stored != tensors.size()) {
     return absl::DataLossError(absl::StrCat(
-        "file ", path, " holds ", loaded->tensors.size(),
+        "file ", path, " holds ", tensors.size(),
         " tensors, the manifest lists ", stored));
   }
-  return std::move(loaded->tensors);
+  return std::move(file->loaded.tensors);
 }
 
 // Names of the tensors some of whose pieces overlap (in any files).
@@ -691,12 +714,19 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& root) {
 absl::Status VerifyCheckpoint(const std::string& step_dir) {
   auto m = ReadCheckedManifest(step_dir);
   if (!m.ok()) return m.status();
-  // Loads accept overlapping pieces only as identical copies, so verify
-  // compares them; it keeps just the pieces of tensors whose pieces overlap.
+  // Each file is only checksummed, through a fixed buffer: verify holds no
+  // file's tensors, whatever their size. Except: loads accept overlapping
+  // pieces (replicated tensors of a LOCAL save) only as identical copies, so
+  // verify compares them bitwise, keeping the data of just those pieces.
   std::map<std::string, std::vector<ShardedTensor>> overlapping;
   for (const std::string& name : OverlappingTensors(*m)) overlapping[name];
   for (const ManifestFile& f : m->files) {
-    auto contents = ReadVerifiedFile(step_dir, m->kind, f);
+    std::set<std::string> keep;
+    for (const ManifestTensor& t : f.tensors) {
+      if (t.key != kNoData && overlapping.count(t.name) > 0) keep.insert(t.key);
+    }
+    auto contents =
+        ReadVerifiedFile(step_dir, m->kind, f, internal::TensorData::kChecksumOnly, keep);
     if (!contents.ok()) return contents.status();
     for (const ManifestTensor& t : f.tensors) {
       auto it = overlapping.find(t.name);

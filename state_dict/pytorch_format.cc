@@ -134,16 +134,18 @@ absl::Status SaveTensorDict(const TensorDict& tensors, const std::string& path) 
   return WriteTensorDict(tensors, path).status();
 }
 
-absl::StatusOr<LoadedTensorDict> LoadTensorDict(const std::string& path) {
-  auto archive = internal::ReadTorchArchive(path);
-  if (!archive.ok()) return archive.status();
-  if (!archive->value.isGenericDict()) {
+namespace {
+
+// The archive's top-level dict of str -> tensor.
+absl::StatusOr<LoadedTensorDict> ToTensorDict(const std::string& path,
+                                              internal::UnpickledArchive archive) {
+  if (!archive.value.isGenericDict()) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": expected a dict of tensors, found ",
-        archive->value.tagKind()));
+        archive.value.tagKind()));
   }
   LoadedTensorDict out;
-  for (const auto& entry : archive->value.toGenericDict()) {
+  for (const auto& entry : archive.value.toGenericDict()) {
     if (!entry.key().isString()) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ": expected string keys, found ", entry.key().tagKind()));
@@ -156,8 +158,34 @@ absl::StatusOr<LoadedTensorDict> LoadTensorDict(const std::string& path) {
     }
     out.tensors.insert(name, entry.value().toTensor());
   }
-  out.metadata = std::move(archive->metadata);
+  out.metadata = std::move(archive.metadata);
   return out;
 }
+
+}  // namespace
+
+absl::StatusOr<LoadedTensorDict> LoadTensorDict(const std::string& path) {
+  auto archive = internal::ReadTorchArchive(path);
+  if (!archive.ok()) return archive.status();
+  return ToTensorDict(path, *std::move(archive));
+}
+
+namespace internal {
+
+absl::StatusOr<ChecksummedTensorDict> ReadChecksummedTensorDict(
+    const std::string& path, TensorData data, const std::set<std::string>& keep) {
+  auto archive = ReadTorchArchiveInOnePass(path, data, keep);
+  if (!archive.ok()) return archive.status();
+  auto loaded = ToTensorDict(path, std::move(archive->archive));
+  if (!loaded.ok()) return loaded.status();
+  ChecksummedTensorDict out;
+  out.loaded = *std::move(loaded);
+  out.bytes = archive->bytes;
+  out.crc32c = archive->crc32c;
+  out.record_crc32c = std::move(archive->record_crc32c);
+  return out;
+}
+
+}  // namespace internal
 
 }  // namespace state_dict

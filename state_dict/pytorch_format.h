@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "state_dict/internal/unpickler.h"
 
 namespace state_dict {
 
@@ -66,5 +68,24 @@ absl::StatusOr<LoadedTensorDict> LoadTensorDict(const std::string& path);
 // strings, tensors), e.g. an optimizer state dict in Python's layout.
 absl::Status SaveIValue(const c10::IValue& value, const std::string& path);
 absl::StatusOr<c10::IValue> LoadIValue(const std::string& path);
+
+namespace internal {
+
+// LoadTensorDict of a file a checkpoint manifest checksums (checkpoint.cc's
+// loads and verify): one sequential pass, the file's size and CRC-32C and
+// each record's CRC-32C computed on the way (internal::
+// ReadTorchArchiveInOnePass; per-tensor checksums with TensorCrc32c). With
+// TensorData::kChecksumOnly the tensors carry no data except those whose keys
+// are in `keep`.
+struct ChecksummedTensorDict {
+  LoadedTensorDict loaded;
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+  RecordCrcs record_crc32c;
+};
+absl::StatusOr<ChecksummedTensorDict> ReadChecksummedTensorDict(
+    const std::string& path, TensorData data, const std::set<std::string>& keep = {});
+
+}  // namespace internal
 
 }  // namespace state_dict

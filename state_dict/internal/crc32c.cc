@@ -76,6 +76,49 @@ uint32_t Crc32cHardware(const void* data, size_t size, uint32_t crc) {
 
 #endif
 
+namespace {
+
+// Polynomials over GF(2) modulo the CRC-32C polynomial, in the CRC's
+// reflected bit order: bit 31 is x^0, bit 0 is x^31.
+constexpr uint32_t kReflectedPoly = 0x82F63B78u;
+
+// a(x) * b(x) mod P(x).
+uint32_t MultiplyModP(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t m = uint32_t{1} << 31; m != 0; m >>= 1) {
+    if (a & m) product ^= b;
+    b = (b & 1) ? (b >> 1) ^ kReflectedPoly : b >> 1;  // b *= x
+  }
+  return product;
+}
+
+// x^(2^k) mod P for k = 0..66: enough for x^(8n) with any 64-bit n.
+struct PowersOfX {
+  uint32_t x2k[67];
+  PowersOfX() {
+    x2k[0] = uint32_t{1} << 30;  // x^1
+    for (int k = 1; k < 67; ++k) x2k[k] = MultiplyModP(x2k[k - 1], x2k[k - 1]);
+  }
+};
+
+// x^(8n) mod P: the factor that appending n zero bytes multiplies by.
+uint32_t XToThe8nModP(uint64_t n) {
+  static const PowersOfX powers;
+  uint32_t p = uint32_t{1} << 31;  // x^0
+  for (int k = 3; n != 0; n >>= 1, ++k) {
+    if (n & 1) p = MultiplyModP(powers.x2k[k], p);
+  }
+  return p;
+}
+
+}  // namespace
+
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b) {
+  // The pre- and post-inversion of both CRCs cancel out (as in zlib): the
+  // register after A, shifted through |B| bytes, XORed with B's own CRC.
+  return MultiplyModP(XToThe8nModP(size_b), crc_a) ^ crc_b;
+}
+
 uint32_t Crc32c(const void* data, size_t size, uint32_t crc) {
   return Crc32cHardwareAvailable() ? Crc32cHardware(data, size, crc)
                                    : Crc32cPortable(data, size, crc);

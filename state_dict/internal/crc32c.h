@@ -26,5 +26,13 @@ uint32_t Crc32cPortable(const void* data, size_t size, uint32_t crc = 0);
 uint32_t Crc32cHardware(const void* data, size_t size, uint32_t crc = 0);
 bool Crc32cHardwareAvailable();
 
+// The CRC-32C of the concatenation A‖B from crc_a = Crc32c(A),
+// crc_b = Crc32c(B) and B's length, without B's bytes (zlib's
+// crc32_combine method: crc_a times x^(8·size_b) modulo the polynomial, plus
+// crc_b; O(log size_b)). Lets pieces of a file be checksummed on their own
+// (each tensor record, as its manifest entry needs) and the whole file's
+// checksum be assembled from them.
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b);
+
 }  // namespace internal
 }  // namespace state_dict

@@ -1,7 +1,13 @@
 #include "state_dict/internal/unpickler.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <unordered_map>
@@ -10,10 +16,12 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 #include <caffe2/serialize/inline_container.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "state_dict/internal/crc32c.h"
 #include "state_dict/internal/zip_precheck.h"
 
 namespace state_dict {
@@ -67,11 +75,14 @@ constexpr StorageType kStorageTypes[] = {
     {"torch.ComplexDoubleStorage", at::kComplexDouble},
 };
 
+// Returns the storage of record "data/<key>" (its bytes as an untyped
+// storage of the record's size), or an error naming the record.
+using StorageLoader = std::function<absl::StatusOr<at::Storage>(const std::string& record)>;
+
 class Vm {
  public:
-  Vm(std::string path, const std::string& pickle,
-     caffe2::serialize::PyTorchStreamReader* reader)
-      : path_(std::move(path)), data_(pickle), reader_(reader) {}
+  Vm(std::string path, const std::string& pickle, StorageLoader load_storage)
+      : path_(std::move(path)), data_(pickle), load_storage_(std::move(load_storage)) {}
 
   // Every object the VM still references (the stack, the memo, storages),
   // for Dismantle.
@@ -238,16 +249,9 @@ class Vm {
     if (cached != storages_.end()) return cached->second;
     PyRef o = Make(PyObject::Kind::kStorage);
     o->storage_dtype = found->dtype;
-    const std::string record = "data/" + key;
-    if (!reader_->hasRecord(record)) {
-      return Error(absl::StrCat("record ", record, " is missing"));
-    }
-    at::DataPtr ptr;
-    size_t nbytes = 0;
-    std::tie(ptr, nbytes) = reader_->getRecord(record);
-    o->storage = at::Storage(at::Storage::use_byte_size_t(), nbytes,
-                             std::move(ptr), /*allocator=*/nullptr,
-                             /*resizable=*/false);
+    auto storage = load_storage_("data/" + key);
+    if (!storage.ok()) return storage.status();
+    o->storage = *std::move(storage);
     storages_[key] = o;
     return o;
   }
@@ -567,7 +571,7 @@ class Vm {
 
   std::string path_;
   const std::string& data_;
-  caffe2::serialize::PyTorchStreamReader* reader_;
+  StorageLoader load_storage_;
   size_t pos_ = 0;
   std::vector<PyRef> stack_;
   std::vector<size_t> marks_;
@@ -746,6 +750,369 @@ absl::StatusOr<c10::IValue> ToBoundedIValue(
   return ToIValue(path, o, converted);
 }
 
+// Runs the archive's pickle program, with its storages from
+// `load_storage`, and converts the result to IValues.
+absl::StatusOr<UnpickledArchive> Unpickle(const std::string& path, const std::string& pickle,
+                                          StorageLoader load_storage) {
+  Vm vm(path, pickle, std::move(load_storage));
+  // Destroyed before `vm` (and on every return and throw): frees the VM's
+  // objects however deep or cyclic they are.
+  struct DismantleOnExit {
+    Vm& vm;
+    ~DismantleOnExit() { Dismantle(vm.Roots()); }
+  } dismantle{vm};
+  auto top = vm.Run();
+  if (!top.ok()) return top.status();
+  UnpickledArchive out;
+  std::unordered_map<const PyObject*, c10::IValue> converted;
+  auto value = ToBoundedIValue(path, *top, converted);
+  if (!value.ok()) return value.status();
+  out.value = *std::move(value);
+  if ((*top)->attributes != nullptr) {
+    for (const auto& entry : (*top)->attributes->entries) {
+      if (entry.first->kind == PyObject::Kind::kStr && entry.first->s == "_metadata") {
+        auto metadata = ToBoundedIValue(path, entry.second, converted);
+        if (!metadata.ok()) return metadata.status();
+        out.metadata = *std::move(metadata);
+      }
+    }
+  }
+  return out;
+}
+
+absl::Status ArchiveError(const std::string& path, absl::string_view what) {
+  return absl::DataLossError(absl::StrCat(path, ": cannot read PyTorch archive: ", what));
+}
+
+absl::Status CaughtArchiveError(const std::string& path, const c10::Error& e) {
+  // PyTorchStreamReader reports a damaged zip (bad header, short file,
+  // a deflated record that does not inflate) by throwing.
+  return absl::DataLossError(absl::StrCat(
+      path, ": not a readable PyTorch archive (truncated or corrupted?): ",
+      e.what_without_backtrace()));
+}
+
+at::Storage UntypedStorage(size_t nbytes, at::DataPtr data) {
+  return at::Storage(at::Storage::use_byte_size_t(), nbytes, std::move(data),
+                     /*allocator=*/nullptr, /*resizable=*/false);
+}
+
+uint16_t Le16(const unsigned char* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+uint32_t Le32(const unsigned char* p) {
+  return Le16(p) | (static_cast<uint32_t>(Le16(p + 2)) << 16);
+}
+
+// miniz, and so LibTorch's reader, finds record names ignoring ASCII case.
+std::string AsciiLower(std::string s) {
+  for (char& c : s) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return s;
+}
+
+// Whether `t`'s elements in order are exactly its storage's bytes (what
+// every tensor a PyTorch writer saves is): its checksum is then its
+// record's.
+bool IsWholeStorage(const at::Tensor& t) {
+  return t.storage_offset() == 0 && t.is_contiguous() && t.nbytes() == t.storage().nbytes();
+}
+
+// Reads and checksums the storage records in pieces of this size: each piece
+// is checksummed right after it is read, while it is in the CPU's cache.
+constexpr size_t kChunkBytes = size_t{1} << 20;
+
+// Reads a PyTorch archive in one sequential pass for ReadTorchArchiveInOnePass:
+// the pickle first (small, near the end), whose storages are placeholders of
+// their records' sizes; then the file from its first byte to its last, each
+// stored storage record read once, straight into its storage (or through a
+// fixed buffer when only checksummed), checksummed on the fly, the bytes
+// between records (zip headers, data.pkl, the central directory) read and
+// checksummed too, and the whole file's CRC-32C assembled from the pieces'
+// with Crc32cCombine. Records this pass cannot read directly (deflated ones,
+// as Python's zipfile rewrites an archive; ones sharing bytes with another;
+// names that differ only in case) are read afterwards by LibTorch's reader,
+// which inflates them; their compressed bytes are covered by the pass like
+// any other. No zip CRC-32 is checked, as LibTorch's reader checks none
+// either (its miniz is built without those checks: a flipped byte in a
+// stored record loads silently, here and in Python's torch.load).
+//
+// Every offset and size comes from the file: each is checked against the
+// file's size before anything is allocated or read.
+class OnePassReader {
+ public:
+  OnePassReader(const std::string& path, const ZipDirectory& directory,
+                caffe2::serialize::PyTorchStreamReader& reader, TensorData data)
+      : path_(path), directory_(directory), reader_(reader), data_(data) {
+    for (size_t i = 0; i < directory_.entries.size(); ++i) {
+      auto inserted = entry_by_name_.emplace(AsciiLower(directory_.entries[i].name),
+                                             static_cast<int64_t>(i));
+      if (!inserted.second) inserted.first->second = kAmbiguous;
+    }
+  }
+  ~OnePassReader() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  OnePassReader(const OnePassReader&) = delete;
+  OnePassReader& operator=(const OnePassReader&) = delete;
+
+  absl::Status Open() {
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) return Errno("cannot open");
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) return Errno("cannot stat");
+    size_ = static_cast<uint64_t>(st.st_size);
+    if (size_ != directory_.file_bytes) {
+      return ArchiveError(path_, absl::StrCat("it changed while being read (", directory_.file_bytes,
+                                              " bytes, then ", size_, ")"));
+    }
+    ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+    return absl::OkStatus();
+  }
+
+  // data.pkl: read directly when stored, else by LibTorch's reader.
+  absl::StatusOr<std::string> ReadPickle() {
+    const std::string name = "data.pkl";
+    const int64_t i = FindEntry(name);
+    if (i >= 0 && Direct(Entry(i))) {
+      auto offset = DataOffset(Entry(i), name);
+      if (!offset.ok()) return offset.status();
+      std::string pickle(static_cast<size_t>(Entry(i).compressed), '\0');
+      absl::Status status = ReadAt(*offset, &pickle[0], pickle.size());
+      if (!status.ok()) return status;
+      return pickle;
+    }
+    at::DataPtr ptr;
+    size_t size = 0;
+    std::tie(ptr, size) = reader_.getRecord(name);
+    return std::string(static_cast<const char*>(ptr.get()), size);
+  }
+
+  // The VM's storage loader: a storage of the record's size whose data the
+  // pass fills in later (the same storage for every key naming the record).
+  absl::StatusOr<at::Storage> Storage(const std::string& record) {
+    const std::string key = AsciiLower(record);
+    auto found = slots_.find(key);
+    if (found != slots_.end()) return found->second.storage;
+    if (!reader_.hasRecord(record)) {
+      return ArchiveError(path_, absl::StrCat("record ", record, " is missing"));
+    }
+    Slot slot;
+    slot.record = record;
+    const int64_t i = FindEntry(record);
+    if (i < 0) {
+      // No single directory entry of this name (several, ignoring case):
+      // the one LibTorch's reader picks, read now (and kept in either mode).
+      at::DataPtr ptr;
+      size_t size = 0;
+      std::tie(ptr, size) = reader_.getRecord(record);
+      slot.crc = Crc32c(ptr.get(), size);
+      slot.storage = UntypedStorage(size, std::move(ptr));
+      slot.done = true;
+    } else {
+      slot.entry = Direct(Entry(i)) ? i : -1;
+      slot.storage = UntypedStorage(static_cast<size_t>(Entry(i).uncompressed),
+                                    at::DataPtr(nullptr, at::Device(at::kCPU)));
+    }
+    Slot& kept = slots_.emplace(key, std::move(slot)).first->second;
+    by_storage_[kept.storage.unsafeGetStorageImpl()] = &kept;
+    return kept.storage;
+  }
+
+  // When only checksumming: keep the data of this storage too.
+  void Keep(const c10::StorageImpl* storage) {
+    auto found = by_storage_.find(storage);
+    if (found != by_storage_.end()) found->second->keep = true;
+  }
+
+  // The pass over the whole file, then the records it could not read.
+  absl::Status ReadRecords() {
+    std::vector<Slot*> direct;
+    for (auto& entry : slots_) {
+      if (!entry.second.done && entry.second.entry >= 0) direct.push_back(&entry.second);
+    }
+    std::sort(direct.begin(), direct.end(), [&](const Slot* a, const Slot* b) {
+      return Entry(a->entry).local_header < Entry(b->entry).local_header;
+    });
+    uint64_t at = 0;   // everything before `at` is checksummed into `crc`
+    uint32_t crc = 0;
+    for (Slot* slot : direct) {
+      const ZipEntry& e = Entry(slot->entry);
+      if (e.local_header < at) continue;  // shares bytes with an earlier record: read below
+      auto data = DataOffset(e, slot->record);  // checks the record lies inside the file
+      if (!data.ok()) return data.status();
+      // The bytes since the last record, then its local header, name and
+      // extra field.
+      absl::Status status = Skim(at, *data, crc);
+      if (!status.ok()) return status;
+      status = ReadData(*slot, *data, e.compressed);
+      if (!status.ok()) return status;
+      crc = Crc32cCombine(crc, slot->crc, e.compressed);
+      at = *data + e.compressed;
+    }
+    absl::Status status = Skim(at, size_, crc);
+    if (!status.ok()) return status;
+    crc32c_ = crc;
+    for (auto& entry : slots_) {
+      Slot& slot = entry.second;
+      if (slot.done) continue;
+      at::DataPtr ptr;
+      size_t size = 0;
+      std::tie(ptr, size) = reader_.getRecord(slot.record);
+      if (size != slot.storage.nbytes()) {
+        return ArchiveError(path_, absl::StrCat("record ", slot.record, " holds ", size,
+                                                " bytes, its directory entry says ",
+                                                slot.storage.nbytes()));
+      }
+      slot.crc = Crc32c(ptr.get(), size);
+      if (KeepsData(slot)) slot.storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(ptr));
+      slot.done = true;
+    }
+    return absl::OkStatus();
+  }
+
+  uint64_t bytes() const { return size_; }
+  uint32_t crc32c() const { return crc32c_; }
+  RecordCrcs record_crc32c() const {
+    RecordCrcs out;
+    for (const auto& entry : slots_) {
+      out[entry.second.storage.unsafeGetStorageImpl()] = entry.second.crc;
+    }
+    return out;
+  }
+
+ private:
+  static constexpr int64_t kAmbiguous = -2;
+
+  struct Slot {
+    std::string record;  // "data/<key>"
+    int64_t entry = -1;  // its directory entry when the pass reads it directly
+    at::Storage storage;
+    bool keep = false;   // keep the data when only checksumming
+    bool done = false;   // read, and `crc` known
+    uint32_t crc = 0;    // CRC-32C of the record's (uncompressed) bytes
+  };
+
+  const ZipEntry& Entry(int64_t i) const { return directory_.entries[static_cast<size_t>(i)]; }
+
+  // The entry LibTorch's reader finds for `record`; -1 when none, kAmbiguous
+  // when several names match.
+  int64_t FindEntry(const std::string& record) const {
+    auto found = entry_by_name_.find(AsciiLower(directory_.folder + record));
+    return found == entry_by_name_.end() ? -1 : found->second;
+  }
+
+  // Records read directly: stored (no compression), of consistent sizes, of
+  // no flags miniz refuses.
+  static bool Direct(const ZipEntry& e) {
+    return e.method == kZipStored && e.compressed == e.uncompressed &&
+           (e.flags & kZipUnsupportedFlags) == 0;
+  }
+
+  bool KeepsData(const Slot& slot) const { return data_ == TensorData::kRead || slot.keep; }
+
+  absl::Status Errno(absl::string_view what) const {
+    const int error = errno;
+    return absl::Status(absl::ErrnoToStatusCode(error),
+                        absl::StrCat(what, " ", path_, ": ", std::strerror(error)));
+  }
+
+  // `size` bytes at `offset` (inside the file: the callers check).
+  absl::Status ReadAt(uint64_t offset, char* out, size_t size) {
+    size_t done = 0;
+    while (done < size) {
+      const ssize_t n = ::pread(fd_, out + done, size - done, static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Errno("cannot read");
+      if (n == 0) {
+        return ArchiveError(path_, absl::StrCat("it ends at byte ", offset + done, ", before the ",
+                                                size - done, " bytes expected there"));
+      }
+      done += static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
+  char* Buffer() {
+    if (buffer_ == nullptr) buffer_.reset(new char[kChunkBytes]);
+    return buffer_.get();
+  }
+
+  // Checksums bytes [from, to) into `crc` through the fixed buffer.
+  absl::Status Skim(uint64_t from, uint64_t to, uint32_t& crc) {
+    while (from < to) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunkBytes, to - from));
+      absl::Status status = ReadAt(from, Buffer(), n);
+      if (!status.ok()) return status;
+      crc = Crc32c(Buffer(), n, crc);
+      from += n;
+    }
+    return absl::OkStatus();
+  }
+
+  // Where `e`'s data begins: after its local header's name and extra field
+  // (which may differ from the central directory's).
+  absl::StatusOr<uint64_t> DataOffset(const ZipEntry& e, const std::string& record) {
+    if (e.local_header > size_ || kZipLocalHeaderSize > size_ - e.local_header) {
+      return ArchiveError(path_, absl::StrCat("the local header of record ", record,
+                                              " lies beyond the end of the ", size_,
+                                              "-byte file"));
+    }
+    unsigned char header[kZipLocalHeaderSize];
+    absl::Status status =
+        ReadAt(e.local_header, reinterpret_cast<char*>(header), sizeof(header));
+    if (!status.ok()) return status;
+    if (Le32(header) != kZipLocalHeaderSignature) {
+      return ArchiveError(path_, absl::StrCat("the local header of record ", record,
+                                              " is damaged"));
+    }
+    const uint64_t data = e.local_header + kZipLocalHeaderSize + Le16(header + 26) +
+                          Le16(header + 28);
+    if (data > size_ || e.compressed > size_ - data) {
+      return ArchiveError(path_, absl::StrCat("record ", record, " (", e.compressed,
+                                              " bytes at offset ", data,
+                                              ") runs past the end of the ", size_,
+                                              "-byte file"));
+    }
+    return data;
+  }
+
+  // The record's `size` bytes at `offset` (inside the file): into a new
+  // buffer that becomes its storage's data, or through the fixed buffer.
+  absl::Status ReadData(Slot& slot, uint64_t offset, uint64_t size) {
+    uint32_t crc = 0;
+    at::DataPtr ptr;
+    char* out = nullptr;
+    if (KeepsData(slot)) {
+      ptr = c10::GetCPUAllocator()->allocate(static_cast<size_t>(size));
+      out = static_cast<char*>(ptr.get());
+    }
+    for (uint64_t done = 0; done < size;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunkBytes, size - done));
+      char* piece = out != nullptr ? out + done : Buffer();
+      absl::Status status = ReadAt(offset + done, piece, n);
+      if (!status.ok()) return status;
+      crc = Crc32c(piece, n, crc);
+      done += n;
+    }
+    if (KeepsData(slot)) slot.storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(ptr));
+    slot.crc = crc;
+    slot.done = true;
+    return absl::OkStatus();
+  }
+
+  const std::string& path_;
+  const ZipDirectory& directory_;
+  caffe2::serialize::PyTorchStreamReader& reader_;
+  const TensorData data_;
+  std::unordered_map<std::string, int64_t> entry_by_name_;  // lower-case name -> entry
+  std::map<std::string, Slot> slots_;                        // by lower-case record name
+  std::unordered_map<const c10::StorageImpl*, Slot*> by_storage_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  uint32_t crc32c_ = 0;
+  std::unique_ptr<char[]> buffer_;
+};
+
 }  // namespace
 
 absl::StatusOr<UnpickledArchive> ReadTorchArchive(const std::string& path) {
@@ -762,37 +1129,77 @@ absl::StatusOr<UnpickledArchive> ReadTorchArchive(const std::string& path) {
     size_t size = 0;
     std::tie(ptr, size) = reader.getRecord("data.pkl");
     const std::string pickle(static_cast<const char*>(ptr.get()), size);
-    Vm vm(path, pickle, &reader);
-    // Destroyed before `vm` (and on every return and throw): frees the VM's
-    // objects however deep or cyclic they are.
-    struct DismantleOnExit {
-      Vm& vm;
-      ~DismantleOnExit() { Dismantle(vm.Roots()); }
-    } dismantle{vm};
-    auto top = vm.Run();
-    if (!top.ok()) return top.status();
-    UnpickledArchive out;
-    std::unordered_map<const PyObject*, c10::IValue> converted;
-    auto value = ToBoundedIValue(path, *top, converted);
-    if (!value.ok()) return value.status();
-    out.value = *std::move(value);
-    if ((*top)->attributes != nullptr) {
-      for (const auto& entry : (*top)->attributes->entries) {
-        if (entry.first->kind == PyObject::Kind::kStr && entry.first->s == "_metadata") {
-          auto metadata = ToBoundedIValue(path, entry.second, converted);
-          if (!metadata.ok()) return metadata.status();
-          out.metadata = *std::move(metadata);
-        }
+    return Unpickle(path, pickle, [&](const std::string& record) -> absl::StatusOr<at::Storage> {
+      if (!reader.hasRecord(record)) {
+        return ArchiveError(path, absl::StrCat("record ", record, " is missing"));
+      }
+      at::DataPtr data;
+      size_t nbytes = 0;
+      std::tie(data, nbytes) = reader.getRecord(record);
+      return UntypedStorage(nbytes, std::move(data));
+    });
+  } catch (const c10::Error& e) {
+    return CaughtArchiveError(path, e);
+  }
+}
+
+absl::StatusOr<ChecksummedArchive> ReadTorchArchiveInOnePass(const std::string& path,
+                                                             TensorData data,
+                                                             const std::set<std::string>& keep) {
+  // The precheck (as ReadTorchArchive), which also gives the directory.
+  auto directory = ReadTorchArchiveDirectory(path);
+  if (!directory.ok()) return directory.status();
+  try {
+    // LibTorch's reader still opens the archive: it validates the zip as for
+    // any load (cheaply: the end records, the central directory and the
+    // version record), and reads the records this pass does not read itself.
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    if (!reader.hasRecord("data.pkl")) {
+      return absl::DataLossError(absl::StrCat(path, ": no data.pkl record"));
+    }
+    OnePassReader records(path, *directory, reader, data);
+    absl::Status status = records.Open();
+    if (!status.ok()) return status;
+    auto pickle = records.ReadPickle();
+    if (!pickle.ok()) return pickle.status();
+    auto archive = Unpickle(path, *pickle, [&](const std::string& record) {
+      return records.Storage(record);
+    });
+    if (!archive.ok()) return archive.status();
+    // Only checksumming, data is still kept for the tensors `keep` names and
+    // for tensors that are not exactly their storage's bytes (never written
+    // by PyTorch's savers; their checksum needs their data), of the
+    // top-level dict.
+    if (data == TensorData::kChecksumOnly && archive->value.isGenericDict()) {
+      for (const auto& entry : archive->value.toGenericDict()) {
+        if (!entry.value().isTensor()) continue;
+        const at::Tensor& t = entry.value().toTensor();
+        const bool named = entry.key().isString() && keep.count(entry.key().toStringRef()) > 0;
+        if (named || !IsWholeStorage(t)) records.Keep(t.storage().unsafeGetStorageImpl());
       }
     }
+    status = records.ReadRecords();
+    if (!status.ok()) return status;
+    ChecksummedArchive out;
+    out.archive = *std::move(archive);
+    out.bytes = records.bytes();
+    out.crc32c = records.crc32c();
+    out.record_crc32c = records.record_crc32c();
     return out;
   } catch (const c10::Error& e) {
-    // PyTorchStreamReader reports a damaged zip (bad header, CRC mismatch of
-    // a record, short file) by throwing.
-    return absl::DataLossError(absl::StrCat(
-        path, ": not a readable PyTorch archive (truncated or corrupted?): ",
-        e.what_without_backtrace()));
+    return CaughtArchiveError(path, e);
   }
+}
+
+std::optional<uint32_t> TensorCrc32c(const RecordCrcs& records, const at::Tensor& t) {
+  if (IsWholeStorage(t)) {
+    auto found = records.find(t.storage().unsafeGetStorageImpl());
+    if (found != records.end()) return found->second;
+  }
+  if (t.numel() == 0) return 0u;
+  if (t.storage().data() == nullptr) return std::nullopt;  // only checksummed
+  const at::Tensor c = t.contiguous();
+  return Crc32c(c.data_ptr(), c.nbytes());
 }
 
 }  // namespace internal

@@ -15,7 +15,11 @@
 // the global or opcode, never arbitrary code execution.
 #pragma once
 
+#include <cstdint>
+#include <optional>
+#include <set>
 #include <string>
+#include <unordered_map>
 
 #include <ATen/core/ivalue.h>
 
@@ -37,7 +41,56 @@ struct UnpickledArchive {
 
 // Reads a PyTorch zip archive (torch.save / torch::pickle_save). Errors name
 // `path` and what was wrong (truncated zip, unsupported global, bad tensor).
+// Every storage record is read whole by LibTorch's reader. Nothing checks
+// the records' bytes: LibTorch 1.13's miniz is built without its zip CRC-32
+// checks (a flipped byte in a stored tensor record loads silently, here as
+// in Python's torch.load); checkpoints have their own CRC-32C for that.
 absl::StatusOr<UnpickledArchive> ReadTorchArchive(const std::string& path);
+
+// What ReadTorchArchiveInOnePass does with tensor data.
+enum class TensorData {
+  kRead,          // read into the tensors' storages (a load)
+  kChecksumOnly,  // only checksummed, through a fixed buffer (a verify): the
+                  // tensors have their dtype, sizes and strides but no data,
+                  // except those named in `keep` and those that are not
+                  // exactly their storage's bytes (see below)
+};
+
+// CRC-32C of each storage record's bytes, by the storage the tensors share.
+// Look up only storages of the archive's tensors (held by them, so their
+// addresses cannot have been reused).
+using RecordCrcs = std::unordered_map<const c10::StorageImpl*, uint32_t>;
+
+struct ChecksummedArchive {
+  UnpickledArchive archive;
+  uint64_t bytes = 0;   // the file's size
+  uint32_t crc32c = 0;  // CRC-32C of the whole file
+  RecordCrcs record_crc32c;
+};
+
+// ReadTorchArchive for a file whose every byte a checkpoint manifest's
+// CRC-32C covers, in one sequential pass: each storage record is read once,
+// straight into its storage (kRead) or through a fixed buffer
+// (kChecksumOnly), and checksummed as it is read; the bytes between records
+// are read and checksummed too, and the whole file's CRC-32C is assembled
+// from the pieces' (Crc32cCombine); the caller compares it with the
+// manifest's. Deflated records are read (inflated) by LibTorch's reader
+// after the pass.
+// With kChecksumOnly, memory is one fixed buffer plus the pickle's objects,
+// whatever the file's size, except for the data of the top-level dict's
+// tensors named in `keep` and of tensors that are not exactly their storage
+// (views sharing one, as torch.save writes them; never written by
+// SaveTensorDict), which is kept: their checksum needs their data.
+// Accepts and rejects the same archives as ReadTorchArchive (some errors are
+// worded differently), and gives the same values.
+absl::StatusOr<ChecksummedArchive> ReadTorchArchiveInOnePass(
+    const std::string& path, TensorData data, const std::set<std::string>& keep = {});
+
+// CRC-32C of `t`'s elements in order (of t.contiguous()'s bytes), for a
+// tensor of an archive read by ReadTorchArchiveInOnePass: its record's
+// checksum when `t` is exactly its storage's bytes, else computed from its
+// data; nullopt when that data was not kept.
+std::optional<uint32_t> TensorCrc32c(const RecordCrcs& records, const at::Tensor& t);
 
 }  // namespace internal
 }  // namespace state_dict

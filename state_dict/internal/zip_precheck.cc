@@ -30,12 +30,12 @@ namespace state_dict {
 namespace internal {
 namespace {
 
-constexpr uint32_t kLocalHeaderSig = 0x04034b50;
+constexpr uint32_t kLocalHeaderSig = kZipLocalHeaderSignature;
 constexpr uint32_t kCentralHeaderSig = 0x02014b50;
 constexpr uint32_t kEndSig = 0x06054b50;
 constexpr uint32_t kZip64EndSig = 0x06064b50;
 constexpr uint32_t kZip64LocatorSig = 0x07064b50;
-constexpr size_t kLocalHeaderSize = 30;
+constexpr size_t kLocalHeaderSize = kZipLocalHeaderSize;
 constexpr size_t kCentralHeaderSize = 46;
 constexpr size_t kEndSize = 22;
 constexpr size_t kZip64EndSize = 56;
@@ -43,11 +43,10 @@ constexpr size_t kZip64LocatorSize = 20;
 constexpr size_t kMaxCommentSize = 0xFFFF;
 // PyTorch writes "3\n"; anything near this size is not a version record.
 constexpr uint64_t kMaxVersionRecordBytes = 64 << 10;
-constexpr uint16_t kStored = 0;
+constexpr uint16_t kStored = kZipStored;
 constexpr uint16_t kDeflated = 8;
 constexpr uint64_t kMaxDeflateRatio = 1032;
-// Encrypted, compressed patch data, strong encryption: miniz refuses these.
-constexpr uint16_t kUnsupportedFlags = 0x0001 | 0x0020 | 0x0040;
+constexpr uint16_t kUnsupportedFlags = kZipUnsupportedFlags;
 constexpr uint32_t kDosDirectoryAttribute = 0x10;
 
 uint16_t Le16(const char* p) {
@@ -61,17 +60,7 @@ uint64_t Le64(const char* p) {
   return Le32(p) | (static_cast<uint64_t>(Le32(p + 4)) << 32);
 }
 
-// One central directory record.
-struct Entry {
-  std::string name;
-  uint16_t flags = 0;
-  uint16_t method = 0;
-  uint32_t crc32 = 0;
-  uint64_t compressed = 0;
-  uint64_t uncompressed = 0;
-  uint64_t local_header = 0;
-  uint32_t external_attributes = 0;
-};
+using Entry = ZipEntry;
 
 // As miniz decides (mz_zip_reader_is_file_a_directory): a name ending in
 // '/', or the DOS directory attribute.
@@ -92,7 +81,7 @@ uint32_t ZipCrc32(const std::string& data) {
 
 class ArchiveCheck {
  public:
-  explicit ArchiveCheck(const std::string& path) : path_(path) {}
+  ArchiveCheck(const std::string& path, ZipDirectory& out) : path_(path), out_(out) {}
   ~ArchiveCheck() {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -107,10 +96,11 @@ class ArchiveCheck {
     struct stat st;
     if (::fstat(fd_, &st) != 0) return Bad(absl::StrCat("cannot stat it: ", std::strerror(errno)));
     size_ = static_cast<uint64_t>(st.st_size);
+    out_.file_bytes = size_;
 
     absl::Status status = ReadEndRecords();
     if (!status.ok()) return status;
-    std::vector<Entry> entries;
+    std::vector<Entry>& entries = out_.entries;
     status = ReadCentralDirectory(entries);
     if (!status.ok()) return status;
     if (entries.empty()) return Bad("the zip holds no records");
@@ -122,6 +112,7 @@ class ArchiveCheck {
                               "'<folder>/data.pkl', '<folder>/version', ...)"));
     }
     const std::string folder = first.substr(0, slash + 1);
+    out_.folder = folder;
     // The reader takes ".data/version" when there is one, else "version";
     // it finds names case-insensitively (miniz's sorted lookup).
     for (const char* record : {".data/version", "version"}) {
@@ -380,6 +371,7 @@ class ArchiveCheck {
   }
 
   const std::string& path_;
+  ZipDirectory& out_;
   int fd_ = -1;
   uint64_t size_ = 0;
   uint64_t entries_ = 0;
@@ -390,7 +382,14 @@ class ArchiveCheck {
 }  // namespace
 
 absl::Status PrecheckTorchArchive(const std::string& path) {
-  return ArchiveCheck(path).Run();
+  return ReadTorchArchiveDirectory(path).status();
+}
+
+absl::StatusOr<ZipDirectory> ReadTorchArchiveDirectory(const std::string& path) {
+  ZipDirectory directory;
+  absl::Status status = ArchiveCheck(path, directory).Run();
+  if (!status.ok()) return status;
+  return directory;
 }
 
 }  // namespace internal

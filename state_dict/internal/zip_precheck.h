@@ -25,9 +25,13 @@
 // kilobyte file).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace state_dict {
 namespace internal {
@@ -37,6 +41,42 @@ namespace internal {
 // that point, which leaks nothing). Otherwise DataLoss (NotFound for a missing
 // file) with "<path>: not a readable PyTorch archive: <what is wrong>".
 absl::Status PrecheckTorchArchive(const std::string& path);
+
+// One record of the zip's central directory (ZIP64 sizes applied).
+struct ZipEntry {
+  std::string name;
+  uint16_t flags = 0;
+  uint16_t method = 0;  // 0 stored, 8 deflated
+  uint32_t crc32 = 0;
+  uint64_t compressed = 0;
+  uint64_t uncompressed = 0;
+  uint64_t local_header = 0;  // offset of the record's local header
+  uint32_t external_attributes = 0;
+};
+
+constexpr uint16_t kZipStored = 0;
+constexpr uint32_t kZipLocalHeaderSignature = 0x04034b50;
+// The local header's fixed part; its name and extra field follow, then the
+// record's data. Name length at byte 26, extra length at byte 28.
+constexpr size_t kZipLocalHeaderSize = 30;
+// Flags of records miniz refuses to extract (encrypted, compressed patch
+// data, strong encryption).
+constexpr uint16_t kZipUnsupportedFlags = 0x0001 | 0x0020 | 0x0040;
+
+// What PrecheckTorchArchive read: the file's size when it was checked, the
+// folder LibTorch's reader prefixes every record name with ("archive/"), and
+// the central directory's records in its order. Sizes and offsets are as
+// the file claims them: only the central directory itself and the version
+// record were checked against the file's size.
+struct ZipDirectory {
+  uint64_t file_bytes = 0;
+  std::string folder;
+  std::vector<ZipEntry> entries;
+};
+
+// PrecheckTorchArchive that also returns the directory it read, so that a
+// caller can read records itself (same errors).
+absl::StatusOr<ZipDirectory> ReadTorchArchiveDirectory(const std::string& path);
 
 }  // namespace internal
 }  // namespace state_dict

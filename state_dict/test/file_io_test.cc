@@ -1,5 +1,6 @@
 #include "state_dict/internal/file_io.h"
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 #include <string>
@@ -56,6 +57,49 @@ TEST(Crc32cTest, HardwareMatchesTableOnRandomLengthsAndAlignments) {
     ASSERT_EQ(Crc32cHardware(p + split, size - split, Crc32cHardware(p, split, seed)), want)
         << "offset " << offset << " size " << size << " split " << split;
   }
+}
+
+// Crc32cCombine(crc(A), crc(B), |B|) is the straight CRC of A‖B (the table
+// loop's, as the reference): at every split, with empty pieces, and folded
+// over many pieces of a file as the checkpoint reader assembles it.
+TEST(Crc32cTest, CombineMatchesTheStraightCrc) {
+  std::mt19937_64 rng(17);
+  std::vector<unsigned char> buffer(size_t{1} << 20);
+  for (auto& b : buffer) b = static_cast<unsigned char>(rng());
+  const unsigned char* p = buffer.data();
+  for (int trial = 0; trial < 500; ++trial) {
+    const size_t size = trial < 40 ? static_cast<size_t>(trial) : rng() % buffer.size();
+    const size_t split = trial % 5 == 0 ? (trial % 10 == 0 ? 0 : size)
+                                        : (size == 0 ? 0 : rng() % size);
+    const uint32_t a = Crc32cPortable(p, split);
+    const uint32_t b = Crc32cPortable(p + split, size - split);
+    ASSERT_EQ(Crc32cCombine(a, b, size - split), Crc32cPortable(p, size))
+        << "size " << size << " split " << split;
+  }
+  uint32_t folded = 0;
+  for (size_t at = 0; at < buffer.size();) {
+    const size_t n = std::min<size_t>(buffer.size() - at, rng() % 70000);
+    folded = Crc32cCombine(folded, Crc32c(p + at, n), n);
+    at += n;
+  }
+  EXPECT_EQ(folded, Crc32cPortable(p, buffer.size()));
+}
+
+// Lengths past 32 bits (files of several GB): the CRC of 2^k zero bytes
+// built by doubling with Crc32cCombine matches the straight CRC where that
+// can be computed (1 MiB), and combining stays associative at 2^40 bytes.
+TEST(Crc32cTest, CombineHandlesLengthsBeyond32Bits) {
+  uint32_t zeros = Crc32cPortable("\0", 1);  // CRC of 2^k zero bytes, k = 0
+  for (int k = 0; k < 20; ++k) zeros = Crc32cCombine(zeros, zeros, uint64_t{1} << k);
+  const std::vector<unsigned char> mib(size_t{1} << 20, 0);
+  ASSERT_EQ(zeros, Crc32cPortable(mib.data(), mib.size()));
+  uint32_t big = zeros;  // 2^20 zero bytes
+  for (int k = 20; k < 40; ++k) big = Crc32cCombine(big, big, uint64_t{1} << k);
+  const uint32_t a = Crc32cPortable("head", 4), c = Crc32cPortable("tail!", 5);
+  const uint64_t n = uint64_t{1} << 40;
+  EXPECT_EQ(Crc32cCombine(Crc32cCombine(a, big, n), c, 5),
+            Crc32cCombine(a, Crc32cCombine(big, c, 5), n + 5));
+  EXPECT_NE(Crc32cCombine(a, big, n), Crc32cCombine(a, big, n + 1));
 }
 
 TEST(AtomicFileWriterTest, SmallAndLargeAppendsLandInOrderWithTheirChecksum) {
