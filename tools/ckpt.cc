@@ -8,24 +8,19 @@
 // which case the latest complete step is used. `convert` writes the FULL state
 // dict in PyTorch's format: Python's torch.load(OUT) gives {name: tensor}.
 // Exit status: 0 success, 1 a bad checkpoint or failed command, 2 bad usage.
+// `ckpt --help` and `ckpt COMMAND --help` list the commands and flags.
 #include <cstdlib>
 #include <iostream>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "state_dict/checkpoint.h"
 
 namespace {
-
-constexpr char kUsage[] =
-    "usage: ckpt inspect DIR\n"
-    "       ckpt verify DIR\n"
-    "       ckpt convert DIR --to-full OUT\n"
-    "DIR: a checkpoint step directory, or a root holding step_<N>/ directories\n"
-    "(the latest complete one is used).\n";
 
 // `bazel run` starts the tool in its runfiles; relative paths are meant
 // relative to where the user typed the command.
@@ -119,25 +114,35 @@ int Convert(const std::string& step_dir, const std::string& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.size() < 2) {
-    std::cerr << kUsage;
+  CLI::App app("Inspects, verifies and converts state_dict checkpoints.", "ckpt");
+  app.require_subcommand(1);
+  std::string dir, out;
+  CLI::App* inspect = app.add_subcommand("inspect", "files, checksums, tensors and pieces");
+  CLI::App* verify = app.add_subcommand("verify", "check pieces, sizes and checksums");
+  CLI::App* convert = app.add_subcommand("convert", "write the FULL state dict (torch.load)");
+  for (CLI::App* command : {inspect, verify, convert}) {
+    command->add_option("DIR", dir, "a step directory, or a root (its latest complete step)")
+        ->required();
+  }
+  convert->add_option("--to-full", out, "the file to write")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // --help
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    const std::vector<CLI::App*> chosen = app.get_subcommands();
+    const std::vector<std::string> rest = app.remaining();
+    const std::string message =
+        !chosen.empty() ? absl::StrCat(chosen.front()->get_name(), ": ", e.what())
+        : rest.empty()  ? "expected a command: inspect, verify or convert"
+                        : absl::StrCat("unknown command '", rest.front(),
+                                       "': expected inspect, verify or convert");
+    std::cerr << "ckpt: " << message << "\n" << app.help();
     return 2;
   }
-  const std::string& command = args[0];
-  if (command == "convert" && (args.size() != 4 || args[2] != "--to-full")) {
-    std::cerr << kUsage;
-    return 2;
-  }
-  if (command != "convert" && args.size() != 2) {
-    std::cerr << kUsage;
-    return 2;
-  }
-  auto step_dir = ResolveStepDir(UserPath(args[1]));
+  auto step_dir = ResolveStepDir(UserPath(dir));
   if (!step_dir.ok()) return Fail(step_dir.status());
-  if (command == "inspect") return Inspect(*step_dir);
-  if (command == "verify") return Verify(*step_dir);
-  if (command == "convert") return Convert(*step_dir, UserPath(args[3]));
-  std::cerr << "ckpt: unknown command '" << command << "'\n" << kUsage;
-  return 2;
+  if (inspect->parsed()) return Inspect(*step_dir);
+  if (verify->parsed()) return Verify(*step_dir);
+  return Convert(*step_dir, UserPath(out));
 }

@@ -103,8 +103,22 @@ TEST(CkptToolTest, InspectVerifyConvert) {
   EXPECT_NE(out.find(rank1), std::string::npos) << out;
 
   EXPECT_EQ(Ckpt("inspect", &out), 2);
+  EXPECT_NE(out.find("ckpt: inspect: DIR is required"), std::string::npos) << out;
   EXPECT_EQ(Ckpt("frobnicate " + root, &out), 2);
+  EXPECT_NE(out.find("ckpt: unknown command 'frobnicate': expected inspect, verify or convert"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(Ckpt("", &out), 2);
+  EXPECT_NE(out.find("ckpt: expected a command"), std::string::npos) << out;
+  EXPECT_EQ(Ckpt("convert " + root, &out), 2);
+  EXPECT_NE(out.find("ckpt: convert: --to-full is required"), std::string::npos) << out;
+  EXPECT_EQ(Ckpt("verify " + root + " extra", &out), 2);
+  EXPECT_NE(out.find("extra"), std::string::npos) << out;
   EXPECT_EQ(Ckpt("inspect " + root + "/nothing_here", &out), 1);
+  EXPECT_EQ(Ckpt("--help", &out), 0);
+  EXPECT_NE(out.find("convert"), std::string::npos) << out;
+  EXPECT_EQ(Ckpt("convert --help", &out), 0);
+  EXPECT_NE(out.find("--to-full"), std::string::npos) << out;
 }
 
 // verify used to stop at checksums: a MANIFEST whose piece offset moved by
