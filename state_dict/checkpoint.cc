@@ -391,6 +391,36 @@ std::vector<std::string> OverlappingTensors(const Manifest& m) {
   return out;
 }
 
+// Reshard for pieces just loaded: a requested range that is exactly one
+// saved piece (resuming on the layout that saved) is taken as loaded, which
+// nothing else holds, instead of being copied again; other ranges go through
+// Reshard (which always copies: its other callers keep using what they pass).
+absl::StatusOr<ShardedTensor> ReshardLoaded(const std::string& name,
+                                            const std::vector<ShardedTensor>& saved,
+                                            const std::vector<FlatRange>& needed) {
+  absl::Status agree = CheckOverlapsAgree(name, saved);
+  if (!agree.ok()) return agree;
+  ShardedTensor out;
+  out.global_shape = saved.front().global_shape;
+  out.dtype = saved.front().dtype;
+  for (const FlatRange& want : needed) {
+    const ShardPiece* exact = nullptr;
+    for (const ShardedTensor& st : saved) {
+      for (const ShardPiece& piece : st.pieces) {
+        if (want.numel > 0 && piece.range == want) exact = &piece;
+      }
+    }
+    if (exact != nullptr) {
+      out.pieces.push_back(ShardPiece{want, exact->data});
+      continue;
+    }
+    auto copied = Reshard(name, saved, {want});
+    if (!copied.ok()) return copied.status();
+    out.pieces.push_back(std::move(copied->pieces.front()));
+  }
+  return out;
+}
+
 absl::StatusOr<Manifest> ReadCheckedManifest(const std::string& step_dir) {
   auto m = ReadManifest(step_dir);
   if (!m.ok()) return m.status();
@@ -845,7 +875,7 @@ absl::StatusOr<ShardedStateDict> LoadResharded(
       st.dtype = request.second.dtype;
       saved.push_back(std::move(st));
     }
-    auto resharded = Reshard(request.first, saved, request.second.ranges);
+    auto resharded = ReshardLoaded(request.first, saved, request.second.ranges);
     if (!resharded.ok()) {
       return absl::Status(resharded.status().code(),
                           absl::StrCat(step_dir, ": ", resharded.status().message()));
