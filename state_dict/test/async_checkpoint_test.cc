@@ -7,10 +7,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "state_dict/test/expect_same_state.h"
 #include "state_dict/test/python_interop.h"
 
 namespace state_dict {
 namespace {
+
+using testing::ExpectSameState;
 
 using testing::TempDir;
 
@@ -26,13 +29,6 @@ TensorDict Clone(const TensorDict& sd) {
   TensorDict out;
   for (const auto& item : sd) out.insert(item.key(), item.value().clone());
   return out;
-}
-
-void ExpectSameState(const TensorDict& got, const TensorDict& want) {
-  ASSERT_EQ(got.keys(), want.keys());
-  for (const auto& item : want) {
-    EXPECT_TRUE(torch::equal(got[item.key()], item.value())) << item.key();
-  }
 }
 
 // The save writes the state as it was at the call, although the training

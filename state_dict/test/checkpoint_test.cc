@@ -17,22 +17,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "state_dict/internal/file_io.h"
+#include "state_dict/test/expect_same_state.h"
+#include "state_dict/test/file_bytes.h"
 #include "state_dict/test/python_interop.h"
 
 namespace state_dict {
 namespace {
 
+using testing::ExpectSameState;
+using testing::Slurp;
+using testing::Spit;
+
 using testing::TempDir;
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
-void Spit(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
 
 bool Contains(const absl::Status& status, const std::string& text) {
   return status.message().find(text) != absl::string_view::npos;
@@ -67,14 +63,6 @@ std::vector<ShardedStateDict> Shard(const TensorDict& sd, int world) {
     }
   }
   return out;
-}
-
-void ExpectSameState(const TensorDict& got, const TensorDict& want) {
-  ASSERT_EQ(got.keys(), want.keys());
-  for (const auto& item : want) {
-    EXPECT_EQ(got[item.key()].scalar_type(), item.value().scalar_type()) << item.key();
-    EXPECT_TRUE(torch::equal(got[item.key()], item.value())) << item.key();
-  }
 }
 
 TEST(CheckpointTest, FullRoundTripAndLatest) {

@@ -19,23 +19,17 @@
 #include "state_dict/internal/file_io.h"
 #include "state_dict/manifest.h"
 #include "state_dict/pytorch_format.h"
+#include "state_dict/test/file_bytes.h"
 #include "state_dict/test/python_interop.h"
 
 namespace state_dict {
 namespace {
 
+using testing::Slurp;
+using testing::Spit;
+
 using internal::TensorData;
 using testing::TempDir;
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
-void Spit(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
 
 bool BitwiseEqual(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
