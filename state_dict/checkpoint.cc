@@ -393,30 +393,30 @@ std::vector<std::string> OverlappingTensors(const Manifest& m) {
 
 // Reshard for pieces just loaded: a requested range that is exactly one
 // saved piece (resuming on the layout that saved) is taken as loaded, which
-// nothing else holds, instead of being copied again; other ranges go through
-// Reshard (which always copies: its other callers keep using what they pass).
+// nothing else holds, instead of being copied again. Reshard (which always
+// copies: its other callers keep using what they pass) makes the other
+// ranges and, called even when there are none, checks the pieces once.
 absl::StatusOr<ShardedTensor> ReshardLoaded(const std::string& name,
                                             const std::vector<ShardedTensor>& saved,
                                             const std::vector<FlatRange>& needed) {
-  absl::Status agree = CheckOverlapsAgree(name, saved);
-  if (!agree.ok()) return agree;
-  ShardedTensor out;
-  out.global_shape = saved.front().global_shape;
-  out.dtype = saved.front().dtype;
-  for (const FlatRange& want : needed) {
-    const ShardPiece* exact = nullptr;
+  std::vector<const ShardPiece*> exact(needed.size(), nullptr);
+  std::vector<FlatRange> to_copy;
+  for (size_t i = 0; i < needed.size(); ++i) {
     for (const ShardedTensor& st : saved) {
       for (const ShardPiece& piece : st.pieces) {
-        if (want.numel > 0 && piece.range == want) exact = &piece;
+        if (needed[i].numel > 0 && piece.range == needed[i]) exact[i] = &piece;
       }
     }
-    if (exact != nullptr) {
-      out.pieces.push_back(ShardPiece{want, exact->data});
-      continue;
-    }
-    auto copied = Reshard(name, saved, {want});
-    if (!copied.ok()) return copied.status();
-    out.pieces.push_back(std::move(copied->pieces.front()));
+    if (exact[i] == nullptr) to_copy.push_back(needed[i]);
+  }
+  auto out = Reshard(name, saved, to_copy);
+  if (!out.ok()) return out;
+  std::vector<ShardPiece> copied = std::move(out->pieces);
+  out->pieces.clear();
+  auto next_copied = copied.begin();
+  for (size_t i = 0; i < needed.size(); ++i) {
+    out->pieces.push_back(exact[i] != nullptr ? ShardPiece{needed[i], exact[i]->data}
+                                              : std::move(*next_copied++));
   }
   return out;
 }

@@ -48,7 +48,6 @@ absl::Status CheckSameGlobal(const std::string& name,
   return absl::OkStatus();
 }
 
-
 // Index of the first element where a and b (same dtype and numel, 1-D)
 // differ bitwise, or -1. Bitwise, not ==: a NaN equals the same NaN, and -0
 // differs from +0, as in the bytes a checkpoint stores.
