@@ -797,11 +797,6 @@ at::Storage UntypedStorage(size_t nbytes, at::DataPtr data) {
                      /*allocator=*/nullptr, /*resizable=*/false);
 }
 
-uint16_t Le16(const unsigned char* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
-uint32_t Le32(const unsigned char* p) {
-  return Le16(p) | (static_cast<uint32_t>(Le16(p + 2)) << 16);
-}
-
 // miniz, and so LibTorch's reader, finds record names ignoring ASCII case.
 std::string AsciiLower(std::string s) {
   for (char& c : s) {
@@ -1057,16 +1052,15 @@ class OnePassReader {
                                               " lies beyond the end of the ", size_,
                                               "-byte file"));
     }
-    unsigned char header[kZipLocalHeaderSize];
-    absl::Status status =
-        ReadAt(e.local_header, reinterpret_cast<char*>(header), sizeof(header));
+    char header[kZipLocalHeaderSize];
+    absl::Status status = ReadAt(e.local_header, header, sizeof(header));
     if (!status.ok()) return status;
-    if (Le32(header) != kZipLocalHeaderSignature) {
+    const std::optional<uint64_t> offset = ZipDataOffset(e, header);
+    if (!offset.has_value()) {
       return ArchiveError(path_, absl::StrCat("the local header of record ", record,
                                               " is damaged"));
     }
-    const uint64_t data = e.local_header + kZipLocalHeaderSize + Le16(header + 26) +
-                          Le16(header + 28);
+    const uint64_t data = *offset;
     if (data > size_ || e.compressed > size_ - data) {
       return ArchiveError(path_, absl::StrCat("record ", record, " (", e.compressed,
                                               " bytes at offset ", data,

@@ -30,12 +30,11 @@ namespace state_dict {
 namespace internal {
 namespace {
 
-constexpr uint32_t kLocalHeaderSig = kZipLocalHeaderSignature;
+constexpr uint32_t kLocalHeaderSig = 0x04034b50;
 constexpr uint32_t kCentralHeaderSig = 0x02014b50;
 constexpr uint32_t kEndSig = 0x06054b50;
 constexpr uint32_t kZip64EndSig = 0x06064b50;
 constexpr uint32_t kZip64LocatorSig = 0x07064b50;
-constexpr size_t kLocalHeaderSize = kZipLocalHeaderSize;
 constexpr size_t kCentralHeaderSize = 46;
 constexpr size_t kEndSize = 22;
 constexpr size_t kZip64EndSize = 56;
@@ -43,10 +42,8 @@ constexpr size_t kZip64LocatorSize = 20;
 constexpr size_t kMaxCommentSize = 0xFFFF;
 // PyTorch writes "3\n"; anything near this size is not a version record.
 constexpr uint64_t kMaxVersionRecordBytes = 64 << 10;
-constexpr uint16_t kStored = kZipStored;
 constexpr uint16_t kDeflated = 8;
 constexpr uint64_t kMaxDeflateRatio = 1032;
-constexpr uint16_t kUnsupportedFlags = kZipUnsupportedFlags;
 constexpr uint32_t kDosDirectoryAttribute = 0x10;
 
 uint16_t Le16(const char* p) {
@@ -60,11 +57,9 @@ uint64_t Le64(const char* p) {
   return Le32(p) | (static_cast<uint64_t>(Le32(p + 4)) << 32);
 }
 
-using Entry = ZipEntry;
-
 // As miniz decides (mz_zip_reader_is_file_a_directory): a name ending in
 // '/', or the DOS directory attribute.
-bool IsDirectory(const Entry& e) {
+bool IsDirectory(const ZipEntry& e) {
   return (!e.name.empty() && e.name.back() == '/') ||
          (e.external_attributes & kDosDirectoryAttribute) != 0;
 }
@@ -100,7 +95,7 @@ class ArchiveCheck {
 
     absl::Status status = ReadEndRecords();
     if (!status.ok()) return status;
-    std::vector<Entry>& entries = out_.entries;
+    std::vector<ZipEntry>& entries = out_.entries;
     status = ReadCentralDirectory(entries);
     if (!status.ok()) return status;
     if (entries.empty()) return Bad("the zip holds no records");
@@ -116,9 +111,9 @@ class ArchiveCheck {
     // The reader takes ".data/version" when there is one, else "version";
     // it finds names case-insensitively (miniz's sorted lookup).
     for (const char* record : {".data/version", "version"}) {
-      std::vector<const Entry*> found = Find(entries, folder + record);
+      std::vector<const ZipEntry*> found = Find(entries, folder + record);
       if (found.empty()) continue;
-      for (const Entry* e : found) {
+      for (const ZipEntry* e : found) {
         status = CheckVersionRecord(*e);
         if (!status.ok()) return status;
       }
@@ -212,7 +207,7 @@ class ArchiveCheck {
     return absl::OkStatus();
   }
 
-  absl::Status ReadCentralDirectory(std::vector<Entry>& entries) {
+  absl::Status ReadCentralDirectory(std::vector<ZipEntry>& entries) {
     std::string cd;
     absl::Status status = ReadAt(cd_offset_, cd_size_, cd, "central directory");
     if (!status.ok()) return status;
@@ -223,7 +218,7 @@ class ArchiveCheck {
         return Bad(absl::StrCat(where, " is missing or damaged"));
       }
       const char* h = &cd[at];
-      Entry e;
+      ZipEntry e;
       e.flags = Le16(h + 8);
       e.method = Le16(h + 10);
       e.crc32 = Le32(h + 16);
@@ -263,7 +258,7 @@ class ArchiveCheck {
   // Sizes and offsets that do not fit 32 bits are 0xFFFFFFFF in the record
   // and follow, in this order, in its ZIP64 extra field (id 1).
   absl::Status ApplyZip64Extra(absl::string_view extra, uint16_t disk, const std::string& where,
-                               Entry& e) {
+                               ZipEntry& e) {
     const bool need = e.uncompressed == 0xFFFFFFFFu || e.compressed == 0xFFFFFFFFu ||
                       e.local_header == 0xFFFFFFFFu || disk == 0xFFFF;
     if (!need) return absl::OkStatus();
@@ -287,10 +282,10 @@ class ArchiveCheck {
   }
 
   // Entries whose name equals `name` ignoring ASCII case, as miniz compares.
-  static std::vector<const Entry*> Find(const std::vector<Entry>& entries,
+  static std::vector<const ZipEntry*> Find(const std::vector<ZipEntry>& entries,
                                         const std::string& name) {
-    std::vector<const Entry*> out;
-    for (const Entry& e : entries) {
+    std::vector<const ZipEntry*> out;
+    for (const ZipEntry& e : entries) {
       if (e.name.size() != name.size()) continue;
       bool same = true;
       for (size_t i = 0; i < name.size() && same; ++i) {
@@ -302,18 +297,18 @@ class ArchiveCheck {
     return out;
   }
 
-  absl::Status CheckVersionRecord(const Entry& e) {
+  absl::Status CheckVersionRecord(const ZipEntry& e) {
     const std::string what = absl::StrCat("version record '", absl::CEscape(e.name), "'");
-    if ((e.flags & kUnsupportedFlags) != 0) {
+    if ((e.flags & kZipUnsupportedFlags) != 0) {
       return Bad(absl::StrCat("its ", what, " is encrypted or patch data (flags 0x",
                               absl::Hex(e.flags), ")"));
     }
     if (IsDirectory(e)) return Bad(absl::StrCat("its ", what, " is marked as a directory"));
-    if (e.method != kStored && e.method != kDeflated) {
+    if (e.method != kZipStored && e.method != kDeflated) {
       return Bad(absl::StrCat("its ", what, " uses compression method ", e.method,
                               " (only stored and deflated records are read)"));
     }
-    if (e.method == kStored && e.compressed != e.uncompressed) {
+    if (e.method == kZipStored && e.compressed != e.uncompressed) {
       return Bad(absl::StrCat("its ", what, " is stored but records ", e.compressed,
                               " bytes compressed and ", e.uncompressed, " uncompressed"));
     }
@@ -322,19 +317,18 @@ class ArchiveCheck {
                               " bytes; a version record holds a small integer"));
     }
     std::string header;
-    absl::Status status = ReadAt(e.local_header, kLocalHeaderSize, header,
+    absl::Status status = ReadAt(e.local_header, kZipLocalHeaderSize, header,
                                  absl::StrCat("local header of the ", what));
     if (!status.ok()) return status;
-    if (Le32(header.data()) != kLocalHeaderSig) {
+    const std::optional<uint64_t> data_offset = ZipDataOffset(e, header.data());
+    if (!data_offset.has_value()) {
       return Bad(absl::StrCat("the local header of its ", what, " is damaged"));
     }
-    const uint64_t data_offset =
-        e.local_header + kLocalHeaderSize + Le16(header.data() + 26) + Le16(header.data() + 28);
     std::string stored;
-    status = ReadAt(data_offset, e.compressed, stored, what);
+    status = ReadAt(*data_offset, e.compressed, stored, what);
     if (!status.ok()) return status;
     std::string contents;
-    if (e.method == kStored) {
+    if (e.method == kZipStored) {
       contents = std::move(stored);
     } else {
       contents.resize(static_cast<size_t>(e.uncompressed));
@@ -380,6 +374,13 @@ class ArchiveCheck {
 };
 
 }  // namespace
+
+std::optional<uint64_t> ZipDataOffset(const ZipEntry& e, const char* local_header) {
+  if (Le32(local_header) != kLocalHeaderSig) return std::nullopt;
+  // Name length at byte 26, extra field length at byte 28.
+  return e.local_header + kZipLocalHeaderSize + Le16(local_header + 26) +
+         Le16(local_header + 28);
+}
 
 absl::Status PrecheckTorchArchive(const std::string& path) {
   return ReadTorchArchiveDirectory(path).status();

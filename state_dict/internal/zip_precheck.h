@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,10 +56,14 @@ struct ZipEntry {
 };
 
 constexpr uint16_t kZipStored = 0;
-constexpr uint32_t kZipLocalHeaderSignature = 0x04034b50;
 // The local header's fixed part; its name and extra field follow, then the
-// record's data. Name length at byte 26, extra length at byte 28.
+// record's data.
 constexpr size_t kZipLocalHeaderSize = 30;
+
+// Where `e`'s data begins, from the kZipLocalHeaderSize bytes at
+// e.local_header (its name and extra field may differ from the central
+// directory's); nullopt when they are not a local header.
+std::optional<uint64_t> ZipDataOffset(const ZipEntry& e, const char* local_header);
 // Flags of records miniz refuses to extract (encrypted, compressed patch
 // data, strong encryption).
 constexpr uint16_t kZipUnsupportedFlags = 0x0001 | 0x0020 | 0x0040;
