@@ -3,28 +3,47 @@
 #include <map>
 #include <vector>
 
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <c10/util/strides.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "state_dict/internal/file_io.h"
+#include "state_dict/internal/torch_zip_writer.h"
 #include "state_dict/internal/unpickler.h"
 
 namespace state_dict {
 
 absl::Status SaveIValue(const c10::IValue& value, const std::string& path) {
-  std::vector<char> bytes;
+  // As torch::jit::pickle_save, streamed: the pickler keeps a reference to
+  // each storage it will need, and each is written (and copied to the CPU,
+  // when it is elsewhere) on its own.
+  std::string pickle;
+  std::vector<at::Tensor> records;
   try {
-    bytes = torch::jit::pickle_save(value);
+    torch::jit::Pickler pickler(
+        [&](const char* data, size_t size) { pickle.append(data, size); });
+    pickler.protocol();
+    pickler.pushIValue(value);
+    pickler.stop();
+    records = pickler.tensorData();
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot serialise state for ", path, ": ", e.what_without_backtrace()));
   }
-  return internal::WriteFileAtomically(
-      path, absl::string_view(bytes.data(), bytes.size()));
+  auto file = internal::AtomicFileWriter::Open(path);
+  if (!file.ok()) return file.status();
+  internal::TorchZipWriter zip(**file);
+  for (size_t i = 0; i < records.size(); ++i) {
+    const torch::jit::WriteableTensorData storage = torch::jit::getWriteableTensorData(records[i]);
+    auto written = zip.WriteRecord(absl::StrCat("data/", i), storage.data(), storage.sizeInBytes());
+    if (!written.ok()) return written.status();
+  }
+  auto written = zip.WriteRecord("data.pkl", pickle.data(), pickle.size());
+  if (!written.ok()) return written.status();
+  absl::Status status = zip.Finish();
+  if (!status.ok()) return status;
+  return (*file)->Commit();
 }
 
 absl::StatusOr<c10::IValue> LoadIValue(const std::string& path) {
@@ -90,39 +109,28 @@ absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
 
   auto file = internal::AtomicFileWriter::Open(path);
   if (!file.ok()) return file.status();
-  // The zip writer gets a function that never fails: an I/O error is kept
-  // (and every later write dropped) rather than thrown through the zip
-  // writer, whose destructor would otherwise write again while unwinding.
-  absl::Status io_error;
-  caffe2::serialize::PyTorchStreamWriter zip([&](const void* data, size_t size) {
-    if (io_error.ok()) io_error = (*file)->Append(data, size);
-    return size;
-  });
+  internal::TorchZipWriter zip(**file);
   WrittenTensorDict out;
   out.tensor_crc32c.resize(sources.size());
-  try {
-    // The same records, in the same order, as torch::pickle_save: the
-    // storages as data/<i>, then data.pkl (and `version` at the end).
-    for (size_t i = 0; i < records.size() && io_error.ok(); ++i) {
-      auto found = index_of_storage.find(records[i].storage().unsafeGetStorageImpl());
-      if (found == index_of_storage.end()) {
-        return absl::InternalError(absl::StrCat(
-            "saving ", path, ": the pickler listed a storage that is not a tensor of the dict"));
-      }
-      // At most one tensor is copied at a time (when it is not a contiguous
-      // CPU tensor already); the copy is freed before the next one.
-      const at::Tensor data = sources[found->second]->detach().to(at::kCPU).contiguous();
-      const size_t nbytes = data.nbytes();
-      out.tensor_crc32c[found->second] = internal::Crc32c(data.data_ptr(), nbytes);
-      zip.writeRecord(absl::StrCat("data/", i), data.data_ptr(), nbytes);
+  // The same records, in the same order, as torch::pickle_save: the
+  // storages as data/<i>, then data.pkl (and `version` at the end).
+  for (size_t i = 0; i < records.size(); ++i) {
+    auto found = index_of_storage.find(records[i].storage().unsafeGetStorageImpl());
+    if (found == index_of_storage.end()) {
+      return absl::InternalError(absl::StrCat(
+          "saving ", path, ": the pickler listed a storage that is not a tensor of the dict"));
     }
-    if (io_error.ok()) zip.writeRecord("data.pkl", pickle.data(), pickle.size());
-    zip.writeEndOfFile();
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("cannot write ", path, ": ",
-                                            e.what_without_backtrace()));
+    // At most one tensor is copied at a time (when it is not a contiguous
+    // CPU tensor already); the copy is freed before the next one.
+    const at::Tensor data = sources[found->second]->detach().to(at::kCPU).contiguous();
+    auto crc32c = zip.WriteRecord(absl::StrCat("data/", i), data.data_ptr(), data.nbytes());
+    if (!crc32c.ok()) return crc32c.status();
+    out.tensor_crc32c[found->second] = *crc32c;
   }
-  if (!io_error.ok()) return io_error;
+  auto pickle_crc32c = zip.WriteRecord("data.pkl", pickle.data(), pickle.size());
+  if (!pickle_crc32c.ok()) return pickle_crc32c.status();
+  absl::Status finished = zip.Finish();
+  if (!finished.ok()) return finished;
   out.bytes = (*file)->bytes();
   out.crc32c = (*file)->crc32c();
   absl::Status status = (*file)->Commit();

@@ -114,7 +114,7 @@ def _absl_build_files():
     return files
 
 def system_dependencies():
-    """Declares @libtorch (with @openblas), @tcmalloc, @com_google_absl, @com_google_googletest, @com_github_google_benchmark, @cli11, @nlohmann_json."""
+    """Declares @libtorch (with @openblas), @tcmalloc, @com_google_absl, @com_google_googletest, @com_github_google_benchmark, @libdeflate, @cli11, @nlohmann_json."""
     debian_package_repository(
         name = "libtorch",
         package = "libtorch-dev (and libgloo-dev for c10d/Gloo)",
@@ -180,6 +180,16 @@ def system_dependencies():
             _system_cc_library("benchmark", ["benchmark", "pthread"]),
             _system_cc_library("benchmark_main", ["benchmark_main"], deps = [":benchmark"]),
         ])},
+    )
+    debian_package_repository(
+        name = "libdeflate",
+        package = "libdeflate-dev",
+        required_files = [_LIB + "libdeflate.so", "/usr/include/libdeflate.h"],
+        build_files = {
+            # Its CRC-32 (carry-less multiplication, ~10 GB/s) checksums the
+            # zip records of checkpoint files (state_dict/internal).
+            "BUILD": _system_cc_library("libdeflate", ["deflate"]),
+        },
     )
     # Header-only, in /usr/include (system headers: exempt from -Werror).
     debian_package_repository(

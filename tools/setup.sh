@@ -9,6 +9,7 @@
 # pthread variant a rank running 2 intra-op threads has 2 OpenBLAS threads
 # competing with 2 spinning OpenMP threads on 2 cores (benchmarks/RESULTS.md).
 # tcmalloc (gperftools) is linked into every binary the project builds.
+# libdeflate's CRC-32 checksums the zip records of checkpoint files.
 # CLI11 parses the command lines of the trainer, launch and ckpt;
 # nlohmann-json writes the trainer's --log-json (both header-only).
 #   --with-python  also install python3-torch and python3-matplotlib
@@ -26,6 +27,7 @@ packages=(
   libbenchmark-dev
   libopenblas0-openmp
   libgoogle-perftools-dev
+  libdeflate-dev
   libcli11-dev
   nlohmann-json3-dev
 )

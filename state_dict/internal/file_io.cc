@@ -39,9 +39,10 @@ absl::Status FsyncDirectory(const std::string& path) {
   return absl::OkStatus();
 }
 
-// Small appends (zip headers, the pickle) are gathered in this buffer;
-// tensor data larger than it is written directly.
+// Small appends (zip headers, small tensors) are gathered in this buffer;
+// larger ones are written directly rather than copied into it first.
 constexpr size_t kWriteBufferBytes = size_t{1} << 20;
+constexpr size_t kDirectWriteBytes = size_t{64} << 10;
 constexpr size_t kReadBufferBytes = size_t{4} << 20;
 
 AtomicFileWriter::AtomicFileWriter(std::string path, std::string tmp, int fd)
@@ -89,20 +90,30 @@ absl::Status AtomicFileWriter::Flush() {
 }
 
 absl::Status AtomicFileWriter::Append(const void* data, size_t size) {
+  if (size == 0) return Store(data, size);  // an empty tensor's data may be null
+  crc_ = Crc32c(data, size, crc_);
+  return Store(data, size);
+}
+
+absl::Status AtomicFileWriter::AppendChecksummed(const void* data, size_t size, uint32_t crc32c) {
+  crc_ = Crc32cCombine(crc_, crc32c, size);
+  return Store(data, size);
+}
+
+absl::Status AtomicFileWriter::Store(const void* data, size_t size) {
   if (!error_.ok()) return error_;
   if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, " is already committed"));
-  if (size == 0) return absl::OkStatus();  // an empty tensor's data may be null
-  crc_ = Crc32c(data, size, crc_);
+  if (size == 0) return absl::OkStatus();
   bytes_ += size;
   const char* p = static_cast<const char*>(data);
-  if (buffered_ + size <= kWriteBufferBytes) {
+  if (size < kDirectWriteBytes && buffered_ + size <= kWriteBufferBytes) {
     std::memcpy(buffer_.get() + buffered_, p, size);
     buffered_ += size;
     return absl::OkStatus();
   }
   absl::Status status = Flush();
   if (!status.ok()) return status;
-  if (size < kWriteBufferBytes) {
+  if (size < kDirectWriteBytes) {
     std::memcpy(buffer_.get(), p, size);
     buffered_ = size;
     return absl::OkStatus();

@@ -20,8 +20,8 @@ namespace internal {
 // CRC-32C and size of everything appended so far; Commit() fsyncs it,
 // renames it over `path` and fsyncs the directory. Destroyed uncommitted (an
 // error, an exception) it removes the temporary file: `path` is untouched.
-// Memory is one fixed buffer that gathers small appends; large appends go
-// straight to the file.
+// Memory is one fixed buffer that gathers small appends; appends of 64 KiB
+// or more go straight to the file.
 class AtomicFileWriter {
  public:
   static absl::StatusOr<std::unique_ptr<AtomicFileWriter>> Open(const std::string& path);
@@ -30,6 +30,10 @@ class AtomicFileWriter {
   AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
 
   absl::Status Append(const void* data, size_t size);
+  // Append for a caller that already has the bytes' CRC-32C (computed while
+  // they were in cache): the file's checksum is extended from it instead of
+  // reading them again.
+  absl::Status AppendChecksummed(const void* data, size_t size, uint32_t crc32c);
   absl::Status Commit();
 
   uint64_t bytes() const { return bytes_; }
@@ -38,6 +42,7 @@ class AtomicFileWriter {
 
  private:
   AtomicFileWriter(std::string path, std::string tmp, int fd);
+  absl::Status Store(const void* data, size_t size);  // buffered or direct
   absl::Status Flush();
   absl::Status WriteAll(const char* data, size_t size);
 

@@ -108,12 +108,20 @@ TEST(AtomicFileWriterTest, SmallAndLargeAppendsLandInOrderWithTheirChecksum) {
   std::string expected;
   auto writer = AtomicFileWriter::Open(path);
   ASSERT_TRUE(writer.ok()) << writer.status();
-  // Sizes around the 1 MiB write buffer: gathered, flushed, written directly.
+  // Sizes around the 64 KiB direct-write threshold and the 1 MiB write
+  // buffer: gathered, flushed, written directly; every other piece comes
+  // with its own CRC-32C (AppendChecksummed), which must extend the file's.
+  bool checksummed = false;
   for (size_t size : {size_t{0}, size_t{3}, size_t{1000}, size_t{1} << 20, size_t{17},
+                      (size_t{64} << 10) - 1, size_t{64} << 10, size_t{900} << 10,
                       (size_t{1} << 20) - 5, size_t{3} << 20, size_t{1}}) {
     std::string piece(size, '\0');
     for (auto& c : piece) c = static_cast<char>(rng());
-    ASSERT_TRUE((*writer)->Append(piece.data(), piece.size()).ok());
+    ASSERT_TRUE((checksummed ? (*writer)->AppendChecksummed(piece.data(), piece.size(),
+                                                            Crc32c(piece.data(), piece.size()))
+                             : (*writer)->Append(piece.data(), piece.size()))
+                    .ok());
+    checksummed = !checksummed;
     expected += piece;
   }
   EXPECT_FALSE(PathExists(path)) << "visible before Commit";
