@@ -46,7 +46,8 @@ uint32_t CrcOf(const torch::Tensor& t) {
 bool HasData(const torch::Tensor& t) { return t.storage().data() != nullptr; }
 
 // Several dtypes, a 0-dim and an empty tensor, and one of 3 MiB (records
-// are read in 1 MiB pieces).
+// are read in 256 KiB pieces shared among the intra-op threads; verify's
+// pass reads through 1 MiB).
 TensorDict Sample() {
   TensorDict sd;
   sd.insert("weight", torch::arange(12, torch::kFloat).view({3, 4}) / 7);
@@ -93,6 +94,36 @@ TEST(ChecksummedReadTest, SavedFileReadsAsLoadTensorDictReadsIt) {
   const std::string path = TempDir("checksummed_saved") + "/sd.pt";
   ASSERT_TRUE(SaveTensorDict(Sample(), path).ok());
   ExpectAgreesWithLoadTensorDict(path);
+}
+
+// A byte changed in a late piece of a large record changes that record's
+// CRC and the file's as ChecksumFile sees them (the pieces are read by
+// several threads and their CRCs combined).
+TEST(ChecksummedReadTest, DamageInALatePieceOfALargeRecordIsSeen) {
+  const std::string path = TempDir("checksummed_late_piece") + "/sd.pt";
+  const TensorDict sample = Sample();
+  ASSERT_TRUE(SaveTensorDict(sample, path).ok());
+  const std::string intact = Slurp(path);
+  const torch::Tensor big = sample["big"];
+  const std::string big_bytes(static_cast<const char*>(big.data_ptr()), big.nbytes());
+  const size_t record = intact.find(big_bytes);
+  ASSERT_NE(record, std::string::npos);
+  const size_t late = record + big.nbytes() - 1000;  // in the record's last 256 KiB
+
+  std::string damaged = intact;
+  damaged[late] = static_cast<char>(damaged[late] ^ 0x10);
+  Spit(path, damaged);
+  auto sum = internal::ChecksumFile(path);
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  for (TensorData mode : {TensorData::kRead, TensorData::kChecksumOnly}) {
+    auto got = internal::ReadChecksummedTensorDict(path, mode);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->crc32c, sum->crc32c);
+    const std::optional<uint32_t> crc =
+        internal::TensorCrc32c(got->record_crc32c, got->loaded.tensors["big"]);
+    ASSERT_TRUE(crc.has_value());
+    EXPECT_NE(*crc, CrcOf(big));
+  }
 }
 
 // Verify's mode keeps no tensor's data (bounded memory), except the ones it
