@@ -13,13 +13,16 @@
 //   BM_Load/full, /sharded/R  LoadFullStateDict / each rank's LoadResharded
 //                           of its own pieces, cold page cache
 //   BM_Verify/full, /sharded/R  VerifyCheckpoint, cold page cache
-//   BM_TrainLoop/0|1|2      4 training steps of the real model with no save
-//                           (0), a SaveFullCheckpoint (1) or an
-//                           AsyncCheckpointer::SaveFull (2, Wait at the end)
-//                           after the first; the loop cost of a save is the
-//                           difference to no save. Each mode runs twice,
-//                           interleaved; blocked_ms is the time spent inside
-//                           the save call (async: the snapshot).
+//   BM_TrainLoop/0|1|2|3    4 training steps of the real model with no save
+//                           (0), a SaveFullCheckpoint (1), an
+//                           AsyncCheckpointer::SaveFull (2, snapshot) or
+//                           SaveFullInPlace (3, no snapshot; the loop calls
+//                           WaitUntilWritten before each optimizer step)
+//                           after the first, Wait at the end; the loop cost
+//                           of a save is the difference to no save. Each
+//                           mode runs twice, interleaved; blocked_ms is the
+//                           time the loop spends inside the save calls
+//                           (2: the snapshot; 3: waiting until written).
 //
 // Before the benchmarks, main() measures the memory a save adds: the peak
 // RSS (VmHWM, reset through /proc/self/clear_refs) of one SaveFullCheckpoint
@@ -311,8 +314,9 @@ double ThreadCpuSeconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-// range(0): 0 = no save, 1 = synchronous save, 2 = async save; at the first
-// of 4 real training steps (forward, backward, Adam) of the model.
+// range(0): 0 = no save, 1 = synchronous save, 2 = async save from a
+// snapshot, 3 = async save in place; at the first of 4 real training steps
+// (forward, backward, Adam) of the model.
 void BM_TrainLoop(benchmark::State& state) {
   const int mode = static_cast<int>(state.range(0));
   const std::string root = g_root + "/loop";
@@ -327,6 +331,11 @@ void BM_TrainLoop(benchmark::State& state) {
     for (int i = 0; i < 4; ++i) {
       optimizer.zero_grad();
       g_model->Loss(batch).backward();
+      if (mode == 3) {  // the state must not change before the save has written it
+        const auto start = std::chrono::steady_clock::now();
+        saver.WaitUntilWritten();
+        blocked_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
       optimizer.step();
       if (i != 0 || mode == 0) continue;
       const auto start = std::chrono::steady_clock::now();
@@ -336,10 +345,12 @@ void BM_TrainLoop(benchmark::State& state) {
         save_cpu_s += ThreadCpuSeconds() - cpu_before;
       } else {
         // The writer thread is new for each save: its CPU clock is the save's.
-        Check(state, saver.SaveFull(root, step, g_state, [&save_cpu_s] {
+        auto then = [&save_cpu_s] {
           save_cpu_s += ThreadCpuSeconds();
           return absl::OkStatus();
-        }));
+        };
+        Check(state, mode == 2 ? saver.SaveFull(root, step, g_state, then)
+                               : saver.SaveFullInPlace(root, step, g_state, then));
       }
       blocked_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
@@ -352,7 +363,10 @@ void BM_TrainLoop(benchmark::State& state) {
   // CPU time the save itself used (the writing thread's clock): what an async
   // save takes from the training loop's cores even when its I/O waits overlap.
   state.counters["save_cpu_ms"] = benchmark::Counter(1e3 * save_cpu_s / state.iterations());
-  state.SetLabel(mode == 0 ? "no save" : mode == 1 ? "sync save" : "async save");
+  state.SetLabel(mode == 0   ? "no save"
+                 : mode == 1 ? "sync save"
+                 : mode == 2 ? "async save (snapshot)"
+                             : "async save (in place)");
 }
 
 BENCHMARK(BM_DiskWrite)->Iterations(kIterations)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -363,7 +377,8 @@ BENCHMARK(BM_Load)->Arg(0)->Arg(1)->Arg(2)->Iterations(kIterations)->UseRealTime
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Verify)->Arg(0)->Arg(1)->Arg(2)->Iterations(kIterations)->UseRealTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_TrainLoop)->Arg(0)->Arg(1)->Arg(2)->Arg(0)->Arg(1)->Arg(2)->Iterations(kIterations)->UseRealTime()
+BENCHMARK(BM_TrainLoop)->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Arg(0)->Arg(1)->Arg(2)->Arg(3)
+    ->Iterations(kIterations)->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
 // Console output plus the ratios the goals are stated in.
@@ -399,19 +414,24 @@ class RatioReporter : public benchmark::ConsoleReporter {
     const double none = Seconds("BM_TrainLoop/0/iterations:3/real_time");
     const double sync = Seconds("BM_TrainLoop/1/iterations:3/real_time");
     const double async = Seconds("BM_TrainLoop/2/iterations:3/real_time");
-    if (none > 0 && sync > 0 && async > 0) {
+    const double in_place = Seconds("BM_TrainLoop/3/iterations:3/real_time");
+    if (none > 0 && sync > 0 && async > 0 && in_place > 0) {
       std::printf("Training loop (4 steps, mean of 2 runs of each mode): no save %.3f s; sync "
-                  "save adds %.3f s; async save adds %.3f s = %.1f%% of the synchronous save's "
-                  "cost\n",
-                  none, sync - none, async - none, 100 * (async - none) / (sync - none));
-      const double sync_blocked = blocked_["BM_TrainLoop/1/iterations:3/real_time"];
-      const double async_blocked = blocked_["BM_TrainLoop/2/iterations:3/real_time"];
-      std::printf("Time the loop waits in the save call: sync %.0f ms, async %.0f ms (snapshot) "
-                  "= %.1f%%\n", sync_blocked, async_blocked, 100 * async_blocked / sync_blocked);
-      std::printf("CPU time of the save itself: sync %.0f ms, async (writer thread) %.0f ms; the "
-                  "loop's 2 compute threads share the 2 cores with it\n",
+                  "save adds %.3f s; async save from a snapshot adds %.3f s = %.1f%%, in place "
+                  "%.3f s = %.1f%% of the synchronous save's cost\n",
+                  none, sync - none, async - none, 100 * (async - none) / (sync - none),
+                  in_place - none, 100 * (in_place - none) / (sync - none));
+      std::printf("Time the loop waits in the save calls: sync %.0f ms, snapshot %.0f ms, in "
+                  "place (until written) %.0f ms\n",
+                  blocked_["BM_TrainLoop/1/iterations:3/real_time"],
+                  blocked_["BM_TrainLoop/2/iterations:3/real_time"],
+                  blocked_["BM_TrainLoop/3/iterations:3/real_time"]);
+      std::printf("CPU time of the save itself: sync %.0f ms, async (writer thread) %.0f ms "
+                  "(snapshot) / %.0f ms (in place); the loop's 2 compute threads share the 2 "
+                  "cores with it\n",
                   save_cpu_["BM_TrainLoop/1/iterations:3/real_time"],
-                  save_cpu_["BM_TrainLoop/2/iterations:3/real_time"]);
+                  save_cpu_["BM_TrainLoop/2/iterations:3/real_time"],
+                  save_cpu_["BM_TrainLoop/3/iterations:3/real_time"]);
     }
   }
 

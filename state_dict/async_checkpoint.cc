@@ -21,6 +21,65 @@ absl::Status AsyncCheckpointer::Wait() {
   return std::exchange(result_, absl::OkStatus());
 }
 
+void AsyncCheckpointer::MarkWritten() {
+  {
+    std::lock_guard<std::mutex> lock(written_mutex_);
+    written_ = true;
+  }
+  written_cv_.notify_all();
+}
+
+void AsyncCheckpointer::WaitUntilWritten() {
+  std::unique_lock<std::mutex> lock(written_mutex_);
+  written_cv_.wait(lock, [this] { return written_; });
+}
+
+absl::Status AsyncCheckpointer::StartInPlace(
+    const std::vector<at::Tensor>& tensors,
+    std::function<absl::Status(const internal::LiveTensors&)> save) {
+  absl::Status previous = Wait();
+  if (!previous.ok()) return previous;
+  internal::LiveTensors live;
+  for (const at::Tensor& t : tensors) {
+    live.versions.push_back(t.defined() ? static_cast<int64_t>(t._version()) : 0);
+  }
+  live.written = [this] { MarkWritten(); };
+  {
+    std::lock_guard<std::mutex> lock(written_mutex_);
+    written_ = false;
+  }
+  absl::Status started = Start([this, live = std::move(live), save = std::move(save)] {
+    absl::Status status = save(live);
+    MarkWritten();  // also when the save failed before writing everything
+    return status;
+  });
+  if (!started.ok()) MarkWritten();
+  return started;
+}
+
+absl::Status AsyncCheckpointer::SaveFullInPlace(const std::string& root, int64_t step,
+                                                const TensorDict& state,
+                                                std::function<absl::Status()> then) {
+  return StartInPlace(state.values(), [root, step, state, then = std::move(then)](
+                                          const internal::LiveTensors& live) {
+    absl::Status status = internal::SaveFullCheckpoint(root, step, state, &live);
+    if (status.ok() && then) status = then();
+    return status;
+  });
+}
+
+absl::Status AsyncCheckpointer::SaveShardInPlace(const std::string& root, int64_t step, int rank,
+                                                 int world_size, const ShardedStateDict& shard) {
+  std::vector<at::Tensor> pieces;  // in the order SaveShard writes them
+  for (const auto& item : shard) {
+    for (const ShardPiece& piece : item.value().pieces) pieces.push_back(piece.data);
+  }
+  return StartInPlace(pieces, [root, step, rank, world_size, shard](
+                                  const internal::LiveTensors& live) {
+    return internal::SaveShard(root, step, rank, world_size, shard, &live);
+  });
+}
+
 absl::Status AsyncCheckpointer::Start(std::function<absl::Status()> write) {
   absl::Status previous = Wait();
   if (!previous.ok()) return previous;

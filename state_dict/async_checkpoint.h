@@ -29,9 +29,11 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,6 +65,23 @@ class AsyncCheckpointer {
   absl::Status SaveShard(const std::string& root, int64_t step, int rank, int world_size,
                          const ShardedStateDict& shard);
 
+  // Without a snapshot: the background thread writes `state`'s own tensors,
+  // so the save costs the loop no copy and no memory. The caller must leave
+  // them unchanged until WaitUntilWritten() returns, e.g. by calling it
+  // before the next optimizer step; the fsync and the commit go on after
+  // that. A tensor changed in place before its bytes were written fails the
+  // save with DataLoss naming it (reported by Wait() or the next save) and
+  // commits nothing, so the previous checkpoint stays the latest; an
+  // in-place change still running while the save checks cannot be seen,
+  // which is why the rule above is the contract, not the check.
+  absl::Status SaveFullInPlace(const std::string& root, int64_t step, const TensorDict& state,
+                               std::function<absl::Status()> then = nullptr);
+  absl::Status SaveShardInPlace(const std::string& root, int64_t step, int rank, int world_size,
+                                const ShardedStateDict& shard);
+  // Blocks until the in-place save in flight has handed every byte of the
+  // state to the kernel (or ended); at once when there is none.
+  void WaitUntilWritten();
+
   // The building blocks, for state of other shapes (e.g. an FSDP state dict
   // holding both kinds): Snapshot waits for the save in flight (returning
   // its error, if any) and copies the tensors into the kept buffers; Start
@@ -85,8 +104,17 @@ class AsyncCheckpointer {
   // when dtype and shape match).
   at::Tensor Copy(const std::string& slot, const at::Tensor& source);
 
+  // Runs `save` in the background with the versions of `tensors` now and a
+  // callback that releases WaitUntilWritten().
+  absl::Status StartInPlace(const std::vector<at::Tensor>& tensors,
+                            std::function<absl::Status(const internal::LiveTensors&)> save);
+  void MarkWritten();
+
   std::thread worker_;
   absl::Status result_;  // written by the worker, read after join
+  std::mutex written_mutex_;
+  std::condition_variable written_cv_;
+  bool written_ = true;
   std::atomic<bool> finished_{true};
   std::map<std::string, at::Tensor> buffers_;
 };

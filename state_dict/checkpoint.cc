@@ -71,8 +71,8 @@ absl::Status WriteCheckpointFile(const std::string& path, absl::string_view byte
 // checksums in `file`, whose entries with data are in `tensors`' order
 // (data-less "-" entries are skipped); then runs the test hook.
 absl::Status WriteDataFile(const std::string& path, const TensorDict& tensors,
-                           ManifestFile& file) {
-  auto written = WriteTensorDict(tensors, path);
+                           ManifestFile& file, const internal::LiveTensors* live) {
+  auto written = internal::WriteTensorDict(tensors, path, live);
   if (!written.ok()) return written.status();
   file.bytes = written->bytes;
   file.crc32c = written->crc32c;
@@ -437,6 +437,18 @@ std::string StepDirectory(const std::string& root, int64_t step) {
 
 absl::Status SaveFullCheckpoint(const std::string& root, int64_t step,
                                 const TensorDict& state) {
+  return internal::SaveFullCheckpoint(root, step, state, nullptr);
+}
+
+absl::Status SaveShard(const std::string& root, int64_t step, int rank,
+                       int world_size, const ShardedStateDict& shard) {
+  return internal::SaveShard(root, step, rank, world_size, shard, nullptr);
+}
+
+namespace internal {
+
+absl::Status SaveFullCheckpoint(const std::string& root, int64_t step, const TensorDict& state,
+                                const LiveTensors* live) {
   const std::string dir = StepDirectory(root, step);
   ManifestFile file;
   file.name = kFullFileName;
@@ -456,7 +468,7 @@ absl::Status SaveFullCheckpoint(const std::string& root, int64_t step,
   }
   absl::Status status = PrepareStepDirectory(dir);
   if (!status.ok()) return status;
-  status = WriteDataFile(dir + "/" + kFullFileName, state, file);
+  status = WriteDataFile(dir + "/" + kFullFileName, state, file, live);
   if (!status.ok()) return status;
   Manifest m;
   m.kind = CheckpointKind::kFull;
@@ -466,8 +478,8 @@ absl::Status SaveFullCheckpoint(const std::string& root, int64_t step,
   return WriteCheckpointFile(dir + "/" + kManifestFileName, FormatManifest(m));
 }
 
-absl::Status SaveShard(const std::string& root, int64_t step, int rank,
-                       int world_size, const ShardedStateDict& shard) {
+absl::Status SaveShard(const std::string& root, int64_t step, int rank, int world_size,
+                       const ShardedStateDict& shard, const LiveTensors* live) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, " is not in a world of size ", world_size));
@@ -507,7 +519,7 @@ absl::Status SaveShard(const std::string& root, int64_t step, int rank,
     status = internal::FsyncDirectory(dir);
     if (!status.ok()) return status;
   }
-  status = WriteDataFile(dir + "/" + file.name, pieces, file);
+  status = WriteDataFile(dir + "/" + file.name, pieces, file, live);
   if (!status.ok()) return status;
   Manifest meta;
   meta.kind = CheckpointKind::kSharded;
@@ -516,6 +528,8 @@ absl::Status SaveShard(const std::string& root, int64_t step, int rank,
   meta.files.push_back(std::move(file));
   return WriteCheckpointFile(meta_path, FormatManifest(meta));
 }
+
+}  // namespace internal
 
 absl::Status CommitShardedCheckpoint(const std::string& root, int64_t step,
                                      int world_size) {

@@ -133,6 +133,14 @@ absl::StatusOr<TensorDict> LoadLocalShard(const std::string& step_dir,
                                           int rank, int world_size);
 
 namespace internal {
+// SaveFullCheckpoint and SaveShard of live tensors (pytorch_format.h's
+// LiveTensors; versions in the order of `state`, or of the shard's pieces:
+// each name's pieces in turn). For AsyncCheckpointer.
+absl::Status SaveFullCheckpoint(const std::string& root, int64_t step, const TensorDict& state,
+                                const LiveTensors* live);
+absl::Status SaveShard(const std::string& root, int64_t step, int rank, int world_size,
+                       const ShardedStateDict& shard, const LiveTensors* live);
+
 // Test hook: called after each file of a save is durably in place, with its
 // path. Lets a test kill a process between two files of one checkpoint.
 void SetAfterFileWrittenHookForTesting(std::function<void(const std::string&)> hook);

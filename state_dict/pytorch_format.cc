@@ -69,10 +69,38 @@ at::Tensor MetadataOnlyTensor(const at::Tensor& t) {
       .set_(storage, 0, t.sizes(), c10::contiguous_strides(t.sizes()));
 }
 
+int64_t LiveVersion(const TensorDict& tensors, size_t i) {
+  return static_cast<int64_t>(tensors[i].value()._version());
+}
+
 }  // namespace
 
 absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
                                                   const std::string& path) {
+  return internal::WriteTensorDict(tensors, path, nullptr);
+}
+
+namespace internal {
+
+absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
+                                                  const std::string& path,
+                                                  const LiveTensors* live) {
+  if (live != nullptr && live->versions.size() != tensors.size()) {
+    return absl::InternalError(absl::StrCat("saving ", path, ": ", live->versions.size(),
+                                            " versions for ", tensors.size(), " tensors"));
+  }
+  // A live tensor changed in place since the save was asked for: its bytes
+  // (or another's) may be from a later state than the rest.
+  auto unchanged = [&](size_t i) {
+    if (live == nullptr || LiveVersion(tensors, i) == live->versions[i]) {
+      return absl::OkStatus();
+    }
+    return absl::DataLossError(absl::StrCat(
+        "cannot save ", path, ": tensor '", tensors[i].key(),
+        "' was changed in place while it was being saved (version ", live->versions[i],
+        " when the save was asked for, now ", LiveVersion(tensors, i),
+        "); leave the state unchanged until the save has written it"));
+  };
   // The data.pkl program, pickled from stand-ins (see MetadataOnlyTensor).
   c10::Dict<std::string, at::Tensor> stand_ins;
   std::vector<const at::Tensor*> sources;  // by the pickler's storage order
@@ -125,18 +153,31 @@ absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
     const at::Tensor data = sources[found->second]->detach().to(at::kCPU).contiguous();
     auto crc32c = zip.WriteRecord(absl::StrCat("data/", i), data.data_ptr(), data.nbytes());
     if (!crc32c.ok()) return crc32c.status();
+    absl::Status status = unchanged(found->second);
+    if (!status.ok()) return status;
     out.tensor_crc32c[found->second] = *crc32c;
   }
   auto pickle_crc32c = zip.WriteRecord("data.pkl", pickle.data(), pickle.size());
   if (!pickle_crc32c.ok()) return pickle_crc32c.status();
   absl::Status finished = zip.Finish();
   if (!finished.ok()) return finished;
+  if (live != nullptr) {
+    // Again for all: one changed while an earlier one was being written
+    // shows here, whatever the order.
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      absl::Status status = unchanged(i);
+      if (!status.ok()) return status;
+    }
+    if (live->written) live->written();
+  }
   out.bytes = (*file)->bytes();
   out.crc32c = (*file)->crc32c();
   absl::Status status = (*file)->Commit();
   if (!status.ok()) return status;
   return out;
 }
+
+}  // namespace internal
 
 absl::Status SaveTensorDict(const TensorDict& tensors, const std::string& path) {
   return WriteTensorDict(tensors, path).status();

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -85,6 +86,20 @@ struct ChecksummedTensorDict {
 };
 absl::StatusOr<ChecksummedTensorDict> ReadChecksummedTensorDict(
     const std::string& path, TensorData data, const std::set<std::string>& keep = {});
+
+// WriteTensorDict of live tensors, which their owner will change again once
+// `written` has run (AsyncCheckpointer's saves without a snapshot). Each
+// tensor's version counter must still be `versions[i]` (its value when the
+// save was asked for; in the dict's order) after its bytes are written and
+// again after all are: else DataLoss naming it, and nothing is committed.
+// `written` runs once every byte is in the kernel's hands, before the fsync.
+struct LiveTensors {
+  std::vector<int64_t> versions;
+  std::function<void()> written;
+};
+absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
+                                                  const std::string& path,
+                                                  const LiveTensors* live);
 
 }  // namespace internal
 

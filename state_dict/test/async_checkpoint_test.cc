@@ -77,6 +77,84 @@ TEST(AsyncCheckpointerTest, ShardsOfTwoRanksThenCommit) {
   ExpectSameState(*loaded, full);
 }
 
+// Without a snapshot: what the background thread writes is the live state
+// as of the call, as long as the loop changes it only after
+// WaitUntilWritten(); full and sharded.
+TEST(AsyncCheckpointerTest, InPlaceSavesWriteTheStateAsOfTheCall) {
+  const std::string root = TempDir("async_in_place");
+  TensorDict live = MakeState(1);
+  AsyncCheckpointer saver;
+  saver.WaitUntilWritten();  // nothing in flight: returns at once
+  for (int64_t step = 1; step <= 3; ++step) {
+    const TensorDict expected = Clone(live);
+    ASSERT_TRUE(saver.SaveFullInPlace(root, step, live).ok());
+    saver.WaitUntilWritten();
+    for (const auto& item : live) item.value().add_(1000);  // the next optimizer step
+    ASSERT_TRUE(saver.Wait().ok());
+    auto loaded = LoadFullStateDict(StepDirectory(root, step));
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ExpectSameState(*loaded, expected);
+  }
+
+  const TensorDict full = Clone(live);
+  std::vector<AsyncCheckpointer> ranks(2);
+  std::vector<ShardedStateDict> shards(2);
+  for (const auto& item : live) {
+    for (int r = 0; r < 2; ++r) {
+      const FlatRange range = EvenShardRange(item.value().numel(), 2, r);
+      shards[static_cast<size_t>(r)].insert(
+          item.key(), ShardFullTensor(item.value(),
+                                      range.numel > 0 ? std::vector<FlatRange>{range}
+                                                      : std::vector<FlatRange>{}));
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(ranks[static_cast<size_t>(r)].SaveShardInPlace(root, 4, r, 2,
+                                                               shards[static_cast<size_t>(r)])
+                    .ok());
+  }
+  for (auto& rank : ranks) {
+    rank.WaitUntilWritten();
+    ASSERT_TRUE(rank.Wait().ok());
+  }
+  ASSERT_TRUE(CommitShardedCheckpoint(root, 4, 2).ok());
+  auto loaded = LoadFullStateDict(StepDirectory(root, 4));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSameState(*loaded, full);
+}
+
+// A live tensor changed in place after the save was asked for (its version
+// counter moved) fails the save with DataLoss naming it; nothing of that
+// step is committed, the previous checkpoint stays the latest.
+TEST(AsyncCheckpointerTest, LiveTensorChangedBeforeItWasWrittenFailsTheSave) {
+  const std::string root = TempDir("async_in_place_changed");
+  TensorDict live = MakeState(1);
+  ASSERT_TRUE(SaveFullCheckpoint(root, 1, live).ok());
+  internal::LiveTensors versions;
+  for (const auto& item : live) versions.versions.push_back(item.value()._version());
+  live["b"].mul_(2);  // the loop did not wait
+  const absl::Status status = internal::SaveFullCheckpoint(root, 2, live, &versions);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(status.message().find("tensor 'b' was changed in place"), std::string::npos)
+      << status;
+  auto latest = LatestCheckpoint(root);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, StepDirectory(root, 1));
+
+  // The same through the sharded path.
+  ShardedStateDict shard;
+  for (const auto& item : live) {
+    shard.insert(item.key(), ShardFullTensor(item.value(), {FlatRange{0, item.value().numel()}}));
+  }
+  internal::LiveTensors shard_versions;
+  for (const auto& item : shard) shard_versions.versions.push_back(item.value().pieces[0].data._version());
+  shard["w"].pieces[0].data.add_(1);
+  const absl::Status sharded = internal::SaveShard(root, 3, 0, 1, shard, &shard_versions);
+  EXPECT_EQ(sharded.code(), absl::StatusCode::kDataLoss) << sharded;
+  EXPECT_NE(sharded.message().find("'w'"), std::string::npos) << sharded;
+  EXPECT_FALSE(CommitShardedCheckpoint(root, 3, 1).ok());
+}
+
 // A background save that fails is reported by the next save (which then
 // does not start) or by Wait(), with the synchronous save's message.
 TEST(AsyncCheckpointerTest, BackgroundErrorsSurfaceAtTheNextSaveOrWait) {
