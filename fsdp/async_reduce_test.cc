@@ -2,15 +2,19 @@
 // the end-of-backward callback finishes it): gradients are final when
 // backward returns, and a reduction that fails in flight (a peer died)
 // surfaces as an exception from backward instead of a hang or a silent drop.
+// With activation checkpointing, no reduction is in flight while a unit's
+// recomputation is differentiated (where its backward peaks).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 
+#include "activation_checkpointing/apply_activation_checkpointing.h"
 #include "comm/testing/multiprocess.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 
@@ -105,6 +109,63 @@ TEST(AsyncReduce, PeerDeathSurfacesFromBackward) {
                   10.0);
       },
       options);
+}
+
+// A Linear + tanh unit whose recomputation (the only forward of a
+// checkpointed module that runs with grad enabled) calls `probe` from
+// inside its own backward.
+struct ProbedImpl : torch::nn::Module {
+  ProbedImpl() { fc = register_module("fc", torch::nn::Linear(64, 64)); }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = fc(x);
+    if (h.requires_grad() && probe) {
+      h.register_hook([p = probe](const at::Tensor&) { p(); });
+    }
+    return torch::tanh(h);
+  }
+  torch::nn::Linear fc{nullptr};
+  std::function<void()> probe;
+};
+TORCH_MODULE(Probed);
+
+// Each unit's reduction is started by its post-backward and may overlap the
+// next unit's backward; for a checkpointed unit it is finished before that
+// unit's recomputation is differentiated (its buffers would otherwise be
+// alive at the unit's memory peak). Checked from inside every
+// recomputation's backward: no unit has a reduction pending. The gradients
+// still average the ranks' (GradsAreFinalWhenBackwardReturns covers the
+// values; fsdp_features_test checks checkpointing changes no bit).
+TEST(AsyncReduce, NoReductionInFlightWhenARecomputationIsDifferentiated) {
+  comm::testing::RunOnRanks(2, [](comm::ProcessGroup& pg) {
+    for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                          ShardingStrategy::kNoShard}) {
+      SCOPED_TRACE(sharding_strategy_name(strategy));
+      torch::manual_seed(0);
+      torch::nn::Sequential net(Probed(), Probed(), Probed(), torch::nn::Linear(64, 4));
+      ASSERT_EQ(activation_checkpointing::apply_activation_checkpointing(
+                    net, module_type_auto_wrap_policy<ProbedImpl>())
+                    .size(),
+                3u);
+      FullyShardedDataParallel::Options options = Wrapped(pg, strategy);
+      options.auto_wrap_policy = module_type_auto_wrap_policy<ProbedImpl>();
+      FullyShardedDataParallel model(net, options);
+      int probes = 0, pending = 0;
+      for (int i = 0; i < 3; ++i) {
+        net[i]->as<ProbedImpl>()->probe = [&model, &probes, &pending] {
+          ++probes;
+          for (const auto* handle : model.handles()) {
+            if (handle != nullptr && handle->reduce_grad_pending()) ++pending;
+          }
+        };
+      }
+      for (int step = 0; step < 3; ++step) {
+        torch::manual_seed(10 + pg.rank());
+        model.forward(torch::randn({8, 64})).pow(2).sum().backward();
+      }
+      EXPECT_EQ(probes, 9);  // 3 units x 3 steps: every recomputation probed
+      EXPECT_EQ(pending, 0);
+    }
+  });
 }
 
 }  // namespace

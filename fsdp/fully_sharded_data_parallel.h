@@ -408,6 +408,9 @@ T& impl_of(T* m) {
 // and point the module tree at its unsharded views again (resharding
 // pointed it back at the shards).
 void before_recompute(torch::nn::Module& module);
+// After that recomputation, before its backward: finish the gradient
+// reductions still in flight (Runtime::finish_reductions_in_backward).
+void before_recompute_backward(torch::nn::Module& module);
 
 // impl.forward(args...) as a checkpointed region
 // (activation_checkpointing/apply_activation_checkpointing.h): the module's
@@ -420,6 +423,7 @@ auto checkpointed_forward(Impl& impl, Args&&... args) {
     activation_checkpointing::internal::Declared declared;
     declared.params = [self] { return self->parameters(); };
     declared.before_recompute = [self] { before_recompute(*self); };
+    declared.before_backward = [self] { before_recompute_backward(*self); };
     declared.what = "activation checkpointing of module " + impl.name();
     return activation_checkpointing::internal::checkpoint_call(
         /*preserve_rng_state=*/true, std::move(declared),

@@ -214,6 +214,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       all_declared.insert(all_declared.end(), params.begin(), params.end());
       check_no_undeclared_tensors(roots, all_declared, first, last, what);
     }
+    if (state->declared.before_backward) state->declared.before_backward();
     variable_list grads = torch::autograd::grad(roots, wrt, root_grads, /*retain_graph=*/false,
                                                 /*create_graph=*/false, /*allow_unused=*/true);
     for (size_t k = 0; k < grads.size(); ++k) result[1 + wrt_index[k]] = grads[k];

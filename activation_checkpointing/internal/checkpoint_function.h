@@ -39,6 +39,11 @@ struct Declared {
   // Runs before each recomputation (FSDP: gather the owning unit again and
   // point the module at its unsharded views).
   std::function<void()> before_recompute;
+  // Runs after each recomputation, before it is differentiated: where the
+  // region's memory peaks (its activations and their gradients alive
+  // together). FSDP finishes the gradient reductions still in flight there,
+  // so their buffers are not alive at that peak.
+  std::function<void()> before_backward;
   // Names the region in messages ("module blocks.0 (BlockImpl)").
   std::string what = "checkpoint";
 };

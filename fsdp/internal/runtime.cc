@@ -176,6 +176,24 @@ void Runtime::prepare_recompute(const torch::nn::Module& module) {
   note_unsharded();
 }
 
+void Runtime::finish_reductions_in_backward() {
+  // A checkpointed module's recomputation is about to be differentiated:
+  // its unit's backward peaks from here on (the recomputed activations,
+  // their gradients and the unit's gradient alive together). The reduction
+  // the previous unit's post-backward started has overlapped the
+  // recomputation's forward; finishing it now frees its unsharded gradient
+  // and reduce-scatter buffers (2.5x the unit's sharded size on 2 ranks)
+  // before that peak instead of after it. Measured on trainer_bench
+  // (FULL_SHARD, every block checkpointed, 2 ranks, seq 512): the step's
+  // allocated peak 15 MiB lower and its peak RSS ~25 MiB lower, for a wait
+  // of 0-13 ms per unit here. Finishing before the recomputation instead
+  // would save 15 MiB more but waited 15-44 ms per unit (the collective had
+  // only just started: no overlap left). Every rank finishes the same
+  // reductions in the same order, so results are unchanged.
+  if (state_ != TrainingState::kBackward) return;
+  finish_reductions();
+}
+
 void Runtime::pre_backward(int index) {
   if (!backward_started_) {
     TORCH_CHECK(forward_since_backward_, "FullyShardedDataParallel: backward through a "
@@ -339,6 +357,12 @@ void before_recompute(torch::nn::Module& module) {
   if (std::shared_ptr<Runtime> rt = Registry::get().find(&module)) rt->prepare_recompute(module);
 }
 
+void before_recompute_backward(torch::nn::Module& module) {
+  if (std::shared_ptr<Runtime> rt = Registry::get().find(&module)) {
+    rt->finish_reductions_in_backward();
+  }
+}
+
 c10::optional<c10::ScalarType> input_dtype(const Frame& frame) {
   if (!frame.rt) return c10::nullopt;
   return frame.rt->options_.mixed_precision.param_dtype;
@@ -401,6 +425,7 @@ torch::nn::AnyValue checkpointed_any_forward(torch::nn::AnyModule& module,
   std::shared_ptr<torch::nn::Module> self = module.ptr();
   declared.params = [self] { return self->parameters(); };
   declared.before_recompute = [self] { before_recompute(*self); };
+  declared.before_backward = [self] { before_recompute_backward(*self); };
   declared.what = what;
   activation_checkpointing::internal::Region region =
       [module, what](const std::vector<at::Tensor>& ins) mutable {

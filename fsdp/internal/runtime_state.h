@@ -87,6 +87,10 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // A checkpointed module of one of this runtime's units is about to be
   // recomputed in backward: gather its unit and use the unsharded views.
   void prepare_recompute(const torch::nn::Module& module);
+  // ... and that recomputation is about to be differentiated: finish the
+  // gradient reductions in flight, so their buffers are freed before the
+  // unit's backward peaks.
+  void finish_reductions_in_backward();
   void pre_backward(int unit);
   void post_backward(int unit);
   void final_callback();
