@@ -308,9 +308,11 @@ absl::Status SaveModelCheckpoint(const std::string& root, int64_t step,
     if (state.rank != 0) return absl::OkStatus();
     return SaveFullCheckpoint(root, step, state.full);
   }
-  if (state.type == StateDictType::kLocal || state.rank == 0) {
-    return SaveShard(root, step, state.rank, state.world_size, state.sharded);
-  }
+  return SaveShard(root, step, state.rank, state.world_size, ShardToSave(state));
+}
+
+ShardedStateDict ShardToSave(const FsdpModelStateDict& state) {
+  if (state.type == StateDictType::kLocal || state.rank == 0) return state.sharded;
   // SHARDED on ranks != 0: entries every rank holds in full are written by
   // rank 0 only, and a hybrid replica's pieces by replicate index 0 (listed
   // here without pieces, so shapes are still recorded).
@@ -321,7 +323,7 @@ absl::Status SaveModelCheckpoint(const std::string& root, int64_t step,
     if (state.shard_is_replica || replicated.count(item.key()) != 0) st.pieces.clear();
     shard.insert(item.key(), std::move(st));
   }
-  return SaveShard(root, step, state.rank, state.world_size, shard);
+  return shard;
 }
 
 absl::Status LoadModelCheckpoint(FullyShardedDataParallel& model, const std::string& step_dir,

@@ -118,6 +118,12 @@ absl::Status LoadModelStateDict(fsdp::FullyShardedDataParallel& model,
 absl::Status SaveModelCheckpoint(const std::string& root, int64_t step,
                                  const FsdpModelStateDict& state);
 
+// What this rank's SaveShard writes for a kSharded/kLocal `state`: its
+// pieces, without those another rank writes (replicated entries on ranks
+// other than 0, a hybrid replica's). For saving them another way, e.g.
+// AsyncCheckpointer::SaveShardInPlace.
+ShardedStateDict ShardToSave(const FsdpModelStateDict& state);
+
 // Loads a checkpoint step directory in form `type` into the model: kFull
 // reads the FULL dict (a full or a sharded checkpoint of any world size;
 // optimizer entries "<param>/<entry>" saved alongside are skipped),

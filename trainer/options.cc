@@ -198,7 +198,8 @@ void DefineFlags(CLI::App& app, Options& o) {
          "debris (0: keep all)",
          0);
   AddSwitch(app, "--async-checkpoint", o.async_checkpoint,
-            "write checkpoints in the background from a snapshot while the next steps run");
+            "write checkpoints in the background while the next step runs (its optimizer step "
+            "waits until the state is written)");
   AddSwitch(app, "--resume", o.resume, "continue from the newest checkpoint in --checkpoint-dir");
   AddPath(app, "--log-json", o.log_json, "a file path", "one JSON object per step (rank 0)");
 }

@@ -91,8 +91,10 @@ struct Options {
   // the newest K, and debris of crashed saves (state_dict::PruneCheckpoints).
   // 0: keep every checkpoint.
   int64_t keep_last = 0;
-  // Write each checkpoint from a snapshot in a background thread while the
-  // next steps run (state_dict::AsyncCheckpointer); a sharded one is
+  // Write each checkpoint from the live state in a background thread while
+  // the next step's forward and backward run, its optimizer step waiting
+  // until the state is written (state_dict::AsyncCheckpointer, in place:
+  // no snapshot copy); a sharded one is
   // committed at the first step boundary where every rank's write finished.
   bool async_checkpoint = false;
   bool resume = false;

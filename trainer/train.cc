@@ -116,13 +116,9 @@ absl::Status SaveShardedCheckpoint(const Options& o, fsdp::FullyShardedDataParal
   both->sharded.insert(kSeedKey, Scalar(o.seed));
   both->replicated.push_back(kStepKey);
   both->replicated.push_back(kSeedKey);
-  if (async != nullptr) {  // --async-checkpoint: write a snapshot meanwhile
-    auto snapshot = async->Snapshot(both->sharded);
-    if (!snapshot.ok()) return snapshot.status();
-    both->sharded = *std::move(snapshot);
-    return async->Start([root = o.checkpoint_dir, step, state = *std::move(both)] {
-      return state_dict::SaveModelCheckpoint(root, step, state);
-    });
+  if (async != nullptr) {  // --async-checkpoint: written from the live state meanwhile
+    return async->SaveShardInPlace(o.checkpoint_dir, step, both->rank, both->world_size,
+                                   state_dict::ShardToSave(*both));
   }
   return state_dict::SaveModelCheckpoint(o.checkpoint_dir, step, *both);
 }
@@ -151,7 +147,7 @@ absl::Status SaveFullCheckpoint(const Options& o, fsdp::FullyShardedDataParallel
   }
   out.insert(kStepKey, torch::tensor({step}, torch::kInt64));
   out.insert(kSeedKey, torch::tensor({o.seed}, torch::kInt64));
-  if (async != nullptr) return async->SaveFull(o.checkpoint_dir, step, out);
+  if (async != nullptr) return async->SaveFullInPlace(o.checkpoint_dir, step, out);
   return state_dict::SaveFullCheckpoint(o.checkpoint_dir, step, out);
 }
 
@@ -233,8 +229,8 @@ absl::Status FinishAsyncSave(const Options& o, const comm::ProcessGroup& group,
 // Writes the checkpoint of `step` in --checkpoint-format; a sharded one is
 // committed (made visible) by rank 0 once every rank's pieces are durable.
 // With `async` (--async-checkpoint), the previous async save is finished
-// first, and this one is started from a snapshot and finished later
-// (FinishAsyncSave).
+// first, and this one is started on the live state and finished later
+// (FinishAsyncSave); the next optimizer step waits until it is written.
 absl::Status SaveCheckpoint(const Options& o, fsdp::FullyShardedDataParallel& model,
                             const torch::optim::Optimizer& optimizer,
                             const comm::ProcessGroup& group, int64_t step, AsyncSave* async) {
@@ -611,6 +607,10 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
     const double global_loss = l.item<double>();
     // The norm over all ranks' shards (an all-reduce inside).
     if (o.clip > 0) fsdp_model.clip_grad_norm_(o.clip);
+    // An async save in flight writes the live parameters and optimizer
+    // state: they may change only once it has written them (in the time of
+    // this step's forward and backward, usually).
+    if (async != nullptr) async->saver.WaitUntilWritten();
     optimizer->step();
     const double step_time =
         std::chrono::duration<double>(Clock::now() - step_start).count();

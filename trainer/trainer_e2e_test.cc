@@ -173,7 +173,8 @@ std::string FileBytes(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
-// --async-checkpoint writes, from a snapshot taken at the step boundary, the
+// --async-checkpoint writes, from the live state while the next step's
+// forward and backward run (its optimizer step waits until written), the
 // very files a synchronous save writes (byte for byte, both formats), while
 // the run's losses stay those of a run without checkpoints; every
 // checkpoint is committed, and resuming from one continues the sequence.
