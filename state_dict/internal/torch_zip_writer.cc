@@ -9,26 +9,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "state_dict/internal/crc32c.h"
+#include "state_dict/internal/zip_format.h"
 
 namespace state_dict {
 namespace internal {
 namespace {
 
-constexpr uint32_t kLocalHeaderSignature = 0x04034b50;
-constexpr uint32_t kDataDescriptorSignature = 0x08074b50;
-constexpr uint32_t kCentralHeaderSignature = 0x02014b50;
-constexpr uint32_t kZip64EndSignature = 0x06064b50;
-constexpr uint32_t kZip64LocatorSignature = 0x07064b50;
-constexpr uint32_t kEndSignature = 0x06054b50;
-constexpr size_t kLocalHeaderBytes = 30;
-constexpr size_t kZip64EndBytes = 56;
 // Bit 11: UTF-8 names; bit 3: CRC and sizes follow the data (a data
 // descriptor). miniz writes an empty record without a descriptor, and
 // without bit 3. Version-needed, method, time and date stay 0.
 uint16_t Flags(uint64_t size) { return size == 0 ? 0x0800 : 0x0808; }
-constexpr uint16_t kZip64ExtraId = 0x0001;
 constexpr uint16_t kPaddingExtraId = 0x4246;  // "FB", PyTorch's alignment field
-constexpr uint64_t kZip64Threshold = 0xFFFFFFFFu;
+// Sizes and offsets from this on go into the ZIP64 field (as miniz: a value
+// of exactly 0xFFFFFFFF too, since it would read as the marker).
+constexpr uint64_t kZip64Threshold = kZip64Marker;
 // torch.load maps records in place when their data is aligned to this.
 constexpr uint64_t kDataAlignment = 64;
 // Pieces small enough to stay in L2 from the CRCs to the write.
@@ -98,11 +92,11 @@ absl::StatusOr<uint32_t> TorchZipWriter::WriteRecord(absl::string_view name, con
                                        large_size ? &zero : nullptr,
                                        large_offset ? &entry.offset : nullptr);
   const uint64_t unpadded =
-      entry.offset + kLocalHeaderBytes + entry.name.size() + zip64.size() + 4;
+      entry.offset + kZipLocalHeaderSize + entry.name.size() + zip64.size() + 4;
   const uint64_t padding = (kDataAlignment - unpadded % kDataAlignment) % kDataAlignment;
 
   Bytes header;
-  header.u32(kLocalHeaderSignature).u16(0).u16(Flags(size)).u16(0).u16(0).u16(0);
+  header.u32(kZipLocalHeaderSignature).u16(0).u16(Flags(size)).u16(0).u16(0).u16(0);
   header.u32(0).u32(0).u32(0);  // CRC and sizes: in the data descriptor
   header.u16(entry.name.size()).u16(zip64.size() + 4 + padding);
   header.raw(entry.name).raw(zip64);
@@ -126,7 +120,7 @@ absl::StatusOr<uint32_t> TorchZipWriter::WriteRecord(absl::string_view name, con
 
   if (size > 0) {
     Bytes descriptor;
-    descriptor.u32(kDataDescriptorSignature).u32(crc32);
+    descriptor.u32(kZipDataDescriptorSignature).u32(crc32);
     if (zip64.empty()) {
       descriptor.u32(size).u32(size);
     } else {
@@ -156,7 +150,7 @@ absl::Status TorchZipWriter::Finish() {
                                          large_size ? &e.size : nullptr,
                                          e.offset >= kZip64Threshold ? &e.offset : nullptr);
     const uint64_t size32 = std::min(e.size, kZip64Threshold);
-    directory.u32(kCentralHeaderSignature).u16(0).u16(0).u16(Flags(e.size)).u16(0).u16(0).u16(0);
+    directory.u32(kZipCentralHeaderSignature).u16(0).u16(0).u16(Flags(e.size)).u16(0).u16(0).u16(0);
     directory.u32(e.crc32).u32(size32).u32(size32);
     directory.u16(e.name.size()).u16(zip64.size()).u16(0);  // no comment
     directory.u16(0).u16(0).u32(0);                         // disk, attributes
@@ -167,10 +161,10 @@ absl::Status TorchZipWriter::Finish() {
   const uint64_t zip64_end_offset = directory_offset + directory_bytes;
   const uint64_t count = entries_.size();
   Bytes end;
-  end.u32(kZip64EndSignature).u64(kZip64EndBytes - 12).u16(0x031E).u16(0x002D);
+  end.u32(kZip64EndSignature).u64(kZip64EndSize - 12).u16(0x031E).u16(0x002D);
   end.u32(0).u32(0).u64(count).u64(count).u64(directory_bytes).u64(directory_offset);
   end.u32(kZip64LocatorSignature).u32(0).u64(zip64_end_offset).u32(1);
-  end.u32(kEndSignature).u16(0).u16(0);
+  end.u32(kZipEndSignature).u16(0).u16(0);
   end.u16(std::min<uint64_t>(count, 0xFFFF)).u16(std::min<uint64_t>(count, 0xFFFF));
   end.u32(std::min(directory_bytes, kZip64Threshold));
   end.u32(std::min(directory_offset, kZip64Threshold)).u16(0);

@@ -30,19 +30,9 @@ namespace state_dict {
 namespace internal {
 namespace {
 
-constexpr uint32_t kLocalHeaderSig = 0x04034b50;
-constexpr uint32_t kCentralHeaderSig = 0x02014b50;
-constexpr uint32_t kEndSig = 0x06054b50;
-constexpr uint32_t kZip64EndSig = 0x06064b50;
-constexpr uint32_t kZip64LocatorSig = 0x07064b50;
-constexpr size_t kCentralHeaderSize = 46;
-constexpr size_t kEndSize = 22;
-constexpr size_t kZip64EndSize = 56;
-constexpr size_t kZip64LocatorSize = 20;
 constexpr size_t kMaxCommentSize = 0xFFFF;
 // PyTorch writes "3\n"; anything near this size is not a version record.
 constexpr uint64_t kMaxVersionRecordBytes = 64 << 10;
-constexpr uint16_t kDeflated = 8;
 constexpr uint64_t kMaxDeflateRatio = 1032;
 constexpr uint32_t kDosDirectoryAttribute = 0x10;
 
@@ -152,15 +142,15 @@ class ArchiveCheck {
   // 22 bytes: it may be followed by a comment), and the ZIP64 end record
   // when its locator precedes it.
   absl::Status ReadEndRecords() {
-    if (size_ < kEndSize) return Bad(absl::StrCat("it is ", size_, " bytes, too short for a zip"));
-    const uint64_t tail_size = std::min<uint64_t>(size_, kEndSize + kMaxCommentSize);
+    if (size_ < kZipEndSize) return Bad(absl::StrCat("it is ", size_, " bytes, too short for a zip"));
+    const uint64_t tail_size = std::min<uint64_t>(size_, kZipEndSize + kMaxCommentSize);
     std::string tail;
     absl::Status status = ReadAt(size_ - tail_size, tail_size, tail, "end of central directory");
     if (!status.ok()) return status;
-    size_t at = tail.size() - kEndSize + 1;
+    size_t at = tail.size() - kZipEndSize + 1;
     bool found = false;
     while (at-- > 0) {
-      if (Le32(&tail[at]) == kEndSig) {
+      if (Le32(&tail[at]) == kZipEndSignature) {
         found = true;
         break;
       }
@@ -179,12 +169,12 @@ class ArchiveCheck {
       status = ReadAt(end_offset - kZip64LocatorSize, kZip64LocatorSize, locator,
                       "ZIP64 end locator");
       if (!status.ok()) return status;
-      if (Le32(locator.data()) == kZip64LocatorSig) {
+      if (Le32(locator.data()) == kZip64LocatorSignature) {
         std::string end64;
         status = ReadAt(Le64(locator.data() + 8), kZip64EndSize, end64,
                         "ZIP64 end of central directory");
         if (!status.ok()) return status;
-        if (Le32(end64.data()) != kZip64EndSig) {
+        if (Le32(end64.data()) != kZip64EndSignature) {
           return Bad("its ZIP64 end locator points at no ZIP64 end record");
         }
         if (Le32(end64.data() + 16) != 0 || Le32(end64.data() + 20) != 0 ||
@@ -200,7 +190,7 @@ class ArchiveCheck {
       return Bad(absl::StrCat("its central directory (", cd_size_, " bytes at offset ",
                               cd_offset_, ") overlaps its end records at ", end_offset));
     }
-    if (entries_ > cd_size_ / kCentralHeaderSize) {
+    if (entries_ > cd_size_ / kZipCentralHeaderSize) {
       return Bad(absl::StrCat("it claims ", entries_, " records in a ", cd_size_,
                               "-byte central directory"));
     }
@@ -214,7 +204,7 @@ class ArchiveCheck {
     size_t at = 0;
     for (uint64_t i = 0; i < entries_; ++i) {
       const std::string where = absl::StrCat("central directory record ", i);
-      if (cd.size() - at < kCentralHeaderSize || Le32(&cd[at]) != kCentralHeaderSig) {
+      if (cd.size() - at < kZipCentralHeaderSize || Le32(&cd[at]) != kZipCentralHeaderSignature) {
         return Bad(absl::StrCat(where, " is missing or damaged"));
       }
       const char* h = &cd[at];
@@ -229,10 +219,10 @@ class ArchiveCheck {
       const size_t name_size = Le16(h + 28);
       const size_t extra_size = Le16(h + 30);
       const size_t comment_size = Le16(h + 32);
-      const size_t record_size = kCentralHeaderSize + name_size + extra_size + comment_size;
+      const size_t record_size = kZipCentralHeaderSize + name_size + extra_size + comment_size;
       if (cd.size() - at < record_size) return Bad(absl::StrCat(where, " is truncated"));
-      e.name.assign(h + kCentralHeaderSize, name_size);
-      status = ApplyZip64Extra(absl::string_view(h + kCentralHeaderSize + name_size, extra_size),
+      e.name.assign(h + kZipCentralHeaderSize, name_size);
+      status = ApplyZip64Extra(absl::string_view(h + kZipCentralHeaderSize + name_size, extra_size),
                                Le16(h + 34), where, e);
       if (!status.ok()) return status;
       // miniz extracts a directory as nothing, leaving the reader's buffer
@@ -244,7 +234,7 @@ class ArchiveCheck {
       // Deflate expands at most ~1032:1, and LibTorch's getRecord allocates
       // the claimed size before inflating: a record claiming more would make
       // a tiny file allocate gigabytes, then fail to inflate anyway.
-      if (e.method == kDeflated && e.uncompressed / kMaxDeflateRatio > e.compressed + 1) {
+      if (e.method == kZipDeflated && e.uncompressed / kMaxDeflateRatio > e.compressed + 1) {
         return Bad(absl::StrCat(where, " ('", absl::CEscape(e.name), "') claims ",
                                 e.uncompressed, " bytes from ", e.compressed,
                                 " deflated bytes, more than deflate can expand to"));
@@ -259,17 +249,17 @@ class ArchiveCheck {
   // and follow, in this order, in its ZIP64 extra field (id 1).
   absl::Status ApplyZip64Extra(absl::string_view extra, uint16_t disk, const std::string& where,
                                ZipEntry& e) {
-    const bool need = e.uncompressed == 0xFFFFFFFFu || e.compressed == 0xFFFFFFFFu ||
-                      e.local_header == 0xFFFFFFFFu || disk == 0xFFFF;
+    const bool need = e.uncompressed == kZip64Marker || e.compressed == kZip64Marker ||
+                      e.local_header == kZip64Marker || disk == 0xFFFF;
     if (!need) return absl::OkStatus();
     while (extra.size() >= 4) {
       const uint16_t id = Le16(extra.data());
       const size_t size = Le16(extra.data() + 2);
       if (extra.size() - 4 < size) break;
       absl::string_view field = extra.substr(4, size);
-      if (id == 1) {
+      if (id == kZip64ExtraId) {
         for (uint64_t* value : {&e.uncompressed, &e.compressed, &e.local_header}) {
-          if (*value != 0xFFFFFFFFu) continue;
+          if (*value != kZip64Marker) continue;
           if (field.size() < 8) return Bad(absl::StrCat(where, ": its ZIP64 extra field is short"));
           *value = Le64(field.data());
           field.remove_prefix(8);
@@ -304,7 +294,7 @@ class ArchiveCheck {
                               absl::Hex(e.flags), ")"));
     }
     if (IsDirectory(e)) return Bad(absl::StrCat("its ", what, " is marked as a directory"));
-    if (e.method != kZipStored && e.method != kDeflated) {
+    if (e.method != kZipStored && e.method != kZipDeflated) {
       return Bad(absl::StrCat("its ", what, " uses compression method ", e.method,
                               " (only stored and deflated records are read)"));
     }
@@ -376,7 +366,7 @@ class ArchiveCheck {
 }  // namespace
 
 std::optional<uint64_t> ZipDataOffset(const ZipEntry& e, const char* local_header) {
-  if (Le32(local_header) != kLocalHeaderSig) return std::nullopt;
+  if (Le32(local_header) != kZipLocalHeaderSignature) return std::nullopt;
   // Name length at byte 26, extra field length at byte 28.
   return e.local_header + kZipLocalHeaderSize + Le16(local_header + 26) +
          Le16(local_header + 28);

@@ -33,6 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "state_dict/internal/zip_format.h"
 
 namespace state_dict {
 namespace internal {
@@ -54,11 +55,6 @@ struct ZipEntry {
   uint64_t local_header = 0;  // offset of the record's local header
   uint32_t external_attributes = 0;
 };
-
-constexpr uint16_t kZipStored = 0;
-// The local header's fixed part; its name and extra field follow, then the
-// record's data.
-constexpr size_t kZipLocalHeaderSize = 30;
 
 // Where `e`'s data begins, from the kZipLocalHeaderSize bytes at
 // e.local_header (its name and extra field may differ from the central
