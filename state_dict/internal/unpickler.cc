@@ -16,7 +16,6 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
 #include <caffe2/serialize/inline_container.h>
 
@@ -1074,47 +1073,22 @@ class OnePassReader {
   // The record's `size` bytes at `offset` (inside the file): into a new
   // buffer that becomes its storage's data, or through the fixed buffer.
   absl::Status ReadData(Slot& slot, uint64_t offset, uint64_t size) {
-    if (!KeepsData(slot)) {
-      uint32_t crc = 0;
-      for (uint64_t done = 0; done < size;) {
-        const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunkBytes, size - done));
-        absl::Status status = ReadAt(offset + done, Buffer(), n);
-        if (!status.ok()) return status;
-        crc = Crc32c(Buffer(), n, crc);
-        done += n;
-      }
-      slot.crc = crc;
-      slot.done = true;
-      return absl::OkStatus();
-    }
-    at::DataPtr ptr = c10::GetCPUAllocator()->allocate(static_cast<size_t>(size));
-    char* out = static_cast<char*>(ptr.get());
-    // The copy out of the page cache is most of a load's CPU time, so the
-    // intra-op threads each read and checksum a share of the pieces (the
-    // kernel's readahead keeps the disk ahead of them all); the pieces'
-    // CRCs are then combined in order. 256 KiB pieces, so that a 1 MiB
-    // tensor is shared too.
-    constexpr size_t kPieceBytes = size_t{256} << 10;
-    const int64_t pieces = static_cast<int64_t>((size + kPieceBytes - 1) / kPieceBytes);
-    std::vector<uint32_t> crcs(static_cast<size_t>(pieces));
-    std::vector<absl::Status> errors(static_cast<size_t>(pieces));
-    at::parallel_for(0, pieces, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t p = begin; p < end; ++p) {
-        const uint64_t from = static_cast<uint64_t>(p) * kPieceBytes;
-        const size_t n = static_cast<size_t>(std::min<uint64_t>(kPieceBytes, size - from));
-        errors[static_cast<size_t>(p)] = ReadAt(offset + from, out + from, n);
-        if (!errors[static_cast<size_t>(p)].ok()) return;
-        crcs[static_cast<size_t>(p)] = Crc32c(out + from, n);
-      }
-    });
     uint32_t crc = 0;
-    for (int64_t p = 0; p < pieces; ++p) {
-      if (!errors[static_cast<size_t>(p)].ok()) return errors[static_cast<size_t>(p)];
-      const uint64_t from = static_cast<uint64_t>(p) * kPieceBytes;
-      crc = Crc32cCombine(crc, crcs[static_cast<size_t>(p)],
-                          std::min<uint64_t>(kPieceBytes, size - from));
+    at::DataPtr ptr;
+    char* out = nullptr;
+    if (KeepsData(slot)) {
+      ptr = c10::GetCPUAllocator()->allocate(static_cast<size_t>(size));
+      out = static_cast<char*>(ptr.get());
     }
-    slot.storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(ptr));
+    for (uint64_t done = 0; done < size;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunkBytes, size - done));
+      char* piece = out != nullptr ? out + done : Buffer();
+      absl::Status status = ReadAt(offset + done, piece, n);
+      if (!status.ok()) return status;
+      crc = Crc32c(piece, n, crc);
+      done += n;
+    }
+    if (KeepsData(slot)) slot.storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(ptr));
     slot.crc = crc;
     slot.done = true;
     return absl::OkStatus();

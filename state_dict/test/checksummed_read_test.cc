@@ -46,8 +46,7 @@ uint32_t CrcOf(const torch::Tensor& t) {
 bool HasData(const torch::Tensor& t) { return t.storage().data() != nullptr; }
 
 // Several dtypes, a 0-dim and an empty tensor, and one of 3 MiB (records
-// are read in 256 KiB pieces shared among the intra-op threads; verify's
-// pass reads through 1 MiB).
+// are read in 1 MiB pieces).
 TensorDict Sample() {
   TensorDict sd;
   sd.insert("weight", torch::arange(12, torch::kFloat).view({3, 4}) / 7);
@@ -97,8 +96,7 @@ TEST(ChecksummedReadTest, SavedFileReadsAsLoadTensorDictReadsIt) {
 }
 
 // A byte changed in a late piece of a large record changes that record's
-// CRC and the file's as ChecksumFile sees them (the pieces are read by
-// several threads and their CRCs combined).
+// CRC and the file's as ChecksumFile sees them.
 TEST(ChecksummedReadTest, DamageInALatePieceOfALargeRecordIsSeen) {
   const std::string path = TempDir("checksummed_late_piece") + "/sd.pt";
   const TensorDict sample = Sample();
