@@ -31,6 +31,21 @@ TensorDict Clone(const TensorDict& sd) {
   return out;
 }
 
+// Each rank's even share of every tensor, as FSDP shards a flat parameter.
+std::vector<ShardedStateDict> EvenShards(const TensorDict& full, int world) {
+  std::vector<ShardedStateDict> shards(static_cast<size_t>(world));
+  for (const auto& item : full) {
+    for (int r = 0; r < world; ++r) {
+      const FlatRange range = EvenShardRange(item.value().numel(), world, r);
+      shards[static_cast<size_t>(r)].insert(
+          item.key(), ShardFullTensor(item.value(),
+                                      range.numel > 0 ? std::vector<FlatRange>{range}
+                                                      : std::vector<FlatRange>{}));
+    }
+  }
+  return shards;
+}
+
 // The save writes the state as it was at the call, although the training
 // loop changes the live tensors in place right after (the snapshot), and the
 // snapshot buffers are reused for the next save.
@@ -56,17 +71,7 @@ TEST(AsyncCheckpointerTest, ShardsOfTwoRanksThenCommit) {
   const std::string root = TempDir("async_sharded");
   const TensorDict full = MakeState(2);
   AsyncCheckpointer rank0, rank1;
-  std::vector<ShardedStateDict> shards(2);
-  for (const auto& item : full) {
-    const int64_t n = item.value().numel();
-    for (int r = 0; r < 2; ++r) {
-      const FlatRange range = EvenShardRange(n, 2, r);
-      shards[static_cast<size_t>(r)].insert(
-          item.key(), ShardFullTensor(item.value(),
-                                      range.numel > 0 ? std::vector<FlatRange>{range}
-                                                      : std::vector<FlatRange>{}));
-    }
-  }
+  const std::vector<ShardedStateDict> shards = EvenShards(full, 2);
   ASSERT_TRUE(rank0.SaveShard(root, 5, 0, 2, shards[0]).ok());
   ASSERT_TRUE(rank1.SaveShard(root, 5, 1, 2, shards[1]).ok());
   ASSERT_TRUE(rank0.Wait().ok());
@@ -98,16 +103,7 @@ TEST(AsyncCheckpointerTest, InPlaceSavesWriteTheStateAsOfTheCall) {
 
   const TensorDict full = Clone(live);
   std::vector<AsyncCheckpointer> ranks(2);
-  std::vector<ShardedStateDict> shards(2);
-  for (const auto& item : live) {
-    for (int r = 0; r < 2; ++r) {
-      const FlatRange range = EvenShardRange(item.value().numel(), 2, r);
-      shards[static_cast<size_t>(r)].insert(
-          item.key(), ShardFullTensor(item.value(),
-                                      range.numel > 0 ? std::vector<FlatRange>{range}
-                                                      : std::vector<FlatRange>{}));
-    }
-  }
+  const std::vector<ShardedStateDict> shards = EvenShards(live, 2);
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(ranks[static_cast<size_t>(r)].SaveShardInPlace(root, 4, r, 2,
                                                                shards[static_cast<size_t>(r)])
