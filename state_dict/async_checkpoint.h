@@ -1,9 +1,12 @@
 // Checkpoints written in the background while training goes on, after
-// PyTorch's torch.distributed.checkpoint.async_save: at the step boundary the
-// state is copied (a snapshot, so the next optimizer steps may change the
-// live tensors), and one background thread writes the snapshot with the
-// synchronous functions of checkpoint.h — the same files, checksums and
-// commit protocol.
+// PyTorch's torch.distributed.checkpoint.async_save: one background thread
+// writes the state with the synchronous functions of checkpoint.h — the same
+// files, checksums and commit protocol. Either from a snapshot (SaveFull,
+// SaveShard: the state is copied at the step boundary, so the next steps may
+// change the live tensors at once) or in place (SaveFullInPlace,
+// SaveShardInPlace: no copy; the loop waits with WaitUntilWritten() before
+// it changes the state, which the next step's forward and backward usually
+// cover).
 //
 //   state_dict::AsyncCheckpointer saver;
 //   for (int64_t step = 1; step <= steps; ++step) {
