@@ -41,7 +41,7 @@ absl::Status AsyncCheckpointer::StartInPlace(
   if (!previous.ok()) return previous;
   internal::LiveTensors live;
   for (const at::Tensor& t : tensors) {
-    live.versions.push_back(t.defined() ? static_cast<int64_t>(t._version()) : 0);
+    if (t.defined()) live.versions[t.unsafeGetTensorImpl()] = static_cast<int64_t>(t._version());
   }
   live.written = [this] { MarkWritten(); };
   {
@@ -70,7 +70,7 @@ absl::Status AsyncCheckpointer::SaveFullInPlace(const std::string& root, int64_t
 
 absl::Status AsyncCheckpointer::SaveShardInPlace(const std::string& root, int64_t step, int rank,
                                                  int world_size, const ShardedStateDict& shard) {
-  std::vector<at::Tensor> pieces;  // in the order SaveShard writes them
+  std::vector<at::Tensor> pieces;
   for (const auto& item : shard) {
     for (const ShardPiece& piece : item.value().pieces) pieces.push_back(piece.data);
   }

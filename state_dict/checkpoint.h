@@ -134,8 +134,7 @@ absl::StatusOr<TensorDict> LoadLocalShard(const std::string& step_dir,
 
 namespace internal {
 // SaveFullCheckpoint and SaveShard of live tensors (pytorch_format.h's
-// LiveTensors; versions in the order of `state`, or of the shard's pieces:
-// each name's pieces in turn). For AsyncCheckpointer.
+// LiveTensors). For AsyncCheckpointer.
 absl::Status SaveFullCheckpoint(const std::string& root, int64_t step, const TensorDict& state,
                                 const LiveTensors* live);
 absl::Status SaveShard(const std::string& root, int64_t step, int rank, int world_size,

@@ -14,32 +14,49 @@
 
 namespace state_dict {
 
-absl::Status SaveIValue(const c10::IValue& value, const std::string& path) {
-  // As torch::jit::pickle_save, streamed: the pickler keeps a reference to
-  // each storage it will need, and each is written (and copied to the CPU,
-  // when it is elsewhere) on its own.
+namespace {
+
+// data.pkl and the tensors whose storages it refers to (in its storage
+// order), as torch::jit::pickle_save pickles: the pickler only keeps a
+// reference to each tensor, so nothing is copied here.
+struct Pickled {
   std::string pickle;
   std::vector<at::Tensor> records;
+};
+absl::StatusOr<Pickled> Pickle(const c10::IValue& value, absl::string_view what,
+                               const std::string& path) {
+  Pickled out;
   try {
     torch::jit::Pickler pickler(
-        [&](const char* data, size_t size) { pickle.append(data, size); });
+        [&](const char* data, size_t size) { out.pickle.append(data, size); });
     pickler.protocol();
     pickler.pushIValue(value);
     pickler.stop();
-    records = pickler.tensorData();
+    out.records = pickler.tensorData();
   } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot serialise state for ", path, ": ", e.what_without_backtrace()));
+    return absl::InvalidArgumentError(absl::StrCat("cannot serialise ", what, " for ", path, ": ",
+                                                   e.what_without_backtrace()));
   }
+  return out;
+}
+
+}  // namespace
+
+absl::Status SaveIValue(const c10::IValue& value, const std::string& path) {
+  // As torch::jit::pickle_save, streamed: each storage is written (and
+  // copied to the CPU, when it is elsewhere) on its own.
+  auto pickled = Pickle(value, "state", path);
+  if (!pickled.ok()) return pickled.status();
   auto file = internal::AtomicFileWriter::Open(path);
   if (!file.ok()) return file.status();
   internal::TorchZipWriter zip(**file);
-  for (size_t i = 0; i < records.size(); ++i) {
-    const torch::jit::WriteableTensorData storage = torch::jit::getWriteableTensorData(records[i]);
+  for (size_t i = 0; i < pickled->records.size(); ++i) {
+    const torch::jit::WriteableTensorData storage =
+        torch::jit::getWriteableTensorData(pickled->records[i]);
     auto written = zip.WriteRecord(absl::StrCat("data/", i), storage.data(), storage.sizeInBytes());
     if (!written.ok()) return written.status();
   }
-  auto written = zip.WriteRecord("data.pkl", pickle.data(), pickle.size());
+  auto written = zip.WriteRecord("data.pkl", pickled->pickle.data(), pickled->pickle.size());
   if (!written.ok()) return written.status();
   absl::Status status = zip.Finish();
   if (!status.ok()) return status;
@@ -69,10 +86,6 @@ at::Tensor MetadataOnlyTensor(const at::Tensor& t) {
       .set_(storage, 0, t.sizes(), c10::contiguous_strides(t.sizes()));
 }
 
-int64_t LiveVersion(const TensorDict& tensors, size_t i) {
-  return static_cast<int64_t>(tensors[i].value()._version());
-}
-
 }  // namespace
 
 absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
@@ -85,20 +98,20 @@ namespace internal {
 absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
                                                   const std::string& path,
                                                   const LiveTensors* live) {
-  if (live != nullptr && live->versions.size() != tensors.size()) {
-    return absl::InternalError(absl::StrCat("saving ", path, ": ", live->versions.size(),
-                                            " versions for ", tensors.size(), " tensors"));
-  }
   // A live tensor changed in place since the save was asked for: its bytes
   // (or another's) may be from a later state than the rest.
-  auto unchanged = [&](size_t i) {
-    if (live == nullptr || LiveVersion(tensors, i) == live->versions[i]) {
-      return absl::OkStatus();
+  auto unchanged = [&](const std::string& key, const at::Tensor& t) {
+    auto recorded = live->versions.find(t.unsafeGetTensorImpl());
+    if (recorded == live->versions.end()) {
+      return absl::InternalError(absl::StrCat("saving ", path, ": tensor '", key,
+                                              "' has no version recorded"));
     }
+    const int64_t now = static_cast<int64_t>(t._version());
+    if (now == recorded->second) return absl::OkStatus();
     return absl::DataLossError(absl::StrCat(
-        "cannot save ", path, ": tensor '", tensors[i].key(),
-        "' was changed in place while it was being saved (version ", live->versions[i],
-        " when the save was asked for, now ", LiveVersion(tensors, i),
+        "cannot save ", path, ": tensor '", key,
+        "' was changed in place while it was being saved (version ", recorded->second,
+        " when the save was asked for, now ", now,
         "); leave the state unchanged until the save has written it"));
   };
   // The data.pkl program, pickled from stand-ins (see MetadataOnlyTensor).
@@ -121,19 +134,9 @@ absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
     sources.push_back(&item.value());
     stand_ins.insert(item.key(), std::move(stand_in));
   }
-  std::string pickle;
-  std::vector<at::Tensor> records;
-  try {
-    torch::jit::Pickler pickler(
-        [&](const char* data, size_t size) { pickle.append(data, size); });
-    pickler.protocol();
-    pickler.pushIValue(c10::IValue(stand_ins));
-    pickler.stop();
-    records = pickler.tensorData();
-  } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot serialise tensors for ", path, ": ", e.what_without_backtrace()));
-  }
+  auto pickled = Pickle(c10::IValue(stand_ins), "tensors", path);
+  if (!pickled.ok()) return pickled.status();
+  const std::vector<at::Tensor>& records = pickled->records;
 
   auto file = internal::AtomicFileWriter::Open(path);
   if (!file.ok()) return file.status();
@@ -153,19 +156,17 @@ absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
     const at::Tensor data = sources[found->second]->detach().to(at::kCPU).contiguous();
     auto crc32c = zip.WriteRecord(absl::StrCat("data/", i), data.data_ptr(), data.nbytes());
     if (!crc32c.ok()) return crc32c.status();
-    absl::Status status = unchanged(found->second);
-    if (!status.ok()) return status;
     out.tensor_crc32c[found->second] = *crc32c;
   }
-  auto pickle_crc32c = zip.WriteRecord("data.pkl", pickle.data(), pickle.size());
+  auto pickle_crc32c = zip.WriteRecord("data.pkl", pickled->pickle.data(), pickled->pickle.size());
   if (!pickle_crc32c.ok()) return pickle_crc32c.status();
   absl::Status finished = zip.Finish();
   if (!finished.ok()) return finished;
   if (live != nullptr) {
-    // Again for all: one changed while an earlier one was being written
-    // shows here, whatever the order.
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      absl::Status status = unchanged(i);
+    // Versions only grow: a tensor changed before (or while) its bytes were
+    // written, and whose change has finished, shows here.
+    for (const auto& item : tensors) {
+      absl::Status status = unchanged(item.key(), item.value());
       if (!status.ok()) return status;
     }
     if (live->written) live->written();

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -89,12 +90,12 @@ absl::StatusOr<ChecksummedTensorDict> ReadChecksummedTensorDict(
 
 // WriteTensorDict of live tensors, which their owner will change again once
 // `written` has run (AsyncCheckpointer's saves without a snapshot). Each
-// tensor's version counter must still be `versions[i]` (its value when the
-// save was asked for; in the dict's order) after its bytes are written and
-// again after all are: else DataLoss naming it, and nothing is committed.
-// `written` runs once every byte is in the kernel's hands, before the fsync.
+// tensor's version counter must still be the one in `versions` (recorded
+// when the save was asked for) once all bytes are written: else DataLoss
+// naming it, and nothing is committed. `written` runs once every byte is in
+// the kernel's hands, before the fsync.
 struct LiveTensors {
-  std::vector<int64_t> versions;
+  std::map<const c10::TensorImpl*, int64_t> versions;
   std::function<void()> written;
 };
 absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,

@@ -127,7 +127,9 @@ TEST(AsyncCheckpointerTest, LiveTensorChangedBeforeItWasWrittenFailsTheSave) {
   TensorDict live = MakeState(1);
   ASSERT_TRUE(SaveFullCheckpoint(root, 1, live).ok());
   internal::LiveTensors versions;
-  for (const auto& item : live) versions.versions.push_back(item.value()._version());
+  for (const auto& item : live) {
+    versions.versions[item.value().unsafeGetTensorImpl()] = item.value()._version();
+  }
   live["b"].mul_(2);  // the loop did not wait
   const absl::Status status = internal::SaveFullCheckpoint(root, 2, live, &versions);
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
@@ -143,7 +145,10 @@ TEST(AsyncCheckpointerTest, LiveTensorChangedBeforeItWasWrittenFailsTheSave) {
     shard.insert(item.key(), ShardFullTensor(item.value(), {FlatRange{0, item.value().numel()}}));
   }
   internal::LiveTensors shard_versions;
-  for (const auto& item : shard) shard_versions.versions.push_back(item.value().pieces[0].data._version());
+  for (const auto& item : shard) {
+    const at::Tensor& piece = item.value().pieces[0].data;
+    shard_versions.versions[piece.unsafeGetTensorImpl()] = piece._version();
+  }
   shard["w"].pieces[0].data.add_(1);
   const absl::Status sharded = internal::SaveShard(root, 3, 0, 1, shard, &shard_versions);
   EXPECT_EQ(sharded.code(), absl::StatusCode::kDataLoss) << sharded;
