@@ -10,9 +10,15 @@
 //   BM_Save/full            SaveFullCheckpoint (one model.pt + MANIFEST)
 //   BM_Save/sharded/R       SaveShard on R ranks (threads here, each its
 //                           half of every tensor) + CommitShardedCheckpoint
-//   BM_Load/full, /sharded/R  LoadFullStateDict / each rank's LoadResharded
-//                           of its own pieces, cold page cache
+//   BM_Load/W/0             LoadFullStateDict (W = 0) / each of W ranks'
+//                           LoadResharded of its own pieces, cold page cache
+//   BM_Load/W/1             the same, then the loaded tensors copied into
+//                           resident tensors of the state's shapes (a
+//                           trainer resuming: what a load costs in the end)
 //   BM_Verify/full, /sharded/R  VerifyCheckpoint, cold page cache
+//   Each load and verify iteration also reads the plain file cold, next to
+//   it in time (paired_read_ms): the disk moves by tens of percent within a
+//   minute here, and the summary gives each case against both.
 //   BM_TrainLoop/0|1|2|3    4 training steps of the real model with no save
 //                           (0), a SaveFullCheckpoint (1), an
 //                           AsyncCheckpointer::SaveFull (2, snapshot) or
@@ -60,6 +66,9 @@ using state_dict::TensorDict;
 const trainer::ModelConfig kConfig{/*layers=*/8, /*dim=*/512, /*heads=*/8,
                                    /*vocab=*/256, /*seq=*/32};
 constexpr int kIterations = 3;
+// Cold reads vary most (the first after a large write can take 3x as long):
+// more of them.
+constexpr int kReadIterations = 6;
 
 std::string g_root;  // scratch directory on the disk under test
 std::shared_ptr<trainer::LanguageModel> g_model;
@@ -183,55 +192,97 @@ absl::Status SaveAs(const std::string& root, int64_t step, int world) {
   return state_dict::CommitShardedCheckpoint(root, step, world);
 }
 
-// The plain write and read go in 256 KiB calls, the size the disk does best
-// with here: 8 MiB writes measured 3-7x slower on this VM (dd conv=fsync of
-// 300 MB: 165-548 MB/s with bs=8M, 1.1-1.2 GB/s with bs=256K; reads alike at
-// 1.4-1.6 GB/s), and a slow baseline would flatter every fraction below.
-constexpr size_t kDiskChunk = size_t{256} << 10;
+// The plain write goes in 256 KiB calls, the size the disk does best with
+// here: 8 MiB writes measured 3-7x slower on this VM (dd conv=fsync of
+// 300 MB: 165-548 MB/s with bs=8M, 1.1-1.2 GB/s with bs=256K), and a slow
+// baseline would flatter every fraction below. The plain read goes in 1 MiB
+// calls: 256 KiB reads measured 0.75-1.2 GB/s where 1 MiB and 4 MiB reads
+// gave 1.0-1.2 GB/s in the same minutes.
+constexpr size_t kDiskWriteChunk = size_t{256} << 10;
+constexpr size_t kDiskReadChunk = size_t{1} << 20;
 
-void BM_DiskWrite(benchmark::State& state) {
-  const std::string path = g_root + "/plain.bin";
-  // The state's own bytes, as one buffer (what a save must move).
-  std::vector<char> buffer(g_state_bytes);
-  size_t at = 0;
-  for (const auto& item : g_state) {
-    std::memcpy(buffer.data() + at, item.value().data_ptr(), item.value().nbytes());
-    at += item.value().nbytes();
-  }
-  for (auto _ : state) {
-    // A new file each time, as a save writes one: truncating the previous
-    // one inside the timed region would add freeing its blocks.
-    state.PauseTiming();
-    ::unlink(path.c_str());
-    state.ResumeTiming();
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    for (size_t done = 0; done < buffer.size();) {
-      ssize_t n = ::write(fd, buffer.data() + done, std::min(kDiskChunk, buffer.size() - done));
-      if (n <= 0) { state.SkipWithError("write failed"); break; }
-      done += static_cast<size_t>(n);
+std::string PlainFile() { return g_root + "/plain.bin"; }
+
+// Writes the state's bytes as one plain file (what a save must move);
+// returns the seconds it took, fsync included.
+double WritePlainFile() {
+  static std::vector<char> buffer;
+  if (buffer.empty()) {
+    buffer.resize(g_state_bytes);
+    size_t at = 0;
+    for (const auto& item : g_state) {
+      std::memcpy(buffer.data() + at, item.value().data_ptr(), item.value().nbytes());
+      at += item.value().nbytes();
     }
+  }
+  // A new file each time, as a save writes one: truncating the previous one
+  // would add freeing its blocks.
+  ::unlink(PlainFile().c_str());
+  const auto start = std::chrono::steady_clock::now();
+  int fd = ::open(PlainFile().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  for (size_t done = 0; fd >= 0 && done < buffer.size();) {
+    ssize_t n = ::write(fd, buffer.data() + done,
+                        std::min(kDiskWriteChunk, buffer.size() - done));
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  if (fd >= 0) {
     ::fsync(fd);
     ::close(fd);
   }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * buffer.size()));
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Seconds to read the plain file with a cold page cache (dropped first,
+// outside the time).
+double ColdPlainReadSeconds() {
+  static std::vector<char> buffer(kDiskReadChunk);
+  if (::access(PlainFile().c_str(), R_OK) != 0) WritePlainFile();
+  DropFromPageCache(PlainFile());
+  const auto start = std::chrono::steady_clock::now();
+  int fd = ::open(PlainFile().c_str(), O_RDONLY | O_CLOEXEC);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  while (fd >= 0 && ::read(fd, buffer.data(), buffer.size()) > 0) {
+  }
+  if (fd >= 0) ::close(fd);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void BM_DiskWrite(benchmark::State& state) {
+  for (auto _ : state) state.SetIterationTime(WritePlainFile());
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * g_state_bytes));
 }
 
 void BM_DiskRead(benchmark::State& state) {
-  const std::string path = g_root + "/plain.bin";
-  std::vector<char> buffer(kDiskChunk);
-  uint64_t total = 0;
-  for (auto _ : state) {
-    state.PauseTiming();
-    DropFromPageCache(path);
-    state.ResumeTiming();
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    ssize_t n;
-    while ((n = ::read(fd, buffer.data(), buffer.size())) > 0) total += static_cast<uint64_t>(n);
-    ::close(fd);
-  }
-  state.SetBytesProcessed(static_cast<int64_t>(total));
+  for (auto _ : state) state.SetIterationTime(ColdPlainReadSeconds());
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * g_state_bytes));
 }
+
+// The disk moves by tens of percent within a minute on this VM, so each
+// load and verify iteration also reads the plain file of the same size
+// cold, next to it in time (before it on odd iterations, after it on even
+// ones): `paired_read_ms` is that read's mean time, and the summary gives
+// each case as a fraction of it as well as of BM_DiskRead.
+class PairedRead {
+ public:
+  explicit PairedRead(benchmark::State& state) : state_(state) {}
+  // Inside the timed loop, with the clock paused; `before` tells whether
+  // this iteration reads the plain file before the case.
+  void Before() {
+    if (++iteration_ % 2 == 1) seconds_ += ColdPlainReadSeconds();
+  }
+  void After() {
+    if (iteration_ % 2 == 0) seconds_ += ColdPlainReadSeconds();
+  }
+  ~PairedRead() {
+    if (iteration_ > 0) state_.counters["paired_read_ms"] = 1e3 * seconds_ / iteration_;
+  }
+
+ private:
+  benchmark::State& state_;
+  int64_t iteration_ = 0;
+  double seconds_ = 0;
+};
 
 // range(0): ranks, 0 = full checkpoint.
 void BM_Save(benchmark::State& state) {
@@ -265,56 +316,106 @@ std::string Prepared(int world) {
   return dirs[world] = state_dict::StepDirectory(root, 1);
 }
 
+// Times `read` (a cold read of checkpoint `dir`) each iteration and, beside
+// it in time, a cold read of the plain file of the same size, before it on
+// odd iterations and after it on even ones: the disk moves by tens of
+// percent within a minute on this VM, and `paired_read_ms` (that read's
+// mean time) gives each case a baseline taken in the same seconds.
+// `clear` runs first, untimed: it frees what the previous `read` returned.
+template <typename Clear, typename Read>
+void TimeColdReads(benchmark::State& state, const std::string& dir, Clear&& clear,
+                   Read&& read) {
+  double paired_s = 0;
+  int64_t i = 0;
+  for (auto _ : state) {
+    clear();
+    const bool plain_first = ++i % 2 == 1;
+    if (plain_first) paired_s += ColdPlainReadSeconds();
+    DropDirectoryFromPageCache(dir);
+    const auto start = std::chrono::steady_clock::now();
+    read();
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    state.SetIterationTime(took);
+    if (!plain_first) paired_s += ColdPlainReadSeconds();
+  }
+  state.counters["paired_read_ms"] = benchmark::Counter(1e3 * paired_s / static_cast<double>(i));
+  state.counters["paired_read_MBps"] =
+      benchmark::Counter(static_cast<double>(i) * g_state_bytes / paired_s / 1e6);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * DirectoryBytes(dir)));
+}
+
+// range(0): ranks, 0 = full checkpoint; range(1): 1 = also copy what was
+// loaded into the state's own (resident) tensors, as a resuming trainer
+// does (load_state_dict, FSDP's flat shards), 0 = load only.
 void BM_Load(benchmark::State& state) {
   const int world = static_cast<int>(state.range(0));
+  const bool into_state = state.range(1) == 1;
   const std::string dir = Prepared(world);
-  const uint64_t bytes = DirectoryBytes(dir);
   std::vector<std::vector<std::pair<std::string, state_dict::ShardRequest>>> requests;
   for (int r = 0; r < world; ++r) requests.push_back(RankRequests(r, world));
-  bool checked = false;
-  for (auto _ : state) {
-    state.PauseTiming();
-    DropDirectoryFromPageCache(dir);
-    state.ResumeTiming();
-    if (world == 0) {
-      auto loaded = state_dict::LoadFullStateDict(dir);
-      Check(state, loaded.status());
-      if (loaded.ok() && !checked) {
-        checked = true;
-        for (const auto& item : g_state) {
-          if (!torch::equal((*loaded)[item.key()], item.value())) {
-            state.SkipWithError(("loaded " + item.key() + " differs").c_str());
-          }
+  // What a resuming trainer copies into: every rank's tensors, resident.
+  static TensorDict destination;
+  static std::map<int, std::vector<std::map<std::string, torch::Tensor>>> rank_destinations;
+  if (into_state && world == 0 && destination.is_empty()) {
+    for (const auto& item : g_state) destination.insert(item.key(), torch::zeros_like(item.value()));
+  }
+  if (into_state && world > 0 && rank_destinations[world].empty()) {
+    for (int r = 0; r < world; ++r) {
+      auto& mine = rank_destinations[world].emplace_back();
+      for (const auto& [name, request] : requests[static_cast<size_t>(r)]) {
+        for (const auto& range : request.ranges) {
+          mine[name] = torch::zeros({range.numel}, torch::TensorOptions(request.dtype));
         }
       }
-      continue;
     }
-    std::vector<absl::Status> statuses(static_cast<size_t>(world));
+  }
+  absl::StatusOr<TensorDict> loaded;
+  std::vector<absl::StatusOr<state_dict::ShardedStateDict>> rank_loaded(
+      static_cast<size_t>(world));
+  auto clear = [&] {
+    loaded = TensorDict();
+    for (auto& r : rank_loaded) r = state_dict::ShardedStateDict();
+  };
+  auto load = [&] {
+    if (world == 0) {
+      loaded = state_dict::LoadFullStateDict(dir);
+      Check(state, loaded.status());
+      if (!loaded.ok() || !into_state) return;
+      for (const auto& item : *loaded) destination[item.key()].copy_(item.value());
+      return;
+    }
     std::vector<std::thread> ranks;
     for (int r = 0; r < world; ++r) {
       ranks.emplace_back([&, r] {
-        statuses[static_cast<size_t>(r)] =
-            state_dict::LoadResharded(dir, requests[static_cast<size_t>(r)]).status();
+        auto& mine = rank_loaded[static_cast<size_t>(r)];
+        mine = state_dict::LoadResharded(dir, requests[static_cast<size_t>(r)]);
+        if (!mine.ok() || !into_state) return;
+        auto& into = rank_destinations[world][static_cast<size_t>(r)];
+        for (const auto& item : *mine) {
+          for (const auto& piece : item.value().pieces) into[item.key()].copy_(piece.data);
+        }
       });
     }
     for (auto& t : ranks) t.join();
-    for (const auto& s : statuses) Check(state, s);
+    for (const auto& r : rank_loaded) Check(state, r.status());
+  };
+  TimeColdReads(state, dir, clear, load);
+  if (world == 0 && loaded.ok()) {
+    for (const auto& item : g_state) {
+      const torch::Tensor& got = into_state ? destination[item.key()] : (*loaded)[item.key()];
+      if (!torch::equal(got, item.value())) {
+        state.SkipWithError(("loaded " + item.key() + " differs").c_str());
+      }
+    }
   }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
-  state.SetLabel(world == 0 ? "full" : "sharded/" + std::to_string(world) + " ranks");
+  state.SetLabel((world == 0 ? std::string("full") : "sharded/" + std::to_string(world) + " ranks") +
+                 (into_state ? ", copied into the state" : ""));
 }
 
 void BM_Verify(benchmark::State& state) {
   const int world = static_cast<int>(state.range(0));
   const std::string dir = Prepared(world);
-  const uint64_t bytes = DirectoryBytes(dir);
-  for (auto _ : state) {
-    state.PauseTiming();
-    DropDirectoryFromPageCache(dir);
-    state.ResumeTiming();
-    Check(state, state_dict::VerifyCheckpoint(dir));
-  }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+  TimeColdReads(state, dir, [] {}, [&] { Check(state, state_dict::VerifyCheckpoint(dir)); });
   state.SetLabel(world == 0 ? "full" : "sharded/" + std::to_string(world) + " ranks");
 }
 
@@ -379,13 +480,13 @@ void BM_TrainLoop(benchmark::State& state) {
                              : "async save (in place)");
 }
 
-BENCHMARK(BM_DiskWrite)->Iterations(kIterations)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_DiskRead)->Iterations(kIterations)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DiskWrite)->Iterations(kIterations)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DiskRead)->Iterations(kReadIterations)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Save)->Arg(0)->Arg(1)->Arg(2)->Iterations(kIterations)->UseRealTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Load)->Arg(0)->Arg(1)->Arg(2)->Iterations(kIterations)->UseRealTime()
+BENCHMARK(BM_Load)->ArgsProduct({{0, 1, 2}, {0, 1}})->Iterations(kReadIterations)->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Verify)->Arg(0)->Arg(1)->Arg(2)->Iterations(kIterations)->UseRealTime()
+BENCHMARK(BM_Verify)->Arg(0)->Arg(1)->Arg(2)->Iterations(kReadIterations)->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_TrainLoop)->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Arg(0)->Arg(1)->Arg(2)->Arg(3)
     ->Iterations(kIterations)->UseRealTime()
@@ -400,6 +501,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
       const std::string name = run.benchmark_name();
       auto bps = run.counters.find("bytes_per_second");
       if (bps != run.counters.end()) rate_[name] = bps->second.value;
+      auto paired = run.counters.find("paired_read_MBps");
+      if (paired != run.counters.end()) paired_[name] = paired->second.value * 1e6;
       const double seconds =
           run.GetAdjustedRealTime() * (run.time_unit == benchmark::kMillisecond ? 1e-3 : 1);
       // Repeated cases (the training loop runs each mode twice, interleaved,
@@ -418,8 +521,14 @@ class RatioReporter : public benchmark::ConsoleReporter {
     for (const auto& [name, rate] : rate_) {
       if (name.rfind("BM_Disk", 0) == 0) continue;
       const double disk = name.rfind("BM_Save", 0) == 0 ? write : read;
-      std::printf("  %-34s %7.0f MB/s = %3.0f%% of the disk's %s\n", name.c_str(), rate / 1e6,
+      std::printf("  %-40s %7.0f MB/s = %3.0f%% of the disk's %s", name.c_str(), rate / 1e6,
                   100 * rate / disk, name.rfind("BM_Save", 0) == 0 ? "write" : "read");
+      auto paired = paired_.find(name);
+      if (paired != paired_.end()) {
+        std::printf(", %3.0f%% of the read beside it (%.0f MB/s)", 100 * rate / paired->second,
+                    paired->second / 1e6);
+      }
+      std::printf("\n");
     }
     const double none = Seconds("BM_TrainLoop/0/iterations:3/real_time");
     const double sync = Seconds("BM_TrainLoop/1/iterations:3/real_time");
@@ -456,7 +565,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
     auto found = seconds_.find(name);
     return found == seconds_.end() ? 0 : found->second;
   }
-  std::map<std::string, double> rate_, seconds_, blocked_, save_cpu_;
+  std::map<std::string, double> rate_, paired_, seconds_, blocked_, save_cpu_;
 };
 
 }  // namespace
@@ -515,6 +624,7 @@ int main(int argc, char** argv) {
   RemoveTree(g_root + "/mem_full");
   RemoveTree(g_root + "/mem_shard");
 
+  for (int world : {0, 1, 2}) Prepared(world);
   RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();

@@ -267,9 +267,9 @@ absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
 // file's tensors by key; with TensorData::kChecksumOnly (VerifyCheckpoint)
 // they carry no data, except those whose keys are in `keep`.
 //
-// One sequential pass over the file: each tensor's record is read once,
-// straight into its storage (or through a fixed buffer when only
-// checksummed), its CRC-32C computed as it is read, and the whole file's
+// One sequential pass over the file: each tensor's record is read once
+// (becoming its storage: the file's pages, copy-on-write; or through a fixed
+// buffer when only checksummed), its CRC-32C computed as it is read, and the whole file's
 // CRC-32C assembled from the records' and the bytes between them
 // (internal::ReadChecksummedTensorDict). Verify and every load run this same
 // function, so they accept and reject the same files.

@@ -20,6 +20,17 @@
 // dicts go to LoadModuleStateDict (module_state.h) or FSDP, which check them
 // against the model before copying.
 //
+// Loaded tensors share the checkpoint file's pages, copy-on-write (a private
+// mapping, as torch.load(mmap=True)): a load reads each byte once, to
+// checksum it, and copying the tensors into a model reads the page cache
+// directly. Writing a loaded tensor copies only the pages written and never
+// reaches the file; removing the checkpoint (PruneCheckpoints) leaves loaded
+// tensors valid. Checkpoint files are never written in place (every save
+// writes a new file and renames it), which is what makes this sharing safe:
+// whoever truncates or rewrites a committed file in place while tensors
+// loaded from it live changes them, or crashes their reader with SIGBUS.
+// Where a file system cannot map files, loads read into fresh memory.
+//
 // Sharded saves need no communication: each rank calls SaveShard, then — once
 // all ranks returned (the caller's barrier) — one rank calls
 // CommitShardedCheckpoint, which gathers the ranks' .meta files into the

@@ -4,8 +4,10 @@
 //
 // Hand-written because Debian 12 packages no CRC-32C library for C++ (no
 // libcrc32c-dev; only the Python module python3-crc32c). On x86-64 CPUs with
-// SSE4.2 it uses the `crc32` instruction, 8 bytes per instruction (memory
-// speed, tens of times the byte table); elsewhere the portable table loop.
+// SSE4.2 it uses the `crc32` instruction on three interleaved stripes
+// (here 23 GB/s from cache, 12 GB/s from memory: 3x and 1.7x one chain of
+// it);
+// elsewhere the portable table loop.
 // Both give identical values, so checkpoints written by either verify on the
 // other.
 #pragma once

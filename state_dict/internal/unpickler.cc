@@ -1,6 +1,7 @@
 #include "state_dict/internal/unpickler.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -812,6 +813,43 @@ bool IsWholeStorage(const at::Tensor& t) {
   return t.storage_offset() == 0 && t.is_contiguous() && t.nbytes() == t.storage().nbytes();
 }
 
+// A private (copy-on-write) mapping of a whole file, shared by the storages
+// that point into it and unmapped with the last of them. Loaded tensors use
+// the file's page-cache pages until they are written: a load then touches
+// each page once (to checksum it) instead of also copying it into fresh
+// memory, which cost as much again as the disk read (issue #16), and a
+// later copy into a model's parameters reads the page cache directly.
+class FileMapping {
+ public:
+  // nullptr when the file system cannot map the file (the caller reads it).
+  static std::shared_ptr<FileMapping> Map(int fd, uint64_t bytes) {
+    if (bytes == 0) return nullptr;
+    void* data = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE, fd, 0);
+    if (data == MAP_FAILED) return nullptr;
+    ::madvise(data, static_cast<size_t>(bytes), MADV_SEQUENTIAL);
+    return std::shared_ptr<FileMapping>(new FileMapping(static_cast<char*>(data), bytes));
+  }
+  ~FileMapping() { ::munmap(data_, static_cast<size_t>(bytes_)); }
+  FileMapping(const FileMapping&) = delete;
+  FileMapping& operator=(const FileMapping&) = delete;
+
+  const char* at(uint64_t offset) const { return data_ + offset; }
+
+  // The data pointer of a storage of the bytes at `offset`; it keeps the
+  // mapping alive.
+  static at::DataPtr Share(const std::shared_ptr<FileMapping>& mapping, uint64_t offset) {
+    return at::DataPtr(mapping->data_ + offset, new std::shared_ptr<FileMapping>(mapping),
+                       [](void* owner) { delete static_cast<std::shared_ptr<FileMapping>*>(owner); },
+                       at::Device(at::kCPU));
+  }
+
+ private:
+  FileMapping(char* data, uint64_t bytes) : data_(data), bytes_(bytes) {}
+  char* data_;
+  uint64_t bytes_;
+};
+
 // Reads and checksums the storage records in pieces of this size: each piece
 // is checksummed right after it is read, while it is in the CPU's cache.
 constexpr size_t kChunkBytes = size_t{1} << 20;
@@ -819,8 +857,9 @@ constexpr size_t kChunkBytes = size_t{1} << 20;
 // Reads a PyTorch archive in one sequential pass for ReadTorchArchiveInOnePass:
 // the pickle first (small, near the end), whose storages are placeholders of
 // their records' sizes; then the file from its first byte to its last, each
-// stored storage record read once, straight into its storage (or through a
-// fixed buffer when only checksummed), checksummed on the fly, the bytes
+// stored storage record read once, becoming its storage (through the file's
+// mapping, see FileMapping) or through a fixed buffer when only checksummed,
+// checksummed on the fly, the bytes
 // between records (zip headers, data.pkl, the central directory) read and
 // checksummed too, and the whole file's CRC-32C assembled from the pieces'
 // with Crc32cCombine. Records this pass cannot read directly (deflated ones,
@@ -1013,6 +1052,10 @@ class OnePassReader {
 
   // `size` bytes at `offset` (inside the file: the callers check).
   absl::Status ReadAt(uint64_t offset, char* out, size_t size) {
+    if (mapping_ != nullptr) {  // once mapped, every read goes through the mapping
+      std::memcpy(out, mapping_->at(offset), size);
+      return absl::OkStatus();
+    }
     size_t done = 0;
     while (done < size) {
       const ssize_t n = ::pread(fd_, out + done, size - done, static_cast<off_t>(offset + done));
@@ -1027,6 +1070,17 @@ class OnePassReader {
     return absl::OkStatus();
   }
 
+  // The whole file mapped, once, for a load; nullptr when it cannot be, and
+  // when only checksumming (the few records kept then are read into fresh
+  // memory, so a verify touches one fixed buffer and maps nothing).
+  FileMapping* Mapping() {
+    if (!mapping_tried_ && data_ == TensorData::kRead) {
+      mapping_tried_ = true;
+      mapping_ = FileMapping::Map(fd_, size_);
+    }
+    return mapping_.get();
+  }
+
   char* Buffer() {
     if (buffer_ == nullptr) buffer_.reset(new char[kChunkBytes]);
     return buffer_.get();
@@ -1034,6 +1088,10 @@ class OnePassReader {
 
   // Checksums bytes [from, to) into `crc` through the fixed buffer.
   absl::Status Skim(uint64_t from, uint64_t to, uint32_t& crc) {
+    if (mapping_ != nullptr) {
+      if (from < to) crc = Crc32c(mapping_->at(from), static_cast<size_t>(to - from), crc);
+      return absl::OkStatus();
+    }
     while (from < to) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunkBytes, to - from));
       absl::Status status = ReadAt(from, Buffer(), n);
@@ -1076,6 +1134,12 @@ class OnePassReader {
     uint32_t crc = 0;
     at::DataPtr ptr;
     char* out = nullptr;
+    if (KeepsData(slot) && size > 0 && Mapping() != nullptr) {
+      slot.crc = Crc32c(mapping_->at(offset), static_cast<size_t>(size));
+      slot.storage.unsafeGetStorageImpl()->set_data_ptr_noswap(FileMapping::Share(mapping_, offset));
+      slot.done = true;
+      return absl::OkStatus();
+    }
     if (KeepsData(slot)) {
       ptr = c10::GetCPUAllocator()->allocate(static_cast<size_t>(size));
       out = static_cast<char*>(ptr.get());
@@ -1105,6 +1169,8 @@ class OnePassReader {
   uint64_t size_ = 0;
   uint32_t crc32c_ = 0;
   std::unique_ptr<char[]> buffer_;
+  std::shared_ptr<FileMapping> mapping_;
+  bool mapping_tried_ = false;
 };
 
 }  // namespace

@@ -69,9 +69,12 @@ struct ChecksummedArchive {
 };
 
 // ReadTorchArchive for a file whose every byte a checkpoint manifest's
-// CRC-32C covers, in one sequential pass: each storage record is read once,
-// straight into its storage (kRead) or through a fixed buffer
-// (kChecksumOnly), and checksummed as it is read; the bytes between records
+// CRC-32C covers, in one sequential pass: each storage record is read once
+// and checksummed as it is read; with kRead its storage is the record's
+// bytes in a private, copy-on-write mapping of the file that the storages
+// keep alive (read into fresh memory where the file cannot be mapped), with
+// kChecksumOnly it goes through a fixed buffer (or into fresh memory when
+// kept); the bytes between records
 // are read and checksummed too, and the whole file's CRC-32C is assembled
 // from the pieces' (Crc32cCombine); the caller compares it with the
 // manifest's. Deflated records are read (inflated) by LibTorch's reader

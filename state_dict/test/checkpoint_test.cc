@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -82,6 +83,47 @@ TEST(CheckpointTest, FullRoundTripAndLatest) {
   ExpectSameState(direct->tensors, MakeState(2));
   // A complete step is never overwritten in place.
   EXPECT_TRUE(absl::IsAlreadyExists(SaveFullCheckpoint(root, 20, MakeState(3))));
+}
+
+// Loaded tensors share the committed file's pages until written (a private
+// mapping): writing them must change neither the file nor a later load, and
+// they must stay valid after their checkpoint is removed.
+TEST(CheckpointTest, LoadedTensorsAreTheirOwnAndOutliveTheirFiles) {
+  const std::string root = TempDir("loaded_own");
+  ASSERT_TRUE(SaveFullCheckpoint(root, 1, MakeState(1)).ok());
+  ASSERT_TRUE(SaveShardedCheckpoint(root, 2, Shard(MakeState(2), 2)).ok());
+  const std::string full_dir = StepDirectory(root, 1), sharded_dir = StepDirectory(root, 2);
+  const std::string model_bytes = Slurp(full_dir + "/model.pt");
+
+  auto full = LoadFullStateDict(full_dir);
+  auto rank0 = LoadLocalShard(sharded_dir, 0, 2);
+  ASSERT_TRUE(full.ok()) << full.status();
+  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  const TensorDict rank0_want = LoadLocalShard(sharded_dir, 0, 2).value();
+  for (auto& item : *full) item.value().add_(100);
+  for (auto& item : *rank0) item.value().fill_(-7);
+  EXPECT_EQ(Slurp(full_dir + "/model.pt"), model_bytes);
+  EXPECT_TRUE(VerifyCheckpoint(full_dir).ok());
+  EXPECT_TRUE(VerifyCheckpoint(sharded_dir).ok());
+  auto again = LoadFullStateDict(full_dir);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ExpectSameState(*again, MakeState(1));
+  auto rank0_again = LoadLocalShard(sharded_dir, 0, 2);
+  ASSERT_TRUE(rank0_again.ok()) << rank0_again.status();
+  ExpectSameState(*rank0_again, rank0_want);
+
+  // The checkpoints removed (as pruning does) while their tensors live.
+  ASSERT_TRUE(PruneCheckpoints(root, 1).ok());
+  std::filesystem::remove_all(sharded_dir);
+  ASSERT_FALSE(std::filesystem::exists(full_dir));
+  ASSERT_FALSE(std::filesystem::exists(sharded_dir));
+  ExpectSameState(*again, MakeState(1));
+  ExpectSameState(*rank0_again, rank0_want);
+  for (auto& item : *again) item.value().mul_(2);
+  ExpectSameState(*again, MakeState(2));
+  for (const auto& item : *full) {
+    EXPECT_TRUE(torch::equal(item.value(), MakeState(1)[item.key()] + 100)) << item.key();
+  }
 }
 
 TEST(CheckpointTest, ShardedOnFourRanksLoadsOnOneTwoAndThree) {

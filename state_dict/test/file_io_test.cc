@@ -39,11 +39,12 @@ TEST(Crc32cTest, KnownVectors) {
 }
 
 // The hardware path must give the table's values for every length and
-// alignment (its head/word/tail split) and when continued piecewise.
+// alignment (its head / three-stripe / word / tail split: lengths up to
+// 256 KiB span several 24 KiB stripe triples) and when continued piecewise.
 TEST(Crc32cTest, HardwareMatchesTableOnRandomLengthsAndAlignments) {
   if (!Crc32cHardwareAvailable()) GTEST_SKIP() << "this CPU has no SSE4.2";
   std::mt19937_64 rng(16);
-  std::vector<unsigned char> buffer(1 << 16);
+  std::vector<unsigned char> buffer(1 << 18);
   for (auto& b : buffer) b = static_cast<unsigned char>(rng());
   for (int trial = 0; trial < 2000; ++trial) {
     const size_t offset = rng() % 16;
