@@ -52,6 +52,8 @@ class AtomicFileWriter {
   std::unique_ptr<char[]> buffer_;
   size_t buffered_ = 0;
   uint64_t bytes_ = 0;
+  uint64_t written_ = 0;            // bytes handed to write()
+  uint64_t writeback_started_ = 0;  // bytes handed to sync_file_range()
   uint32_t crc_ = 0;
   absl::Status error_;  // the first failure; later calls repeat it
 };
