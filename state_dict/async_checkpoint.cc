@@ -1,5 +1,7 @@
 #include "state_dict/async_checkpoint.h"
 
+#include "state_dict/internal/live_checkpoint.h"
+
 #include <cstdio>
 #include <utility>
 

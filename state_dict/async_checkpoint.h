@@ -49,6 +49,10 @@
 
 namespace state_dict {
 
+namespace internal {
+struct LiveTensors;  // internal/tensor_dict_io.h
+}  // namespace internal
+
 class AsyncCheckpointer {
  public:
   AsyncCheckpointer() = default;

@@ -1,5 +1,7 @@
 #include "state_dict/checkpoint.h"
 
+#include "state_dict/internal/live_checkpoint.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 

@@ -143,20 +143,4 @@ absl::StatusOr<ShardedStateDict> LoadResharded(
 absl::StatusOr<TensorDict> LoadLocalShard(const std::string& step_dir,
                                           int rank, int world_size);
 
-namespace internal {
-// SaveFullCheckpoint and SaveShard of live tensors (pytorch_format.h's
-// LiveTensors). For AsyncCheckpointer.
-absl::Status SaveFullCheckpoint(const std::string& root, int64_t step, const TensorDict& state,
-                                const LiveTensors* live);
-absl::Status SaveShard(const std::string& root, int64_t step, int rank, int world_size,
-                       const ShardedStateDict& shard, const LiveTensors* live);
-
-// Test hook: called after each file of a save is durably in place, with its
-// path. Lets a test kill a process between two files of one checkpoint.
-void SetAfterFileWrittenHookForTesting(std::function<void(const std::string&)> hook);
-// Test hook: called by PruneCheckpoints before each rename, unlink and rmdir,
-// with the path it is about to change. Lets a test kill a removal midway.
-void SetBeforeRemoveHookForTesting(std::function<void(const std::string&)> hook);
-}  // namespace internal
-
 }  // namespace state_dict

@@ -1,5 +1,7 @@
 #include "state_dict/pytorch_format.h"
 
+#include "state_dict/internal/tensor_dict_io.h"
+
 #include <map>
 #include <vector>
 

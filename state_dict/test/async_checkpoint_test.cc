@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "state_dict/internal/live_checkpoint.h"
 #include "state_dict/test/expect_same_state.h"
 #include "state_dict/test/python_interop.h"
 

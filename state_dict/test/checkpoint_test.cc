@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "state_dict/internal/file_io.h"
+#include "state_dict/internal/live_checkpoint.h"
 #include "state_dict/test/expect_same_state.h"
 #include "state_dict/test/file_bytes.h"
 #include "state_dict/test/python_interop.h"

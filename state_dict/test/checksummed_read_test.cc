@@ -17,6 +17,7 @@
 #include "state_dict/checkpoint.h"
 #include "state_dict/internal/crc32c.h"
 #include "state_dict/internal/file_io.h"
+#include "state_dict/internal/tensor_dict_io.h"
 #include "state_dict/manifest.h"
 #include "state_dict/pytorch_format.h"
 #include "state_dict/test/file_bytes.h"

@@ -1,0 +1,51 @@
+// What the checkpoint code needs of pytorch_format beyond its public API:
+// the one-pass checksummed read under every checkpoint load and verify, and
+// the write of tensors that their owner changes again once they are written
+// (AsyncCheckpointer's saves without a snapshot).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "state_dict/internal/unpickler.h"
+#include "state_dict/pytorch_format.h"
+
+namespace state_dict {
+namespace internal {
+
+// LoadTensorDict of a file a checkpoint manifest checksums (checkpoint.cc's
+// loads and verify): one sequential pass, the file's size and CRC-32C and
+// each record's CRC-32C computed on the way (internal::
+// ReadTorchArchiveInOnePass; per-tensor checksums with TensorCrc32c). With
+// TensorData::kChecksumOnly the tensors carry no data except those whose keys
+// are in `keep`.
+struct ChecksummedTensorDict {
+  LoadedTensorDict loaded;
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+  RecordCrcs record_crc32c;
+};
+absl::StatusOr<ChecksummedTensorDict> ReadChecksummedTensorDict(
+    const std::string& path, TensorData data, const std::set<std::string>& keep = {});
+
+// WriteTensorDict of live tensors, which their owner will change again once
+// `written` has run (AsyncCheckpointer's saves without a snapshot). Each
+// tensor's version counter must still be the one in `versions` (recorded
+// when the save was asked for) once all bytes are written: else DataLoss
+// naming it, and nothing is committed. `written` runs once every byte is in
+// the kernel's hands, before the fsync.
+struct LiveTensors {
+  std::map<const c10::TensorImpl*, int64_t> versions;
+  std::function<void()> written;
+};
+absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
+                                                  const std::string& path,
+                                                  const LiveTensors* live);
+
+}  // namespace internal
+
+}  // namespace state_dict
