@@ -272,32 +272,6 @@ void BM_DiskRead(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * g_state_bytes));
 }
 
-// The disk moves by tens of percent within a minute on this VM, so each
-// load and verify iteration also reads the plain file of the same size
-// cold, next to it in time (before it on odd iterations, after it on even
-// ones): `paired_read_ms` is that read's mean time, and the summary gives
-// each case as a fraction of it as well as of BM_DiskRead.
-class PairedRead {
- public:
-  explicit PairedRead(benchmark::State& state) : state_(state) {}
-  // Inside the timed loop, with the clock paused; `before` tells whether
-  // this iteration reads the plain file before the case.
-  void Before() {
-    if (++iteration_ % 2 == 1) seconds_ += ColdPlainReadSeconds();
-  }
-  void After() {
-    if (iteration_ % 2 == 0) seconds_ += ColdPlainReadSeconds();
-  }
-  ~PairedRead() {
-    if (iteration_ > 0) state_.counters["paired_read_ms"] = 1e3 * seconds_ / iteration_;
-  }
-
- private:
-  benchmark::State& state_;
-  int64_t iteration_ = 0;
-  double seconds_ = 0;
-};
-
 // range(0): ranks, 0 = full checkpoint. Each iteration also writes the
 // plain file next to it in time (before it on odd iterations, after it on
 // even ones): `paired_write_MBps` is the disk's fsync'd write rate in the same

@@ -837,8 +837,6 @@ class FileMapping {
   FileMapping(const FileMapping&) = delete;
   FileMapping& operator=(const FileMapping&) = delete;
 
-  const char* at(uint64_t offset) const { return data_ + offset; }
-
   // The data pointer of a storage of the bytes at `offset`; it keeps the
   // mapping alive.
   static at::DataPtr Share(const std::shared_ptr<FileMapping>& mapping, uint64_t offset) {
@@ -1123,8 +1121,10 @@ class OnePassReader {
     return data;
   }
 
-  // The record's `size` bytes at `offset` (inside the file): into a new
-  // buffer that becomes its storage's data, or through the fixed buffer.
+  // The record's `size` bytes at `offset` (inside the file), checksummed:
+  // through the fixed buffer, its storage then the mapping's view of them
+  // (or nothing, when only checksummed); into a new buffer that becomes its
+  // storage's data where the file could not be mapped.
   absl::Status ReadData(Slot& slot, uint64_t offset, uint64_t size) {
     uint32_t crc = 0;
     at::DataPtr ptr;
