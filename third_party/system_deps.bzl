@@ -8,6 +8,8 @@ and extra include directories of its library, so BUILD files elsewhere name
 labels, never raw `-l` flags.
 """
 
+load("//third_party:libtorch.bzl", "libtorch_repository")
+
 _SETUP_HINT = "run `tools/setup.sh` as root to install it"
 
 def _debian_package_repository_impl(ctx):
@@ -114,35 +116,17 @@ def _absl_build_files():
     return files
 
 def system_dependencies():
-    """Declares @libtorch (with @openblas), @tcmalloc, @com_google_absl, @com_google_googletest, @com_github_google_benchmark, @libdeflate, @cli11, @nlohmann_json."""
+    """Declares @libtorch (third_party/libtorch.bzl), @gloo_headers, @tcmalloc, @com_google_absl, @com_google_googletest, @com_github_google_benchmark, @libdeflate, @cli11, @nlohmann_json."""
+    libtorch_repository(name = "libtorch")
     debian_package_repository(
-        name = "libtorch",
-        package = "libtorch-dev (and libgloo-dev for c10d/Gloo)",
-        required_files = [
-            _LIB + "libtorch.so",
-            "/usr/include/torch/csrc/api/include/torch/torch.h",
-            "/usr/include/gloo/config.h",
-        ],
-        build_files = {
-            # USE_C10D_GLOO makes ProcessGroupGloo visible (LibTorch wraps its
-            # header in it); the C++ frontend's headers live under api/include.
-            "BUILD": _system_cc_library(
-                "libtorch",
-                libs = ["torch", "torch_cpu", "c10"],
-                defines = ["USE_C10D_GLOO", "USE_DISTRIBUTED", "USE_C10D"],
-                includes = ["include/torch/csrc/api/include"],
-                hdrs_glob = ["include/torch/csrc/api/include/**/*.h"],
-                deps = ["@openblas"],
-            ),
-        },
-    )
-    debian_package_repository(
-        name = "openblas",
-        package = "libopenblas0-openmp",
-        # LibTorch's matmuls run in whatever libblas.so.3 is; without this
-        # package that is the reference BLAS, 5-10x slower (tools/setup.sh).
-        required_files = [_LIB + "openblas-openmp/libblas.so.3"],
-        build_files = {"BUILD": _system_cc_library("openblas", [])},
+        name = "gloo_headers",
+        package = "libgloo-dev",
+        # The torch wheel has Gloo compiled into libtorch_cpu but ships no
+        # gloo/ headers, which ProcessGroupGloo.hpp includes. The project only
+        # passes Gloo's objects around by pointer (devices, options), so the
+        # headers' version need not match the one torch was built with.
+        required_files = ["/usr/include/gloo/config.h"],
+        build_files = {"BUILD": _system_cc_library("gloo_headers", [])},
     )
     debian_package_repository(
         name = "tcmalloc",
