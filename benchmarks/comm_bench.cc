@@ -70,8 +70,10 @@ Step comm_step(Op op, int64_t bytes) {
   return {};
 }
 
-// What a caller writes against c10d directly (Gloo has no reduce-scatter, so
-// its raw counterpart is the same all-to-all + local sum comm builds on).
+// The formulations comm used on LibTorch 1.13's Gloo, which had neither
+// reduce-scatter nor a flat all-gather: an all-to-all + local sum, and a list
+// all-gather into views. comm now calls c10d's reduce_scatter_single and
+// all_gather_single; these cases say whether the old way would be faster.
 Step raw_step(Op op, int64_t bytes) {
   const int64_t total = bytes / 4, shard = total / kWorld;
   auto pg = g_group->c10d_group();
@@ -90,7 +92,7 @@ Step raw_step(Op op, int64_t bytes) {
       return [pg, in, out, shard] {
         at::Tensor received = at::empty({shard * kWorld});
         std::vector<int64_t> splits;
-        pg->alltoall_base(received, const_cast<at::Tensor&>(in), splits, splits)->wait();
+        pg->all_to_all_single(received, const_cast<at::Tensor&>(in), splits, splits)->wait();
         at::sum_out(const_cast<at::Tensor&>(out), received.view({kWorld, shard}), 0);
       };
     }

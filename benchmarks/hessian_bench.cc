@@ -143,7 +143,7 @@ struct TensorMeta {
 
 struct MatmulCall {
   std::string op;                                 // "aten::mm", ...
-  std::vector<c10::optional<TensorMeta>> inputs;  // nullopt: not a tensor / None
+  std::vector<std::optional<TensorMeta>> inputs;  // nullopt: not a tensor / None
   double flops = 0;
 };
 
@@ -168,7 +168,7 @@ double Prod(c10::IntArrayRef v) {
 }
 
 // 2 x multiply-adds of one call, from its input sizes.
-double MatmulFlops(const std::string& op, const std::vector<c10::optional<TensorMeta>>& in) {
+double MatmulFlops(const std::string& op, const std::vector<std::optional<TensorMeta>>& in) {
   auto s = [&](size_t i) -> const std::vector<int64_t>& { return in.at(i).value().sizes; };
   if (op == "aten::mm") return 2 * Prod(s(0)) * s(1)[1];
   if (op == "aten::addmm") return 2 * Prod(s(1)) * s(2)[1];
@@ -213,7 +213,7 @@ std::unique_ptr<at::ObserverContext> OnOpStart(const at::RecordFunction& fn) {
       if (!IsPlain(t)) return nullptr;
       call.inputs.push_back(TensorMeta{t.sizes().vec(), t.strides().vec()});
     } else {
-      call.inputs.push_back(c10::nullopt);
+      call.inputs.push_back(std::nullopt);
     }
   }
   if (t_plain_matmul_depth++ == 0) {

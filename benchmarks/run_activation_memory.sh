@@ -53,6 +53,13 @@ done
 [[ -n "$out" && "$out" != /* ]] && out="$PWD/$out"
 cd "$(dirname "$0")/.."
 out=${out:-$(mktemp -d /tmp/activation_memory.XXXXXX)}
+# The tables are made by the venv's Python that tools/setup.sh --with-python
+# makes (TORCHFSDP_PYTHON overrides it), checked before the long runs.
+PY="${TORCHFSDP_PYTHON:-${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/python3}"
+[[ -x "$PY" ]] || {
+  echo "run_activation_memory.sh: $PY missing: run tools/setup.sh --with-python (TORCHFSDP_HOME moves the venv)" >&2
+  exit 1
+}
 mkdir -p "$out"
 
 bench=""
@@ -73,7 +80,7 @@ if ((!report_only)); then
   for c in DDP FULL_SHARD FULL_SHARD_ckpt SHARD_GRAD_OP SHARD_GRAD_OP_ckpt; do run 2 "$c"; done
 fi
 
-/usr/bin/python3 - "$out" "$seq" "$rows" <<'EOF'
+"$PY" - "$out" "$seq" "$rows" <<'EOF'
 import json, os, sys
 out, seq, rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 MiB = 1024.0 * 1024.0

@@ -7,9 +7,9 @@
 #
 #   1. //benchmarks:hardware_limits_bench  sgemm at the workloads' shapes,
 #      256 MiB memory copy, 64 MiB over loopback TCP.
-#   2. The trainer's default run (README line 1) with the BLAS set-up gives
-#      it, and the same binary on the reference BLAS (libblas3's directory
-#      first on LD_LIBRARY_PATH): tokens/s and losses of both.
+#   2. The trainer's default run (README line 1): tokens/s and losses. (The
+#      run on Debian's reference BLAS is gone: the torch wheel's
+#      libtorch_cpu carries its own MKL and links no libblas.so.3.)
 #   3. //benchmarks:trainer_bench at a compute-bound configuration
 #      (TRAINER_BENCH_ROWS=8 TRAINER_BENCH_SEQ=128: 1024 tokens per rank and
 #      step): 1 rank (NoFSDP, FULL_SHARD; 2 threads), 1 rank at 1 thread
@@ -18,8 +18,8 @@
 #   4. //benchmarks:comm_bench (collectives' bus bandwidth, 1 KiB .. 64 MiB).
 #   5. //benchmarks:transforms_bench and //benchmarks:functional_bench.
 #   6. benchmarks/compare_pytorch.sh (per-sample gradients, batched Hessians,
-#      DDP steps against Python, defaults and same set-up) unless
-#      --skip-python.
+#      DDP steps against Python on the same set-up; the venv's Python that
+#      tools/setup.sh --with-python makes) unless --skip-python.
 #
 # Writes every tool's output to DIR (default: a new temporary directory,
 # printed at the end). Takes ~20-25 minutes on 2 cores after the build.
@@ -31,19 +31,24 @@ while (($#)); do
   case "$1" in
     --out) out="${2:?--out needs a DIR}"; shift 2 ;;
     --skip-python) python=0; shift ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_hardware_fractions.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 [[ -n "$out" && "$out" != /* ]] && out="$PWD/$out"
 cd "$(dirname "$0")/.."
+py="${TORCHFSDP_PYTHON:-${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/python3}"
+if ((python)) && [[ ! -x "$py" ]]; then
+  echo "run_hardware_fractions.sh: $py missing (compare_pytorch.sh needs it): run" >&2
+  echo "  tools/setup.sh --with-python, or pass --skip-python" >&2
+  exit 1
+fi
 out=${out:-$(mktemp -d /tmp/hardware_fractions.XXXXXX)}
 mkdir -p "$out"
 
 bazel build //benchmarks:hardware_limits_bench //benchmarks:trainer_bench //benchmarks:comm_bench \
   //benchmarks:transforms_bench //benchmarks:functional_bench //:trainer >&2
 bin=$(bazel info bazel-bin 2>/dev/null)
-readonly reference_blas="/usr/lib/x86_64-linux-gnu/blas:/usr/lib/x86_64-linux-gnu/lapack"
 unset OMP_NUM_THREADS MKL_NUM_THREADS
 
 step() { echo "== $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg): $*" >&2; }
@@ -52,10 +57,8 @@ step "hardware limits"
 "$bin/benchmarks/hardware_limits_bench" --benchmark_out="$out/hardware_limits.json" \
   --benchmark_out_format=json >"$out/hardware_limits.txt" 2>&1
 
-step "trainer default run, OpenBLAS"
+step "trainer default run"
 "$bin/trainer/trainer" >"$out/trainer_default.txt" 2>&1
-step "trainer default run, reference BLAS"
-LD_LIBRARY_PATH="$reference_blas" "$bin/trainer/trainer" >"$out/trainer_reference_blas.txt" 2>&1
 
 mfu() {  # name nproc filter [env...]
   local name=$1 nproc=$2 filter=$3; shift 3

@@ -20,6 +20,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RANKS="${RANKS:-1 2 4}"
+# The tables are made by the venv's Python that tools/setup.sh --with-python
+# makes (TORCHFSDP_PYTHON overrides it), checked before the long runs.
+PY="${TORCHFSDP_PYTHON:-${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/python3}"
+[[ -x "$PY" ]] || {
+  echo "run_trainer_bench.sh: $PY missing: run tools/setup.sh --with-python (TORCHFSDP_HOME moves the venv)" >&2
+  exit 1
+}
 bazel build //benchmarks:trainer_bench
 BIN="$(bazel info bazel-bin 2>/dev/null)"
 BENCH="$BIN/benchmarks/trainer_bench"
@@ -38,7 +45,7 @@ for n in $RANKS; do
   done
 done
 
-/usr/bin/python3 - "$OUT" "$RANKS" <<'EOF'
+"$PY" - "$OUT" "$RANKS" <<'EOF'
 import json, os, sys
 out, ranks = sys.argv[1], [int(r) for r in sys.argv[2].split()]
 

@@ -45,7 +45,7 @@ void BM_PerSampleGrad_VmapGrad(benchmark::State& state) {
   Mlp m;
   auto per_sample = functorch::vmap(
       functorch::grad(example_loss, {0, 1, 2, 3}),
-      {c10::nullopt, c10::nullopt, c10::nullopt, c10::nullopt, 0, 0});
+      {std::nullopt, std::nullopt, std::nullopt, std::nullopt, 0, 0});
   for (auto _ : state) {
     functorch::Tree grads = per_sample(m.w1, m.b1, m.w2, m.b2, m.x, m.t);
     benchmark::DoNotOptimize(grads);

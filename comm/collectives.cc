@@ -24,29 +24,18 @@ const char* reduce_op_name(ReduceOp op) {
 
 namespace {
 
-// Gloo in LibTorch 1.13 handles float, double, half and the integer types,
-// but rejects bfloat16 ("Invalid scalar type") in every collective.
-bool gloo_handles(at::ScalarType type) {
+// The dtypes c10d's Gloo and NCCL backends both move and reduce (2.x: Gloo
+// reduces bfloat16 and half too; 1.13's could not, which comm once worked
+// around). Bool only travels (gather, broadcast).
+bool is_supported(at::ScalarType type) {
   switch (type) {
-    case at::kFloat: case at::kDouble: case at::kHalf: case at::kChar:
-    case at::kByte: case at::kInt: case at::kLong:
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
+    case at::kChar: case at::kByte: case at::kInt: case at::kLong:
+    case at::kBool:
       return true;
     default:
       return false;
   }
-}
-
-bool is_supported(at::ScalarType type) {
-  return gloo_handles(type) || type == at::kBFloat16 || type == at::kBool;
-}
-
-// For operations that only move bytes (gather, broadcast, all-to-all): a
-// same-width type Gloo accepts, so bfloat16 travels bit-exact as half
-// without being converted.
-at::Tensor as_transport(const at::Tensor& t) {
-  if (t.scalar_type() == at::kBFloat16) return t.view(at::kHalf);
-  if (t.scalar_type() == at::kBool) return t.view(at::kByte);
-  return t;
 }
 
 const internal::GroupState& member_state(const ProcessGroup& group,
@@ -59,20 +48,27 @@ const internal::GroupState& member_state(const ProcessGroup& group,
   return *state;
 }
 
-void check_flat(const char* op, const char* arg, const at::Tensor& t) {
+void check_flat(const internal::GroupState& state, const char* op,
+                const char* arg, const at::Tensor& t) {
   TORCH_CHECK(t.defined(), "comm::", op, ": ", arg,
-              " is undefined: expected a contiguous 1-D CPU tensor");
+              " is undefined: expected a contiguous 1-D tensor");
   TORCH_CHECK(t.dim() == 1, "comm::", op, ": ", arg, " has shape ", t.sizes(),
               ": expected a 1-D (flat) tensor");
   TORCH_CHECK(t.is_contiguous(), "comm::", op, ": ", arg,
               " is not contiguous (stride ", t.strides(),
               "): expected a contiguous tensor");
-  TORCH_CHECK(t.device().is_cpu(), "comm::", op, ": ", arg, " is on ",
-              t.device(), ": expected a CPU tensor (backend gloo)");
+  if (state.backend == "nccl") {
+    TORCH_CHECK(t.device().is_cuda(), "comm::", op, ": ", arg, " is on ",
+                t.device(), ": expected a CUDA tensor (backend nccl)");
+  } else {
+    TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "comm::", op,
+                ": ", arg, " is on ", t.device(),
+                ": expected a CPU or CUDA tensor (backend gloo)");
+  }
   TORCH_CHECK(is_supported(t.scalar_type()), "comm::", op, ": ", arg,
               " has dtype ", t.scalar_type(),
               ": expected float32, float64, float16, bfloat16, bool or an "
-              "integer type Gloo supports (int8, uint8, int32, int64)");
+              "integer type (int8, uint8, int32, int64)");
 }
 
 void check_reducible(const char* op, const at::Tensor& t, ReduceOp reduce) {
@@ -88,9 +84,8 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::kMax: return c10d::ReduceOp::MAX;
     case ReduceOp::kMin: return c10d::ReduceOp::MIN;
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:  // Gloo rejects AVG; we divide the sum.
-      return c10d::ReduceOp::SUM;
+    case ReduceOp::kAvg: return c10d::ReduceOp::AVG;
+    case ReduceOp::kSum: return c10d::ReduceOp::SUM;
   }
   return c10d::ReduceOp::SUM;
 }
@@ -121,8 +116,8 @@ Work all_gather_into_tensor(const ProcessGroup& group, const at::Tensor& output,
                             const at::Tensor& input) {
   constexpr const char* kOp = "all_gather_into_tensor";
   const auto& state = member_state(group, kOp);
-  check_flat(kOp, "input", input);
-  check_flat(kOp, "output", output);
+  check_flat(state, kOp, "input", input);
+  check_flat(state, kOp, "output", output);
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "comm::", kOp,
               ": output has dtype ", output.scalar_type(),
               ": expected the input's dtype ", input.scalar_type());
@@ -130,17 +125,9 @@ Work all_gather_into_tensor(const ProcessGroup& group, const at::Tensor& output,
   TORCH_CHECK(output.numel() == n * state.size, "comm::", kOp,
               ": output has ", output.numel(), " elements: expected group size ",
               state.size, " x input's ", n, " = ", n * state.size);
-  at::Tensor out = as_transport(output);
-  std::vector<at::Tensor> inputs{as_transport(input)};
-  // Gloo 1.13 has no _allgather_base ("no support for _allgather_base in
-  // Gloo process group"); its list allgather, given views of the flat output,
-  // writes every rank's part straight into place.
-  std::vector<std::vector<at::Tensor>> outputs(1);
-  outputs[0].reserve(state.size);
-  for (int r = 0; r < state.size; ++r) {
-    outputs[0].push_back(out.narrow(0, r * n, n));
-  }
-  auto work = state.pg->allgather(outputs, inputs);
+  at::Tensor out = output;
+  at::Tensor in = input;
+  auto work = state.pg->all_gather_single(out, in);
   return make_work(state, kOp, std::move(work), nullptr, {output, input});
 }
 
@@ -148,8 +135,8 @@ Work reduce_scatter_tensor(const ProcessGroup& group, const at::Tensor& output,
                            const at::Tensor& input, ReduceOp op) {
   constexpr const char* kOp = "reduce_scatter_tensor";
   const auto& state = member_state(group, kOp);
-  check_flat(kOp, "input", input);
-  check_flat(kOp, "output", output);
+  check_flat(state, kOp, "input", input);
+  check_flat(state, kOp, "output", output);
   check_reducible(kOp, input, op);
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "comm::", kOp,
               ": output has dtype ", output.scalar_type(),
@@ -160,79 +147,37 @@ Work reduce_scatter_tensor(const ProcessGroup& group, const at::Tensor& output,
               input.numel(), " elements: expected group size ", world,
               " x output's ", n, " = ", n * world,
               " (pad the flat tensor to a multiple of the group size)");
-  // Gloo 1.13 has neither reduce_scatter nor _reduce_scatter_base. Built as
-  // an all-to-all (rank r receives everyone's chunk r: (world-1)/world of the
-  // input per rank, what a ring reduce-scatter moves, half of what
-  // all-reduce-then-slice moves) followed by a local reduction over the
-  // `world` received chunks. benchmarks/comm_bench compares both.
-  at::Tensor received = at::empty({n * world}, input.options());
-  at::Tensor received_t = as_transport(received);
-  at::Tensor input_t = as_transport(input);
-  std::vector<int64_t> even_splits;  // empty = equal splits
-  auto work = state.pg->alltoall_base(received_t, input_t, even_splits,
-                                      even_splits);
-  auto finish = [received, output, op, world, n]() {
-    at::Tensor chunks = received.view({world, n});
-    // Reduce bfloat16/half in float32: one rounding at the end instead of
-    // one per rank.
-    if (output.scalar_type() == at::kBFloat16 || output.scalar_type() == at::kHalf) {
-      chunks = chunks.to(at::kFloat);
-      at::Tensor result;
-      switch (op) {
-        case ReduceOp::kSum: result = chunks.sum(0); break;
-        case ReduceOp::kAvg: result = chunks.sum(0).div_(world); break;
-        case ReduceOp::kMax: result = chunks.amax(0); break;
-        case ReduceOp::kMin: result = chunks.amin(0); break;
-      }
-      output.copy_(result);
-      return;
-    }
-    // Straight into the caller's tensor: no temporary on the hot path.
-    at::Tensor out = output;
-    switch (op) {
-      case ReduceOp::kSum: at::sum_out(out, chunks, 0); break;
-      case ReduceOp::kAvg: at::sum_out(out, chunks, 0).div_(world); break;
-      case ReduceOp::kMax: at::amax_out(out, chunks, 0); break;
-      case ReduceOp::kMin: at::amin_out(out, chunks, 0); break;
-    }
-  };
-  return make_work(state, kOp, std::move(work), std::move(finish),
-                   {output, input}, "op", reduce_op_name(op));
+  at::Tensor out = output;
+  at::Tensor in = input;
+  c10d::ReduceScatterOptions options;
+  options.reduceOp = to_c10d(op);
+  auto work = state.pg->reduce_scatter_single(out, in, options);
+  return make_work(state, kOp, std::move(work), nullptr, {output, input},
+                   "op", reduce_op_name(op));
 }
 
 Work all_reduce(const ProcessGroup& group, const at::Tensor& tensor,
                 ReduceOp op) {
   constexpr const char* kOp = "all_reduce";
   const auto& state = member_state(group, kOp);
-  check_flat(kOp, "tensor", tensor);
+  check_flat(state, kOp, "tensor", tensor);
   check_reducible(kOp, tensor, op);
-  // Gloo cannot reduce bfloat16: reduce a float32 copy and round once.
-  const bool upcast = tensor.scalar_type() == at::kBFloat16;
-  at::Tensor buffer = upcast ? tensor.to(at::kFloat) : tensor;
-  std::vector<at::Tensor> tensors{buffer};
+  std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = to_c10d(op);
   auto work = state.pg->allreduce(tensors, options);
-  std::function<void()> finish;
-  const int world = state.size;
-  if (upcast || op == ReduceOp::kAvg) {
-    finish = [tensor, buffer, upcast, op, world]() {
-      if (op == ReduceOp::kAvg) buffer.div_(world);
-      if (upcast) tensor.copy_(buffer);
-    };
-  }
-  return make_work(state, kOp, std::move(work), std::move(finish),
-                   {tensor, buffer}, "op", reduce_op_name(op));
+  return make_work(state, kOp, std::move(work), nullptr, {tensor}, "op",
+                   reduce_op_name(op));
 }
 
 Work broadcast(const ProcessGroup& group, const at::Tensor& tensor, int root) {
   constexpr const char* kOp = "broadcast";
   const auto& state = member_state(group, kOp);
-  check_flat(kOp, "tensor", tensor);
+  check_flat(state, kOp, "tensor", tensor);
   TORCH_CHECK(root >= 0 && root < state.size, "comm::", kOp, ": root=", root,
               ": expected a rank of the group in [0, ", state.size,
               ") (a group rank, not a world rank)");
-  std::vector<at::Tensor> tensors{as_transport(tensor)};
+  std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
   auto work = state.pg->broadcast(tensors, options);

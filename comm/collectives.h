@@ -19,7 +19,7 @@ namespace comm {
 
 enum class ReduceOp {
   kSum,
-  kAvg,  // sum / group size (Gloo has no AVG: done as a sum, then a divide)
+  kAvg,  // sum / group size (c10d's ReduceOp::AVG)
   kMax,
   kMin,
 };

@@ -16,6 +16,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "comm/internal/group_state.h"
+#ifdef TORCHFSDP_CUDA
+#include "comm/internal/nccl.h"
+#endif
 
 namespace comm {
 
@@ -216,53 +219,66 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_backend_group(
     int rank, int size, std::chrono::milliseconds timeout,
     const std::string& master_addr) {
   if (backend == "nccl") {
-#ifndef USE_C10D_NCCL
-    // Compile-time: LibTorch's c10d exposes ProcessGroupNCCL only under
-    // USE_C10D_NCCL, which a CUDA build defines. Debian's libtorch-dev 1.13.1
-    // is CPU-only.
+#ifndef TORCHFSDP_CUDA
     return absl::UnimplementedError(
-        "backend 'nccl' is not available: the linked LibTorch was built "
-        "without CUDA and NCCL (USE_C10D_NCCL is undefined, c10d has no "
-        "ProcessGroupNCCL); use backend 'gloo' (CPU tensors)");
+        "backend 'nccl' is not available in this build: it was compiled "
+        "without CUDA (build with --config=cuda against a CUDA LibTorch, "
+        "such as the torch wheel, to get ProcessGroupNCCL); use backend "
+        "'gloo' (CPU tensors)");
 #else
-    // A CUDA LibTorch: comm's collectives check for CPU tensors and work
-    // around Gloo's gaps; their CUDA/NCCL variants have not been written or
-    // tested (no such LibTorch or GPU where comm was built).
-    return absl::UnimplementedError(
-        "backend 'nccl': this LibTorch has ProcessGroupNCCL, but comm's NCCL "
-        "path is not implemented yet; use backend 'gloo' (CPU tensors)");
-#endif
-  }
-  if (backend != "gloo") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "backend '", backend, "': expected 'gloo' (or 'nccl' with a CUDA "
-        "LibTorch)"));
-  }
-  try {
-    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-    // Loopback rendezvous: pin Gloo to 127.0.0.1 instead of resolving the
-    // host name (which sandboxes often cannot). GLOO_SOCKET_IFNAME wins, as
-    // in torch.distributed.
-    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
-    if (ifname != nullptr && *ifname != '\0') {
-      options->devices.push_back(
-          c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-    } else if (!master_addr.empty() && is_loopback(master_addr)) {
-      options->devices.push_back(
-          c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    } else {
-      options->devices.push_back(
-          c10d::ProcessGroupGloo::createDefaultDevice());
+    if (auto devices = internal::cuda_device_count(); !devices.ok()) {
+      return devices.status();
     }
-    c10::intrusive_ptr<c10d::ProcessGroup> group =
-        c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size,
-                                                    options);
+#endif
+  } else if (backend != "gloo") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backend '", backend, "': expected 'gloo' or 'nccl' (CUDA builds)"));
+  }
+  if (!store) return c10::intrusive_ptr<c10d::ProcessGroup>();  // probe only
+  try {
+    // Since 2.0 a c10d::ProcessGroup dispatches each collective to the
+    // Backend registered for the tensors' device type.
+    auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+    if (backend == "gloo") {
+      auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+      // Loopback rendezvous: pin Gloo to 127.0.0.1 instead of resolving the
+      // host name (which sandboxes often cannot). GLOO_SOCKET_IFNAME wins,
+      // as in torch.distributed.
+      const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+      if (ifname != nullptr && *ifname != '\0') {
+        options->devices.push_back(
+            c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+      } else if (!master_addr.empty() && is_loopback(master_addr)) {
+        options->devices.push_back(
+            c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      } else {
+        options->devices.push_back(
+            c10d::ProcessGroupGloo::createDefaultDevice());
+      }
+      auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size,
+                                                              options);
+      group->setBackend(c10::DeviceType::CPU,
+                        c10d::ProcessGroup::BackendType::GLOO, gloo);
+#ifdef TORCHFSDP_CUDA
+      // As torch.distributed's "gloo": CUDA tensors go through Gloo too.
+      group->setBackend(c10::DeviceType::CUDA,
+                        c10d::ProcessGroup::BackendType::GLOO, gloo);
+#endif
+      group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    }
+#ifdef TORCHFSDP_CUDA
+    if (backend == "nccl") {
+      group->setBackend(c10::DeviceType::CUDA,
+                        c10d::ProcessGroup::BackendType::NCCL,
+                        internal::make_nccl_backend(store, rank, size, timeout));
+      group->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+    }
+#endif
     return group;
   } catch (const std::exception& e) {
     return absl::DeadlineExceededError(absl::StrCat(
-        "rank ", rank, " of ", size,
-        " could not connect the Gloo group within ", timeout.count(),
-        " ms: ", describe(e)));
+        "rank ", rank, " of ", size, " could not connect the ", backend,
+        " group within ", timeout.count(), " ms: ", describe(e)));
   }
 }
 

@@ -38,9 +38,11 @@
 #include <string>
 #include <vector>
 
+#include <torch/csrc/autograd/variable.h>
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
-#include <c10/util/Optional.h>
+#include <optional>
 
 #include "comm/process_group.h"
 #include "comm/work.h"
@@ -130,7 +132,7 @@ struct FlatParamOptions {
   // trainable parameters.
   bool use_orig_params = false;
   // Where gathering and compute happen. Unset: the parameters' device.
-  c10::optional<c10::Device> compute_device;
+  std::optional<c10::Device> compute_device;
 };
 
 // What unshard() gathers.
@@ -363,7 +365,9 @@ class FlatParamHandle {
   bool active_full_precision_ = false;
   comm::Work pending_gather_;
   std::vector<at::Tensor> unsharded_views_;
-  std::shared_ptr<torch::autograd::Node> grad_accumulator_;
+  // std::shared_ptr<Node> up to about 2.12, c10::intrusive_ptr<Node> since.
+  decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()))
+      grad_accumulator_;
 
   // A gradient reduction started by start_reduce_grad() and not finished.
   // stage: 0 none, 1 first collective (reduce-scatter / all-reduce) in

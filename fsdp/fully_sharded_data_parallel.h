@@ -118,12 +118,12 @@ class FullyShardedDataParallel {
   struct Options {
     // The data-parallel group (required: LibTorch has no default group).
     // For HYBRID_SHARD pass hybrid_groups or device_mesh instead.
-    c10::optional<comm::ProcessGroup> process_group;
+    std::optional<comm::ProcessGroup> process_group;
     // HYBRID_SHARD / _HYBRID_SHARD_ZERO2: (shard, replicate) pair.
-    c10::optional<comm::HybridShardGroups> hybrid_groups;
+    std::optional<comm::HybridShardGroups> hybrid_groups;
     // 1-D (its group is the data-parallel group) or, for the hybrid
     // strategies, 2-D (replicate x shard). Exclusive with process_group.
-    c10::optional<comm::DeviceMesh> device_mesh;
+    std::optional<comm::DeviceMesh> device_mesh;
     ShardingStrategy sharding_strategy = ShardingStrategy::kFullShard;
     CPUOffload cpu_offload;
     AutoWrapPolicy auto_wrap_policy;
@@ -146,7 +146,7 @@ class FullyShardedDataParallel {
     // handles too).
     std::function<void(torch::nn::Module&)> param_init_fn;
     // Compute device; the module is moved there first when it is elsewhere.
-    c10::optional<c10::Device> device_id;
+    std::optional<c10::Device> device_id;
     // Broadcast rank 0's parameters and buffers before sharding.
     bool sync_module_states = false;
     // Gather the next unit (recorded order) while the current one computes.
@@ -331,7 +331,7 @@ class FrameGuard {
 };
 // Under mixed precision, the dtype floating-point inputs of `frame`'s unit
 // are cast to (nullopt: none).
-c10::optional<c10::ScalarType> input_dtype(const Frame& frame);
+std::optional<c10::ScalarType> input_dtype(const Frame& frame);
 // Sequential semantics with unit logic per child.
 torch::nn::AnyValue sequential_forward(torch::nn::SequentialImpl& sequential,
                                        std::vector<torch::nn::AnyValue> args);
@@ -364,17 +364,17 @@ bool collect_tensors(const std::pair<A, B>& pair, std::vector<at::Tensor>* out) 
 }
 
 template <typename T>
-T&& cast_input(T&& value, c10::optional<c10::ScalarType>) {
+T&& cast_input(T&& value, std::optional<c10::ScalarType>) {
   return std::forward<T>(value);
 }
-inline at::Tensor cast_input(const at::Tensor& t, c10::optional<c10::ScalarType> dtype) {
+inline at::Tensor cast_input(const at::Tensor& t, std::optional<c10::ScalarType> dtype) {
   if (!dtype || !t.defined() || !t.is_floating_point()) return t;
   return t.to(*dtype);
 }
-inline at::Tensor cast_input(at::Tensor& t, c10::optional<c10::ScalarType> dtype) {
+inline at::Tensor cast_input(at::Tensor& t, std::optional<c10::ScalarType> dtype) {
   return cast_input(static_cast<const at::Tensor&>(t), dtype);
 }
-inline at::Tensor cast_input(at::Tensor&& t, c10::optional<c10::ScalarType> dtype) {
+inline at::Tensor cast_input(at::Tensor&& t, std::optional<c10::ScalarType> dtype) {
   return cast_input(static_cast<const at::Tensor&>(t), dtype);
 }
 

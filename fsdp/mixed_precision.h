@@ -9,7 +9,7 @@
 #pragma once
 
 #include <c10/core/ScalarType.h>
-#include <c10/util/Optional.h>
+#include <optional>
 
 namespace torch {
 namespace nn {
@@ -20,9 +20,9 @@ class Module;
 namespace fsdp {
 
 struct MixedPrecision {
-  c10::optional<c10::ScalarType> param_dtype;
-  c10::optional<c10::ScalarType> reduce_dtype;
-  c10::optional<c10::ScalarType> buffer_dtype;
+  std::optional<c10::ScalarType> param_dtype;
+  std::optional<c10::ScalarType> reduce_dtype;
+  std::optional<c10::ScalarType> buffer_dtype;
   // Keep the reduced gradient in the low precision instead of casting it
   // back to the parameters' dtype (the optimizer then sees low-precision
   // gradients).

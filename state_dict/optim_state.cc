@@ -37,9 +37,10 @@ absl::StatusOr<Kind> KindOf(const torch::optim::Optimizer& optimizer) {
       "optimizer state dicts support torch::optim::Adam, AdamW and SGD");
 }
 
-// The key LibTorch's optimizers use for a parameter in state().
-std::string StateKey(const torch::Tensor& param) {
-  return c10::guts::to_string(param.unsafeGetTensorImpl());
+// The key LibTorch's optimizers use for a parameter in state() (2.x: the
+// parameter's TensorImpl, no longer its address printed as a string).
+void* StateKey(const torch::Tensor& param) {
+  return param.unsafeGetTensorImpl();
 }
 
 std::string Shape(const torch::Tensor& t) {
@@ -353,7 +354,7 @@ absl::Status ImportOptimizerState(torch::optim::Optimizer& optimizer,
   for (size_t g = 0; g < groups.size(); ++g) {
     for (int64_t id : group_ids[g]) options_of[static_cast<size_t>(id)] = new_options[g].get();
   }
-  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> new_state;
+  std::vector<std::pair<void*, std::unique_ptr<torch::optim::OptimizerParamState>>> new_state;
   std::set<int64_t> seen;
   for (const auto& entry : state.state) {
     const int64_t* id_ptr = std::get_if<int64_t>(&entry.first);

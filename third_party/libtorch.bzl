@@ -19,8 +19,8 @@ Targets:
   :libtorch        CPU: libtorch_cpu + libc10 (no libtorch.so, which pulls in
                    libtorch_cuda).
   :libtorch_cuda   CUDA + NCCL: libtorch_cuda, libc10_cuda, the CUDA toolkit's
-                   headers; defines TORCHFSDP_CUDA. Building it without a CUDA
-                   LibTorch or without the CUDA toolkit fails naming which.
+                   and NCCL's headers. Building it without a CUDA LibTorch,
+                   the CUDA toolkit or nccl.h fails naming which.
   :python          the Python interpreter with this same `torch` (tests and
                    golden scripts); its path is in TORCHFSDP_PYTHON.
 """

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "torch_python.h"
 #include "state_dict/checkpoint.h"
 
 namespace {
@@ -83,8 +84,9 @@ TEST(CkptToolTest, InspectVerifyConvert) {
   for (const auto& item : state) {
     EXPECT_TRUE(torch::equal(loaded->tensors[item.key()], item.value())) << item.key();
   }
-  if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0) {
-    const std::string py = "/usr/bin/python3 -c \"import torch; d = torch.load('" + full +
+  {
+    // Python 2.x's torch.load default (weights_only=True) reads it.
+    const std::string py = std::string("'") + kTorchPython + "' -c \"import torch; d = torch.load('" + full +
                            "'); assert list(d) == ['layer.weight', 'layer.bias', "
                            "'head.weight'], list(d); assert d['head.weight'].shape == (2, 5)\"";
     EXPECT_EQ(system(py.c_str()), 0);

@@ -54,8 +54,17 @@ fi
 
 build="${FUZZ_BUILD_DIR:-${HOME:-/tmp}/.cache/torchfsdp_fuzz}"
 mkdir -p "$build" || exit 1
-echo "fuzz.sh: building the fuzzers in $build" >&2
-if ! make -s -f tools/fuzz/Makefile BUILD="$build" -j2 >"$build/make.log" 2>&1; then
+# The LibTorch of the Bazel build (third_party/libtorch.bzl finds and checks
+# it): its repository links include/ and lib/ to the real directories.
+if ! bazel build @libtorch//:libtorch >"$build/libtorch.log" 2>&1; then
+  tail -20 "$build/libtorch.log" >&2
+  echo "fuzz.sh: no LibTorch for the fuzzers (see above; run tools/setup.sh)" >&2
+  exit 1
+fi
+libtorch=$(bazel info output_base 2>/dev/null)/external/libtorch
+libtorch=$(cd "$libtorch/lib/.." 2>/dev/null && cd "$(readlink -f "$libtorch/lib")/.." && pwd)
+echo "fuzz.sh: building the fuzzers in $build against LibTorch in $libtorch" >&2
+if ! make -s -f tools/fuzz/Makefile BUILD="$build" LIBTORCH="$libtorch" -j2 >"$build/make.log" 2>&1; then
   tail -40 "$build/make.log" >&2
   echo "fuzz.sh: the fuzzers did not build (log: $build/make.log)" >&2
   exit 1

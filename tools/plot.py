@@ -1,5 +1,21 @@
-#!/usr/bin/python3
-"""Plots a trainer --log-json file: loss and tokens/s against step.
+#!/bin/sh
+# A shell preamble that Python reads as a string: `bazel run //tools:plot`
+# (an sh_binary) and ./tools/plot.py start the venv's Python that
+# `tools/setup.sh --with-python` makes, which has matplotlib.
+''':'
+for py in "${TORCHFSDP_PYTHON:-}" \
+    "${TORCHFSDP_HOME:+$TORCHFSDP_HOME/venv/bin/python3}" \
+    "${HOME:+$HOME/.cache/torchfsdp-cpp/venv/bin/python3}" \
+    "$(getent passwd "$(id -u)" | cut -d: -f6)/.cache/torchfsdp-cpp/venv/bin/python3"; do
+  # The last one: `bazel test` sets HOME to the test's temporary directory.
+  [ -n "$py" ] && [ -x "$py" ] && exec "$py" "$0" "$@"
+done
+echo 'plot: no Python at ${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/python3' \
+  "(HOME=${HOME:-unset}, TORCHFSDP_HOME=${TORCHFSDP_HOME:-unset}): run tools/setup.sh --with-python" >&2
+exit 1
+'''
+
+__doc__ = """Plots a trainer --log-json file: loss and tokens/s against step.
 
     bazel run //tools:plot -- LOG.jsonl [-o OUT.png] [--title TEXT]
 
@@ -8,8 +24,9 @@ LOG.jsonl has one JSON object per line with at least "step", "loss" and
 a step can appear more than once: the last line for a step wins, which is
 the line of the run that continued. Writes OUT.png (default: LOG with .png).
 
-Needs matplotlib (Debian: python3-matplotlib, installed by
-`tools/setup.sh --with-python`).
+Runs under ${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/python3
+(TORCHFSDP_PYTHON overrides it), the venv `tools/setup.sh --with-python`
+makes with the torch wheel, numpy and matplotlib.
 """
 
 import argparse
@@ -56,8 +73,8 @@ def main():
         matplotlib.use("Agg")  # no display needed
         import matplotlib.pyplot as plt
     except ImportError:
-        sys.exit("plot: matplotlib is missing: run `tools/setup.sh --with-python` "
-                 "(Debian package python3-matplotlib)")
+        sys.exit(f"plot: matplotlib is missing from {sys.executable}: run "
+                 "`tools/setup.sh --with-python` (it installs matplotlib into the venv)")
 
     records = read_log(args.log)
     steps = [r["step"] for r in records]

@@ -2,8 +2,11 @@
 # Test of //tools:plot: a tiny trainer --log-json file (the keys of
 # trainer/json_log.h, two ranks, one step logged twice as after a resume)
 # becomes a PNG; a file that is not a trainer log is refused with a message.
-# Needs Debian's python3-matplotlib (tools/setup.sh --with-python, which
-# tools/test.sh runs).
+# Needs matplotlib in the venv tools/setup.sh --with-python makes (which
+# tools/test.sh runs): tools/plot.py starts
+# ${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/python3, looking
+# in the user's home from /etc/passwd too, as `bazel test` sets HOME to
+# the test's temporary directory.
 set -euo pipefail
 
 plot="${TEST_SRCDIR}/${TEST_WORKSPACE}/tools/plot"

@@ -1,86 +1,112 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the build needs; does nothing when they are
-# already there. Usage: tools/setup.sh [--with-python]
+# Installs what the build needs; does nothing when it is already there.
+# Usage: tools/setup.sh [--with-python]
 #
-# LibTorch links libblas.so.3, which Debian points at the reference (netlib)
-# BLAS unless an optimized one is installed: this installs OpenBLAS, OpenMP
-# variant, and makes it the libblas.so.3/liblapack.so.3 alternative. OpenMP,
-# not pthread, because it shares LibTorch's libgomp thread pool: with the
-# pthread variant a rank running 2 intra-op threads has 2 OpenBLAS threads
-# competing with 2 spinning OpenMP threads on 2 cores (benchmarks/RESULTS.md).
-# tcmalloc (gperftools) is linked into every binary the project builds.
-# libdeflate's CRC-32 checksums the zip records of checkpoint files.
-# CLI11 parses the command lines of the trainer, launch and ckpt;
-# nlohmann-json writes the trainer's --log-json (both header-only).
-#   --with-python  also install python3-torch and python3-matplotlib
-#                  (golden-value fixtures, Python interop tests, tools/plot).
+# - Debian packages: the compiler, Bazel, Abseil, GoogleTest, Google Benchmark,
+#   gperftools' tcmalloc (linked into every binary the project builds),
+#   libdeflate (the zip CRC-32 of checkpoint files), CLI11 and nlohmann-json
+#   (command lines, --log-json) and libgloo-dev (the gloo/ headers that
+#   ProcessGroupGloo.hpp includes and the torch wheel does not ship).
+# - LibTorch: the pinned `torch` wheel (TORCH_VERSION below), with pip into a
+#   virtual environment in the project's prefix,
+#   ${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv, never into a system
+#   Python. The build takes `torch/include` and `torch/lib` from it
+#   (third_party/libtorch.bzl) unless TORCHFSDP_LIBTORCH names another
+#   LibTorch directory, in which case no wheel is installed for the build.
+#   Without --with-python only the wheel itself goes in (--no-deps) plus the
+#   two CUDA runtime libraries its libtorch_cpu.so is linked against
+#   (libcudart, libcupti: loaded, never used, by CPU programs).
+#   --with-python  the wheel with all its dependencies (Python `import torch`,
+#                  the CUDA and NCCL libraries --config=cuda links against),
+#                  numpy and matplotlib: golden fixtures, the Python interop
+#                  tests, benchmarks' Python peers, tools/plot.py.
 set -euo pipefail
+
+readonly TORCH_VERSION=2.15.0
+readonly prefix="${TORCHFSDP_HOME:-${HOME:-/root}/.cache/torchfsdp-cpp}"
+readonly venv="$prefix/venv"
+
+with_python=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-python) with_python=1 ;;
+    *) echo "setup.sh: unknown argument '$arg' (expected --with-python)" >&2; exit 2 ;;
+  esac
+done
 
 packages=(
   g++
   bazel-bootstrap
-  libtorch-dev
   libgloo-dev
   libabsl-dev
   libgtest-dev
   libgmock-dev
   libbenchmark-dev
-  libopenblas0-openmp
   libgoogle-perftools-dev
   libdeflate-dev
   libcli11-dev
   nlohmann-json3-dev
 )
-for arg in "$@"; do
-  case "$arg" in
-    --with-python) packages+=(python3-torch python3-numpy python3-matplotlib) ;;
-    *) echo "setup.sh: unknown argument '$arg' (expected --with-python)" >&2; exit 2 ;;
-  esac
-done
-
-readonly blas_dir=/usr/lib/x86_64-linux-gnu/openblas-openmp
-
-# Points libblas.so.3 / liblapack.so.3 (and libopenblas.so.0) at the OpenMP
-# OpenBLAS; a no-op when they already do. Auto mode would prefer the pthread
-# variant (priority 100 vs 95) if both are installed.
-select_blas() {
-  local name
-  for name in libblas.so.3 liblapack.so.3 libopenblas.so.0; do
-    local link="${name}-x86_64-linux-gnu"
-    local current
-    current=$(update-alternatives --query "$link" 2>/dev/null | sed -n 's/^Value: //p')
-    [[ "$current" == "$blas_dir/$name" ]] && continue
-    if [[ $(id -u) -ne 0 ]]; then
-      echo "setup.sh: $name points at '${current:-nothing}', not OpenBLAS (libopenblas0-openmp);" >&2
-      echo "run as root: update-alternatives --set $link $blas_dir/$name" >&2
-      exit 1
-    fi
-    update-alternatives --quiet --set "$link" "$blas_dir/$name"
-    echo "setup.sh: $name -> $blas_dir/$name" >&2
-  done
-}
+python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
 
 missing=()
 for pkg in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
   [[ "$status" == "install ok installed" ]] || missing+=("$pkg")
 done
-
-if ((${#missing[@]} == 0)); then
-  select_blas
-  exit 0
+if ((${#missing[@]})); then
+  echo "setup.sh: installing missing Debian packages: ${missing[*]}" >&2
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "setup.sh: these packages are missing and installing them needs root:" >&2
+    printf '  %s\n' "${missing[@]}" >&2
+    echo "run as root: tools/setup.sh $*  (or: apt-get install ${missing[*]})" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  echo "setup.sh: installed ${missing[*]}" >&2
 fi
 
-echo "setup.sh: installing missing Debian packages: ${missing[*]}" >&2
-if [[ $(id -u) -ne 0 ]]; then
-  echo "setup.sh: these packages are missing and installing them needs root:" >&2
-  printf '  %s\n' "${missing[@]}" >&2
-  echo "run as root: tools/setup.sh $*  (or: apt-get install ${missing[*]})" >&2
-  exit 1
-fi
+# What is in the venv is recorded in stamp files, so a set-up that is already
+# done costs no pip call.
+stamp_wheel="$venv/.torchfsdp-torch-$TORCH_VERSION"
+stamp_python="$venv/.torchfsdp-torch-$TORCH_VERSION-python"
+need_wheel=0
+[[ -z "${TORCHFSDP_LIBTORCH:-}" && ! -e "$stamp_wheel" ]] && need_wheel=1
+need_python=0
+((with_python)) && [[ ! -e "$stamp_python" ]] && need_python=1
+((need_wheel || need_python)) || exit 0
 
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -q >/dev/null
-apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
-echo "setup.sh: installed ${missing[*]}" >&2
-select_blas
+if [[ ! -x "$venv/bin/python3" ]]; then
+  mkdir -p "$prefix"
+  # A venv half made by an interrupted run is made again.
+  rm -rf "$venv"
+  base_python=python3
+  python3 -c 'import ensurepip, venv' 2>/dev/null || base_python=/usr/bin/python3
+  "$base_python" -m venv "$venv"
+fi
+pip=("$venv/bin/python3" -m pip install --quiet --disable-pip-version-check)
+
+if ((need_python)); then
+  echo "setup.sh: installing torch==$TORCH_VERSION with its dependencies, numpy and matplotlib into $venv" >&2
+  "${pip[@]}" "torch==$TORCH_VERSION" numpy matplotlib
+  touch "$stamp_wheel" "$stamp_python"
+elif ((need_wheel)); then
+  echo "setup.sh: installing the torch==$TORCH_VERSION wheel (LibTorch) into $venv" >&2
+  "${pip[@]}" --no-deps "torch==$TORCH_VERSION"
+  # libtorch_cpu.so lists libcudart and libcupti as NEEDED; the wheel's own
+  # metadata names the cuda-toolkit release they come from.
+  metadata=$(echo "$venv"/lib/python3*/site-packages/torch-"$TORCH_VERSION".dist-info/METADATA)
+  toolkit=$(sed -n 's/^Requires-Dist: cuda-toolkit\[[^]]*\]==\([0-9.]*\).*/\1/p' "$metadata" | head -1)
+  if [[ -z "$toolkit" ]]; then
+    echo "setup.sh: no cuda-toolkit requirement in $metadata; cannot tell which CUDA runtime torch $TORCH_VERSION needs" >&2
+    exit 1
+  fi
+  # pip would list every dependency of torch left out on purpose.
+  "${pip[@]}" "cuda-toolkit[cudart,cupti]==$toolkit" 2>&1 |
+    grep -v -e "dependency resolver does not currently" -e "^torch $TORCH_VERSION requires" >&2 || true
+  ((PIPESTATUS[0] == 0)) || { echo "setup.sh: pip could not install cuda-toolkit[cudart,cupti]==$toolkit" >&2; exit 1; }
+  touch "$stamp_wheel"
+fi
+echo "setup.sh: LibTorch $TORCH_VERSION in $(echo "$venv"/lib/python3*/site-packages/torch)" >&2

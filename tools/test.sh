@@ -2,10 +2,13 @@
 # Sets up what is missing and runs the whole test suite. Extra arguments go to
 # `bazel test` (e.g. tools/test.sh --config=asan). The last line is
 # "N passed, N failed", counted from Bazel's own per-target results plus one
-# entry for fuzzing: after the Bazel tests, tools/fuzz.sh fuzzes the file
-# loaders for 50 s per target (100 s in all). Fuzzing is skipped when extra
-# arguments are given: a configured run (--config=asan, a test filter) is a
-# rerun of the Bazel tests, and the fuzzers carry their own sanitizers.
+# entry for fuzzing and one for the CUDA build: after the Bazel tests,
+# tools/fuzz.sh fuzzes the file loaders for 50 s per target (100 s in all),
+# and `bazel build --config=cuda //...` compiles and links every target
+# against LibTorch's CUDA libraries and NCCL (no GPU needed; nothing CUDA
+# runs here). Both are skipped when extra arguments are given: a configured
+# run (--config=asan, a test filter) is a rerun of the Bazel tests, and the
+# fuzzers carry their own sanitizers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,8 +33,16 @@ if (($# == 0)); then
     failed=$((failed + 1))
     ((status == 0)) && status=1
   fi
+  if bazel build --config=cuda //... 2>&1 | tail -5; ((PIPESTATUS[0] == 0)); then
+    echo "cuda build: PASSED"
+    passed=$((passed + 1))
+  else
+    echo "cuda build: FAILED"
+    failed=$((failed + 1))
+    ((status == 0)) && status=1
+  fi
 else
-  echo "fuzz: skipped (extra arguments given to bazel test)"
+  echo "fuzz, cuda build: skipped (extra arguments given to bazel test)"
 fi
 echo "${passed} passed, ${failed} failed"
 exit "$status"

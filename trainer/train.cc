@@ -364,8 +364,8 @@ absl::StatusOr<int64_t> Resume(const std::string& dir, const Options& o,
 // mesh and its groups for --sharding=hybrid (they must outlive the result).
 absl::StatusOr<Wrapped> WrapModel(const Options& o, std::shared_ptr<LanguageModel> model,
                                   const comm::ProcessGroup& world,
-                                  c10::optional<comm::DeviceMesh>* mesh,
-                                  c10::optional<comm::HybridShardGroups>* hybrid) {
+                                  std::optional<comm::DeviceMesh>* mesh,
+                                  std::optional<comm::HybridShardGroups>* hybrid) {
   Wrapped w;
   w.model = model;
   fsdp::FullyShardedDataParallel::Options options;
@@ -504,8 +504,8 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
   int64_t num_params = 0;
   for (const auto& p : model->parameters()) num_params += p.numel();
 
-  c10::optional<comm::DeviceMesh> mesh;
-  c10::optional<comm::HybridShardGroups> hybrid;
+  std::optional<comm::DeviceMesh> mesh;
+  std::optional<comm::HybridShardGroups> hybrid;
   auto wrapped = WrapModel(o, model, group, &mesh, &hybrid);
   if (!wrapped.ok()) return wrapped.status();
   Wrapped& w = *wrapped;

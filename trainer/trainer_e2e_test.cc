@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "torch_python.h"
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "trainer/testing/run_trainer.h"
@@ -129,10 +131,11 @@ TEST(TrainerE2eTest, ResumeContinuesTheExactLossSequence) {
   const std::string convert = "tools/ckpt convert " + ckpt + "/step_6 --to-full " + converted +
                               " > " + dir + "/convert.txt 2>&1";
   ASSERT_EQ(std::system(convert.c_str()), 0) << convert;
-  if (std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0) {
-    std::printf("SKIPPED the Python half: /usr/bin/python3 cannot import torch "
-                "(tools/setup.sh --with-python installs python3-torch)\n");
-  } else {
+  // torch.load with Python 2.x's default, weights_only=True.
+  const std::string torch_python = std::string("'") + kTorchPython + "'";
+  ASSERT_EQ(std::system((torch_python + " -c 'import torch' > /dev/null 2>&1").c_str()), 0)
+      << kTorchPython << " cannot import torch (run tools/setup.sh --with-python)";
+  {
     const std::string script = dir + "/compare.py";
     {
       std::ofstream py(script);
@@ -149,7 +152,7 @@ TEST(TrainerE2eTest, ResumeContinuesTheExactLossSequence) {
             "        n += 1\n"
             "assert n > 20, n\n";
     }
-    const std::string python = "/usr/bin/python3 " + script + " " + converted + " " +
+    const std::string python = torch_python + " " + script + " " + converted + " " +
                                full_ckpt + "/step_6/model.pt";
     EXPECT_EQ(std::system(python.c_str()), 0) << python;
   }

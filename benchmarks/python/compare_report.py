@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """The table benchmarks/compare_pytorch.sh prints: ours vs Python PyTorch.
 
     compare_report.py --cpp-bench CPP.json --cpp-hessian CPP_H.json \\

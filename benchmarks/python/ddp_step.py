@@ -1,19 +1,19 @@
-#!/usr/bin/python3
 """One data-parallel training run in Python PyTorch (DistributedDataParallel
 on Gloo), built to match //:trainer step for step, for
 benchmarks/compare_pytorch.sh.
 
-Run it as one process per rank (torch.distributed.run fails on Debian's
-Python 3.11 build, so the ranks are started by hand):
+Run it with the venv's Python that `tools/setup.sh --with-python` makes
+(PY below: ${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/python3),
+one process per rank, started by torchrun:
 
-    RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 OMP_NUM_THREADS=1 \\
-        /usr/bin/python3 benchmarks/python/ddp_step.py --model transformer --steps 60 \\
-        --log-json /tmp/py.jsonl &
-    RANK=1 ... (same command)
+    OMP_NUM_THREADS=1 $PY -m torch.distributed.run --standalone --nproc-per-node 2 \\
+        benchmarks/python/ddp_step.py --model transformer --steps 60 \\
+        --log-json /tmp/py.jsonl
 
-or with WORLD_SIZE unset for a single process. Rank 0 writes one JSON line
-per step with the keys the trainer's --log-json uses (step, loss, lr,
-step_time_s, tokens_per_s).
+or by hand (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set for each), or
+as `$PY benchmarks/python/ddp_step.py ...` with WORLD_SIZE unset for a
+single process. Rank 0 writes one JSON line per step with the keys the
+trainer's --log-json uses (step, loss, lr, step_time_s, tokens_per_s).
 
 What matches the trainer (trainer/models.cc, train.cc, data.cc, lr_schedule.cc):
   * TransformerLM: token + learned position embeddings (N(0, 0.02) init),

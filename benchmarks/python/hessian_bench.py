@@ -1,19 +1,21 @@
-#!/usr/bin/python3
-"""Python functorch (PyTorch 1.13) side of //benchmarks:hessian_bench.
+"""Python torch.func side of //benchmarks:hessian_bench.
 
-    /usr/bin/python3 benchmarks/python/hessian_bench.py [--repetitions N]
-        [--filter REGEX] [--json FILE]
+    ${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/python3 \
+        benchmarks/python/hessian_bench.py [--repetitions N] [--filter REGEX]
+        [--json FILE]
+
+(the venv's Python that `tools/setup.sh --with-python` makes: the same
+`torch` wheel, hence the same LibTorch and MKL, as the C++ side).
 
 Same MLP shapes (2 -> 512 -> 512 -> 512 -> 3, tanh, float32) and 1024
 points: vmap(jacfwd(jacrev(u))), vmap(hessian(u)), a per-point loop of
 hessian(u)(x_i), and sgemm (torch.mm out=) at 1024x512x512, timed in the
 same process. Threads are Python's defaults (printed). GFLOP/s use the
 analytic matmul count of hessian_bench.cc: 12 C per point, C = 2 (2*512 +
-2*512^2 + 512*3). Wall time per call is what is reported (OpenBLAS runs
-its own threads); with --repetitions N, the median of N means.
+2*512^2 + 512*3). Wall time per call is what is reported (the BLAS runs on
+the intra-op OpenMP threads); with --repetitions N, the median of N means.
 """
 import argparse
-import ctypes
 import json
 import os
 import re
@@ -21,20 +23,22 @@ import statistics
 import time
 
 import torch
-from functorch import hessian, jacfwd, jacrev, vmap
+from torch.func import hessian, jacfwd, jacrev, vmap
 
 POINTS, IN, HIDDEN, OUT = 1024, 2, 512, 3
 FLOPS = POINTS * (1 + IN + OUT + OUT * IN) * 2 * (IN * HIDDEN + 2 * HIDDEN * HIDDEN + HIDDEN * OUT)
 
 
 def blas_description():
-    try:
-        lib = ctypes.CDLL("libblas.so.3")
-        lib.openblas_get_corename.restype = ctypes.c_char_p
-        out = f"OpenBLAS {lib.openblas_get_corename().decode()} kernel, {lib.openblas_get_num_threads()} threads"
-    except (OSError, AttributeError):
-        return "BLAS: not OpenBLAS"
-    for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+    """The BLAS this torch was built with (the wheel links MKL statically)."""
+    config = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=(\w+)", config)
+    out = f"BLAS {blas.group(1) if blas else 'unknown'}"
+    threads = re.search(r"mkl_get_max_threads\(\) : (\d+)", torch.__config__.parallel_info())
+    if threads:
+        out += f" ({threads.group(1)} threads)"
+    out += f", CPU capability {torch.backends.cpu.get_cpu_capability()}"
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         out += f", {name}={os.environ.get(name, '(unset)')}"
     return out
 

@@ -363,8 +363,8 @@ void before_recompute_backward(torch::nn::Module& module) {
   }
 }
 
-c10::optional<c10::ScalarType> input_dtype(const Frame& frame) {
-  if (!frame.rt) return c10::nullopt;
+std::optional<c10::ScalarType> input_dtype(const Frame& frame) {
+  if (!frame.rt) return std::nullopt;
   return frame.rt->options_.mixed_precision.param_dtype;
 }
 

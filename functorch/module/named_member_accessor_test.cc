@@ -225,8 +225,8 @@ TEST(NamedMemberAccessor, GradTensorWrapperSubstitute) {
   NamedMemberAccessor accessor(linear);
   const torch::Tensor weight = torch::randn({2, 3});
   const torch::Tensor x = torch::randn({4, 3});
-  const int64_t level = initAndPushDynamicLayer(TransformType::Grad, c10::nullopt,
-                                                c10::nullopt, /*prev_grad_mode=*/true);
+  const int64_t level = initAndPushDynamicLayer(TransformType::Grad, std::nullopt,
+                                                std::nullopt, /*prev_grad_mode=*/true);
   torch::Tensor grad;
   try {
     torch::AutoGradMode enable(true);

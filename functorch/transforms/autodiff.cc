@@ -347,7 +347,7 @@ TreeFn grad(TreeFn f, Argnums argnums, bool has_aux) {
 namespace internal {
 
 VjpResult vjp_with_argnums(const TreeFn& f, const std::vector<IValue>& args,
-                           const c10::optional<Argnums>& argnums,
+                           const std::optional<Argnums>& argnums,
                            bool has_aux) {
   IValue results, aux;
   std::vector<at::Tensor> flat_primals_out, flat_diff_primals;
@@ -413,7 +413,7 @@ VjpResult vjp_with_argnums(const TreeFn& f, const std::vector<IValue>& args,
 
 JvpResult jvp_with_argnums(const TreeFn& f, const std::vector<IValue>& primals,
                            const IValue& tangents,
-                           const c10::optional<Argnums>& argnums, bool strict,
+                           const std::optional<Argnums>& argnums, bool strict,
                            bool has_aux) {
   const std::string api = "jvp(f, primals, tangents)";
   IValue diff_args = argnums.has_value()
@@ -482,13 +482,13 @@ JvpResult jvp_with_argnums(const TreeFn& f, const std::vector<IValue>& primals,
 
 VjpResult vjp(const TreeFn& f, const std::vector<IValue>& primals,
               bool has_aux) {
-  return internal::vjp_with_argnums(f, primals, c10::nullopt, has_aux);
+  return internal::vjp_with_argnums(f, primals, std::nullopt, has_aux);
 }
 
 JvpResult jvp(const TreeFn& f, const std::vector<IValue>& primals,
               const std::vector<IValue>& tangents, bool strict, bool has_aux) {
   return internal::jvp_with_argnums(f, primals, make_tuple(tangents),
-                                    c10::nullopt, strict, has_aux);
+                                    std::nullopt, strict, has_aux);
 }
 
 TreeFn jacrev(TreeFn f, Argnums argnums, bool has_aux) {

@@ -167,7 +167,7 @@ TEST_F(AutodiffTest, PerSampleGradsViaFunctionalCall) {
   };
   Tensor xs = g["mlp.x"], ts = g["mlp.t"];
   Tree per_sample =
-      vmap(grad(loss), {c10::nullopt, 0, 0})(params, xs, ts);
+      vmap(grad(loss), {std::nullopt, 0, 0})(params, xs, ts);
 
   // Against functorch.
   EXPECT_TRUE(AllClose(per_sample["0.weight"], g["psg_w1"]));
@@ -215,7 +215,7 @@ TEST_F(AutodiffTest, PerSampleGradsSimpleAndLogSoftmax) {
   Tensor w = torch::randn({3});
   Tensor xs = torch::randn({4, 3});
   auto compute = [](Tensor w, Tensor x) { return (w * x).sum(); };
-  Tensor psg = vmap(grad(compute), {c10::nullopt, 0})(w, xs);
+  Tensor psg = vmap(grad(compute), {std::nullopt, 0})(w, xs);
   EXPECT_TRUE(AllClose(psg, xs));
   // TestVmapOfGrad.test_log_softmax
   Tensor x = torch::randn({3, 5});
@@ -235,7 +235,7 @@ TEST_F(AutodiffTest, PerSampleGradsMseLoss) {
   auto loss = [](Tensor w, Tensor x, Tensor y) {
     return torch::mse_loss(w.matmul(x), y);
   };
-  Tensor psg = vmap(grad(loss), {c10::nullopt, 0, 0})(w, xs, ys);
+  Tensor psg = vmap(grad(loss), {std::nullopt, 0, 0})(w, xs, ys);
   for (int64_t i = 0; i < 5; ++i) {
     Tensor wi = w.clone().requires_grad_();
     Tensor expected =

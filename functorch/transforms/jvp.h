@@ -21,7 +21,7 @@
 // return type (with has_aux, the first element of its pair / 2-tuple; Tree
 // when that is not static), aux the second element's.
 
-#include <c10/util/Optional.h>
+#include <optional>
 
 #include <tuple>
 #include <vector>
@@ -50,7 +50,7 @@ namespace internal {
 JvpResult jvp_with_argnums(const TreeFn& f,
                            const std::vector<c10::IValue>& primals,
                            const c10::IValue& tangents,
-                           const c10::optional<Argnums>& argnums, bool strict,
+                           const std::optional<Argnums>& argnums, bool strict,
                            bool has_aux);
 }  // namespace internal
 
@@ -81,7 +81,7 @@ auto typed_jvp(const F& f, const std::tuple<P...>& primals,
     return tuple.toTupleRef().elements().vec();
   };
   JvpResult r = jvp_with_argnums(tree_f, to_vector(to_ivalue(primals)),
-                                 to_ivalue(tangents), c10::nullopt, strict,
+                                 to_ivalue(tangents), std::nullopt, strict,
                                  kHasAux);
   if constexpr (kHasAux) {
     using Output = typename AuxSplit<R>::output;

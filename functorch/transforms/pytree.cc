@@ -203,16 +203,16 @@ DimTree DimTree::dict(std::vector<std::pair<std::string, DimTree>> items) {
   return tree;
 }
 
-c10::optional<std::vector<c10::optional<int64_t>>> DimTree::broadcast_to(
+std::optional<std::vector<std::optional<int64_t>>> DimTree::broadcast_to(
     const TreeSpec& spec) const {
-  std::vector<c10::optional<int64_t>> out;
+  std::vector<std::optional<int64_t>> out;
   out.reserve(spec.num_leaves());
-  if (!broadcast_into(spec, out)) return c10::nullopt;
+  if (!broadcast_into(spec, out)) return std::nullopt;
   return out;
 }
 
 bool DimTree::broadcast_into(const TreeSpec& spec,
-                             std::vector<c10::optional<int64_t>>& out) const {
+                             std::vector<std::optional<int64_t>>& out) const {
   if (is_leaf()) {
     out.insert(out.end(), spec.num_leaves(), dim_);
     return true;

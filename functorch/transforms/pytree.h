@@ -8,7 +8,7 @@
 // leaf. As in PyTorch 1.13's pytree, None is a leaf, not an empty node.
 
 #include <ATen/core/ivalue.h>
-#include <c10/util/Optional.h>
+#include <optional>
 
 #include <functional>
 #include <initializer_list>
@@ -75,7 +75,7 @@ c10::IValue tree_map(const std::function<c10::IValue(const c10::IValue&)>& fn,
 //
 //   0                      every tensor mapped over dim 0
 //   {0, std::nullopt}      (0, None): first argument mapped, second not
-//                          (c10::nullopt works too)
+//                          (std::nullopt, the same type, works too)
 //   {0, {1, std::nullopt}} nested; a brace list is a tuple
 //   DimTree::dict({{"w", 0}, {"b", std::nullopt}})
 //                          matched to a dict by key, in any order
@@ -83,9 +83,8 @@ class DimTree {
  public:
   DimTree(int64_t dim) : dim_(dim) {}                 // NOLINT: implicit like Python
   DimTree(int dim) : dim_(dim) {}                     // NOLINT
-  DimTree(c10::nullopt_t) {}                          // NOLINT
   DimTree(std::nullopt_t) {}                          // NOLINT
-  DimTree(c10::optional<int64_t> dim) : dim_(dim) {}  // NOLINT
+  DimTree(std::optional<int64_t> dim) : dim_(dim) {}  // NOLINT
   // A tuple of sub-trees; `{0}` is the one-element tuple (0,).
   DimTree(std::initializer_list<DimTree> elements);   // NOLINT
 
@@ -95,14 +94,14 @@ class DimTree {
 
   bool is_leaf() const { return kind_ == TreeSpec::Kind::kLeaf; }
   // The dim of a leaf (nullopt for None); only meaningful when is_leaf().
-  c10::optional<int64_t> dim() const { return dim_; }
+  std::optional<int64_t> dim() const { return dim_; }
   TreeSpec::Kind kind() const { return kind_; }
   const std::vector<DimTree>& children() const { return children_; }
 
   // One dim per leaf of `spec`, or nullopt when the structures are
   // incompatible (Python's _broadcast_to_and_flatten). A tuple or list here
   // matches a tuple or list there, since a C++ brace list cannot say which.
-  c10::optional<std::vector<c10::optional<int64_t>>> broadcast_to(
+  std::optional<std::vector<std::optional<int64_t>>> broadcast_to(
       const TreeSpec& spec) const;
 
   // The structure of this tree itself (for error messages).
@@ -113,12 +112,12 @@ class DimTree {
  private:
   DimTree() = default;
   bool broadcast_into(const TreeSpec& spec,
-                      std::vector<c10::optional<int64_t>>& out) const;
+                      std::vector<std::optional<int64_t>>& out) const;
   // Renders the tree, leaves as their dims or (show_dims=false) as "*".
   std::string render(bool show_dims) const;
 
   TreeSpec::Kind kind_ = TreeSpec::Kind::kLeaf;
-  c10::optional<int64_t> dim_;
+  std::optional<int64_t> dim_;
   std::vector<DimTree> children_;
   std::vector<std::string> keys_;
 };

@@ -11,7 +11,7 @@
 // at::Tensor, c10::IValue, Tree, double/float, integers, bool, std::string,
 // std::vector<T>, std::tuple<T...>, std::pair<A, B>, NamedTensors (and any
 // torch::OrderedDict<std::string, T>), std::map<std::string, T>,
-// c10::optional<T>.
+// std::optional<T>.
 //
 // One dict type: NamedTensors -- what named_parameters() returns and
 // functional_call takes -- crosses a transform as a dict in its own insertion
@@ -143,12 +143,12 @@ struct IValueConvert<std::string> {
 };
 
 template <class T>
-struct IValueConvert<c10::optional<T>> {
-  static c10::IValue to(const c10::optional<T>& v) {
+struct IValueConvert<std::optional<T>> {
+  static c10::IValue to(const std::optional<T>& v) {
     return v.has_value() ? IValueConvert<T>::to(*v) : c10::IValue();
   }
-  static c10::optional<T> from(const c10::IValue& v) {
-    if (v.isNone()) return c10::nullopt;
+  static std::optional<T> from(const c10::IValue& v) {
+    if (v.isNone()) return std::nullopt;
     return IValueConvert<T>::from(v);
   }
 };
@@ -353,8 +353,8 @@ struct Canonical<std::pair<A, B>> {
   using type = std::pair<canonical_t<A>, canonical_t<B>>;
 };
 template <class T>
-struct Canonical<c10::optional<T>> {
-  using type = c10::optional<canonical_t<T>>;
+struct Canonical<std::optional<T>> {
+  using type = std::optional<canonical_t<T>>;
 };
 
 // What `f` returns when called with the canonical forms of Args.

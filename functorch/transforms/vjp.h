@@ -26,7 +26,7 @@
 // The pytree form takes and returns IValue trees: vjp(tree_fn, {x, y},
 // /*has_aux=*/true) -> VjpResult.
 
-#include <c10/util/Optional.h>
+#include <optional>
 
 #include <functional>
 #include <tuple>
@@ -56,7 +56,7 @@ namespace internal {
 // nullopt means all of them.
 VjpResult vjp_with_argnums(const TreeFn& f,
                            const std::vector<c10::IValue>& primals,
-                           const c10::optional<Argnums>& argnums,
+                           const std::optional<Argnums>& argnums,
                            bool has_aux);
 }  // namespace internal
 
@@ -116,7 +116,7 @@ auto typed_vjp(const F& f, const Args&... primals) {
   using R = typed_result_t<F, Args...>;
   TreeFn tree_f = as_tree_fn<F, canonical_t<Args>...>(&f);
   VjpResult r = vjp_with_argnums(
-      tree_f, std::vector<c10::IValue>{to_ivalue(primals)...}, c10::nullopt,
+      tree_f, std::vector<c10::IValue>{to_ivalue(primals)...}, std::nullopt,
       kHasAux);
   VjpFn<canonical_t<Args>...> vjp_fn(std::move(r.vjp_fn));
   if constexpr (kHasAux) {

@@ -15,7 +15,7 @@
 namespace functorch {
 namespace {
 
-using FlatDims = std::vector<c10::optional<int64_t>>;
+using FlatDims = std::vector<std::optional<int64_t>>;
 
 at::functorch::RandomnessType to_engine(Randomness randomness) {
   switch (randomness) {
@@ -263,7 +263,7 @@ c10::IValue chunked_vmap(const Call& call, const BatchedInputs& in,
 
 c10::IValue vmap_call(const TreeFn& f, const DimTree& in_dims,
                       const DimTree& out_dims, Randomness randomness,
-                      const c10::optional<int64_t>& chunk_size,
+                      const std::optional<int64_t>& chunk_size,
                       const std::vector<c10::IValue>& args) {
   internal::register_decompositions();
   Call call{f, in_dims, out_dims, randomness};
@@ -289,7 +289,7 @@ Randomness parse_randomness(const std::string& randomness) {
 }
 
 namespace internal {
-void check_vmap_args(const c10::optional<int64_t>& chunk_size) {
+void check_vmap_args(const std::optional<int64_t>& chunk_size) {
   TORCH_CHECK_VALUE(!chunk_size.has_value() || *chunk_size > 0,
                     "vmap: chunk_size should be None or greater than 0. (got ",
                     *chunk_size, ")");
@@ -297,7 +297,7 @@ void check_vmap_args(const c10::optional<int64_t>& chunk_size) {
 }  // namespace internal
 
 TreeFn vmap(TreeFn f, DimTree in_dims, DimTree out_dims, Randomness randomness,
-            c10::optional<int64_t> chunk_size) {
+            std::optional<int64_t> chunk_size) {
   internal::check_vmap_args(chunk_size);
   std::string name = f.name();
   return TreeFn(

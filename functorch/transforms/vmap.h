@@ -30,7 +30,7 @@
 // out_dims incompatible with the outputs, a non-tensor output with an int
 // out_dim, chunk_size <= 0, unknown randomness.
 
-#include <c10/util/Optional.h>
+#include <optional>
 
 #include <string>
 #include <utility>
@@ -49,11 +49,11 @@ Randomness parse_randomness(const std::string& randomness);
 // The pytree form: `f` takes and returns IValue trees.
 TreeFn vmap(TreeFn f, DimTree in_dims = 0, DimTree out_dims = 0,
             Randomness randomness = Randomness::kError,
-            c10::optional<int64_t> chunk_size = c10::nullopt);
+            std::optional<int64_t> chunk_size = std::nullopt);
 
 namespace internal {
 // Argument checks Python performs when vmap(...) is called, before any input.
-void check_vmap_args(const c10::optional<int64_t>& chunk_size);
+void check_vmap_args(const std::optional<int64_t>& chunk_size);
 }  // namespace internal
 
 // The typed form: any callable over the types typed.h supports; the result
@@ -61,7 +61,7 @@ void check_vmap_args(const c10::optional<int64_t>& chunk_size);
 template <class F>
 auto vmap(F f, DimTree in_dims = 0, DimTree out_dims = 0,
           Randomness randomness = Randomness::kError,
-          c10::optional<int64_t> chunk_size = c10::nullopt) {
+          std::optional<int64_t> chunk_size = std::nullopt) {
   internal::check_vmap_args(chunk_size);
   auto transform = [in_dims = std::move(in_dims),
                     out_dims = std::move(out_dims), randomness,

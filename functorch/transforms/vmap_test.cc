@@ -66,7 +66,7 @@ TEST_F(VmapTest, GoldenDot) {
   EXPECT_TRUE(AllClose(vmap(vmap(torch::dot))(g["nested.x"], g["nested.y"]),
                        g["vmap_vmap_dot"]));
   EXPECT_TRUE(AllClose(
-      vmap(torch::mv, {c10::nullopt, 0}, 1)(g["mv.m"], x.slice(1, 0, 3)),
+      vmap(torch::mv, {std::nullopt, 0}, 1)(g["mv.m"], x.slice(1, 0, 3)),
       g["vmap_mv_out_dims_1"]));
   EXPECT_TRUE(AllClose(vmap([](Tensor a) { return a.sin() * 2; }, -1)(x),
                        g["vmap_neg_in_dim"]));
@@ -137,7 +137,7 @@ TEST_F(VmapTest, OutDimsNonePassesThrough) {
     return c10::ivalue::Tuple::create(
         {args[0].toTensor() * 2, y, c10::IValue(3.5), c10::IValue("tag")});
   });
-  c10::IValue out = vmap(f, 0, {0, c10::nullopt, c10::nullopt, c10::nullopt})(
+  c10::IValue out = vmap(f, 0, {0, std::nullopt, std::nullopt, std::nullopt})(
       {c10::IValue(x)});
   const auto& elems = out.toTupleRef().elements();
   EXPECT_TRUE(AllClose(elems[0].toTensor(), x * 2));
@@ -146,23 +146,23 @@ TEST_F(VmapTest, OutDimsNonePassesThrough) {
   EXPECT_EQ(elems[3].toStringRef(), "tag");
   // Typed: (Tensor, double) with the double unmapped.
   auto [t, d] = vmap([](Tensor a) { return std::make_tuple(a + 1, 2.0); }, 0,
-                     {0, c10::nullopt})(x);
+                     {0, std::nullopt})(x);
   EXPECT_TRUE(AllClose(t, x + 1));
   EXPECT_EQ(d, 2.0);
   // A batched output cannot be unmapped.
-  EXPECT_THROW_WITH(vmap([](Tensor a) { return a; }, 0, c10::nullopt)(x),
+  EXPECT_THROW_WITH(vmap([](Tensor a) { return a; }, 0, std::nullopt)(x),
                     "can not return a BatchedTensor when out_dim is None");
 }
 
 TEST_F(VmapTest, InDimsNoneAndNested) {
   Tensor x = torch::randn({2, 3}), y = torch::randn({3});
-  EXPECT_TRUE(AllClose(vmap(mul, {0, c10::nullopt})(x, y), x * y));
+  EXPECT_TRUE(AllClose(vmap(mul, {0, std::nullopt})(x, y), x * y));
   // Nested tuple in_dims: f((a, b), c), b unmapped.
   Tensor a = torch::randn({4, 3}), b = torch::randn({3}), c = torch::randn({3, 4});
   auto f = [](std::tuple<Tensor, Tensor> ab, Tensor c) {
     return std::get<0>(ab) * std::get<1>(ab) + c;
   };
-  Tensor out = vmap(f, {{0, c10::nullopt}, 1})(std::make_tuple(a, b), c);
+  Tensor out = vmap(f, {{0, std::nullopt}, 1})(std::make_tuple(a, b), c);
   EXPECT_TRUE(AllClose(out, a * b + c.t()));
 }
 
@@ -170,7 +170,7 @@ TEST_F(VmapTest, DictAndListInDims) {
   Tensor w = torch::randn({5, 3}), bias = torch::randn({3});
   NamedTensors params{{"w", w}, {"b", bias}};
   auto f = [](NamedTensors p) { return p["w"] + p["b"]; };
-  Tensor out = vmap(f, {DimTree::dict({{"b", c10::nullopt}, {"w", 0}})})(params);
+  Tensor out = vmap(f, {DimTree::dict({{"b", std::nullopt}, {"w", 0}})})(params);
   EXPECT_TRUE(AllClose(out, w + bias));
   // in_dims as a broadcast int over a list argument.
   std::vector<Tensor> list{torch::randn({5, 2}), torch::randn({5, 2})};
@@ -231,8 +231,8 @@ TEST_F(VmapTest, ChunkSizeSameResults) {
   // Out dims and unmapped inputs with chunks.
   Tensor w = torch::randn({6, 2});
   auto f = [](Tensor a, Tensor w) { return std::make_tuple(a.matmul(w), a); };
-  auto [m1, a1] = vmap(f, {0, c10::nullopt}, {1, 0})(x, w);
-  auto [m2, a2] = vmap(f, {0, c10::nullopt}, {1, 0}, Randomness::kError, 3)(x, w);
+  auto [m1, a1] = vmap(f, {0, std::nullopt}, {1, 0})(x, w);
+  auto [m2, a2] = vmap(f, {0, std::nullopt}, {1, 0}, Randomness::kError, 3)(x, w);
   EXPECT_TRUE(AllClose(m1, m2));
   EXPECT_TRUE(AllClose(a1, a2));
 }
@@ -320,7 +320,7 @@ TEST_F(VmapTest, ErrorInDimForNonTensor) {
       "in_dim");
   // With None for the scalar it works.
   Tensor out = vmap([](Tensor a, double s) { return a * s; },
-                    {0, c10::nullopt})(torch::ones({2}), 2.0);
+                    {0, std::nullopt})(torch::ones({2}), 2.0);
   EXPECT_TRUE(AllClose(out, torch::full({2}, 2.0)));
 }
 
@@ -329,7 +329,7 @@ TEST_F(VmapTest, ErrorNoInputsAndNoTensors) {
     return torch::ones({1});
   });
   EXPECT_THROW_WITH(vmap(f)({}), "got no inputs");
-  EXPECT_THROW_WITH(vmap(f, c10::nullopt)({torch::ones({2})}),
+  EXPECT_THROW_WITH(vmap(f, std::nullopt)({torch::ones({2})}),
                     "vmap: Expected at least one Tensor to vmap over");
 }
 
@@ -394,11 +394,11 @@ TEST_F(VmapTest, PytreeRoundTrip) {
   EXPECT_TRUE(back.toTupleRef().elements()[0].isTensorList());
   EXPECT_THROW_WITH(tree_unflatten({flat.first[0]}, flat.second),
                     "expected 5 leaves");
-  auto dims = DimTree({DimTree::list({0, c10::nullopt}), 1, c10::nullopt})
+  auto dims = DimTree({DimTree::list({0, std::nullopt}), 1, std::nullopt})
                   .broadcast_to(flat.second);
   ASSERT_TRUE(dims.has_value());
   EXPECT_EQ(dims->size(), 5u);
-  EXPECT_EQ((*dims)[1], c10::nullopt);
+  EXPECT_EQ((*dims)[1], std::nullopt);
   EXPECT_EQ((*dims)[2], 1);
   EXPECT_EQ((*dims)[3], 1);
   EXPECT_FALSE(DimTree({0, 0}).broadcast_to(flat.second).has_value());

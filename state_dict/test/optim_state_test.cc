@@ -215,7 +215,7 @@ TEST(OptimStateTest, BadStateIsRejectedBeforeAnythingChanges) {
 // more step with the same gradients in both gives the same parameters.
 TEST(OptimStateTest, PythonAdamLoadsCppState) {
   if (!PythonTorchAvailable()) {
-    GTEST_SKIP() << "/usr/bin/python3 cannot import torch (install python3-torch)";
+    GTEST_FAIL() << "the Python of the build's torch wheel cannot import torch (run tools/setup.sh --with-python)";
   }
   const std::string dir = TempDir("optim_cpp_to_py");
   auto model = MakeModel(1);
@@ -262,7 +262,7 @@ print("ok")
 // imports it and takes the next step exactly as Python did.
 TEST(OptimStateTest, CppAdamLoadsPythonState) {
   if (!PythonTorchAvailable()) {
-    GTEST_SKIP() << "/usr/bin/python3 cannot import torch (install python3-torch)";
+    GTEST_FAIL() << "the Python of the build's torch wheel cannot import torch (run tools/setup.sh --with-python)";
   }
   const std::string dir = TempDir("optim_py_to_cpp");
   std::string output;

@@ -6,6 +6,8 @@
 
 #include <fstream>
 
+#include "torch_python.h"
+
 namespace state_dict {
 namespace testing {
 
@@ -19,7 +21,8 @@ std::string TempDir(const std::string& name) {
 
 bool PythonTorchAvailable() {
   static const bool available =
-      system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+      system((std::string("'") + kTorchPython +
+              "' -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
   return available;
 }
 
@@ -30,7 +33,8 @@ int RunPython(const std::string& script, const std::string& args,
     std::ofstream out(path);
     out << script;
   }
-  const std::string cmd = "/usr/bin/python3 '" + path + "' " + args + " 2>&1";
+  const std::string cmd =
+      std::string("'") + kTorchPython + "' '" + path + "' " + args + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return -1;
   char buf[4096];

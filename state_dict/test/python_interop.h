@@ -1,5 +1,6 @@
-// Runs Debian's /usr/bin/python3 (PyTorch 1.13) from tests to check files
-// against PyTorch itself.
+// Runs the Python whose `torch` is the wheel the build's LibTorch came from
+// (@libtorch//:python_path; tools/setup.sh --with-python installs it) from
+// tests, to check files against PyTorch itself.
 #pragma once
 
 #include <string>
@@ -7,7 +8,7 @@
 namespace state_dict {
 namespace testing {
 
-// True when `/usr/bin/python3 -c "import torch"` works.
+// True when that Python can `import torch`.
 bool PythonTorchAvailable();
 
 // Writes `script` to a file and runs it with the given arguments; returns the

@@ -103,7 +103,7 @@ TEST(PytorchFormatTest, StreamedFileHoldsEachTensorsOwnBytesWithItsChecksums) {
   EXPECT_FALSE(leftover.good());
 
   if (!PythonTorchAvailable()) {
-    GTEST_SKIP() << "/usr/bin/python3 cannot import torch (install python3-torch)";
+    GTEST_FAIL() << "the Python of the build's torch wheel cannot import torch (run tools/setup.sh --with-python)";
   }
   std::string output;
   int rc = RunPython(R"(
@@ -179,7 +179,7 @@ TEST(PytorchFormatTest, LoadLeavesModuleUntouchedOnShapeMismatch) {
 // input also written by C++. The outputs must agree.
 TEST(PytorchFormatTest, PythonLoadsWhatCppSaves) {
   if (!PythonTorchAvailable()) {
-    GTEST_SKIP() << "/usr/bin/python3 cannot import torch (install python3-torch)";
+    GTEST_FAIL() << "the Python of the build's torch wheel cannot import torch (run tools/setup.sh --with-python)";
   }
   const std::string dir = TempDir("cpp_to_py");
   torch::manual_seed(3);
@@ -213,7 +213,7 @@ print("ok")
 // same architecture and reproduces the output.
 TEST(PytorchFormatTest, CppLoadsPythonStateDict) {
   if (!PythonTorchAvailable()) {
-    GTEST_SKIP() << "/usr/bin/python3 cannot import torch (install python3-torch)";
+    GTEST_FAIL() << "the Python of the build's torch wheel cannot import torch (run tools/setup.sh --with-python)";
   }
   const std::string dir = TempDir("py_to_cpp");
   std::string output;
@@ -254,7 +254,7 @@ print("ok")
 // Python's pre-1.6 (non-zip) format is not read; the error says so.
 TEST(PytorchFormatTest, LegacyPythonFormatIsAClearError) {
   if (!PythonTorchAvailable()) {
-    GTEST_SKIP() << "/usr/bin/python3 cannot import torch (install python3-torch)";
+    GTEST_FAIL() << "the Python of the build's torch wheel cannot import torch (run tools/setup.sh --with-python)";
   }
   const std::string dir = TempDir("legacy");
   std::string output;

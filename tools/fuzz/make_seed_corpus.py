@@ -1,9 +1,10 @@
-#!/usr/bin/python3
 """Writes the seed corpus of the state_dict fuzzers (tools/fuzz.sh).
 
-Run from the repository root with Debian's Python, which has PyTorch 1.13:
+Run from the repository root with the venv's Python that `tools/setup.sh
+--with-python` makes (the `torch` wheel the build links, 2.15):
 
-    /usr/bin/python3 tools/fuzz/make_seed_corpus.py
+    ${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/python3 \
+        tools/fuzz/make_seed_corpus.py [--no-project-seeds]
 
 It writes real torch.save files into state_dict/fuzz/corpus/torch_file/
 (state dicts with _metadata, optimizer state dicts, nested containers, views
@@ -14,6 +15,11 @@ selector byte, seed the checkpoint fuzzer (state_dict/fuzz/corpus/checkpoint/).
 Then, unless --no-project-seeds, it runs //state_dict/fuzz:write_project_seeds
 (bazel) for the files the project itself writes (SaveTensorDict, SaveIValue,
 the fuzzer's template checkpoint). Rerunning it rewrites the same files.
+
+torch.save of 2.x writes records 1.13 did not (.format_version,
+.storage_alignment, byteorder, .data/serialization_id) and writes the
+storage records in numeric order (1.13: data/0, data/1, data/10, ...), so
+the py_* seeds, made by 2.15 since, carry them.
 """
 
 import argparse

@@ -1,9 +1,10 @@
-#!/usr/bin/python3
 """Golden values for the loss sweep of //functorch/transforms (issue 17).
 
-Run with Debian's Python (PyTorch 1.13 + functorch), from the repo root:
+Run from the repo root with the venv's Python that `tools/setup.sh
+--with-python` makes (the `torch` wheel the build links, 2.15; torch.func):
 
-    /usr/bin/python3 tools/golden/functorch_losses_golden.py
+    ${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/python3 \
+        tools/golden/functorch_losses_golden.py
 
 For every stock loss of torch.nn.functional (the ones LibTorch's
 torch::nn::functional also has), applied to a small tanh MLP through
@@ -14,7 +15,7 @@ functional_call, this records, in float64:
       ref.<loss>.hess.<p>.<q>   torch.autograd.functional.hessian of the loss
                                 of example 0 w.r.t. the parameter dict
       ref.<loss>.psg.<p>        per-example torch.autograd.grad, stacked
-  * what Python functorch itself does for hessian, jacfwd(jacrev) and
+  * what Python torch.func itself does for hessian, jacfwd(jacrev) and
     vmap(grad): status.<loss>.<transform> = 1 (ran and matched the
     reference), 0 (raised) or 2 (ran; nothing to check against / differs).
 
@@ -27,8 +28,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from functorch import hessian, jacfwd, jacrev, vmap, grad
-from torch.nn.utils.stateless import functional_call
+from torch.func import functional_call, grad, hessian, jacfwd, jacrev, vmap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTDATA = os.path.join(HERE, "..", "..", "functorch", "transforms", "testdata")
@@ -142,7 +142,7 @@ def main():
         for j, n in enumerate(names):
             out[f"ref.{lname}.psg.{n}"] = torch.stack([e[j] for e in per_example])
 
-        # What functorch does.
+        # What torch.func does.
         cases = {
             "hessian": lambda: hessian(loss)(params, xs[0], *t0),
             "jacfwd_jacrev": lambda: jacfwd(jacrev(loss))(params, xs[0], *t0),
@@ -177,7 +177,8 @@ def main():
     out = {k: v.detach().clone().contiguous() for k, v in out.items()}
     torch.save(out, os.path.join(TESTDATA, "losses_golden.pt"))
     with open(os.path.join(TESTDATA, "losses_python_status.txt"), "w") as f:
-        f.write("# <loss>.<transform>\t<what Python functorch 1.13 does> "
+        f.write(f"# <loss>.<transform>\t<what Python torch.func (torch "
+                f"{torch.__version__.split('+')[0]}) does> "
                 "(cases not listed: it works and matches plain autograd)\n")
         f.write("\n".join(status_lines) + "\n")
     print(f"wrote {len(out)} tensors; {len(status_lines)} Python failures")

@@ -1,9 +1,10 @@
-#!/usr/bin/python3
 """Golden values for functorch/module's tests, computed by real PyTorch.
 
-Run with Debian's interpreter (PyTorch 1.13 + functorch):
+Run from the repo root with the venv's Python that `tools/setup.sh
+--with-python` makes (the `torch` wheel the build links, 2.15; torch.func):
 
-    /usr/bin/python3 tools/golden/functorch_module_golden.py
+    ${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/python3 \
+        tools/golden/functorch_module_golden.py
 
 Writes functorch/module/testdata/<case>.pt: each a torch.save of a plain
 dict {str: Tensor} (LibTorch reads it with torch::pickle_load). Keys:
@@ -13,13 +14,16 @@ dict {str: Tensor} (LibTorch reads it with torch::pickle_load). Keys:
   out.<k>        outputs of functional_call with the substitutes
   grad.<name>    d loss / d sub.<name>, loss = sum of squares of the outputs
   after.<name>   a substitute buffer after the call (BatchNorm running stats)
-Seeds are fixed, so a rerun reproduces the files.
+Seeds are fixed, so a rerun reproduces the files. Every functional_call
+is also checked against the plain module with the substitutes loaded into a
+copy (load_state_dict), so a call that ran with the old weights fails here.
 """
+import copy
 import os
 
 import torch
 import torch.nn as nn
-import functorch
+from torch.func import functional_call, stack_module_state, vmap
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                    "functorch", "module", "testdata")
@@ -61,16 +65,21 @@ def record(case, model, inputs, run, extra=None):
     sub = substitutes(model)
     # Snapshot now: the call updates substitute buffers in place.
     d.update({"sub." + k: v.detach().clone() for k, v in sub.items()})
-    # functorch.make_functional_with_buffers rather than 1.13's
-    # nn.utils.stateless.functional_call: the latter does not refresh
-    # nn.LSTM's _flat_weights, so it would run the LSTM with the old weights.
-    fmodel, _, _ = functorch.make_functional_with_buffers(model)
-    pnames = [k for k, _ in model.named_parameters()]
-    bnames = [k for k, _ in model.named_buffers()]
-    outs = run(lambda *a: fmodel([sub[k] for k in pnames], [sub[k] for k in bnames], *a),
-               inputs)
+    # The plain module with the substitutes loaded, for the check below
+    # (1.13's nn.utils.stateless.functional_call did not refresh nn.LSTM's
+    # _flat_weights and ran the LSTM with the old weights; the 1.13 script
+    # used functorch.make_functional_with_buffers for that reason).
+    plain = copy.deepcopy(model)
+    plain.load_state_dict({k: v.detach().clone() for k, v in sub.items()})
+    outs = run(lambda *a: functional_call(model, sub, a), inputs)
     for i, o in enumerate(outs):
         d["out.%d" % i] = o
+    with torch.no_grad():
+        plain_outs = run(plain, inputs)
+    for i, (o, p) in enumerate(zip(outs, plain_outs)):
+        assert torch.allclose(o, p, rtol=1e-5, atol=1e-6), (case, "out.%d" % i)
+    for k, b in plain.named_buffers():
+        assert torch.equal(sub[k], b), (case, "after." + k)
     params = [k for k, _ in model.named_parameters()]
     grads = torch.autograd.grad(sum_sq(outs), [sub[k] for k in params])
     d.update({"grad." + k: g for k, g in zip(params, grads)})
@@ -138,11 +147,19 @@ def tied():
     model = TiedLM()
     tokens = torch.tensor([[1, 3, 5], [7, 9, 0]])
     d = {"param.embedding.weight": model.embedding.weight, "in.tokens": tokens}
-    # make_functional: one tensor for the tie.
-    fmodel, params = functorch.make_functional(model)
-    assert len(params) == 1
-    w = (params[0].detach() + 0.5 * torch.randn_like(params[0])).requires_grad_()
-    y = fmodel((w,), tokens)
+    # One tensor for the tie (as functorch.make_functional gave in 1.13):
+    # named_parameters() lists it once, and functional_call's default
+    # tie_weights=True puts the substitute in both places.
+    params = dict(model.named_parameters())
+    assert list(params) == ["embedding.weight"]
+    w0 = params["embedding.weight"]
+    w = (w0.detach() + 0.5 * torch.randn_like(w0)).requires_grad_()
+    y = functional_call(model, {"embedding.weight": w}, (tokens,))
+    plain = copy.deepcopy(model)
+    with torch.no_grad():
+        plain.embedding.weight.copy_(w)
+        assert plain.decoder.weight is plain.embedding.weight
+        assert torch.allclose(y, plain(tokens))
     (g,) = torch.autograd.grad((y ** 2).sum(), [w])
     d.update({"sub.embedding.weight": w, "out.0": y, "grad.embedding.weight": g})
     save("tied", d)
@@ -153,8 +170,14 @@ def ensemble():
     models = [nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
               for _ in range(3)]
     x = torch.randn(5, 4)
-    fmodel, params, buffers = functorch.combine_state_for_ensemble(models)
-    y = functorch.vmap(fmodel, (0, 0, None))(params, buffers, x)
+    # stack_module_state + functional_call over a stateless copy: 1.13's
+    # functorch.combine_state_for_ensemble.
+    params, buffers = stack_module_state(models)
+    base = copy.deepcopy(models[0]).to("meta")
+    y = vmap(lambda p, b, x: functional_call(base, (p, b), (x,)),
+             in_dims=(0, 0, None))(params, buffers, x)
+    with torch.no_grad():
+        assert torch.allclose(y, torch.stack([m(x) for m in models]))
     d = {"in.x": x, "out.0": y}
     for m, model in enumerate(models):
         for k, v in model.named_parameters():

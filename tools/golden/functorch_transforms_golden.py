@@ -1,9 +1,10 @@
-#!/usr/bin/python3
-"""Golden values for //functorch/transforms tests, from real functorch.
+"""Golden values for //functorch/transforms tests, from PyTorch's torch.func.
 
-Run with Debian's Python (PyTorch 1.13 + functorch), from the repo root:
+Run from the repo root with the venv's Python that `tools/setup.sh
+--with-python` makes (the `torch` wheel the build links, 2.15):
 
-    /usr/bin/python3 tools/golden/functorch_transforms_golden.py
+    ${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/python3 \
+        tools/golden/functorch_transforms_golden.py
 
 Writes functorch/transforms/testdata/transforms_golden.pt: torch.save of a
 plain dict {name: Tensor}, which C++ reads with torch::pickle_load. Inputs
@@ -13,7 +14,7 @@ import os
 
 import torch
 import torch.nn.functional as F
-from functorch import grad, grad_and_value, hessian, jacfwd, jacrev, jvp, vjp, vmap
+from torch.func import grad, grad_and_value, hessian, jacfwd, jacrev, jvp, vjp, vmap
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "..", "functorch",
                    "transforms", "testdata", "transforms_golden.pt")

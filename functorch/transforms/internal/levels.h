@@ -38,7 +38,7 @@ class GradLevel {
  public:
   GradLevel()
       : level_(at::functorch::initAndPushDynamicLayer(
-            at::functorch::TransformType::Grad, c10::nullopt, c10::nullopt,
+            at::functorch::TransformType::Grad, std::nullopt, std::nullopt,
             /*prev_grad_mode=*/c10::GradMode::is_enabled())),
         prev_grad_mode_(c10::GradMode::is_enabled()) {
     c10::GradMode::set_enabled(true);
@@ -61,8 +61,8 @@ class JvpLevel {
  public:
   JvpLevel()
       : level_(at::functorch::initAndPushDynamicLayer(
-            at::functorch::TransformType::Jvp, c10::nullopt, c10::nullopt,
-            c10::nullopt,
+            at::functorch::TransformType::Jvp, std::nullopt, std::nullopt,
+            std::nullopt,
             /*prev_fwd_grad_mode=*/fw_grad_mode())),
         prev_fwd_grad_mode_(fw_grad_mode()) {
     c10::AutogradState::get_tls_state().set_fw_grad_mode(true);
