@@ -29,8 +29,15 @@ absl::StatusOr<Pickled> Pickle(const c10::IValue& value, absl::string_view what,
                                const std::string& path) {
   Pickled out;
   try {
+    // tag_aggregates=false: plain dicts and lists, as Python's torch.save
+    // writes them. LibTorch's pickle_save tags typed ones with
+    // torch.jit._pickle.restore_type_tag, which Python 2.x's torch.load
+    // refuses under its default weights_only=True.
     torch::jit::Pickler pickler(
-        [&](const char* data, size_t size) { out.pickle.append(data, size); });
+        [&](const char* data, size_t size) { out.pickle.append(data, size); },
+        /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
+        /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
+        /*tag_aggregates=*/false);
     pickler.protocol();
     pickler.pushIValue(value);
     pickler.stop();

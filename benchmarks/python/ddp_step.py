@@ -173,6 +173,26 @@ class MlpLM(nn.Module):
 
 # --- the loop (trainer/train.cc) --------------------------------------------
 
+def exit_without_finalizing(status=0):
+    """Ends the process now, skipping the interpreter's finalization.
+
+    torch 2.15 with Gloo: a ProcessGroupGloo worker thread drops its last
+    reference to a finished collective (and so to the Python-visible tensors
+    in it) a moment after wait() returns. The process group outlives
+    destroy_process_group() while DDP/FSDP objects still refer to it, so
+    that drop can come during Py_FinalizeEx; releasing the tensors' Python
+    objects then takes the GIL, the finalizing interpreter ends the thread
+    with a forced unwind through a noexcept destructor, and the process
+    aborts ("terminate called without an active exception", SIGABRT, after
+    the last step). Seen here in 6 of 24 two-rank runs of 40 steps with
+    tcmalloc preloaded, 0 of 20 without; PyTorch issue 190489. Everything
+    this script writes is flushed before.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def learning_rate(args, step):
     if step <= args.warmup_steps:
         return args.lr * step / args.warmup_steps
@@ -257,6 +277,7 @@ def main():
         log.close()
     if world > 1:
         dist.destroy_process_group()
+    exit_without_finalizing(0)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,9 @@ grad_max_abs_diff (over all parameters, FSDP minus reference) and
 grad_norm_ratio (|FSDP grad| / |reference grad|, 1 when averaged, the world
 size when summed). The check's own time (gathering the full gradients, the
 reference step) is left out of step_time_s. A failed check makes the exit
-status 3, after the run.
+status 3, after the run. The process ends with os._exit, as ddp_step.py's
+(exit_without_finalizing: Gloo's worker threads can abort the interpreter's
+finalization in torch 2.15).
 """
 
 import argparse
@@ -51,7 +53,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddp_step import (MlpLM, TransformerBlock, TransformerLM,  # noqa: E402
-                      learning_rate, make_optimizer, synthetic_batch)
+                      exit_without_finalizing, learning_rate, make_optimizer,
+                      synthetic_batch)
 
 # Relative tolerance of the gradient check: float32 sums over 2 ranks' rows
 # in a different order than over the whole batch.
@@ -253,7 +256,8 @@ def main():
         store_dir.cleanup()
     if failures:
         print(f"fsdp_step: gradient check FAILED at step(s) {failures}", file=sys.stderr)
-        sys.exit(3)
+    # Not sys.exit: see exit_without_finalizing (an abort at exit otherwise).
+    exit_without_finalizing(3 if failures else 0)
 
 
 if __name__ == "__main__":

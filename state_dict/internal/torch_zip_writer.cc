@@ -3,11 +3,15 @@
 #include <libdeflate.h>
 
 #include <algorithm>
+#include <functional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include <caffe2/serialize/versions.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "state_dict/internal/crc32c.h"
 #include "state_dict/internal/zip_format.h"
 
@@ -66,6 +70,11 @@ std::string Zip64Extra(const uint64_t* size, const uint64_t* compressed_size,
   return b.str();
 }
 
+// c10::hash_combine, which PyTorchStreamWriter folds its id with.
+uint64_t HashCombine(uint64_t seed, uint64_t value) {
+  return seed ^ (value + 0x9e3779b9 + (seed << 6) + (seed >> 2));
+}
+
 }  // namespace
 
 TorchZipWriter::TorchZipWriter(AtomicFileWriter& file, std::string archive_name)
@@ -117,6 +126,8 @@ absl::StatusOr<uint32_t> TorchZipWriter::WriteRecord(absl::string_view name, con
     done += n;
   }
   entry.crc32 = crc32;
+  // What PyTorchStreamWriter (2.x) folds into the serialization id.
+  uncompressed_crc_hash_ = HashCombine(uncompressed_crc_hash_, crc32);
 
   if (size > 0) {
     Bytes descriptor;
@@ -139,6 +150,25 @@ absl::Status TorchZipWriter::Finish() {
   const std::string version =
       absl::StrCat(caffe2::serialize::kMinProducedFileFormatVersion, "\n");
   auto written = WriteRecord("version", version.data(), version.size());
+  if (!written.ok()) return written.status();
+  // LibTorch 2.x's writer adds the byte order of the tensor data and an id
+  // folded from the records' names and CRC-32s. The records and their layout
+  // are byte-identical to PyTorchStreamWriter's (torch_zip_writer_test); the
+  // id's 40 digits are made the same way in spirit but are not LibTorch's
+  // (its exact folding is not reproduced): nothing reads the value but to
+  // compare the ids of files of one checkpoint.
+  written = WriteRecord("byteorder", "little", 6);
+  if (!written.ok()) return written.status();
+  std::vector<std::string> names;
+  for (const Entry& e : entries_) names.push_back(e.name.substr(archive_name_.size() + 1));
+  names.push_back(".data/serialization_id");
+  std::sort(names.begin(), names.end());
+  uint64_t name_hash = 0;
+  for (const std::string& name : names) {
+    name_hash = HashCombine(name_hash, std::hash<std::string>{}(name));
+  }
+  const std::string id = absl::StrFormat("%020u%020u", name_hash, uncompressed_crc_hash_);
+  written = WriteRecord(".data/serialization_id", id.data(), id.size());
   if (!written.ok()) return written.status();
   finished_ = true;
 

@@ -52,6 +52,7 @@ class TorchZipWriter {
   AtomicFileWriter& file_;
   std::string archive_name_;
   std::vector<Entry> entries_;
+  uint64_t uncompressed_crc_hash_ = 0;
   bool finished_ = false;
 };
 
