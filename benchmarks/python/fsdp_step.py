@@ -33,7 +33,9 @@ issue 162338: FSDP2 on Gloo summed them, gradients world-size times too
 large). Rank 0 prints each check; a checked step's JSON line also carries
 grad_max_abs_diff (over all parameters, FSDP minus reference) and
 grad_norm_ratio (|FSDP grad| / |reference grad|, 1 when averaged, the world
-size when summed). The check's own time (gathering the full gradients, the
+size when summed). With torch 2.15 both fsdp1 and fsdp2 run on CPU over
+Gloo and pass it (Gloo's reduce-scatter averages under ReduceOp.AVG, the op
+FSDP2 uses for float32). The check's own time (gathering the full gradients, the
 reference step) is left out of step_time_s. A failed check makes the exit
 status 3, after the run. The process ends with os._exit, as ddp_step.py's
 (exit_without_finalizing: Gloo's worker threads can abort the interpreter's
