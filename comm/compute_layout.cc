@@ -1,5 +1,7 @@
 #include "comm/compute_layout.h"
 
+#include <ATen/Context.h>
+
 #include <dlfcn.h>
 
 #include <cstdlib>
@@ -53,6 +55,9 @@ std::string DescribeBlas() {
     name = "reference BLAS (libblas3: unoptimised; tools/setup.sh installs OpenBLAS)";
   } else if (!path.empty()) {
     name = path;
+  } else if (at::hasMKL()) {
+    // The torch wheel links MKL into libtorch_cpu: no libblas is mapped.
+    name = "MKL (in libtorch_cpu)";
   }
   return name;
 }

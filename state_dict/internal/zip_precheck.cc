@@ -33,6 +33,8 @@ namespace {
 constexpr size_t kMaxCommentSize = 0xFFFF;
 // PyTorch writes "3\n"; anything near this size is not a version record.
 constexpr uint64_t kMaxVersionRecordBytes = 64 << 10;
+// 2.x writes 40 digits as the serialization id.
+constexpr uint64_t kMaxSerializationIdBytes = 4096;
 constexpr uint64_t kMaxDeflateRatio = 1032;
 constexpr uint32_t kDosDirectoryAttribute = 0x10;
 
@@ -98,6 +100,14 @@ class ArchiveCheck {
     }
     const std::string folder = first.substr(0, slash + 1);
     out_.folder = folder;
+    // LibTorch 2.x's reader also reads ".data/serialization_id", when there
+    // is one, in its constructor (and leaks miniz's state when that throws).
+    for (const ZipEntry* e : Find(entries, folder + ".data/serialization_id")) {
+      std::string contents;
+      status = ReadSmallRecord(*e, absl::StrCat("serialization id record '", absl::CEscape(e->name), "'"),
+                               kMaxSerializationIdBytes, contents);
+      if (!status.ok()) return status;
+    }
     // The reader takes ".data/version" when there is one, else "version";
     // it finds names case-insensitively (miniz's sorted lookup).
     for (const char* record : {".data/version", "version"}) {
@@ -287,8 +297,10 @@ class ArchiveCheck {
     return out;
   }
 
-  absl::Status CheckVersionRecord(const ZipEntry& e) {
-    const std::string what = absl::StrCat("version record '", absl::CEscape(e.name), "'");
+  // Reads a small record as miniz would extract it (stored or deflated,
+  // CRC-checked), refusing what it would refuse.
+  absl::Status ReadSmallRecord(const ZipEntry& e, const std::string& what, uint64_t max_bytes,
+                               std::string& contents) {
     if ((e.flags & kZipUnsupportedFlags) != 0) {
       return Bad(absl::StrCat("its ", what, " is encrypted or patch data (flags 0x",
                               absl::Hex(e.flags), ")"));
@@ -302,9 +314,9 @@ class ArchiveCheck {
       return Bad(absl::StrCat("its ", what, " is stored but records ", e.compressed,
                               " bytes compressed and ", e.uncompressed, " uncompressed"));
     }
-    if (e.uncompressed > kMaxVersionRecordBytes) {
-      return Bad(absl::StrCat("its ", what, " is ", e.uncompressed,
-                              " bytes; a version record holds a small integer"));
+    if (e.uncompressed > max_bytes) {
+      return Bad(absl::StrCat("its ", what, " is ", e.uncompressed, " bytes; expected at most ",
+                              max_bytes));
     }
     std::string header;
     absl::Status status = ReadAt(e.local_header, kZipLocalHeaderSize, header,
@@ -317,13 +329,14 @@ class ArchiveCheck {
     std::string stored;
     status = ReadAt(*data_offset, e.compressed, stored, what);
     if (!status.ok()) return status;
-    std::string contents;
     if (e.method == kZipStored) {
       contents = std::move(stored);
     } else {
-      contents.resize(static_cast<size_t>(e.uncompressed));
-      const size_t n = tinfl_decompress_mem_to_mem(&contents[0], contents.size(), stored.data(),
-                                                   stored.size(), /*flags=*/0);
+      contents.assign(static_cast<size_t>(e.uncompressed), '\0');
+      const size_t n = contents.empty()
+                           ? 0
+                           : tinfl_decompress_mem_to_mem(&contents[0], contents.size(),
+                                                         stored.data(), stored.size(), 0);
       if (n != contents.size()) {
         return Bad(absl::StrCat("its ", what, " does not inflate to its recorded ",
                                 e.uncompressed, " bytes"));
@@ -334,6 +347,14 @@ class ArchiveCheck {
       return Bad(absl::StrCat("its ", what, " fails its CRC-32 check (", absl::Hex(crc),
                               ", recorded ", absl::Hex(e.crc32), ")"));
     }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckVersionRecord(const ZipEntry& e) {
+    const std::string what = absl::StrCat("version record '", absl::CEscape(e.name), "'");
+    std::string contents;
+    absl::Status status = ReadSmallRecord(e, what, kMaxVersionRecordBytes, contents);
+    if (!status.ok()) return status;
     // What the reader does: std::stoull (strtoull: leading blanks, a sign,
     // digits, anything after them ignored), then a range check.
     const std::string text(contents.c_str());  // strtoull stops at a NUL
