@@ -210,8 +210,8 @@ def make_optimizer(args, params):
     return torch.optim.SGD(params, lr=args.lr, momentum=0.9)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_common_args(p):
+    """The model, data and optimizer flags every Python peer shares."""
     p.add_argument("--model", choices=["transformer", "mlp"], default="transformer")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--seed", type=int, default=0)
@@ -226,6 +226,11 @@ def main():
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--log-json", help="rank 0 writes one JSON object per step here")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_args(p)
     args = p.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp_step import (MlpLM, TransformerBlock, TransformerLM,  # noqa: E402
+from ddp_step import (MlpLM, TransformerBlock, TransformerLM, add_common_args,  # noqa: E402
                       exit_without_finalizing, learning_rate, make_optimizer,
                       synthetic_batch)
 
@@ -148,20 +148,7 @@ def main():
     p.add_argument("--sharding", choices=["full", "grad_op", "none"], default="full")
     p.add_argument("--check-grads", type=int, default=0, metavar="K",
                    help="check the gradients of the first K steps against an unsharded reference")
-    p.add_argument("--model", choices=["transformer", "mlp"], default="transformer")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--global-batch", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--optimizer", choices=["adam", "adamw", "sgd"], default="adamw")
-    p.add_argument("--lr-schedule", choices=["constant", "cosine"], default="cosine")
-    p.add_argument("--warmup-steps", type=int, default=10)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--log-json", help="rank 0 writes one JSON object per step here")
+    add_common_args(p)
     args = p.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
