@@ -79,10 +79,9 @@ if [[ ! -x "$PY" ]]; then
   echo "  wheel that tools/setup.sh --with-python makes (run it; TORCHFSDP_HOME moves the venv)" >&2
   exit 1
 fi
-# functorch: functorch_reference_bench.py still imports it (the wheel keeps
-# the package, deprecated, as a front of torch.func).
-if ! "$PY" -c 'import torch, torch.func, functorch, torch.distributed as d; assert d.is_available() and d.is_gloo_available()'; then
-  echo "compare_pytorch.sh: $PY cannot import torch, torch.func and functorch with Gloo:" >&2
+# functorch_reference_bench.py uses torch.func.
+if ! "$PY" -c 'import torch, torch.func, torch.distributed as d; assert d.is_available() and d.is_gloo_available()'; then
+  echo "compare_pytorch.sh: $PY cannot import torch and torch.func with Gloo:" >&2
   echo "  rerun tools/setup.sh --with-python" >&2
   exit 1
 fi

@@ -1,8 +1,8 @@
-#!/usr/bin/python3
-"""Python functorch (PyTorch 1.13) timings for the cases of
+"""Python torch.func timings for the cases of
 //benchmarks:transforms_bench, for benchmarks/RESULTS.md.
 
-    /usr/bin/python3 functorch/transforms/bench/functorch_reference_bench.py
+    ${TORCHFSDP_HOME:-~/.cache/torchfsdp-cpp}/venv/bin/python3 \
+        functorch/transforms/bench/functorch_reference_bench.py
         [--filter REGEX] [--repetitions N] [--json FILE]
 
 Same shapes and formulations as benchmarks/transforms_bench.cc. --filter
@@ -19,7 +19,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from functorch import grad, jacrev, vmap
+from torch.func import grad, jacrev, vmap
 
 
 OPTIONS = argparse.Namespace(filter=None, repetitions=1, json=None)
