@@ -101,6 +101,22 @@ def huber_loss_backward(grad_output: Tensor, self: Tensor, target: Tensor, reduc
     return torch.where(x < -delta, -norm * grad_output * delta,
                        torch.where(x > delta, norm * grad_output * delta, norm * x * grad_output))
 
+def nll_loss_backward(grad_output: Tensor, self: Tensor, target: Tensor, weight: Optional[Tensor], reduction: int, ignore_index: int, total_weight: Tensor):
+    channel_dim = 0 if self.dim() < 2 else 1
+    if reduction == 1:
+        grad_output = grad_output / total_weight
+    target = target.unsqueeze(channel_dim)
+    safe_target = torch.where(target != ignore_index, target, 0)
+    grad_input = torch.scatter(torch.zeros_like(self), channel_dim, safe_target, -1.0)
+    if grad_input.dim() > grad_output.dim() and grad_output.dim() > 0:
+        grad_output = grad_output.unsqueeze(channel_dim)
+    if weight is not None:
+        new_shape = [1 for _ in range(self.dim())]
+        new_shape[channel_dim] = weight.shape[0]
+        grad_output = grad_output * weight.reshape(new_shape)
+    grad_output = torch.where(target != ignore_index, grad_output, 0.0)
+    return grad_input * grad_output
+
 def soft_margin_loss_backward(grad_output: Tensor, self: Tensor, target: Tensor, reduction: int):
     grad_input = target * grad_output / (torch.exp(target * self) + 1)
     if reduction == 1:
@@ -113,7 +129,7 @@ void register_jvp_decompositions() {
   for (const char* name :
        {"_log_softmax_backward_data", "_softmax_backward_data",
         "log_sigmoid_backward", "huber_loss_backward",
-        "soft_margin_loss_backward"}) {
+        "soft_margin_loss_backward", "nll_loss_backward"}) {
     // The registry is keyed by the address of the dispatcher's own schema.
     const c10::FunctionSchema& schema =
         c10::Dispatcher::singleton()

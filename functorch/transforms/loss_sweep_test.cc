@@ -102,14 +102,6 @@ const std::set<std::string> kNoSecondDerivative = {"multi_margin",
 // soft_margin (fixture: tools/golden/functorch_losses_golden.py).
 const std::set<std::string> kCppOnly = {"soft_margin"};
 
-// KNOWN REGRESSION on LibTorch 2.x (worked on 1.13): forward-mode AD through
-// nll_loss_backward. LibTorch 2.x runs a JIT decomposition for it
-// (run_jit_decomposition_with_args_for_jvp) that only Python registers, so
-// from C++ hessian / jacfwd(jacrev) of nll and cross_entropy with class
-// indices raise "Trying to use forward AD with nll_loss_backward". The test
-// pins the error; when a C++ decomposition is registered it fails, and the
-// loss moves back to the computed ones.
-const std::set<std::string> kNoForwardAdFromCpp = {"nll", "cross_entropy"};
 
 const std::vector<std::string> kParams = {"0.weight", "0.bias", "2.weight",
                                           "2.bias"};
@@ -181,11 +173,6 @@ TEST_P(LossSweep, Hessian) {
     EXPECT_THROW_WITH(run(), "Trying to use forward AD with");
     return;
   }
-  if (kNoForwardAdFromCpp.count(GetParam())) {
-    EXPECT_EQ(python_status("hessian"), 1);
-    EXPECT_THROW_WITH(run(), "forward AD with nll_loss_backward");
-    return;
-  }
   EXPECT_EQ(python_status("hessian"), kCppOnly.count(GetParam()) ? 0 : 1)
       << "Python's behaviour changed: update kCppOnly and the README";
   check_hessian("hessian", run());
@@ -198,11 +185,6 @@ TEST_P(LossSweep, JacfwdOfJacrev) {
   if (kNoSecondDerivative.count(GetParam())) {
     EXPECT_EQ(python_status("jacfwd_jacrev"), 0);
     EXPECT_THROW_WITH(run(), "Trying to use forward AD with");
-    return;
-  }
-  if (kNoForwardAdFromCpp.count(GetParam())) {
-    EXPECT_EQ(python_status("jacfwd_jacrev"), 1);
-    EXPECT_THROW_WITH(run(), "forward AD with nll_loss_backward");
     return;
   }
   EXPECT_EQ(python_status("jacfwd_jacrev"), kCppOnly.count(GetParam()) ? 0 : 1);

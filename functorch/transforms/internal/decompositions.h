@@ -17,7 +17,8 @@
 //                     otherwise the fused kernel runs as before.
 //   JIT (forward AD)  _log_softmax_backward_data, _softmax_backward_data,
 //                     log_sigmoid_backward, huber_loss_backward,
-//                     soft_margin_loss_backward: autograd has no forward
+//                     soft_margin_loss_backward, nll_loss_backward (LibTorch
+//                     2.x routes it here too): autograd has no forward
 //                     formula for these and asks the TorchScript
 //                     decomposition registry, which LibTorch leaves empty
 //                     (cross_entropy, nll_loss, kl_div, huber, soft_margin
