@@ -210,6 +210,25 @@ def make_optimizer(args, params):
     return torch.optim.SGD(params, lr=args.lr, momentum=0.9)
 
 
+def forward_backward(args, model, optimizer, step, rank, world):
+    """One step's forward and backward with its learning rate set; returns
+    (lr, the loss averaged over the ranks)."""
+    lr = learning_rate(args, step)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad()
+    batch = synthetic_batch(args.vocab, args.seed, step, args.global_batch,
+                            args.seq + 1, rank, world)
+    loss = model(batch)
+    loss.backward()
+    global_loss = loss.item()
+    if world > 1:
+        t = torch.tensor([global_loss], dtype=torch.float64)
+        dist.all_reduce(t)
+        global_loss = t.item() / world
+    return lr, global_loss
+
+
 def add_common_args(p):
     """The model, data and optimizer flags every Python peer shares."""
     p.add_argument("--model", choices=["transformer", "mlp"], default="transformer")
@@ -257,20 +276,7 @@ def main():
     tokens_per_step = args.global_batch * args.seq
     for step in range(1, args.steps + 1):
         start = time.perf_counter()
-        lr = learning_rate(args, step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.zero_grad()
-        batch = synthetic_batch(args.vocab, args.seed, step, args.global_batch,
-                                args.seq + 1, rank, world)
-        loss = ddp(batch)
-        loss.backward()
-        local_loss = loss.item()
-        global_loss = local_loss
-        if world > 1:
-            t = torch.tensor([local_loss], dtype=torch.float64)
-            dist.all_reduce(t)
-            global_loss = t.item() / world
+        lr, global_loss = forward_backward(args, ddp, optimizer, step, rank, world)
         optimizer.step()
         step_time = time.perf_counter() - start
         if log:

@@ -54,8 +54,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp_step import (MlpLM, TransformerBlock, TransformerLM, add_common_args,  # noqa: E402
-                      exit_without_finalizing, learning_rate, make_optimizer,
+from ddp_step import (MlpLM, TransformerBlock, TransformerLM, add_common_args, forward_backward,  # noqa: E402
+                      exit_without_finalizing, make_optimizer,
                       synthetic_batch)
 
 # Relative tolerance of the gradient check: float32 sums over 2 ranks' rows
@@ -189,20 +189,7 @@ def main():
     failures = []
     for step in range(1, args.steps + 1):
         start = time.perf_counter()
-        lr = learning_rate(args, step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.zero_grad()
-        batch = synthetic_batch(args.vocab, args.seed, step, args.global_batch,
-                                args.seq + 1, rank, world)
-        loss = wrapped(batch)
-        loss.backward()
-        local_loss = loss.item()
-        global_loss = local_loss
-        if world > 1:
-            t = torch.tensor([local_loss], dtype=torch.float64)
-            dist.all_reduce(t)
-            global_loss = t.item() / world
+        lr, global_loss = forward_backward(args, wrapped, optimizer, step, rank, world)
 
         check = {}
         check_s = 0.0
