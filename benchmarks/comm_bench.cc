@@ -72,8 +72,10 @@ Step comm_step(Op op, int64_t bytes) {
 
 // The formulations comm used on LibTorch 1.13's Gloo, which had neither
 // reduce-scatter nor a flat all-gather: an all-to-all + local sum, and a list
-// all-gather into views. comm now calls c10d's reduce_scatter_single and
-// all_gather_single; these cases say whether the old way would be faster.
+// all-gather into views. comm now calls c10d's all_gather_single, and on Gloo
+// still reduce-scatters as an all-to-all + local sum (c10d's
+// reduce_scatter_single Work cannot be polled there: comm/collectives.cc);
+// these cases are the raw c10d counterparts.
 Step raw_step(Op op, int64_t bytes) {
   const int64_t total = bytes / 4, shard = total / kWorld;
   auto pg = g_group->c10d_group();
