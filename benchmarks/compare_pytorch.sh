@@ -33,10 +33,14 @@
 #      trainer's default transformer and its MLP. Median step time over
 #      --rounds runs per side (rotating which side goes first), first
 #      --warmup steps of each run skipped.
+#   4. An FSDP step on 2 ranks over Gloo: `//:trainer --nproc 2 --sharding
+#      full` (FULL_SHARD, the trainer's default) against Python's
+#      FullyShardedDataParallel (fsdp1) and fully_shard (fsdp2) running
+#      benchmarks/python/fsdp_step.py with the same model and flags, as in 3.
 #
 # Builds what it needs with bazel (the flags of .bazelrc only). Writes nothing
 # into the repository unless --out FILE is given (then the table also goes
-# to FILE). Takes about 4-6 minutes on 2 cores after the build.
+# to FILE). Takes about 7-9 minutes on 2 cores after the build.
 set -euo pipefail
 
 usage() { sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -137,10 +141,10 @@ py_same "$cores" "$PY" benchmarks/python/hessian_bench.py --repetitions "$reps" 
 
 # --- 3. data-parallel step, 2 ranks -----------------------------------------
 
-run_ours() {  # model steps log
-  local model=$1 n=$2 log=$3
+run_ours() {  # model steps log [sharding]
+  local model=$1 n=$2 log=$3 sharding=${4:-none}
   # NO_SHARD: FSDP without sharding is the data-parallel step DDP takes.
-  if ! timeout 300 "$trainer_bin" --nproc 2 --sharding none --data synthetic --model "$model" \
+  if ! timeout 300 "$trainer_bin" --nproc 2 --sharding "$sharding" --data synthetic --model "$model" \
       "${common_flags[@]}" --steps "$n" --log-json "$log" >"$tmp/ours.out" 2>&1; then
     echo "compare_pytorch.sh: the trainer failed:" >&2; cat "$tmp/ours.out" >&2; exit 1
   fi
@@ -148,15 +152,18 @@ run_ours() {  # model steps log
   tail -n 1 "$tmp/ours.out" >&2
 }
 
-run_python() {  # model steps log
+run_python() {  # model steps log [script args...]
   local model=$1 n=$2 log=$3
+  shift 3
+  local script=(benchmarks/python/ddp_step.py)
+  (($#)) && script=("$@")
   # torchrun picks a free port itself (--standalone); rank 0 writes the log.
   if ! py_same "$ddp_threads" timeout 300 "$PY" -m torch.distributed.run --standalone \
-      --nproc-per-node 2 benchmarks/python/ddp_step.py --model "$model" \
+      --nproc-per-node 2 "${script[@]}" --model "$model" \
       "${common_flags[@]}" --steps "$n" --log-json "$log" >"$tmp/py.out" 2>&1; then
-    echo "compare_pytorch.sh: the Python DDP run failed:" >&2; cat "$tmp/py.out" >&2; exit 1
+    echo "compare_pytorch.sh: the Python run (${script[*]}) failed:" >&2; cat "$tmp/py.out" >&2; exit 1
   fi
-  grep -m1 '^ddp_step:' "$tmp/py.out" >&2 || true
+  grep -m1 -E '^(ddp|fsdp)_step:' "$tmp/py.out" >&2 || true
 }
 
 # The same flags for both sides (the trainer's defaults written out).
@@ -180,6 +187,27 @@ for model in transformer mlp; do
     done
   done
   ddp_args+=(--ddp "DDP step, 2 ranks Gloo, $model" "$tmp/$model")
+done
+
+# --- 4. FSDP step, 2 ranks: FULL_SHARD against Python's FSDP1 and FSDP2 ------
+# Same model and flags; one unit per transformer block plus the root,
+# BACKWARD_PRE prefetch and use_orig_params on both sides (fsdp_step.py).
+for impl in fsdp1 fsdp2; do
+  mkdir -p "$tmp/$impl"
+  for ((r = 1; r <= rounds; r++)); do
+    echo "== FSDP FULL_SHARD vs Python $impl, round $r/$rounds: $steps steps per side" >&2
+    sides=(ours python)
+    for ((k = 0; k < 2; k++)); do
+      side=${sides[$(((k + r - 1) % 2))]}
+      if [[ $side == ours ]]; then
+        run_ours transformer "$steps" "$tmp/$impl/ours.$r.jsonl" full
+      else
+        run_python transformer "$steps" "$tmp/$impl/py-same.$r.jsonl" \
+          benchmarks/python/fsdp_step.py --fsdp "$impl" --sharding full
+      fi
+    done
+  done
+  ddp_args+=(--ddp "FSDP FULL_SHARD step, 2 ranks Gloo, transformer, vs Python $impl" "$tmp/$impl")
 done
 
 torch_version=$("$PY" -c 'import torch; print(torch.__version__)')

@@ -48,6 +48,12 @@ const internal::GroupState& member_state(const ProcessGroup& group,
   return *state;
 }
 
+// True when `t`'s collective runs on NCCL: backend "nccl", or a CUDA tensor
+// under "cpu:gloo,cuda:nccl".
+bool on_nccl(const internal::GroupState& state, const at::Tensor& t) {
+  return state.backend == "nccl" || (state.backend == kGlooCpuNcclCuda && t.is_cuda());
+}
+
 void check_flat(const internal::GroupState& state, const char* op,
                 const char* arg, const at::Tensor& t) {
   TORCH_CHECK(t.defined(), "comm::", op, ": ", arg,
@@ -63,7 +69,7 @@ void check_flat(const internal::GroupState& state, const char* op,
   } else {
     TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "comm::", op,
                 ": ", arg, " is on ", t.device(),
-                ": expected a CPU or CUDA tensor (backend gloo)");
+                ": expected a CPU or CUDA tensor (backend ", state.backend, ")");
   }
   TORCH_CHECK(is_supported(t.scalar_type()), "comm::", op, ": ", arg,
               " has dtype ", t.scalar_type(),
@@ -107,6 +113,7 @@ Work make_work(const internal::GroupState& state, const char* op,
   ws->finish = std::move(finish);
   ws->keep_alive = std::move(keep);
   ws->default_timeout = state.timeout;
+  ws->stream_ordered = !keep.empty() && on_nccl(state, keep.front());
   return Work(std::move(ws));
 }
 
@@ -147,7 +154,7 @@ Work reduce_scatter_tensor(const ProcessGroup& group, const at::Tensor& output,
               input.numel(), " elements: expected group size ", world,
               " x output's ", n, " = ", n * world,
               " (pad the flat tensor to a multiple of the group size)");
-  if (state.backend == "nccl") {
+  if (on_nccl(state, input)) {
     at::Tensor out = output;
     at::Tensor in = input;
     c10d::ReduceScatterOptions options;

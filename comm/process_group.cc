@@ -218,28 +218,32 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_backend_group(
     const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store,
     int rank, int size, std::chrono::milliseconds timeout,
     const std::string& master_addr) {
-  if (backend == "nccl") {
+  const bool mixed = backend == kGlooCpuNcclCuda;
+  const bool with_gloo = backend == "gloo" || mixed;
+  const bool with_nccl = backend == "nccl" || mixed;
+  if (with_nccl) {
 #ifndef TORCHFSDP_CUDA
-    return absl::UnimplementedError(
-        "backend 'nccl' is not available in this build: it was compiled "
+    return absl::UnimplementedError(absl::StrCat(
+        "backend '", backend, "' is not available in this build: it was compiled "
         "without CUDA (build with --config=cuda against a CUDA LibTorch, "
         "such as the torch wheel, to get ProcessGroupNCCL); use backend "
-        "'gloo' (CPU tensors)");
+        "'gloo' (CPU tensors)"));
 #else
     if (auto devices = internal::cuda_device_count(); !devices.ok()) {
       return devices.status();
     }
 #endif
-  } else if (backend != "gloo") {
+  } else if (!with_gloo) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "backend '", backend, "': expected 'gloo' or 'nccl' (CUDA builds)"));
+        "backend '", backend, "': expected 'gloo', or in CUDA builds 'nccl' or '",
+        kGlooCpuNcclCuda, "'"));
   }
   if (!store) return c10::intrusive_ptr<c10d::ProcessGroup>();  // probe only
   try {
     // Since 2.0 a c10d::ProcessGroup dispatches each collective to the
     // Backend registered for the tensors' device type.
     auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
-    if (backend == "gloo") {
+    if (with_gloo) {
       auto options = c10d::ProcessGroupGloo::Options::create(timeout);
       // Loopback rendezvous: pin Gloo to 127.0.0.1 instead of resolving the
       // host name (which sandboxes often cannot). GLOO_SOCKET_IFNAME wins,
@@ -261,13 +265,15 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_backend_group(
                         c10d::ProcessGroup::BackendType::GLOO, gloo);
 #ifdef TORCHFSDP_CUDA
       // As torch.distributed's "gloo": CUDA tensors go through Gloo too.
-      group->setBackend(c10::DeviceType::CUDA,
-                        c10d::ProcessGroup::BackendType::GLOO, gloo);
+      if (!with_nccl) {
+        group->setBackend(c10::DeviceType::CUDA,
+                          c10d::ProcessGroup::BackendType::GLOO, gloo);
+      }
 #endif
       group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
     }
 #ifdef TORCHFSDP_CUDA
-    if (backend == "nccl") {
+    if (with_nccl) {
       group->setBackend(c10::DeviceType::CUDA,
                         c10d::ProcessGroup::BackendType::NCCL,
                         internal::make_nccl_backend(store, rank, size, timeout));

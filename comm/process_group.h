@@ -36,6 +36,12 @@ struct GroupState;
 inline constexpr std::chrono::milliseconds kDefaultTimeout =
     std::chrono::minutes(30);
 
+// The backend torch.distributed picks by default on a CUDA machine: CPU
+// tensors through Gloo, CUDA tensors through NCCL, in one group (what a
+// trainer on GPUs wants: NCCL for the model, Gloo for small CPU
+// bookkeeping such as agreeing on a checkpoint's status).
+inline constexpr char kGlooCpuNcclCuda[] = "cpu:gloo,cuda:nccl";
+
 // A value type (cheap to copy; copies share the underlying c10d group).
 // A process that is not a member of a group still holds a ProcessGroup for
 // it (as torch.distributed's new_group returns NON_GROUP_MEMBER): is_member()
@@ -76,8 +82,10 @@ class ProcessGroup {
 };
 
 struct InitOptions {
-  // "gloo" (CPU, always available) or "nccl" (only with a CUDA/NCCL LibTorch;
-  // otherwise an Unimplemented error suggesting gloo).
+  // "gloo" (CPU, always available; CUDA tensors too in the CUDA build),
+  // "nccl" (CUDA tensors only) or kGlooCpuNcclCuda; the last two only with a
+  // CUDA/NCCL LibTorch and a GPU (otherwise an Unimplemented or
+  // FailedPrecondition error saying which is missing).
   std::string backend = "gloo";
   // "env://"            MASTER_ADDR/MASTER_PORT (+ RANK/WORLD_SIZE unless
   //                     given below) through a c10d::TCPStore served by rank 0.

@@ -122,6 +122,11 @@ TEST_F(EnvTest, ExplicitArgumentsAreChecked) {
     EXPECT_THAT(message(nccl), HasSubstr("needs a CUDA GPU"));
   }
   EXPECT_THAT(message(nccl), HasSubstr("use backend 'gloo'"));
+  // PyTorch's default on CUDA machines: refused the same way, and named.
+  options.backend = kGlooCpuNcclCuda;
+  auto mixed = init_process_group(options).status();
+  EXPECT_EQ(mixed.code(), nccl.code()) << mixed;
+  EXPECT_THAT(message(mixed), HasSubstr("use backend 'gloo'"));
   options.backend = "gloo";
   options.timeout = std::chrono::milliseconds(0);
   EXPECT_THAT(message(init_process_group(options).status()), HasSubstr("timeout=0 ms"));

@@ -1,5 +1,7 @@
 #include "comm/work.h"
 
+#include <sstream>
+#include <string>
 #include <utility>
 
 #include <c10/util/Exception.h>
@@ -17,6 +19,41 @@ Work::Work(std::shared_ptr<internal::WorkState> state)
 
 void Work::wait() { wait(state_->default_timeout); }
 
+namespace {
+
+// Records `e` as the operation's error, in comm's words: which collective, on
+// which group and rank, and why.
+void record_failure(internal::WorkState& state, const std::exception& e,
+                    const std::string& waited) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string why = c10_error ? c10_error->what_without_backtrace() : e.what();
+  try {
+    std::ostringstream what;
+    what << state.op << " on group '" << state.group_name << "' (rank " << state.rank
+         << " of " << state.size << ")";
+    if (state.detail_key != nullptr) {
+      what << " " << state.detail_key << "=";
+      if (state.detail_text != nullptr) {
+        what << state.detail_text;
+      } else {
+        what << state.detail_int;
+      }
+    }
+    TORCH_CHECK(false, "comm: ", what.str(), " failed (", waited, "): ", why);
+  } catch (...) {
+    state.error = std::current_exception();
+  }
+}
+
+void finish_waiting(internal::WorkState& state) {
+  state.done = true;
+  // Drop buffers now rather than when the last copy of the Work goes.
+  state.finish = nullptr;
+  state.keep_alive.clear();
+}
+
+}  // namespace
+
 void Work::wait(std::chrono::milliseconds timeout) {
   TORCH_CHECK(timeout.count() > 0, "comm::Work::wait: timeout=",
               timeout.count(), " ms: expected a positive duration");
@@ -30,34 +67,38 @@ void Work::wait(std::chrono::milliseconds timeout) {
       }
       if (state_->finish) state_->finish();
     } catch (const std::exception& e) {
-      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-      const std::string why =
-          c10_error ? c10_error->what_without_backtrace() : e.what();
-      try {
-        std::ostringstream what;
-        what << state_->op << " on group '" << state_->group_name << "' (rank "
-             << state_->rank << " of " << state_->size << ")";
-        if (state_->detail_key != nullptr) {
-          what << " " << state_->detail_key << "=";
-          if (state_->detail_text != nullptr) {
-            what << state_->detail_text;
-          } else {
-            what << state_->detail_int;
-          }
-        }
-        TORCH_CHECK(false, "comm: ", what.str(), " failed (waited up to ",
-                    timeout.count(), " ms): ", why);
-      } catch (...) {
-        state_->error = std::current_exception();
-      }
+      record_failure(*state_, e, "waited up to " + std::to_string(timeout.count()) + " ms");
     }
-    state_->done = true;
-    // Drop buffers now rather than when the last copy of the Work goes.
-    state_->finish = nullptr;
-    state_->keep_alive.clear();
+    finish_waiting(*state_);
   }
   if (state_->error) std::rethrow_exception(state_->error);
 }
+
+void Work::wait_on_stream() {
+  if (!state_->stream_ordered) {
+    wait();
+    return;
+  }
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (!state_->done) {
+    try {
+      // No timeout argument: with one, ProcessGroupNCCL blocks the host
+      // until completion. Without, it only makes the current stream wait.
+      if (state_->work) state_->work->wait();
+      if (state_->finish) state_->finish();
+    } catch (const std::exception& e) {
+      record_failure(*state_, e, "ordered on the current stream; the group's watchdog enforces " +
+                                     std::to_string(state_->default_timeout.count()) +
+                                     " ms");
+    }
+    // The tensors stay referenced by ProcessGroupNCCL's own bookkeeping until
+    // the GPU is done with them, so ours may go.
+    finish_waiting(*state_);
+  }
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool Work::is_stream_ordered() const { return state_->stream_ordered; }
 
 bool Work::is_completed() const {
   std::lock_guard<std::mutex> lock(state_->mutex);

@@ -27,6 +27,16 @@ class Work {
   void wait();
   void wait(std::chrono::milliseconds timeout);
 
+  // What PyTorch's work.wait() does on NCCL: the calling thread's current
+  // stream (of the tensors' device) waits for the collective, the host does
+  // not, so communication and compute stay queued on the GPU together. The
+  // group's timeout is still enforced, by ProcessGroupNCCL's watchdog, which
+  // aborts the group when a collective overruns it. For every other
+  // collective (CPU tensors, Gloo) there is no stream to order: wait().
+  // A failed collective throws as wait() does.
+  void wait_on_stream();
+  // True when wait_on_stream() never blocks the host (an NCCL collective).
+  bool is_stream_ordered() const;
   // Non-blocking: true when wait() would return without blocking.
   bool is_completed() const;
 

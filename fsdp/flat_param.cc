@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/core/StreamGuard.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -15,6 +16,7 @@
 #include <utility>
 
 #include "comm/collectives.h"
+#include "fsdp/internal/comm_streams.h"
 #include "functorch/module/named_member_accessor.h"
 
 namespace fsdp {
@@ -101,6 +103,16 @@ void free_storage(const at::Tensor& t) {
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   const size_t nbytes = storage->nbytes();
   if (nbytes == 0) return;
+  if (!t.device().is_cpu()) {
+    // The device's caching allocator keeps freed blocks itself, per stream.
+    // The memory was allocated on a side stream but last read on the
+    // current (compute) stream: record that, so the allocator does not hand
+    // the block out again before the compute stream is done with it.
+    t.record_stream(internal::current_stream(t.device()));
+    storage->set_data_ptr(at::DataPtr(nullptr, t.device()));  // freed here
+    storage->set_nbytes(0);
+    return;
+  }
   at::DataPtr data = storage->set_data_ptr(at::DataPtr(nullptr, t.device()));
   storage->set_nbytes(0);
   FreedStorageCache::get().give(std::move(data), nbytes);
@@ -351,6 +363,10 @@ void FlatParamHandle::init_flat_param(const std::vector<std::string>& param_fqns
   const at::Tensor& first = orig_params_.front();
   param_dtype_ = first.scalar_type();
   compute_device_ = options_.compute_device.value_or(first.device());
+  if (auto streams = internal::comm_streams_for(compute_device_)) {
+    unshard_stream_ = streams->unshard;
+    reduce_stream_ = streams->reduce;
+  }
   const auto& mp = options_.mixed_precision;
   compute_dtype_ = mp.param_dtype.value_or(param_dtype_);
   reduce_dtype_ = mp.reduce_dtype.value_or(compute_dtype_);
@@ -458,36 +474,69 @@ void FlatParamHandle::unshard(bool async, UnshardOptions options) {
     state_ = State::kUnsharded;
     return;
   }
-  allocate_storage(target);
-  at::NoGradGuard no_grad;
-  // variable_data(): read the shard without touching its autograd state.
-  at::Tensor shard = flat_param_.variable_data();
-  if (!uses_sharding(options_.sharding_strategy) || shard_world_size_ == 1) {
-    // Nothing to gather (no sharding, or a one-rank shard group: the shard
-    // is the whole flat parameter): cast (and/or move) it.
-    target.copy_(shard);
-    state_ = State::kUnsharded;
-    return;
+  {
+    // On an accelerator everything below is queued on the unshard stream,
+    // after what the compute stream has queued so far (the optimizer's last
+    // update of the shard), so the gather overlaps the compute queued next.
+    std::optional<c10::StreamGuard> on_unshard_stream;
+    if (unshard_stream_) {
+      internal::wait_stream(*unshard_stream_, internal::current_stream(compute_device_));
+      on_unshard_stream.emplace(*unshard_stream_);
+    }
+    allocate_storage(target);
+    at::NoGradGuard no_grad;
+    // variable_data(): read the shard without touching its autograd state.
+    at::Tensor shard = flat_param_.variable_data();
+    if (!uses_sharding(options_.sharding_strategy) || shard_world_size_ == 1) {
+      // Nothing to gather (no sharding, or a one-rank shard group: the shard
+      // is the whole flat parameter): cast (and/or move) it.
+      target.copy_(shard, /*non_blocking=*/unshard_stream_.has_value());
+      state_ = State::kUnsharded;
+      mark_unshard_queued();
+      return;
+    }
+    // The all-gather's input: the shard cast to the gathered dtype and moved
+    // to the compute device (a temporary freed once the gather is done), or
+    // the shard itself. From pinned host memory (CPU offload) the copy is
+    // asynchronous on the unshard stream.
+    gather_input_ = shard;
+    if (shard.scalar_type() != target.scalar_type() || shard.device() != target.device()) {
+      gather_input_ = shard.to(target.device(), target.scalar_type(),
+                               /*non_blocking=*/unshard_stream_.has_value(), /*copy=*/false);
+    }
+    pending_gather_ = comm::all_gather_into_tensor(shard_group_, target, gather_input_);
+    state_ = State::kUnsharding;
   }
-  // The all-gather's input: the shard cast to the gathered dtype and moved to
-  // the compute device (a temporary freed once the gather is done), or the
-  // shard itself.
-  gather_input_ = shard;
-  if (shard.scalar_type() != target.scalar_type() || shard.device() != target.device()) {
-    gather_input_ = shard.to(target.device(), target.scalar_type(), /*non_blocking=*/false,
-                             /*copy=*/false);
-  }
-  pending_gather_ = comm::all_gather_into_tensor(shard_group_, target, gather_input_);
-  state_ = State::kUnsharding;
   if (!async) wait_for_unshard();
 }
 
+void FlatParamHandle::mark_unshard_queued() {
+  if (!unshard_stream_) return;
+  unshard_queued_.emplace(compute_device_.type());
+  unshard_queued_->record(*unshard_stream_);
+}
+
 void FlatParamHandle::wait_for_unshard() {
-  if (state_ != State::kUnsharding) return;
-  pending_gather_.wait();
-  pending_gather_ = comm::Work();
-  gather_input_ = at::Tensor();
-  state_ = State::kUnsharded;
+  if (state_ == State::kUnsharding) {
+    if (unshard_stream_) {
+      // The unshard stream waits for the collective (the host does not);
+      // the temporaries below were allocated on it, so freeing them after
+      // this is ordered after the gather.
+      c10::StreamGuard on_unshard_stream(*unshard_stream_);
+      pending_gather_.wait_on_stream();
+    } else {
+      pending_gather_.wait();
+    }
+    pending_gather_ = comm::Work();
+    gather_input_ = at::Tensor();
+    state_ = State::kUnsharded;
+    mark_unshard_queued();
+  }
+  if (unshard_queued_) {
+    // The caller's stream computes on the gathered parameters next.
+    unshard_queued_->block(internal::current_stream(compute_device_));
+    unshard_queued_.reset();
+  }
 }
 
 void FlatParamHandle::use_unsharded_views() {
@@ -594,12 +643,23 @@ bool FlatParamHandle::start_reduce_grad() {
   at::Tensor unsharded_grad = unsharded_.grad();
   if (!unsharded_grad.defined()) return false;
   at::NoGradGuard no_grad;
+  PendingReduce pending;
+  // On an accelerator the reduction is queued on the reduce stream after
+  // the backward computation that produced the gradient.
+  std::optional<c10::StreamGuard> on_reduce_stream;
+  if (reduce_stream_) {
+    pending.compute_stream = internal::current_stream(compute_device_);
+    internal::wait_stream(*reduce_stream_, *pending.compute_stream);
+    // Allocated on the compute stream, read on the reduce stream, released
+    // below before that read is done.
+    unsharded_grad.record_stream(*reduce_stream_);
+    on_reduce_stream.emplace(*reduce_stream_);
+  }
   // The unsharded gradient is taken (cleared below), so it may be reused as
   // the reduction buffer when no cast is needed.
   at::Tensor grad = unsharded_grad.to(reduce_dtype_).contiguous();
   unsharded_grad = at::Tensor();
   if (predivide_factor_ > 1) grad.div_(predivide_factor_);
-  PendingReduce pending;
   pending.grad = grad;
   pending.stage = 1;
   if (uses_sharding(options_.sharding_strategy) && shard_world_size_ == 1) {
@@ -632,7 +692,9 @@ void FlatParamHandle::issue_reduce_grad() {
   PendingReduce& p = pending_reduce_;
   if (p.stage != 1 || !needs_replicate_reduce()) return;
   try {
-    p.work.wait();
+    std::optional<c10::StreamGuard> on_reduce_stream;
+    if (reduce_stream_) on_reduce_stream.emplace(*reduce_stream_);
+    wait_for_collective(p.work);
     p.work = comm::all_reduce(replicate_group_, p.shard_grad, comm::ReduceOp::kSum);
     p.stage = 2;
   } catch (...) {
@@ -645,9 +707,16 @@ bool FlatParamHandle::advance_reduce_grad(bool block) {
   PendingReduce& p = pending_reduce_;
   if (p.stage == 0) return true;
   try {
+    // A stream-ordered collective (NCCL) can always be waited for: the wait
+    // is queued on the reduce stream, the host goes on.
+    auto ready = [&](const comm::Work& work) {
+      return block || work.is_stream_ordered() || work.is_completed();
+    };
+    std::optional<c10::StreamGuard> on_reduce_stream;
+    if (reduce_stream_) on_reduce_stream.emplace(*reduce_stream_);
     if (p.stage == 1) {
-      if (!block && !p.work.is_completed()) return false;
-      p.work.wait();
+      if (!ready(p.work)) return false;
+      wait_for_collective(p.work);
       if (needs_replicate_reduce()) {
         p.work = comm::all_reduce(replicate_group_, p.shard_grad, comm::ReduceOp::kSum);
         p.stage = 2;
@@ -657,22 +726,49 @@ bool FlatParamHandle::advance_reduce_grad(bool block) {
       }
     }
     if (p.stage == 2) {
-      if (!block && !p.work.is_completed()) return false;
-      p.work.wait();
+      if (!ready(p.work)) return false;
+      wait_for_collective(p.work);
       p.work = comm::Work();
       p.stage = 3;
     }
-    finalize_reduce_grad();
+    if (p.stage == 3) finalize_reduce_grad();
+    if (p.stage == 4) {
+      // CPU offload from an accelerator: the gradient's copy into pinned
+      // host memory must land before the host adds it to the shard's .grad.
+      if (!block && !p.copied_to_host->query()) return false;
+      p.copied_to_host->synchronize();
+      accumulate_shard_grad(std::move(p.shard_grad));
+      pending_reduce_ = PendingReduce();
+    }
   } catch (...) {
     abandon_reduce_grad();
     throw;
   }
+  if (block && reduce_stream_) {
+    // The caller reads the gradient on its stream next.
+    internal::wait_stream(internal::current_stream(compute_device_), *reduce_stream_);
+  }
   return true;
+}
+
+void FlatParamHandle::wait_for_collective(comm::Work& work) {
+  // Called with the reduce stream current when there is one.
+  if (reduce_stream_) {
+    work.wait_on_stream();
+  } else {
+    work.wait();
+  }
 }
 
 void FlatParamHandle::abandon_reduce_grad() noexcept {
   if (pending_reduce_.stage == 0) return;
-  if (pending_reduce_.stage == 3) {  // no collective in flight
+  if (pending_reduce_.stage >= 3) {  // no collective in flight
+    if (pending_reduce_.copied_to_host) {
+      try {
+        pending_reduce_.copied_to_host->synchronize();  // the copy writes into it
+      } catch (...) {
+      }
+    }
     pending_reduce_ = PendingReduce();
     return;
   }
@@ -687,16 +783,34 @@ void FlatParamHandle::abandon_reduce_grad() noexcept {
 void FlatParamHandle::finalize_reduce_grad() {
   at::NoGradGuard no_grad;
   at::Tensor shard_grad = std::move(pending_reduce_.shard_grad);
+  std::optional<c10::Stream> compute_stream = pending_reduce_.compute_stream;
   pending_reduce_ = PendingReduce();  // frees the unsharded gradient
+  if (postdivide_factor_ > 1) shard_grad.div_(postdivide_factor_);
+  const auto grad_dtype =
+      options_.mixed_precision.keep_low_precision_grads ? compute_dtype_ : param_dtype_;
+  if (reduce_stream_ && flat_param_.device().is_cpu()) {
+    // CPU offload: an asynchronous copy into pinned host memory on the
+    // reduce stream; advance_reduce_grad() adds it once it has landed.
+    pending_reduce_.shard_grad =
+        shard_grad.to(flat_param_.device(), grad_dtype, /*non_blocking=*/true);
+    pending_reduce_.copied_to_host.emplace(compute_device_.type());
+    pending_reduce_.copied_to_host->record(*reduce_stream_);
+    pending_reduce_.stage = 4;
+    return;
+  }
+  shard_grad = shard_grad.to(flat_param_.device(), grad_dtype);
+  // Allocated on the reduce stream, used (and freed) on the compute stream
+  // from the end of backward on.
+  if (compute_stream && !shard_grad.is_cpu()) shard_grad.record_stream(*compute_stream);
+  accumulate_shard_grad(std::move(shard_grad));
+}
+
+void FlatParamHandle::accumulate_shard_grad(at::Tensor shard_grad) {
+  at::NoGradGuard no_grad;
   if (options_.use_orig_params && flat_param_.grad().defined() &&
       orig_grads_were_cleared()) {
     flat_param_.mutable_grad().reset();
   }
-  if (postdivide_factor_ > 1) shard_grad.div_(postdivide_factor_);
-  const auto grad_dtype =
-      options_.mixed_precision.keep_low_precision_grads ? compute_dtype_ : param_dtype_;
-  shard_grad = shard_grad.to(flat_param_.device(), grad_dtype);
-
   at::Tensor& accumulated = flat_param_.mutable_grad();
   if (accumulated.defined()) {
     TORCH_CHECK(accumulated.sizes() == shard_grad.sizes(),

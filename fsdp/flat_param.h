@@ -28,6 +28,20 @@
 // (no_sync) keeps accumulating the unsharded gradient; the next
 // reduce_grad() reduces the sum.
 //
+// On an accelerator (a CUDA compute device) the handle works as PyTorch's
+// FSDP does on GPUs: gathers (with the shard's cast, or its copy from pinned
+// host memory under CPU offload) are queued on an unshard stream and
+// reductions (casts, reduce-scatter, accumulation into the shard's .grad) on
+// a reduce stream, each ordered after the compute stream's work with events,
+// so communication overlaps compute and the host never waits for a
+// collective. wait_for_unshard() makes the caller's current stream wait for
+// the gather; a finished reduction is one queued on the reduce stream, and
+// finish_reduce_grad() (or advance_reduce_grad(true)) makes the caller's
+// stream wait for it before the caller reads .grad. The runtime does that
+// once, at the end of backward. Memory allocated on one stream and used on
+// another is recorded on the second (Tensor::record_stream), so the caching
+// allocator does not reuse it too early.
+//
 // Not thread-safe; every rank of the shard (and replicate) group must make
 // the same collective calls in the same order.
 #pragma once
@@ -42,6 +56,8 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
 #include <optional>
 
 #include "comm/process_group.h"
@@ -320,6 +336,9 @@ class FlatParamHandle {
   void set_module_tensors(const std::vector<at::Tensor>& values);
   bool needs_replicate_reduce() const;
   void finalize_reduce_grad();
+  void accumulate_shard_grad(at::Tensor shard_grad);
+  void wait_for_collective(comm::Work& work);
+  void mark_unshard_queued();
 
   std::shared_ptr<torch::nn::Module> module_;
   std::unique_ptr<functorch::NamedMemberAccessor> accessor_;
@@ -361,6 +380,15 @@ class FlatParamHandle {
   // precision): nothing to gather or free.
   bool unsharded_is_shard_ = false;
 
+  // Set when the compute device is an accelerator (a CUDA GPU): the streams
+  // parameters are gathered and gradients reduced on (see
+  // fsdp/internal/comm_streams.h), and the event marking the end of the
+  // last gather (or copy) queued there, which the compute stream waits on
+  // before it reads the gathered parameters.
+  std::optional<c10::Stream> unshard_stream_;
+  std::optional<c10::Stream> reduce_stream_;
+  std::optional<c10::Event> unshard_queued_;
+
   State state_ = State::kSharded;
   bool active_full_precision_ = false;
   comm::Work pending_gather_;
@@ -372,15 +400,20 @@ class FlatParamHandle {
   // A gradient reduction started by start_reduce_grad() and not finished.
   // stage: 0 none, 1 first collective (reduce-scatter / all-reduce) in
   // flight, 2 replicate all-reduce in flight (hybrid), 3 collectives done
-  // (or none needed: a one-rank shard group), result not yet accumulated.
+  // (or none needed: a one-rank shard group), result not yet accumulated,
+  // 4 (CPU offload from an accelerator) the result's copy into pinned host
+  // memory queued, to be added once `copied_to_host` has completed.
   // `grad` is the reduce-dtype input of the first collective (the taken
   // unsharded gradient, or its cast copy); `shard_grad` the result (== grad
-  // for kNoShard and one-rank shard groups).
+  // for kNoShard and one-rank shard groups). `compute_stream`: the stream
+  // backward produced the gradient on (accelerators only).
   struct PendingReduce {
     int stage = 0;
     at::Tensor grad;
     at::Tensor shard_grad;
     comm::Work work;
+    std::optional<c10::Stream> compute_stream;
+    std::optional<c10::Event> copied_to_host;
   };
   PendingReduce pending_reduce_;
 };

@@ -75,7 +75,7 @@ torch::Tensor TransformerLM::forward(const torch::Tensor& tokens) {
               " tokens, expected at most seq=", config_.seq);
   torch::Tensor positions = torch::arange(length, tokens.options());
   torch::Tensor x = tok_emb_(tokens) + pos_emb_(positions);
-  const torch::Tensor mask = CausalMask(length).to(x.dtype());
+  const torch::Tensor mask = CausalMask(length).to(x.device(), x.dtype());
   // The single call site of the blocks (see set_block_runner).
   for (size_t i = 0; i < blocks_->size(); ++i) {
     TransformerBlock block = blocks_->ptr<TransformerBlockImpl>(i);

@@ -139,6 +139,9 @@ void DefineFlags(CLI::App& app, Options& o) {
          "restart every rank after one fails, up to N times; resumes from --checkpoint-dir's "
          "newest checkpoint",
          0, 1000);
+  AddChoice(app, "--device", o.device, {Device::kCpu, Device::kCuda},
+            "cuda: each rank on GPU LOCAL_RANK % count, NCCL for the model's collectives "
+            "(a --config=cuda build on a machine with a GPU)");
   AddChoice(app, "--sharding", o.sharding,
             {Sharding::kFull, Sharding::kGradOp, Sharding::kNone, Sharding::kHybrid},
             "FSDP strategy (hybrid: a 2-D mesh of replicas x shards, e.g. 2x2 on --nproc 4)");
@@ -329,6 +332,7 @@ const char* Name(Sharding v) {
   return "?";
 }
 const char* Name(MixedPrecision v) { return v == MixedPrecision::kNone ? "none" : "bf16"; }
+const char* Name(Device v) { return v == Device::kCpu ? "cpu" : "cuda"; }
 const char* Name(BackwardPrefetch v) {
   switch (v) {
     case BackwardPrefetch::kPre: return "pre";
@@ -372,6 +376,7 @@ std::vector<std::string> ToArgs(const Options& o) {
       absl::StrCat("--lr=", Exact(o.lr)),
       absl::StrCat("--nproc=", o.nproc),
       absl::StrCat("--threads-per-rank=", o.threads_per_rank),
+      absl::StrCat("--device=", Name(o.device)),
       absl::StrCat("--sharding=", Name(o.sharding)),
       absl::StrCat("--mixed-precision=", Name(o.mixed_precision)),
       absl::StrCat("--cpu-offload=", o.cpu_offload ? "true" : "false"),

@@ -32,6 +32,7 @@ enum class ActivationCheckpointing { kNone, kBlock };
 enum class OptimizerKind { kAdam, kAdamW, kSgd };
 enum class LrSchedule { kConstant, kCosine };
 enum class CheckpointFormat { kSharded, kFull };
+enum class Device { kCpu, kCuda };
 
 struct Options {
   ModelKind model = ModelKind::kTransformer;
@@ -57,6 +58,11 @@ struct Options {
   // --nproc; with --checkpoint-dir a restart resumes from the newest
   // complete checkpoint). An outside launcher restarts its own ranks.
   int max_restarts = 0;
+
+  // Where each rank computes. kCuda: GPU LOCAL_RANK % (GPUs visible), the
+  // model's collectives on NCCL, the trainer's small CPU ones on Gloo
+  // (comm::kGlooCpuNcclCuda); needs a --config=cuda build and a GPU.
+  Device device = Device::kCpu;
 
   // FSDP.
   Sharding sharding = Sharding::kFull;
@@ -137,6 +143,7 @@ const char* Name(ModelKind v);
 const char* Name(DataKind v);
 const char* Name(Sharding v);
 const char* Name(MixedPrecision v);
+const char* Name(Device v);
 const char* Name(BackwardPrefetch v);
 const char* Name(OptimizerKind v);
 const char* Name(LrSchedule v);

@@ -13,12 +13,14 @@
 #include <utility>
 #include <vector>
 
+#include <torch/cuda.h>
 #include <torch/types.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "activation_checkpointing/apply_activation_checkpointing.h"
 #include "comm/collectives.h"
@@ -363,7 +365,7 @@ absl::StatusOr<int64_t> Resume(const std::string& dir, const Options& o,
 // Wraps the model per the FSDP flags. `mesh` / `hybrid` receive the 2-D
 // mesh and its groups for --sharding=hybrid (they must outlive the result).
 absl::StatusOr<Wrapped> WrapModel(const Options& o, std::shared_ptr<LanguageModel> model,
-                                  const comm::ProcessGroup& world,
+                                  c10::Device device, const comm::ProcessGroup& world,
                                   std::optional<comm::DeviceMesh>* mesh,
                                   std::optional<comm::HybridShardGroups>* hybrid) {
   Wrapped w;
@@ -416,6 +418,8 @@ absl::StatusOr<Wrapped> WrapModel(const Options& o, std::shared_ptr<LanguageMode
     options.mixed_precision.buffer_dtype = torch::kFloat32;
   }
   options.cpu_offload.offload_params = o.cpu_offload;
+  // Built on the CPU; FSDP moves each unit there before sharding it.
+  if (!device.is_cpu()) options.device_id = device;
   // The optimizer sees the original parameters (views of this rank's
   // shard), so Adam/AdamW/SGD run unmodified per parameter and their state
   // is keyed by the model's own FQNs (checkpoints, OptimizerParamNames).
@@ -484,11 +488,40 @@ absl::StatusOr<int64_t> ShardedStateBytes(const std::vector<torch::Tensor>& para
   return bytes;
 }
 
+absl::StatusOr<c10::Device> ComputeDevice(const Options& o) {
+  if (o.device == Device::kCpu) return c10::Device(c10::kCPU);
+#ifndef TORCHFSDP_CUDA
+  return absl::UnimplementedError(
+      "--device=cuda: this trainer was built without CUDA (build it with "
+      "--config=cuda against a CUDA LibTorch, such as the torch wheel); use --device=cpu");
+#else
+  const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+  if (count <= 0) {
+    return absl::FailedPreconditionError(
+        "--device=cuda: this process sees no CUDA GPU (torch::cuda::device_count() is 0: no "
+        "NVIDIA driver, no device, or CUDA_VISIBLE_DEVICES hides them); use --device=cpu");
+  }
+  int64_t local_rank = 0;
+  if (const char* v = std::getenv("LOCAL_RANK"); v != nullptr && !absl::SimpleAtoi(v, &local_rank)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "environment variable LOCAL_RANK='", v, "': expected a non-negative integer"));
+  }
+  // torchrun's convention, and the GPU comm's NCCL backend binds.
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count));
+#endif
+}
+
+std::string ProcessGroupBackend(const Options& o) {
+  return o.device == Device::kCuda ? comm::kGlooCpuNcclCuda : "gloo";
+}
+
 absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& group) {
   const int world = group.size();
   const int rank = group.rank();
   const bool is_main = rank == 0;
   if (auto s = CheckFeatureAvailability(o, world); !s.ok()) return s;
+  auto device = ComputeDevice(o);
+  if (!device.ok()) return device.status();
 
   std::vector<uint8_t> corpus;
   if (o.data == DataKind::kText) {
@@ -506,7 +539,7 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
 
   std::optional<comm::DeviceMesh> mesh;
   std::optional<comm::HybridShardGroups> hybrid;
-  auto wrapped = WrapModel(o, model, group, &mesh, &hybrid);
+  auto wrapped = WrapModel(o, model, *device, group, &mesh, &hybrid);
   if (!wrapped.ok()) return wrapped.status();
   Wrapped& w = *wrapped;
   fsdp::FullyShardedDataParallel& fsdp_model = *w.fsdp;
@@ -543,6 +576,7 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
                     AutoWrapName(o), ")");
     if (o.mixed_precision == MixedPrecision::kBf16) absl::StrAppend(&layout, ", bf16");
     if (o.cpu_offload) absl::StrAppend(&layout, ", cpu offload");
+    if (!device->is_cpu()) absl::StrAppend(&layout, ", on ", device->str(), " (NCCL)");
     std::printf("trainer: %s, %lld parameters, %s data%s, %s, global batch %lld%s, "
                 "steps %lld-%lld\n",
                 Name(o.model), static_cast<long long>(num_params), Name(o.data),
@@ -592,7 +626,7 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
     double local_loss = 0;
     const std::vector<torch::Tensor> micros = batch->chunk(o.grad_accum, 0);
     for (size_t m = 0; m < micros.size(); ++m) {
-      const torch::Tensor& micro = micros[m];
+      const torch::Tensor micro = micros[m].to(*device);
       auto forward_backward = [&] {
         torch::Tensor loss =
             fsdp_model.run([&] { return model->Loss(micro); }) / static_cast<double>(o.grad_accum);

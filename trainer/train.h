@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <torch/optim/optimizer.h>
@@ -47,6 +48,16 @@ struct TrainResult {
 // prints progress to stdout and writes --log-json.
 absl::StatusOr<TrainResult> Train(const Options& options,
                                   const comm::ProcessGroup& group);
+
+// The device this process computes on for --device: the CPU, or CUDA GPU
+// LOCAL_RANK % (GPUs visible). For cuda, an Unimplemented error when this
+// build has no CUDA and a FailedPrecondition one when the process sees no
+// GPU, each naming what is missing.
+absl::StatusOr<c10::Device> ComputeDevice(const Options& options);
+
+// The process-group backend for --device: "gloo", or comm::kGlooCpuNcclCuda
+// (NCCL for the model's CUDA tensors, Gloo for the trainer's CPU ones).
+std::string ProcessGroupBackend(const Options& options);
 
 // Bytes of the parameters `params`, their gradients and `optimizer`'s state
 // (the JSON log's sharded_state_bytes of a rank: with FSDP's

@@ -104,5 +104,21 @@ TEST(TrainerFaults, FlagErrorsNameTheFlag) {
   EXPECT_THAT(restarts.output, HasSubstr("--max-restarts='-1'"));
 }
 
+// --device=cuda where it cannot run (this suite runs the CPU build, on
+// machines without a GPU): refused before any rank starts, naming what is
+// missing, both for a single process and for launched ranks.
+TEST(TrainerFaults, CudaWithoutCudaIsRefusedNamingWhatIsMissing) {
+  for (const char* nproc : {"1", "2"}) {
+    auto run = RunTrainer(std::string(kSmall) + "--steps 2 --device cuda --nproc " + nproc);
+    EXPECT_EQ(run.exit_code, 2) << run.output;
+    EXPECT_THAT(run.output, HasSubstr("--device=cuda: this trainer was built without CUDA"));
+    EXPECT_THAT(run.output, HasSubstr("use --device=cpu"));
+    EXPECT_THAT(run.output, ::testing::Not(HasSubstr("[rank")));
+  }
+  auto bad = RunTrainer(std::string(kSmall) + "--steps 2 --device tpu --nproc 1");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.output, HasSubstr("--device"));
+}
+
 }  // namespace
 }  // namespace trainer::testing

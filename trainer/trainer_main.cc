@@ -177,6 +177,7 @@ int RunRank(trainer::Options options) {
   auto timeout = CollectiveTimeout(options);
   if (!timeout.ok()) return Fail(timeout.status(), 2);
   comm::InitOptions init;
+  init.backend = trainer::ProcessGroupBackend(options);
   init.timeout = *timeout;
   // Ranks start seconds apart on a loaded machine: a short collective
   // timeout must not fail the rendezvous.
@@ -220,6 +221,7 @@ int RunSingleProcess(const trainer::Options& options) {
   int code = 0;
   {
     comm::InitOptions init;
+    init.backend = trainer::ProcessGroupBackend(options);
     init.init_method = "file://" + store;
     init.rank = 0;
     init.world_size = 1;
@@ -259,6 +261,7 @@ int main(int argc, char** argv) {
   if (auto s = trainer::CheckFeatureAvailability(*options, options->nproc); !s.ok()) {
     return Fail(s, 2);
   }
+  if (auto device = trainer::ComputeDevice(*options); !device.ok()) return Fail(device.status(), 2);
   if (options->nproc > 1 || options->max_restarts > 0) return LaunchRanks(*options);
   return RunSingleProcess(*options);
 }

@@ -34,6 +34,9 @@ struct WorkState {
   const char* detail_text = nullptr;
   int detail_int = 0;
   std::chrono::milliseconds default_timeout{0};
+  // An NCCL collective: c10d's wait() without a timeout only orders the
+  // current stream after it.
+  bool stream_ordered = false;
 
   std::mutex mutex;
   bool done = false;

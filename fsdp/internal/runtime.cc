@@ -14,6 +14,7 @@
 #include <exception>
 
 #include "activation_checkpointing/internal/checkpoint_function.h"
+#include "fsdp/internal/comm_streams.h"
 #include "fsdp/internal/runtime_state.h"
 
 namespace fsdp {
@@ -55,9 +56,10 @@ void Runtime::prefetch(int unit) {
   if (unit < 0) return;
   auto& handle = units_[unit]->handle;
   if (!handle || handle->is_unsharded() || handle->is_unsharding()) return;
-  // The rate limiter: on the CPU there is no stream to block, so instead of
-  // waiting for a free the prefetch is skipped (the unit is then gathered on
-  // demand), which keeps at most two units' parameters gathered.
+  // The rate limiter: instead of blocking the host until a gathered unit is
+  // freed (PyTorch waits on a CUDA event; on the CPU there is nothing to
+  // wait on), the prefetch is skipped (the unit is then gathered on demand),
+  // which keeps at most two units' parameters gathered on every device.
   if (options_.limit_all_gathers && gathered_units() >= 2) return;
   handle->unshard(/*async=*/true);
   note_unsharded();
@@ -299,12 +301,29 @@ void Runtime::abandon_reductions() noexcept {
   pending_reductions_.clear();
 }
 
+void Runtime::join_reduce_streams() {
+  // On an accelerator a finished reduction is one queued on the reduce
+  // stream; the caller's current stream (the engine runs final callbacks
+  // with the stream backward was called on) waits for all of them here,
+  // once, so the optimizer reads final gradients -- and not after each unit,
+  // which would stall backward's compute behind its own reductions.
+  std::vector<c10::Device> joined;
+  for (const auto& unit : units_) {
+    if (!unit->handle) continue;
+    const c10::Device device = unit->handle->unsharded_flat_param().device();
+    if (device.is_cpu() || std::find(joined.begin(), joined.end(), device) != joined.end()) continue;
+    joined.push_back(device);
+    if (auto streams = comm_streams_for(device)) wait_stream(current_stream(device), streams->reduce);
+  }
+}
+
 void Runtime::final_callback() {
   // The gradients must be final before backward returns. An error (a peer
   // died, a timeout) is rethrown from backward once the state is reset.
   std::exception_ptr error;
   try {
     finish_reductions();
+    join_reduce_streams();
   } catch (...) {
     error = std::current_exception();
   }

@@ -93,6 +93,7 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   void finish_reductions_in_backward();
   void pre_backward(int unit);
   void post_backward(int unit);
+  void join_reduce_streams();
   void final_callback();
   // Gradient reductions started in post_backward and not yet finished, in
   // start order. Every rank starts (and, for the hybrid strategies, chains
