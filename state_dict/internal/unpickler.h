@@ -13,6 +13,14 @@
 // from storages (torch._utils._rebuild_tensor_v2 / _rebuild_parameter) and
 // the torch.jit._pickle type-tag helpers. Anything else is an error naming
 // the global or opcode, never arbitrary code execution.
+//
+// Rechecked on LibTorch 2.15 (the wheel this project builds on), because
+// 2.x was to replace hand-written loaders where it could: unchanged.
+// torch::pickle_load on a file Python 2.15 wrote with
+// torch.save(OrderedDict(w=..., b=...)) still yields None for the
+// OrderedDict ("Expected GenericDict but got None"), while the same dict
+// saved as a plain dict loads. Every nn.Module.state_dict() is an
+// OrderedDict, so LibTorch's loader cannot read Python's checkpoints.
 #pragma once
 
 #include <cstdint>

@@ -10,6 +10,9 @@
 // state never runs: every such archive leaked ~300 bytes (found by
 // LeakSanitizer under libFuzzer, tools/fuzz.sh). miniz is linked into
 // libtorch_cpu without a header, so the state cannot be freed from outside.
+// Rechecked on LibTorch 2.15: unchanged (a zip without its version record,
+// opened three times under LeakSanitizer: 3 direct leaks from
+// mz_zip_reader_init, 456 bytes, plus the central directory they hold).
 //
 // PrecheckTorchArchive parses the zip's end records, central directory and
 // version record itself and refuses, with an error naming the file and what
