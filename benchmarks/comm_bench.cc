@@ -94,7 +94,17 @@ Step raw_step(Op op, int64_t bytes) {
       return [pg, in, out, shard] {
         at::Tensor received = at::empty({shard * kWorld});
         std::vector<int64_t> splits;
-        pg->all_to_all_single(received, const_cast<at::Tensor&>(in), splits, splits)->wait();
+        // c10d's name for it: all_to_all_single on 2.15, alltoall_base on
+        // 2.11 (see comm/collectives.cc); the branch not taken is not
+        // instantiated.
+        auto all_to_all = [&](auto& group, at::Tensor& input) {
+          if constexpr (requires { group.all_to_all_single(received, input, splits, splits); }) {
+            return group.all_to_all_single(received, input, splits, splits);
+          } else {
+            return group.alltoall_base(received, input, splits, splits);
+          }
+        };
+        all_to_all(*pg, const_cast<at::Tensor&>(in))->wait();
         at::sum_out(const_cast<at::Tensor&>(out), received.view({kWorld, shard}), 0);
       };
     }

@@ -48,6 +48,41 @@ const internal::GroupState& member_state(const ProcessGroup& group,
   return *state;
 }
 
+// c10d's flat collectives by whichever name this LibTorch has: 2.15 calls
+// them all_gather_single / reduce_scatter_single / all_to_all_single (the
+// old names still exist there but are deprecated, an error under -Werror);
+// 2.11 has only _allgather_base / _reduce_scatter_base / alltoall_base. A
+// requires-expression picks at compile time; the branch not taken is never
+// instantiated, so neither name is a hard dependency.
+template <typename Group>
+c10::intrusive_ptr<c10d::Work> all_gather_base(Group& pg, at::Tensor& out, at::Tensor& in) {
+  if constexpr (requires { pg.all_gather_single(out, in); }) {
+    return pg.all_gather_single(out, in);
+  } else {
+    return pg._allgather_base(out, in);
+  }
+}
+
+template <typename Group>
+c10::intrusive_ptr<c10d::Work> reduce_scatter_base(Group& pg, at::Tensor& out, at::Tensor& in,
+                                                   const c10d::ReduceScatterOptions& options) {
+  if constexpr (requires { pg.reduce_scatter_single(out, in, options); }) {
+    return pg.reduce_scatter_single(out, in, options);
+  } else {
+    return pg._reduce_scatter_base(out, in, options);
+  }
+}
+
+template <typename Group>
+c10::intrusive_ptr<c10d::Work> all_to_all_base(Group& pg, at::Tensor& out, at::Tensor& in,
+                                               std::vector<int64_t>& splits) {
+  if constexpr (requires { pg.all_to_all_single(out, in, splits, splits); }) {
+    return pg.all_to_all_single(out, in, splits, splits);
+  } else {
+    return pg.alltoall_base(out, in, splits, splits);
+  }
+}
+
 // True when `t`'s collective runs on NCCL: backend "nccl", or a CUDA tensor
 // under "cpu:gloo,cuda:nccl".
 bool on_nccl(const internal::GroupState& state, const at::Tensor& t) {
@@ -109,11 +144,11 @@ Work make_work(const internal::GroupState& state, const char* op,
   ws->detail_key = detail_key;
   ws->detail_text = detail_text;
   ws->detail_int = detail_int;
+  ws->stream_ordered = !keep.empty() && on_nccl(state, keep.front());
   ws->work = std::move(work);
   ws->finish = std::move(finish);
   ws->keep_alive = std::move(keep);
   ws->default_timeout = state.timeout;
-  ws->stream_ordered = !keep.empty() && on_nccl(state, keep.front());
   return Work(std::move(ws));
 }
 
@@ -134,7 +169,7 @@ Work all_gather_into_tensor(const ProcessGroup& group, const at::Tensor& output,
               state.size, " x input's ", n, " = ", n * state.size);
   at::Tensor out = output;
   at::Tensor in = input;
-  auto work = state.pg->all_gather_single(out, in);
+  auto work = all_gather_base(*state.pg, out, in);
   return make_work(state, kOp, std::move(work), nullptr, {output, input});
 }
 
@@ -159,7 +194,7 @@ Work reduce_scatter_tensor(const ProcessGroup& group, const at::Tensor& output,
     at::Tensor in = input;
     c10d::ReduceScatterOptions options;
     options.reduceOp = to_c10d(op);
-    auto work = state.pg->reduce_scatter_single(out, in, options);
+    auto work = reduce_scatter_base(*state.pg, out, in, options);
     return make_work(state, kOp, std::move(work), nullptr, {output, input},
                      "op", reduce_op_name(op));
   }
@@ -174,7 +209,7 @@ Work reduce_scatter_tensor(const ProcessGroup& group, const at::Tensor& output,
   at::Tensor received = at::empty({n * world}, input.options());
   at::Tensor in = input;
   std::vector<int64_t> even_splits;  // empty = equal splits
-  auto work = state.pg->all_to_all_single(received, in, even_splits, even_splits);
+  auto work = all_to_all_base(*state.pg, received, in, even_splits);
   auto finish = [received, output, op, world, n]() {
     at::Tensor chunks = received.view({world, n});
     // Reduce bfloat16/half in float32: one rounding at the end instead of
