@@ -12,6 +12,9 @@
 #include <torch/library.h>
 
 #include <mutex>
+#include <optional>
+#include <tuple>
+#include <vector>
 #include <string>
 #include <utility>
 
@@ -49,6 +52,102 @@ at::Tensor addr_decomposed(const at::Tensor& self, const at::Tensor& vec1,
     return outer.mul(alpha);
   }
   return expanded.mul(beta).add(outer.mul(alpha));
+}
+
+// torch/_decomp's smooth_l1_loss_backward and huber_loss_backward (Python
+// 2.x functorch registers both for vmap), elementwise.
+at::Tensor smooth_l1_loss_backward_decomposed(const at::Tensor& grad_output,
+                                              const at::Tensor& self,
+                                              const at::Tensor& target, int64_t reduction,
+                                              double beta) {
+  const double norm =
+      reduction == at::Reduction::Mean ? 1.0 / static_cast<double>(self.numel()) : 1.0;
+  const at::Tensor x = self - target;
+  const at::Tensor norm_grad = grad_output * norm;
+  return at::where(x.abs() < beta, norm_grad * x / beta, norm_grad * x.sign());
+}
+
+at::Tensor huber_loss_backward_decomposed(const at::Tensor& grad_output, const at::Tensor& self,
+                                          const at::Tensor& target, int64_t reduction,
+                                          double delta) {
+  const double norm =
+      reduction == at::Reduction::Mean ? 1.0 / static_cast<double>(self.numel()) : 1.0;
+  const at::Tensor x = self - target;
+  return at::where(x < -delta, grad_output * (-norm * delta),
+                   at::where(x > delta, grad_output * (norm * delta), x * grad_output * norm));
+}
+
+// torch/_decomp's nll_loss_forward, registered for vmap by Python 2.x
+// functorch: one gather over the batch instead of the per-example fallback
+// loop (which made per-sample gradients of a cross-entropy loss 1.5x slower
+// than torch.func's). self is [N, C] or [C], target [N] or [].
+std::tuple<at::Tensor, at::Tensor> nll_loss_forward_decomposed(
+    const at::Tensor& self, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+    int64_t reduction, int64_t ignore_index) {
+  TORCH_CHECK(self.dim() > 0 && self.dim() <= 2, "nll_loss: input tensor should be 1D or 2D, got ",
+              self.dim(), "D");
+  TORCH_CHECK(target.dim() <= 1, "nll_loss: 0D or 1D target tensor expected, multi-target not "
+              "supported, got ", target.dim(), "D");
+  const bool no_batch_dim = self.dim() == 1 && target.dim() == 0;
+  TORCH_CHECK(no_batch_dim || self.size(0) == target.size(0),
+              "nll_loss: size mismatch (got input: ", self.sizes(), ", target: ", target.sizes(),
+              ")");
+  const int64_t n_classes = self.size(-1);
+  const int64_t channel_dim = self.dim() < 2 ? 0 : 1;
+  at::Tensor input = self;
+  at::Tensor w;
+  if (weight.has_value() && weight->defined()) {
+    TORCH_CHECK(weight->dim() == 1 && weight->numel() == n_classes,
+                "nll_loss: weight tensor should be defined either for all ", n_classes,
+                " classes or no classes but got weight tensor of shape: ", weight->sizes());
+    std::vector<int64_t> shape(static_cast<size_t>(self.dim()), 1);
+    shape[static_cast<size_t>(channel_dim)] = n_classes;
+    w = self.dim() > 1 ? weight->view(shape) : *weight;
+    input = self * w;
+  }
+  const at::Tensor valid = target != ignore_index;
+  const at::Tensor safe_target = at::where(valid, target, 0).unsqueeze(channel_dim);
+  at::Tensor result = at::where(valid, -at::gather(input, channel_dim, safe_target).squeeze(channel_dim), 0);
+  if (reduction == at::Reduction::None && self.dim() > 1) {
+    return {result, at::zeros({}, self.options())};
+  }
+  at::Tensor total_weight;
+  if (w.defined()) {
+    const at::Tensor picked =
+        at::gather(w.expand(self.sizes()), channel_dim, safe_target).squeeze(channel_dim);
+    total_weight = at::where(valid, picked, 0).sum();
+  } else {
+    total_weight = valid.sum().to(self.scalar_type());
+  }
+  if (reduction == at::Reduction::Sum) {
+    result = result.sum();
+  } else if (reduction == at::Reduction::Mean) {
+    result = result.sum() / total_weight;
+  }
+  return {result, total_weight};
+}
+
+// torch/_decomp's _nll_loss_backward: a scatter of -1 at the targets, scaled.
+at::Tensor nll_loss_backward_decomposed(const at::Tensor& grad_output, const at::Tensor& self,
+                                        const at::Tensor& target,
+                                        const std::optional<at::Tensor>& weight,
+                                        int64_t reduction, int64_t ignore_index,
+                                        const at::Tensor& total_weight) {
+  const int64_t channel_dim = self.dim() < 2 ? 0 : 1;
+  at::Tensor go = reduction == at::Reduction::Mean ? grad_output / total_weight : grad_output;
+  // For a 1-D self the kernel reads only target[0].
+  at::Tensor t = self.dim() == 1 && target.dim() > 0 ? target.select(0, 0) : target;
+  t = t.unsqueeze(channel_dim);
+  const at::Tensor valid = t != ignore_index;
+  const at::Tensor grad_input =
+      at::scatter(at::zeros_like(self), channel_dim, at::where(valid, t, 0), -1.0);
+  if (grad_input.dim() > go.dim() && go.dim() > 0) go = go.unsqueeze(channel_dim);
+  if (weight.has_value() && weight->defined()) {
+    std::vector<int64_t> shape(static_cast<size_t>(self.dim()), 1);
+    shape[static_cast<size_t>(channel_dim)] = weight->size(0);
+    go = go * weight->reshape(shape);
+  }
+  return grad_input * at::where(valid, go, 0);
 }
 
 bool needs_derivative(const at::Tensor& t) {
@@ -153,6 +252,12 @@ void register_decompositions() {
                                        __FILE__, __LINE__);
     batched->impl("mse_loss_backward", TORCH_FN(mse_loss_backward_decomposed));
     batched->impl("addr", TORCH_FN(addr_decomposed));
+    // Added to Python functorch's list after 1.13; registered here since
+    // LibTorch 2.x (without them these ran as per-example loops).
+    batched->impl("smooth_l1_loss_backward", TORCH_FN(smooth_l1_loss_backward_decomposed));
+    batched->impl("huber_loss_backward", TORCH_FN(huber_loss_backward_decomposed));
+    batched->impl("nll_loss_forward", TORCH_FN(nll_loss_forward_decomposed));
+    batched->impl("nll_loss_backward", TORCH_FN(nll_loss_backward_decomposed));
     auto* autograd = new torch::Library(torch::Library::IMPL, "aten",
                                         c10::DispatchKey::AutogradCPU,
                                         __FILE__, __LINE__);

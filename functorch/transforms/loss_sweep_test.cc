@@ -244,5 +244,59 @@ TEST(AddrDecomposition, VmapMatchesLoop) {
   EXPECT_FALSE(bools[1].any().item<bool>());
 }
 
+// nll_loss under vmap (Python 2.x's decomposition, registered from C++):
+// every option the fused kernel takes -- class weights, ignore_index hit
+// and missed, the three reductions, [N, C] and [C] inputs -- and the
+// gradient through it, against the fused kernel run per example.
+TEST(NllLossDecomposition, VmapMatchesPerExampleKernel) {
+  torch::manual_seed(0);
+  const int64_t batch = 4, n = 5, classes = 3;
+  Tensor logp = torch::randn({batch, n, classes}, torch::kFloat64).log_softmax(-1);
+  Tensor target = torch::randint(0, classes, {batch, n});
+  target[1][2] = 1;  // ignore_index below: some rows ignored
+  Tensor weight = torch::rand({classes}, torch::kFloat64) + 0.5;
+  for (auto reduction : {at::Reduction::None, at::Reduction::Sum, at::Reduction::Mean}) {
+    for (bool weighted : {false, true}) {
+      for (int64_t ignore : {int64_t{-100}, int64_t{1}}) {
+        SCOPED_TRACE(::testing::Message() << "reduction " << reduction << " weighted " << weighted
+                                          << " ignore_index " << ignore);
+        auto loss = [&](Tensor x, Tensor t) {
+          return at::nll_loss(x, t, weighted ? weight : Tensor(), reduction, ignore);
+        };
+        auto total = [&](Tensor x, Tensor t) { return loss(x, t).sum(); };
+        Tensor batched = vmap(loss)(logp, target);
+        Tensor batched_grad = vmap(grad(total))(logp, target);
+        Tensor one_class = vmap(loss)(logp.select(1, 0), target.select(1, 0));
+        for (int64_t i = 0; i < batch; ++i) {
+          EXPECT_TRUE(AllClose(batched[i], loss(logp[i], target[i]), 1e-12, 1e-14)) << i;
+          Tensor x = logp[i].clone().requires_grad_();
+          total(x, target[i]).backward();
+          EXPECT_TRUE(AllClose(batched_grad[i], x.grad(), 1e-12, 1e-14)) << i;
+          EXPECT_TRUE(AllClose(one_class[i], loss(logp[i][0], target[i][0]), 1e-12, 1e-14)) << i;
+        }
+      }
+    }
+  }
+}
+
+// smooth_l1 and huber backward under vmap, both sides of beta / delta.
+TEST(ElementwiseLossBackwardDecompositions, VmapMatchesPerExampleKernel) {
+  torch::manual_seed(0);
+  Tensor x = torch::randn({4, 6}, torch::kFloat64) * 2, y = torch::randn({4, 6}, torch::kFloat64);
+  for (auto reduction : {at::Reduction::Sum, at::Reduction::Mean}) {
+    auto smooth = [reduction](Tensor a, Tensor b) { return at::smooth_l1_loss(a, b, reduction, 0.7); };
+    auto huber = [reduction](Tensor a, Tensor b) { return at::huber_loss(a, b, reduction, 0.7); };
+    for (const auto& f : {std::function<Tensor(Tensor, Tensor)>(smooth),
+                          std::function<Tensor(Tensor, Tensor)>(huber)}) {
+      Tensor batched = vmap(grad(f))(x, y);
+      for (int64_t i = 0; i < 4; ++i) {
+        Tensor xi = x[i].clone().requires_grad_();
+        f(xi, y[i]).backward();
+        EXPECT_TRUE(AllClose(batched[i], xi.grad(), 1e-12, 1e-14)) << i << " reduction " << reduction;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace functorch

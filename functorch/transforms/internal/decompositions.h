@@ -5,7 +5,10 @@
 // decompositions PyTorch registers from Python (torch/_decomp/
 // decompositions_for_jvp.py, skipped on Python 3.11), done from C++.
 //
-//   FuncTorchBatched  aten::mse_loss_backward, aten::addr -- as Python's
+//   FuncTorchBatched  aten::mse_loss_backward, aten::addr, and (Python
+//                     2.x's additions) smooth_l1_loss_backward,
+//                     huber_loss_backward, nll_loss_forward,
+//                     nll_loss_backward -- as Python's
 //                     _register_python_decomposition_vmap: under vmap they
 //                     run as a few batched primitive ops instead of the
 //                     per-example fallback loop, and the primitives carry
