@@ -169,23 +169,30 @@ run_python() {  # model steps log [script args...]
 # The same flags for both sides (the trainer's defaults written out).
 common_flags=(--seed 0 --global-batch 16 --optimizer adam --lr 3e-3 --lr-schedule cosine
               --warmup-steps 10 --layers 2 --dim 64 --heads 4 --vocab 256 --seq 64)
-ddp_args=()
-for model in transformer mlp; do
-  n=$steps; [[ $model == mlp ]] && n=$mlp_steps
-  mkdir -p "$tmp/$model"
+# --rounds runs of each side into DIR/ours.R.jsonl and DIR/py-same.R.jsonl,
+# rotating which side goes first so none always runs on a warmer machine.
+run_rounds() {  # title dir model steps sharding [python script args...]
+  local title=$1 dir=$2 model=$3 n=$4 sharding=$5
+  shift 5
+  mkdir -p "$dir"
+  local r k side sides=(ours python)
   for ((r = 1; r <= rounds; r++)); do
-    echo "== data parallel, $model, round $r/$rounds: $n steps per side" >&2
-    # Rotate which side goes first, so none always runs on a warmer machine.
-    sides=(ours python)
+    echo "== $title, round $r/$rounds: $n steps per side" >&2
     for ((k = 0; k < 2; k++)); do
       side=${sides[$(((k + r - 1) % 2))]}
       if [[ $side == ours ]]; then
-        run_ours "$model" "$n" "$tmp/$model/ours.$r.jsonl"
+        run_ours "$model" "$n" "$dir/ours.$r.jsonl" "$sharding"
       else
-        run_python "$model" "$n" "$tmp/$model/py-same.$r.jsonl"
+        run_python "$model" "$n" "$dir/py-same.$r.jsonl" "$@"
       fi
     done
   done
+}
+
+ddp_args=()
+for model in transformer mlp; do
+  n=$steps; [[ $model == mlp ]] && n=$mlp_steps
+  run_rounds "data parallel, $model" "$tmp/$model" "$model" "$n" none
   ddp_args+=(--ddp "DDP step, 2 ranks Gloo, $model" "$tmp/$model")
 done
 
@@ -193,20 +200,8 @@ done
 # Same model and flags; one unit per transformer block plus the root,
 # BACKWARD_PRE prefetch and use_orig_params on both sides (fsdp_step.py).
 for impl in fsdp1 fsdp2; do
-  mkdir -p "$tmp/$impl"
-  for ((r = 1; r <= rounds; r++)); do
-    echo "== FSDP FULL_SHARD vs Python $impl, round $r/$rounds: $steps steps per side" >&2
-    sides=(ours python)
-    for ((k = 0; k < 2; k++)); do
-      side=${sides[$(((k + r - 1) % 2))]}
-      if [[ $side == ours ]]; then
-        run_ours transformer "$steps" "$tmp/$impl/ours.$r.jsonl" full
-      else
-        run_python transformer "$steps" "$tmp/$impl/py-same.$r.jsonl" \
-          benchmarks/python/fsdp_step.py --fsdp "$impl" --sharding full
-      fi
-    done
-  done
+  run_rounds "FSDP FULL_SHARD vs Python $impl" "$tmp/$impl" transformer "$steps" full \
+    benchmarks/python/fsdp_step.py --fsdp "$impl" --sharding full
   ddp_args+=(--ddp "FSDP FULL_SHARD step, 2 ranks Gloo, transformer, vs Python $impl" "$tmp/$impl")
 done
 
