@@ -77,6 +77,14 @@ at::Tensor huber_loss_backward_decomposed(const at::Tensor& grad_output, const a
                    at::where(x > delta, grad_output * (norm * delta), x * grad_output * norm));
 }
 
+// nll_loss's class weights shaped to broadcast along `channel_dim` of a
+// `ndim`-D input.
+at::Tensor class_weights_along(const at::Tensor& weight, int64_t ndim, int64_t channel_dim) {
+  std::vector<int64_t> shape(static_cast<size_t>(ndim), 1);
+  shape[static_cast<size_t>(channel_dim)] = weight.size(0);
+  return weight.reshape(shape);
+}
+
 // torch/_decomp's nll_loss_forward, registered for vmap by Python 2.x
 // functorch: one gather over the batch instead of the per-example fallback
 // loop (which made per-sample gradients of a cross-entropy loss 1.5x slower
@@ -100,9 +108,7 @@ std::tuple<at::Tensor, at::Tensor> nll_loss_forward_decomposed(
     TORCH_CHECK(weight->dim() == 1 && weight->numel() == n_classes,
                 "nll_loss: weight tensor should be defined either for all ", n_classes,
                 " classes or no classes but got weight tensor of shape: ", weight->sizes());
-    std::vector<int64_t> shape(static_cast<size_t>(self.dim()), 1);
-    shape[static_cast<size_t>(channel_dim)] = n_classes;
-    w = self.dim() > 1 ? weight->view(shape) : *weight;
+    w = class_weights_along(*weight, self.dim(), channel_dim);
     input = self * w;
   }
   const at::Tensor valid = target != ignore_index;
@@ -143,9 +149,7 @@ at::Tensor nll_loss_backward_decomposed(const at::Tensor& grad_output, const at:
       at::scatter(at::zeros_like(self), channel_dim, at::where(valid, t, 0), -1.0);
   if (grad_input.dim() > go.dim() && go.dim() > 0) go = go.unsqueeze(channel_dim);
   if (weight.has_value() && weight->defined()) {
-    std::vector<int64_t> shape(static_cast<size_t>(self.dim()), 1);
-    shape[static_cast<size_t>(channel_dim)] = weight->size(0);
-    go = go * weight->reshape(shape);
+    go = go * class_weights_along(*weight, self.dim(), channel_dim);
   }
   return grad_input * at::where(valid, go, 0);
 }
