@@ -72,6 +72,56 @@ void BM_PerSampleGrad_Loop(benchmark::State& state) {
 }
 BENCHMARK(BM_PerSampleGrad_Loop)->Unit(benchmark::kMillisecond);
 
+// The memory floor under both: the per-sample gradients are 256 copies of
+// every parameter (36.4 MB), written into fresh memory as vmap(grad) and
+// torch.stack write them. Nothing that returns them can be faster than this.
+void BM_PerSampleGrad_OutputWriteFloor(benchmark::State& state) {
+  Mlp m;
+  const int64_t batch = m.x.size(0);
+  const std::vector<Tensor> params{m.w1, m.b1, m.w2, m.b2};
+  int64_t bytes = 0;
+  for (auto _ : state) {
+    std::vector<Tensor> out;
+    bytes = 0;
+    for (const Tensor& p : params) {
+      std::vector<int64_t> shape{batch};
+      shape.insert(shape.end(), p.sizes().begin(), p.sizes().end());
+      out.push_back(torch::empty(shape).fill_(1.0));
+      bytes += out.back().nbytes();
+    }
+    benchmark::DoNotOptimize(out);
+  }
+  state.counters["GB/s"] = benchmark::Counter(
+      static_cast<double>(bytes) * static_cast<double>(state.iterations()),
+      benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_PerSampleGrad_OutputWriteFloor)->Unit(benchmark::kMillisecond);
+
+// What stops vmap(grad) above: the first layer's per-sample weight gradients
+// are 256 rank-1 outer products, which the mm batching rule hands to bmm with
+// a contraction of 1. On the wheel's MKL that bmm costs about 2.3x the same
+// products written as a broadcast multiply (MKL's beta-scaling pass,
+// sgemm_mscale, dominates). Python torch.func runs the same bmm.
+void BM_PerSampleGrad_Rank1AsBmm(benchmark::State& state) {
+  Tensor grad_out = torch::randn({256, 256, 1});
+  Tensor input = torch::randn({256, 1, 128});
+  for (auto _ : state) {
+    Tensor outer = torch::bmm(grad_out, input);
+    benchmark::DoNotOptimize(outer);
+  }
+}
+BENCHMARK(BM_PerSampleGrad_Rank1AsBmm)->Unit(benchmark::kMillisecond);
+
+void BM_PerSampleGrad_Rank1AsMul(benchmark::State& state) {
+  Tensor grad_out = torch::randn({256, 256, 1});
+  Tensor input = torch::randn({256, 1, 128});
+  for (auto _ : state) {
+    Tensor outer = grad_out * input;
+    benchmark::DoNotOptimize(outer);
+  }
+}
+BENCHMARK(BM_PerSampleGrad_Rank1AsMul)->Unit(benchmark::kMillisecond);
+
 struct TanhMlp {
   Tensor w1 = torch::randn({64, 16}) * 0.25;
   Tensor b1 = torch::randn({64}) * 0.1;
