@@ -52,6 +52,9 @@ namespace {
 
 constexpr char kFullFileName[] = "model.pt";
 constexpr char kNoData[] = "-";  // key of a tensor a rank holds no piece of
+// Deflate's largest ratio of inflated to compressed bytes (zlib's technical
+// details: 1032:1); the zip precheck bounds records by the same number.
+constexpr uint64_t kMaxDeflateExpansion = 1032;
 
 std::string Shape(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
@@ -157,6 +160,12 @@ absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
                               " files in a world of ", m.world_size));
     }
   } else {
+    // Before anything is sized by it: a world size is only as believable as
+    // the files listed for it.
+    if (m.files.size() != static_cast<size_t>(m.world_size)) {
+      return bad(absl::StrCat("lists ", m.files.size(), " files for a world of size ",
+                              m.world_size, ": expected one file per rank"));
+    }
     std::vector<int> seen(static_cast<size_t>(m.world_size), 0);
     for (const ManifestFile& f : m.files) {
       if (f.rank >= m.world_size) {
@@ -184,6 +193,13 @@ absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
   std::map<std::string, Global> globals;
   for (const ManifestFile& f : m.files) {
     std::set<std::string> keys;
+    // The data the file's entries claim cannot exceed what the file can
+    // hold: its size, or deflate's maximum expansion of it (1032:1) for
+    // archives with compressed records. What a load allocates from these
+    // entries is then bounded by the files' sizes.
+    uint64_t claimed_bytes = 0;
+    const uint64_t capacity =
+        f.bytes > UINT64_MAX / kMaxDeflateExpansion ? UINT64_MAX : f.bytes * kMaxDeflateExpansion;
     for (const ManifestTensor& t : f.tensors) {
       const std::string where = absl::StrCat("tensor '", t.name, "' in file ", f.name);
       absl::Status status = CheckName(t.name);
@@ -215,6 +231,18 @@ absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
       }
       if (!no_data && !keys.insert(t.key).second) {
         return bad(absl::StrCat("file ", f.name, " lists key '", t.key, "' twice"));
+      }
+      uint64_t piece_bytes = 0;
+      if (!no_data &&
+          (__builtin_mul_overflow(static_cast<uint64_t>(r.numel),
+                                  static_cast<uint64_t>(c10::elementSize(t.dtype)), &piece_bytes) ||
+           __builtin_add_overflow(claimed_bytes, piece_bytes, &claimed_bytes) ||
+           claimed_bytes > capacity)) {
+        return bad(absl::StrCat("file ", f.name, " of ", f.bytes, " bytes cannot hold its tensors: ",
+                                where, " brings the data listed for it past ", capacity,
+                                " bytes (", kMaxDeflateExpansion, " times its size, deflate's "
+                                "maximum expansion) with ", r.numel, " elements of ",
+                                c10::toString(t.dtype)));
       }
       auto inserted = globals.emplace(t.name, Global{&t, {}});
       const ManifestTensor& first = *inserted.first->second.first;
@@ -746,6 +774,60 @@ absl::StatusOr<PruneReport> PruneCheckpoints(const std::string& root, int keep_l
     report.torn.push_back(root + "/" + name);
   }
   return report;
+}
+
+namespace {
+
+constexpr char kDamagedPrefix[] = ".damaged.";
+
+// Renames root/name to the first free ".damaged.<name>[.<k>]", durably.
+absl::StatusOr<std::string> SetAside(const std::string& root, const std::string& name) {
+  const std::string from = root + "/" + name;
+  std::string to = absl::StrCat(root, "/", kDamagedPrefix, name);
+  for (int k = 1; internal::PathExists(to); ++k) {
+    to = absl::StrCat(root, "/", kDamagedPrefix, name, ".", k);
+  }
+  if (::rename(from.c_str(), to.c_str()) != 0) return ErrnoError("rename", from);
+  if (auto s = internal::FsyncDirectory(root); !s.ok()) return s;
+  return to;
+}
+
+// Whether `status` says a checkpoint's bytes are wrong (rather than that it
+// cannot be judged here).
+bool IsDamage(const absl::Status& status) {
+  return absl::IsDataLoss(status) || absl::IsNotFound(status);
+}
+
+}  // namespace
+
+absl::StatusOr<RecoveredCheckpoint> RecoverLatestCheckpoint(const std::string& root) {
+  auto names = internal::ListDirectory(root);
+  if (!names.ok()) return names.status();
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (const std::string& name : *names) {
+    int64_t step;
+    if (absl::StartsWith(name, "step_") && absl::SimpleAtoi(name.substr(5), &step)) {
+      steps.emplace_back(step, name);
+    }
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  RecoveredCheckpoint out;
+  for (const auto& [step, name] : steps) {
+    const std::string dir = root + "/" + name;
+    auto manifest = ReadManifest(dir);
+    absl::Status status = manifest.status();
+    if (absl::IsNotFound(status)) continue;  // an interrupted save
+    if (status.ok()) status = VerifyCheckpoint(dir);
+    if (status.ok()) {
+      out.step_dir = dir;
+      return out;
+    }
+    if (!IsDamage(status)) return status;
+    auto moved = SetAside(root, name);
+    if (!moved.ok()) return moved.status();
+    out.set_aside.push_back(SetAsideCheckpoint{dir, *moved, status});
+  }
+  return out;
 }
 
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& root) {

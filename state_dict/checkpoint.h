@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -110,6 +111,38 @@ absl::StatusOr<PruneReport> PruneCheckpoints(const std::string& root, int keep_l
 
 // The step directory of the newest complete checkpoint; NotFound if none.
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& root);
+
+// A checkpoint that RecoverLatestCheckpoint moved out of the way.
+struct SetAsideCheckpoint {
+  std::string step_dir;  // where it was: "<root>/step_<N>"
+  std::string moved_to;  // "<root>/.damaged.step_<N>", or ".damaged.step_<N>.<k>"
+  absl::Status why;      // what its MANIFEST or VerifyCheckpoint said
+};
+
+struct RecoveredCheckpoint {
+  std::optional<std::string> step_dir;  // the newest that verifies; none left: empty
+  std::vector<SetAsideCheckpoint> set_aside;  // newest first
+};
+
+// What a resume starts from: the newest step directory under `root` that
+// VerifyCheckpoint accepts (every file read and checksummed). Each newer one
+// whose MANIFEST is present but damaged, or whose files fail verification
+// (DataLoss, or a missing file), is renamed to "<root>/.damaged.step_<N>"
+// (".<k>" appended if that exists) and the rename made durable: nothing
+// lists, loads, prunes or overwrites it again, so training continues from
+// the good one and can save step N anew, while the damaged files stay for a
+// person to look at. Directories without a MANIFEST (interrupted saves) are
+// skipped and left for PruneCheckpoints.
+//
+// Stops with an error, moving nothing further, on a MANIFEST of a newer
+// format (FailedPrecondition: a newer build's checkpoint is not damage) and
+// on I/O errors other than damage (permissions, a vanished root). Reads every
+// byte of each checkpoint it tries; call it from one process of a job (the
+// others wait, then LatestCheckpoint gives them the same directory).
+//
+//   auto recovered = RecoverLatestCheckpoint("/ckpt");
+//   for (const auto& s : recovered->set_aside) LOG << s.step_dir << ": " << s.why;
+absl::StatusOr<RecoveredCheckpoint> RecoverLatestCheckpoint(const std::string& root);
 
 // The parsed MANIFEST of a step directory (NotFound when there is none).
 absl::StatusOr<Manifest> ReadManifest(const std::string& step_dir);

@@ -1,9 +1,11 @@
 #include "state_dict/manifest.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "state_dict/internal/crc32c.h"
 #include "state_dict/internal/status_macros.h"
 
 namespace state_dict {
@@ -12,11 +14,19 @@ namespace {
 constexpr char kMagic[] = "torchfsdp-checkpoint";
 
 absl::StatusOr<c10::ScalarType> ParseDtype(const std::string& name) {
-for (int i = 0; i < static_cast<int>(c10::ScalarType::NumOptions); ++i) {
+  for (int i = 0; i < static_cast<int>(c10::ScalarType::NumOptions); ++i) {
     const auto type = static_cast<c10::ScalarType>(i);
-    if (name == c10::toString(type)) return type;
+    if (name != c10::toString(type)) continue;
+    // Sizes are computed from it before any file is read: a type without
+    // an element size (the sub-byte ones) cannot be a checkpoint's.
+    try {
+      if (c10::elementSize(type) > 0) return type;
+    } catch (const c10::Error&) {
+    }
+    break;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", name, "'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown dtype '", name, "' (expected a ScalarType with an element size)"));
 }
 
 // One line split into words, with errors that name the manifest and line.
@@ -90,18 +100,28 @@ std::string FormatManifest(const Manifest& m) {
                       " crc32c ", absl::Hex(t.crc32c, absl::kZeroPad8), "\n");
     }
   }
-  out += "end\n";
+  if (m.format_version >= 2) {
+    const uint32_t crc = internal::Crc32c(out.data(), out.size());
+    absl::StrAppend(&out, "end crc32c ", absl::Hex(crc, absl::kZeroPad8), "\n");
+  } else {
+    out += "end\n";
+  }
   return out;
 }
 
 absl::StatusOr<Manifest> ParseManifest(const std::string& text,
                                        const std::string& source) {
   std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
-  // A complete manifest ends with "end\n" (so the split's last piece is "").
-  if (lines.size() < 2 || lines.back() != "" || lines[lines.size() - 2] != "end") {
+  // A complete manifest ends with "end\n" or "end crc32c <hex>\n" (so the
+  // split's last piece is "").
+  if (lines.size() < 2 || lines.back() != "" ||
+      !(lines[lines.size() - 2] == "end" ||
+        absl::StartsWith(lines[lines.size() - 2], "end "))) {
     return absl::DataLossError(absl::StrCat(
         "manifest ", source, " is incomplete (no final 'end' line)"));
   }
+  const absl::string_view end_line = lines[lines.size() - 2];
+  const size_t covered = text.size() - end_line.size() - 1;  // bytes before "end"
   lines.resize(lines.size() - 2);
   Manifest m;
   if (lines.size() < 4) {
@@ -119,6 +139,26 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text,
     }
     if (version < 1) return header.Error("format version must be >= 1");
     m.format_version = static_cast<int>(version);
+  }
+  {
+    // Checked before any other field is believed.
+    Line end(source, static_cast<int>(lines.size() + 1), end_line);
+    if (m.format_version == 1) {
+      if (end_line != "end") return end.Error("expected 'end' (format version 1)");
+    } else {
+      if (end.size() != 3 || end.word(0) != "end") {
+        return end.Error("expected 'end crc32c <8 hex digits>'");
+      }
+      uint32_t recorded;
+      STATE_DICT_ASSIGN_OR_RETURN(recorded, end.CrcField(1));
+      const uint32_t actual = internal::Crc32c(text.data(), covered);
+      if (actual != recorded) {
+        return absl::DataLossError(absl::StrCat(
+            "manifest ", source, " is damaged: its ", covered, " bytes before the 'end' line have "
+            "crc32c ", absl::Hex(actual, absl::kZeroPad8), ", the manifest records ",
+            absl::Hex(recorded, absl::kZeroPad8), " (edited or corrupted after it was written)"));
+      }
+    }
   }
   {
     Line line(source, 2, lines[1]);

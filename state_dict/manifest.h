@@ -3,7 +3,7 @@
 //
 // On disk it is a small line-oriented text file, `MANIFEST`, e.g.
 //
-//   torchfsdp-checkpoint 1
+//   torchfsdp-checkpoint 2
 //   kind sharded
 //   step 1200
 //   world_size 2
@@ -12,11 +12,16 @@
 //   tensor 0.bias name 0.bias dtype Float shape 3 offset 0 numel 3 crc32c ...
 //   file rank_00001.pt rank 1 bytes ... tensors 1
 //   tensor 0.weight name 0.weight dtype Float shape 3,4 offset 6 numel 6 crc32c ...
-//   end
+//   end crc32c 5e0c21a7
 //
 // Names and keys are FQNs and may not contain whitespace. Checksums are
-// CRC-32C: per file over all its bytes, per tensor over its contiguous data.
-// A reader refuses a format version newer than kCheckpointFormatVersion.
+// CRC-32C: per file over all its bytes, per tensor over its contiguous data,
+// and the manifest's own over every byte before its "end" line, so that an
+// edit anywhere in it (a shape changed to another of the same size, which
+// no data file can contradict for a sharded checkpoint) is caught. A reader
+// refuses a format version newer than kCheckpointFormatVersion. Version 1
+// (written before 2026-11-25) ends in a bare "end" line and has no checksum
+// of its own; it still reads, with its fields checked as before.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +35,7 @@
 
 namespace state_dict {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr int kCheckpointFormatVersion = 2;
 inline constexpr char kManifestFileName[] = "MANIFEST";
 
 enum class CheckpointKind {
@@ -66,8 +71,10 @@ struct Manifest {
 std::string FormatManifest(const Manifest& manifest);
 
 // Parses FormatManifest's output; `source` (a path) only names errors. A
-// manifest without its final "end" line is incomplete (DataLoss); a newer
-// format version is FailedPrecondition.
+// manifest without its final "end" line is incomplete, and one whose
+// checksum does not match its bytes is damaged (both DataLoss); a newer
+// format version is FailedPrecondition. Memory spent is bounded by the
+// text's size: no number written in it is used to size anything.
 absl::StatusOr<Manifest> ParseManifest(const std::string& text,
                                        const std::string& source);
 

@@ -138,19 +138,24 @@ TEST(CkptToolTest, VerifyRejectsWhatLoadingRejects) {
   ASSERT_EQ(Ckpt("verify " + dir, &out), 0) << out;
 
   const std::string manifest_path = dir + "/MANIFEST";
-  std::string manifest;
-  {
-    std::ifstream in(manifest_path);
-    manifest.assign(std::istreambuf_iterator<char>(in), {});
+  // Rank 1's piece of layer.weight (15 elements) starts at 8; move it to 9,
+  // and reseal the MANIFEST (its own checksum would catch a bare edit) so
+  // that the field checks are what speaks.
+  auto manifest = state_dict::ReadManifest(dir);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  bool moved = false;
+  for (auto& f : manifest->files) {
+    for (auto& t : f.tensors) {
+      if (f.rank == 1 && t.name == "layer.weight" && t.range.offset == 8) {
+        t.range.offset = 9;
+        moved = true;
+      }
+    }
   }
-  // Rank 1's piece of layer.weight (15 elements) starts at 8; move it to 9.
-  const size_t line = manifest.find("tensor layer.weight name layer.weight dtype Float shape 5,3 offset 8 ");
-  ASSERT_NE(line, std::string::npos) << manifest;
-  const size_t at = manifest.find("offset 8 ", line);
-  manifest.replace(at, 9, "offset 9 ");
+  ASSERT_TRUE(moved) << state_dict::FormatManifest(*manifest);
   {
     std::ofstream o(manifest_path, std::ios::trunc);
-    o << manifest;
+    o << state_dict::FormatManifest(*manifest);
   }
   EXPECT_EQ(Ckpt("verify " + dir, &out), 1) << out;
   EXPECT_NE(out.find("manifest " + manifest_path + ": tensor 'layer.weight' in file "
@@ -161,6 +166,49 @@ TEST(CkptToolTest, VerifyRejectsWhatLoadingRejects) {
   std::string convert_out;
   EXPECT_EQ(Ckpt("convert " + dir + " --to-full " + root + "/x.pt", &convert_out), 1);
   EXPECT_EQ(convert_out, out);  // the same check, the same message
+}
+
+
+// Issue 27: a MANIFEST edited by hand (a shape changed to another of the
+// same element count, which a sharded checkpoint's 1-D pieces cannot
+// contradict) or damaged into an absurd world size. verify, convert and
+// every load refuse it with the manifest's checksum; nothing is sized by
+// the edited numbers.
+TEST(CkptToolTest, EditedManifestIsRefusedByVerifyAndConvert) {
+  const std::string root = TempDir("ckpt_edited");
+  ASSERT_TRUE(state_dict::SaveShardedCheckpoint(root, 2, Shard(MakeState(), 2)).ok());
+  const std::string dir = root + "/step_2";
+  const std::string manifest_path = dir + "/MANIFEST";
+  std::string pristine;
+  {
+    std::ifstream in(manifest_path);
+    pristine.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  struct Edit {
+    std::string from, to;
+  };
+  for (const Edit& edit : {Edit{"shape 5,3 ", "shape 3,5 "}, Edit{"shape 5,3 ", "shape 15 "},
+                           Edit{"world_size 2\n", "world_size 2000000000\n"}}) {
+    SCOPED_TRACE(edit.from + " -> " + edit.to);
+    std::string edited = pristine;
+    size_t at = 0;
+    while ((at = edited.find(edit.from, at)) != std::string::npos) {
+      edited.replace(at, edit.from.size(), edit.to);
+      at += edit.to.size();
+    }
+    ASSERT_NE(edited, pristine);
+    {
+      std::ofstream o(manifest_path, std::ios::trunc);
+      o << edited;
+    }
+    std::string out, convert_out;
+    EXPECT_EQ(Ckpt("verify " + dir, &out), 1) << out;
+    EXPECT_NE(out.find("manifest " + manifest_path + " is damaged: its "), std::string::npos)
+        << out;
+    EXPECT_EQ(Ckpt("convert " + dir + " --to-full " + root + "/x.pt", &convert_out), 1);
+    EXPECT_EQ(convert_out, out);
+    EXPECT_FALSE(state_dict::LoadFullStateDict(dir).ok());
+  }
 }
 
 }  // namespace

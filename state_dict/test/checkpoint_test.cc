@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "state_dict/internal/file_io.h"
 #include "state_dict/internal/live_checkpoint.h"
@@ -230,10 +231,10 @@ TEST(CheckpointTest, DamagedCheckpointsAreClearErrors) {
   // A manifest from a newer format.
   const std::string manifest_path = dir + "/MANIFEST";
   std::string manifest = Slurp(manifest_path);
-  Spit(manifest_path, "torchfsdp-checkpoint 2" + manifest.substr(manifest.find('\n')));
+  Spit(manifest_path, "torchfsdp-checkpoint 3" + manifest.substr(manifest.find('\n')));
   status = VerifyCheckpoint(dir);
   EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
-  EXPECT_TRUE(Contains(status, "format version 2") && Contains(status, manifest_path)) << status;
+  EXPECT_TRUE(Contains(status, "format version 3") && Contains(status, manifest_path)) << status;
   EXPECT_TRUE(absl::IsFailedPrecondition(LatestCheckpoint(root).status()));
 
   // A manifest cut short is an incomplete save, not a checkpoint.
@@ -580,13 +581,133 @@ TEST(CheckpointTest, ManifestStepMustMatchItsDirectory) {
   const std::string root = TempDir("wrong_step");
   ASSERT_TRUE(SaveFullCheckpoint(root, 4, MakeState(1)).ok());
   const std::string dir = StepDirectory(root, 4);
-  std::string manifest = Slurp(dir + "/MANIFEST");
-  const size_t at = manifest.find("step 4\n");
-  ASSERT_NE(at, std::string::npos);
-  Spit(dir + "/MANIFEST", manifest.replace(at, 7, "step 5\n"));
+  auto manifest = ReadManifest(dir);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  manifest->step = 5;  // resealed: a copy, not damage
+  Spit(dir + "/MANIFEST", FormatManifest(*manifest));
   absl::Status status = VerifyCheckpoint(dir);
   EXPECT_TRUE(Contains(status, "records step 5 but lies in directory step_4")) << status;
   EXPECT_FALSE(LoadFullStateDict(dir).ok());
+}
+
+// The MANIFEST carries its own CRC-32C: any edit is damage, however
+// plausible the result (a shape changed to another of the same element
+// count cannot be contradicted by a sharded checkpoint's 1-D pieces).
+TEST(CheckpointTest, ManifestEditsAreCaughtByItsChecksum) {
+  const std::string root = TempDir("manifest_crc");
+  ASSERT_TRUE(SaveShardedCheckpoint(root, 1, Shard(MakeState(1), 2)).ok());
+  const std::string dir = StepDirectory(root, 1);
+  const std::string pristine = Slurp(dir + "/MANIFEST");
+  ASSERT_TRUE(absl::StartsWith(pristine, "torchfsdp-checkpoint 2\n")) << pristine;
+  ASSERT_TRUE(VerifyCheckpoint(dir).ok());
+  // Every single-byte change of the covered text, one position at a time
+  // (a sample: every 7th byte) is refused by verify and by the full load.
+  const size_t covered = pristine.rfind("end crc32c ");
+  ASSERT_NE(covered, std::string::npos);
+  for (size_t at = 0; at < covered; at += 7) {
+    std::string edited = pristine;
+    edited[at] = edited[at] == '1' ? '2' : '1';
+    Spit(dir + "/MANIFEST", edited);
+    const absl::Status status = VerifyCheckpoint(dir);
+    EXPECT_FALSE(status.ok()) << "byte " << at;
+    EXPECT_FALSE(LoadFullStateDict(dir).ok()) << "byte " << at;
+  }
+  // A format-1 manifest (no checksum of its own) still reads.
+  auto m = ParseManifest(pristine, "pristine");
+  ASSERT_TRUE(m.ok()) << m.status();
+  m->format_version = 1;
+  const std::string v1 = FormatManifest(*m);
+  EXPECT_TRUE(absl::EndsWith(v1, "\nend\n")) << v1;
+  Spit(dir + "/MANIFEST", v1);
+  EXPECT_TRUE(VerifyCheckpoint(dir).ok());
+  // A version-2 manifest turned into a version-1 one is still caught.
+  std::string downgraded = pristine;
+  downgraded.replace(0, 22, "torchfsdp-checkpoint 1");
+  Spit(dir + "/MANIFEST", downgraded);
+  EXPECT_TRUE(absl::IsDataLoss(VerifyCheckpoint(dir))) << VerifyCheckpoint(dir);
+}
+
+// Numbers in a MANIFEST that checksums (written by a bad tool, or resealed)
+// size nothing before they are checked against the files: a world size of
+// two billion is refused before a per-rank table is made, and entries
+// claiming more data than their file can hold before anything is read.
+TEST(CheckpointTest, ManifestNumbersAreCheckedBeforeTheySizeAnything) {
+  const std::string root = TempDir("manifest_numbers");
+  ASSERT_TRUE(SaveShardedCheckpoint(root, 1, Shard(MakeState(1), 2)).ok());
+  const std::string dir = StepDirectory(root, 1);
+  auto pristine = ReadManifest(dir);
+  ASSERT_TRUE(pristine.ok()) << pristine.status();
+
+  Manifest huge_world = *pristine;
+  huge_world.world_size = 2000000000;
+  Spit(dir + "/MANIFEST", FormatManifest(huge_world));
+  absl::Status status = VerifyCheckpoint(dir);
+  EXPECT_TRUE(Contains(status, "lists 2 files for a world of size 2000000000")) << status;
+  EXPECT_FALSE(LoadFullStateDict(dir).ok());
+
+  Manifest huge_tensor = *pristine;
+  ManifestTensor& t = huge_tensor.files[0].tensors[0];
+  t.global_shape = {int64_t{1} << 40};
+  t.range = FlatRange{0, int64_t{1} << 40};
+  for (ManifestFile& f : huge_tensor.files) {
+    for (ManifestTensor& other : f.tensors) {
+      if (other.name == t.name) {
+        other.global_shape = t.global_shape;
+        if (&other != &t) other.range = FlatRange{0, 0}, other.key = "-";
+      }
+    }
+  }
+  Spit(dir + "/MANIFEST", FormatManifest(huge_tensor));
+  status = VerifyCheckpoint(dir);
+  EXPECT_TRUE(Contains(status, "cannot hold its tensors")) << status;
+  EXPECT_FALSE(LoadFullStateDict(dir).ok());
+}
+
+// A damaged newest checkpoint is set aside, not silently skipped: resume
+// continues from the newest good one and can save the damaged step anew.
+TEST(CheckpointTest, RecoverSetsDamagedNewerCheckpointsAside) {
+  const std::string root = TempDir("recover");
+  for (int step : {2, 4, 6, 8}) {
+    ASSERT_TRUE(SaveShardedCheckpoint(root, step, Shard(MakeState(step), 2)).ok());
+  }
+  // 8: its MANIFEST damaged; 6: a data file damaged; 4: fine.
+  std::string manifest = Slurp(StepDirectory(root, 8) + "/MANIFEST");
+  manifest[manifest.size() / 2] ^= 0x01;
+  Spit(StepDirectory(root, 8) + "/MANIFEST", manifest);
+  std::string data = Slurp(StepDirectory(root, 6) + "/rank_00001.pt");
+  data[data.size() / 2] ^= 0x40;
+  Spit(StepDirectory(root, 6) + "/rank_00001.pt", data);
+  ::mkdir(StepDirectory(root, 9).c_str(), 0755);  // an interrupted save: no MANIFEST
+  ::mkdir((root + "/.damaged.step_8").c_str(), 0755);  // set aside by an earlier run
+
+  auto recovered = RecoverLatestCheckpoint(root);
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  ASSERT_TRUE(recovered->step_dir.has_value());
+  EXPECT_EQ(*recovered->step_dir, StepDirectory(root, 4));
+  ASSERT_EQ(recovered->set_aside.size(), 2u);
+  EXPECT_EQ(recovered->set_aside[0].step_dir, StepDirectory(root, 8));
+  EXPECT_EQ(recovered->set_aside[0].moved_to, root + "/.damaged.step_8.1");
+  EXPECT_TRUE(Contains(recovered->set_aside[0].why, "is damaged")) << recovered->set_aside[0].why;
+  EXPECT_EQ(recovered->set_aside[1].step_dir, StepDirectory(root, 6));
+  EXPECT_EQ(recovered->set_aside[1].moved_to, root + "/.damaged.step_6");
+  EXPECT_TRUE(Contains(recovered->set_aside[1].why, "rank_00001.pt")) << recovered->set_aside[1].why;
+
+  auto latest = LatestCheckpoint(root);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, StepDirectory(root, 4));
+  // Steps 6 and 8 can be written again; the set-aside copies are left for a
+  // person and never listed or pruned.
+  ASSERT_TRUE(SaveShardedCheckpoint(root, 6, Shard(MakeState(6), 2)).ok());
+  EXPECT_TRUE(VerifyCheckpoint(StepDirectory(root, 6)).ok());
+  auto pruned = PruneCheckpoints(root, 1);
+  ASSERT_TRUE(pruned.ok()) << pruned.status();
+  EXPECT_TRUE(internal::PathExists(root + "/.damaged.step_6"));
+  EXPECT_TRUE(internal::PathExists(root + "/.damaged.step_8.1"));
+  // Nothing damaged left: a second call moves nothing.
+  recovered = RecoverLatestCheckpoint(root);
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  EXPECT_EQ(recovered->step_dir, std::optional<std::string>(StepDirectory(root, 6)));
+  EXPECT_TRUE(recovered->set_aside.empty());
 }
 
 // --keep-last: older complete checkpoints go, and so does the debris of
