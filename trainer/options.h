@@ -104,6 +104,9 @@ struct Options {
   // committed at the first step boundary where every rank's write finished.
   bool async_checkpoint = false;
   bool resume = false;
+  // Not a flag: the checkpoint a restarted rank resumes from, already chosen
+  // for the job (ChooseResumeCheckpoint). Empty: --resume chooses.
+  std::string resume_from;
   std::string log_json;  // empty: no JSON log
 
   bool help = false;

@@ -346,14 +346,26 @@ absl::StatusOr<int64_t> ResumeFull(const std::string& step_dir, const Options& o
   return step->item<int64_t>();
 }
 
-// Loads the newest checkpoint under `dir`, of either format; returns its step.
-absl::StatusOr<int64_t> Resume(const std::string& dir, const Options& o,
+// Loads the checkpoint to resume from (o.resume_from, or the newest that
+// verifies), of either format; returns its step.
+absl::StatusOr<int64_t> Resume(const Options& o, const comm::ProcessGroup& group,
                                fsdp::FullyShardedDataParallel& model,
                                torch::optim::Optimizer& optimizer) {
-  auto step_dir = state_dict::LatestCheckpoint(dir);
-  if (!step_dir.ok()) {
+  std::optional<std::string> step_dir;
+  if (!o.resume_from.empty()) {
+    step_dir = o.resume_from;
+  } else {
+    auto chosen = ChooseResumeCheckpoint(o.checkpoint_dir, group);
+    if (!chosen.ok()) return chosen.status();
+    step_dir = *chosen;
+  }
+  if (!step_dir.has_value()) {
     return absl::NotFoundError(absl::StrCat("--resume: no complete checkpoint in --checkpoint-dir='",
-                                            dir, "': ", step_dir.status().message()));
+                                            o.checkpoint_dir, "'"));
+  }
+  if (group.rank() == 0 && o.resume_from.empty()) {  // a restart says it itself
+    std::printf("trainer: resuming from %s\n", step_dir->c_str());
+    std::fflush(stdout);
   }
   auto manifest = state_dict::ReadManifest(*step_dir);
   if (!manifest.ok()) return manifest.status();
@@ -515,6 +527,35 @@ std::string ProcessGroupBackend(const Options& o) {
   return o.device == Device::kCuda ? comm::kGlooCpuNcclCuda : "gloo";
 }
 
+absl::StatusOr<std::optional<std::string>> ChooseResumeCheckpoint(
+    const std::string& dir, const comm::ProcessGroup& group) {
+  absl::Status chosen = absl::OkStatus();
+  std::optional<std::string> step_dir;
+  if (group.rank() == 0) {
+    auto recovered = state_dict::RecoverLatestCheckpoint(dir);
+    if (recovered.ok()) {
+      for (const state_dict::SetAsideCheckpoint& damaged : recovered->set_aside) {
+        std::fprintf(stderr, "trainer: skipping damaged checkpoint %s (moved to %s): %s\n",
+                     damaged.step_dir.c_str(), damaged.moved_to.c_str(),
+                     std::string(damaged.why.message()).c_str());
+      }
+      step_dir = recovered->step_dir;
+    } else {
+      chosen = absl::Status(recovered.status().code(),
+                            absl::StrCat("--checkpoint-dir='", dir, "': choosing the checkpoint to "
+                                         "resume from: ", recovered.status().message()));
+    }
+  }
+  const std::string what = absl::StrCat("choosing the checkpoint to resume from in '", dir, "'");
+  if (auto s = AgreeOnStatus(group, chosen, what); !s.ok()) return s;
+  if (group.rank() == 0) return step_dir;
+  // Rank 0 has set every damaged newer one aside: the newest listed is its.
+  auto latest = state_dict::LatestCheckpoint(dir);
+  if (absl::IsNotFound(latest.status())) return std::optional<std::string>();
+  if (!latest.ok()) return latest.status();
+  return std::optional<std::string>(*latest);
+}
+
 absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& group) {
   const int world = group.size();
   const int rank = group.rank();
@@ -558,7 +599,7 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
     }
   }
   if (o.resume) {
-    auto step = Resume(o.checkpoint_dir, o, fsdp_model, *optimizer);
+    auto step = Resume(o, group, fsdp_model, *optimizer);
     if (!step.ok()) return step.status();
     result.first_step = *step + 1;
   }

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,14 @@ struct TrainResult {
 // prints progress to stdout and writes --log-json.
 absl::StatusOr<TrainResult> Train(const Options& options,
                                   const comm::ProcessGroup& group);
+
+// The checkpoint to resume from, chosen once for the job: rank 0 takes the
+// newest under `dir` that verifies, setting damaged newer ones aside with a
+// message on stderr naming each, where it went and why
+// (state_dict::RecoverLatestCheckpoint); the other ranks wait for it and
+// then find the same one. Empty when there is none. Every rank calls it.
+absl::StatusOr<std::optional<std::string>> ChooseResumeCheckpoint(
+    const std::string& dir, const comm::ProcessGroup& group);
 
 // The device this process computes on for --device: the CPU, or CUDA GPU
 // LOCAL_RANK % (GPUs visible). For cuda, an Unimplemented error when this

@@ -2,7 +2,9 @@
 // every few steps have a random rank SIGKILLed at a random moment 3 times.
 // Each run must finish, its final model and optimizer state must be
 // bit-identical to an uninterrupted run's on the same world size, and each
-// kill may lose at most one checkpoint interval of completed steps.
+// kill may lose at most one checkpoint interval of completed steps. Before
+// the second kill the newest checkpoint's MANIFEST is damaged: the restart
+// sets it aside and resumes from the one before (two intervals lost).
 //
 // Covers 1, 2 and 4 ranks (9 kills). TRAINER_CHAOS_REPEATS=R repeats the
 // whole set R times (`bazel test //trainer:trainer_chaos_test
@@ -13,6 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <regex>
 #include <string>
@@ -37,6 +40,8 @@ using Clock = std::chrono::steady_clock;
 constexpr int kSteps = 400;
 constexpr int kCheckpointEvery = 10;
 constexpr int kKillsPerRun = 3;
+// Before this kill the newest checkpoint's MANIFEST is damaged (issue 27).
+constexpr int kDamagingKill = 1;
 
 std::string RunArgs(int world, const std::string& ckpt) {
   return "--model mlp --data synthetic --vocab 64 --dim 32 --seq 16 --global-batch 8 "
@@ -89,6 +94,7 @@ void ChaosRun(int world, std::mt19937& rng, const std::string& baseline, ChaosSt
   std::vector<int64_t> last_before_kill;
   size_t lines_at_kill = 0;
   std::vector<pid_t> previous_ranks;
+  std::string damaged;  // the checkpoint whose MANIFEST kill kDamagingKill damaged
   for (int k = 0; k < kKillsPerRun; ++k) {
     const int quarter = kSteps / 4;
     const int64_t target = std::uniform_int_distribution<int64_t>(
@@ -114,8 +120,22 @@ void ChaosRun(int world, std::mt19937& rng, const std::string& baseline, ChaosSt
     std::this_thread::sleep_for(
         std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 30)(rng)));
     const pid_t victim = ranks[std::uniform_int_distribution<size_t>(0, ranks.size() - 1)(rng)];
+    if (k == kDamagingKill) {
+      // Frozen, so that no save or prune moves the newest checkpoint while
+      // its MANIFEST is damaged; the restart must set it aside.
+      for (pid_t pid : ranks) kill(pid, SIGSTOP);
+      auto newest = state_dict::LatestCheckpoint(ckpt);
+      ASSERT_TRUE(newest.ok()) << newest.status();
+      std::fstream manifest(*newest + "/MANIFEST", std::ios::in | std::ios::out);
+      manifest.seekp(30);
+      manifest.put('#');
+      damaged = *newest;
+    }
     const auto steps = LoggedSteps(log);
     ASSERT_EQ(kill(victim, SIGKILL), 0) << "kill " << k << " found the run finished";
+    if (k == kDamagingKill) {
+      for (pid_t pid : ranks) kill(pid, SIGCONT);
+    }
     last_before_kill.push_back(steps.empty() ? 0 : steps.back());
     lines_at_kill = steps.size();
     previous_ranks = ranks;
@@ -148,10 +168,15 @@ void ChaosRun(int world, std::mt19937& rng, const std::string& baseline, ChaosSt
   for (int k = 0; k < kKillsPerRun; ++k) {
     const int64_t lost = std::max<int64_t>(0, last_before_kill[k] - resumed_from[k]);
     stats->lost.push_back(lost);
-    EXPECT_LE(lost, kCheckpointEvery)
+    // The damaged checkpoint costs one more interval.
+    EXPECT_LE(lost, (k == kDamagingKill ? 2 : 1) * kCheckpointEvery)
         << "kill " << k << " at step " << last_before_kill[k] << " resumed from "
         << resumed_from[k];
   }
+  ASSERT_FALSE(damaged.empty());
+  EXPECT_THAT(output, ::testing::HasSubstr("trainer: skipping damaged checkpoint " + damaged +
+                                           " (moved to "))
+      << output;
   const std::string final_dir = state_dict::StepDirectory(ckpt, kSteps);
   if (!BitIdentical(final_dir, baseline)) ++stats->diverged;
   // --keep-last 2 held through the kills: at most 2 complete checkpoints.

@@ -1,10 +1,12 @@
 // Runtime faults on the built trainer, injected from outside as a user
 // would: a rank stopped with SIGSTOP (hung peer, --timeout), --keep-last
-// pruning with debris of earlier crashes, and the flags' errors.
+// pruning with debris of earlier crashes, a damaged newest checkpoint under
+// --resume, and the flags' errors.
 #include <signal.h>
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -90,6 +92,39 @@ TEST(TrainerFaults, KeepLastLeavesTheNewestCheckpointsAndRemovesDebris) {
                             "--keep-last 1 --resume --checkpoint-dir " + ckpt);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_EQ(Entries(ckpt), (std::vector<std::string>{"step_15"}));
+}
+
+// Issue 27: the newest checkpoint's MANIFEST damaged and the one before it
+// missing a byte of a rank file. --resume names each checkpoint it skips and
+// why, moves it aside where nothing picks it up again, continues from the
+// newest good one, and saves the damaged steps anew (before: it resumed
+// from the previous step without a word, then died at the damaged step with
+// "already complete; refusing to overwrite it").
+TEST(TrainerFaults, DamagedNewestCheckpointIsSetAsideAndTrainingContinues) {
+  const std::string ckpt = TempDir("damaged_newest") + "/ckpt";
+  auto run = RunTrainer(std::string(kSmall) + "--nproc 2 --steps 12 --checkpoint-every 4 "
+                        "--checkpoint-dir " + ckpt);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  ASSERT_EQ(Entries(ckpt), (std::vector<std::string>{"step_12", "step_4", "step_8"}));
+  {
+    std::fstream manifest(ckpt + "/step_12/MANIFEST", std::ios::in | std::ios::out);
+    manifest.seekp(40);
+    manifest.put('#');
+  }
+  fs::resize_file(ckpt + "/step_8/rank_00001.pt", fs::file_size(ckpt + "/step_8/rank_00001.pt") - 1);
+
+  auto resumed = RunTrainer(std::string(kSmall) + "--nproc 2 --steps 16 --checkpoint-every 4 "
+                            "--resume --checkpoint-dir " + ckpt);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("trainer: skipping damaged checkpoint " + ckpt +
+                                        "/step_12 (moved to " + ckpt + "/.damaged.step_12): "
+                                        "manifest " + ckpt + "/step_12/MANIFEST is damaged"));
+  EXPECT_THAT(resumed.output, HasSubstr("trainer: skipping damaged checkpoint " + ckpt +
+                                        "/step_8 (moved to " + ckpt + "/.damaged.step_8): file " +
+                                        ckpt + "/step_8/rank_00001.pt is truncated"));
+  EXPECT_THAT(resumed.output, HasSubstr("trainer: resuming from " + ckpt + "/step_4\n"));
+  EXPECT_EQ(Entries(ckpt), (std::vector<std::string>{".damaged.step_12", ".damaged.step_8",
+                                                     "step_12", "step_16", "step_4", "step_8"}));
 }
 
 TEST(TrainerFaults, FlagErrorsNameTheFlag) {

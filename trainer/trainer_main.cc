@@ -136,30 +136,31 @@ absl::StatusOr<std::chrono::milliseconds> CollectiveTimeout(const trainer::Optio
 }
 
 // A restarted rank (the launcher's restart count > 0) continues from the
-// newest complete checkpoint, if the run got to write one; before that, it
-// starts over.
-absl::Status ResumeIfRestarted(trainer::Options& options, int rank) {
+// newest checkpoint that verifies (damaged newer ones set aside), if the run
+// got to write one; before that, it starts over.
+absl::Status ResumeIfRestarted(trainer::Options& options, const comm::ProcessGroup& group) {
   const char* count = std::getenv(comm::kRestartCountVariable);
   int64_t restart = 0;
   if (count == nullptr || !absl::SimpleAtoi(count, &restart) || restart <= 0 ||
       options.checkpoint_dir.empty() || options.resume) {
     return absl::OkStatus();
   }
-  auto latest = state_dict::LatestCheckpoint(options.checkpoint_dir);
-  if (absl::IsNotFound(latest.status())) {
-    if (rank == 0) {
+  auto chosen = trainer::ChooseResumeCheckpoint(options.checkpoint_dir, group);
+  if (!chosen.ok()) return chosen.status();
+  if (!chosen->has_value()) {
+    if (group.rank() == 0) {
       std::printf("trainer: restart %lld: no complete checkpoint in '%s' yet, starting over\n",
                   static_cast<long long>(restart), options.checkpoint_dir.c_str());
     }
     return absl::OkStatus();
   }
-  if (!latest.ok()) return latest.status();
-  if (rank == 0) {
+  if (group.rank() == 0) {
     std::printf("trainer: restart %lld: resuming from %s\n", static_cast<long long>(restart),
-                latest->c_str());
+                (*chosen)->c_str());
     std::fflush(stdout);
   }
   options.resume = true;
+  options.resume_from = **chosen;
   return absl::OkStatus();
 }
 
@@ -189,7 +190,7 @@ int RunRank(trainer::Options options) {
         "--nproc=", options.nproc, ": expected 1 or the launcher's WORLD_SIZE=",
         group->size(), " when started as a rank (RANK is set)")), 2);
   }
-  if (auto s = ResumeIfRestarted(options, group->rank()); !s.ok()) return Fail(s);
+  if (auto s = ResumeIfRestarted(options, *group); !s.ok()) return Fail(s);
   auto result = RunTraining(options, *group);
   if (!result.ok()) return Fail(result);
   return 0;
