@@ -232,8 +232,19 @@ void RunTorchFileInput(const uint8_t* data, size_t size) {
 CheckpointInputLayout DecodeCheckpointSelector(uint8_t first_byte) {
   CheckpointInputLayout layout;
   layout.file = first_byte % CheckpointInputLayout::kFiles;
-  layout.fix_file_checksum = layout.file != 0 && (first_byte / CheckpointInputLayout::kFiles) % 2 == 1;
+  layout.fix_file_checksum = (first_byte / CheckpointInputLayout::kFiles) % 2 == 1;
   return layout;
+}
+
+// The MANIFEST text with its own checksum recomputed (the "end crc32c" line
+// replaced), so that a mutated manifest reaches the checks of its fields
+// instead of stopping at its checksum. Text without that line is returned
+// as it is.
+std::string ResealManifest(const std::string& text) {
+  const size_t end = text.rfind("end crc32c ");
+  if (end == std::string::npos || (end != 0 && text[end - 1] != '\n')) return text;
+  const uint32_t crc = internal::Crc32c(text.data(), end);
+  return absl::StrCat(text.substr(0, end), "end crc32c ", absl::Hex(crc, absl::kZeroPad8), "\n");
 }
 
 void RunCheckpointInput(const uint8_t* data, size_t size) {
@@ -246,11 +257,12 @@ void RunCheckpointInput(const uint8_t* data, size_t size) {
   std::filesystem::create_directories(step_dir, error);
   if (error) Violation(absl::StrCat("harness cannot create ", step_dir, ": ", error.message()));
 
-  const std::string replacement(reinterpret_cast<const char*>(data) + 1, size - 1);
+  std::string replacement(reinterpret_cast<const char*>(data) + 1, size - 1);
   std::string files[CheckpointInputLayout::kFiles];
   for (int i = 0; i < CheckpointInputLayout::kFiles; ++i) files[i] = t.contents[i];
+  if (layout.file == 0 && layout.fix_file_checksum) replacement = ResealManifest(replacement);
   files[layout.file] = replacement;
-  if (layout.fix_file_checksum) {
+  if (layout.file != 0 && layout.fix_file_checksum) {
     // Lets the input get past the whole-file checksum to the per-tensor
     // checks: the manifest records the replaced file's real size and CRC.
     Manifest m = t.manifest;
@@ -277,6 +289,29 @@ void RunCheckpointInput(const uint8_t* data, size_t size) {
       "\n  resharded: ", StatusText(resharded.status()), "\n  local:     ",
       StatusText(local.status()), "\n  (input replaced ", kCheckpointFiles[layout.file],
       layout.fix_file_checksum ? ", manifest checksum fixed up)" : ")");
+  // `ckpt convert`: the full state dict written as one torch.save file, which
+  // must load back bitwise equal.
+  absl::Status converted = full.status();
+  if (full.ok()) {
+    const std::string out = ScratchDirectory() + "/converted.pt";
+    converted = SaveTensorDict(*full, out);
+    if (converted.ok()) {
+      auto back = LoadTensorDict(out);
+      converted = back.status();
+      if (back.ok() && back->tensors.keys() != full->keys()) {
+        Violation("the converted file loads back with other keys:" + results);
+      }
+      for (const auto& item : back.ok() ? back->tensors : TensorDict()) {
+        if (!BitwiseEqual(item.value(), (*full)[item.key()])) {
+          Violation(absl::StrCat("the converted file's '", item.key(), "' differs", results));
+        }
+      }
+    }
+  }
+  if (verified.ok() != converted.ok()) {
+    Violation(absl::StrCat("verify and convert disagree (convert: ", StatusText(converted), "):",
+                           results));
+  }
   if (verified.ok()) {
     if (!full.ok() || !resharded.ok() || !local.ok()) {
       Violation("the checkpoint verifies but a load fails:" + results);
@@ -342,7 +377,6 @@ absl::Status WriteProjectSeeds(const std::string& torch_file_dir,
   const CheckpointTemplate& t = Template();
   for (int i = 0; i < CheckpointInputLayout::kFiles; ++i) {
     for (bool fix : {false, true}) {
-      if (fix && i == 0) continue;
       const uint8_t selector = static_cast<uint8_t>(i + (fix ? CheckpointInputLayout::kFiles : 0));
       std::string seed(1, static_cast<char>(selector));
       seed += t.contents[i];

@@ -25,12 +25,14 @@ namespace fuzz {
 // (bitwise, not torch::equal, because fuzzed floats are often NaN).
 void RunTorchFileInput(const uint8_t* data, size_t size);
 
-// Which file of the template checkpoint an input replaces, and whether the
-// MANIFEST's size and checksum of that file are updated to match it.
+// Which file of the template checkpoint an input replaces, and whether
+// checksums are fixed up so that the input reaches the checks behind them:
+// for a rank file, the MANIFEST's size and checksum of it; for the MANIFEST,
+// its own checksum.
 struct CheckpointInputLayout {
   static constexpr int kFiles = 3;  // MANIFEST, rank_00000.pt, rank_00001.pt
   int file = 0;                     // first byte % 3
-  bool fix_file_checksum = false;   // (first byte / 3) % 2, rank files only
+  bool fix_file_checksum = false;   // (first byte / 3) % 2
 };
 CheckpointInputLayout DecodeCheckpointSelector(uint8_t first_byte);
 
@@ -39,7 +41,9 @@ CheckpointInputLayout DecodeCheckpointSelector(uint8_t first_byte);
 // SaveShardedCheckpoint), the rest of the input replaces that file; then
 // VerifyCheckpoint, LoadFullStateDict, LoadResharded (every tensor whole) and
 // LoadLocalShard (rank 0 of 2) run on the directory.
-// Oracle: verify OK => every load OK, and the full and resharded loads give
+// Oracle: verify OK <=> convert OK (the full state dict saved as one file
+// and loaded back bitwise equal, as `ckpt convert` does); verify OK => every
+// load OK, and the full and resharded loads give
 // bitwise equal tensors; verify fails => the full load fails, and so does the
 // resharded load unless the file verify rejects is one that no whole-tensor
 // request needs to read (a file holding no data pieces).
