@@ -11,7 +11,8 @@
 // complete MANIFEST is an interrupted save: LatestCheckpoint skips it, so a
 // crash at any moment leaves the previous checkpoint the one that loads.
 //
-// Loading checks everything before returning anything — format version,
+// Loading checks everything before returning anything — the MANIFEST's own
+// checksum and format version,
 // world size and that every rank's file is present, that the manifest's
 // entries are consistent (file names, keys, shapes, dtypes, and every
 // tensor's pieces covering it), file sizes and CRC-32C
