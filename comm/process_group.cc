@@ -2,8 +2,10 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <thread>
 #include <utility>
 
@@ -16,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "comm/internal/group_state.h"
+#include "comm/internal/store_client.h"
 #ifdef TORCHFSDP_CUDA
 #include "comm/internal/nccl.h"
 #endif
@@ -87,8 +90,31 @@ struct Rendezvous {
   c10::intrusive_ptr<c10d::Store> store;
   std::string description;
   std::string master_addr;
+  // The store's add, absl-style, bounded by `timeout`: comm's own client
+  // reports its errors with their codes; c10d's stores throw, caught here.
+  std::function<absl::StatusOr<int64_t>(const std::string& key, int64_t delta,
+                                        std::chrono::milliseconds timeout)>
+      add;
 };
 
+std::function<absl::StatusOr<int64_t>(const std::string&, int64_t,
+                                      std::chrono::milliseconds)>
+c10d_add(const c10::intrusive_ptr<c10d::Store>& store) {
+  return [store](const std::string& key, int64_t delta,
+                 std::chrono::milliseconds) -> absl::StatusOr<int64_t> {
+    try {
+      return store->add(key, delta);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(describe(e));
+    }
+  };
+}
+
+// Rank 0 serves the store with c10d's TCPStore (and talks to it through
+// c10d's client: itself). Every other rank connects with comm's own client
+// (internal/store_client.h): c10d's trusts the lengths a peer sends and has
+// no deadline in its handshake, so whatever listens on MASTER_PORT could
+// abort or hang the rank.
 absl::StatusOr<Rendezvous> connect_tcp(const std::string& host, int port,
                                        int rank, int world_size,
                                        std::chrono::milliseconds timeout,
@@ -97,55 +123,81 @@ absl::StatusOr<Rendezvous> connect_tcp(const std::string& host, int port,
     return absl::InvalidArgumentError(absl::StrCat(
         port_source, "=", port, ": expected a TCP port in [1, 65535]"));
   }
+  const std::string address = absl::StrCat(host, ":", port);
+  if (rank != 0) {
+    internal::StoreClientOptions client_options;
+    client_options.host = host;
+    client_options.port = port;
+    client_options.timeout = timeout;
+    auto client = internal::StoreClient::Connect(client_options);
+    if (!client.ok()) {
+      return absl::Status(
+          client.status().code(),
+          absl::StrCat("rank ", rank, " could not join the rendezvous at ", address,
+                       " (", port_source, ": is it right, and is rank 0 of ",
+                       world_size, " running?): ", client.status().message()));
+    }
+    c10::intrusive_ptr<internal::StoreClient> ours = *client;
+    return Rendezvous{
+        ours, absl::StrCat("tcp://", address), host,
+        [ours](const std::string& key, int64_t delta,
+               std::chrono::milliseconds budget) {
+          return ours->TryAdd(key, delta, budget);
+        }};
+  }
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(port);
-  store_options.isServer = rank == 0;
+  store_options.isServer = true;
   store_options.numWorkers = static_cast<std::size_t>(world_size);
   store_options.waitWorkers = true;
   store_options.timeout = timeout;
-  const std::string address = absl::StrCat(host, ":", port);
   try {
     auto store = c10::make_intrusive<c10d::TCPStore>(host, store_options);
-    return Rendezvous{store, absl::StrCat("tcp://", address), host};
+    return Rendezvous{store, absl::StrCat("tcp://", address), host, c10d_add(store)};
   } catch (const std::exception& e) {
     const std::string why = describe(e);
-    if (rank == 0 && (absl::StrContains(why, "listen") ||
-                      absl::StrContains(why, "in use") ||
-                      absl::StrContains(why, "bind"))) {
+    if (absl::StrContains(why, "listen") || absl::StrContains(why, "in use") ||
+        absl::StrContains(why, "bind")) {
       return absl::UnavailableError(absl::StrCat(
           "rank 0 could not serve the rendezvous store on port ", port,
           " (MASTER_ADDR:MASTER_PORT=", address,
           "): is the port already in use? c10d said: ", why));
     }
     return absl::DeadlineExceededError(absl::StrCat(
-        "rank ", rank, " could not complete the rendezvous with the master at ",
-        address, " within ", timeout.count(),
-        " ms (is MASTER_ADDR/MASTER_PORT right, and are all ", world_size,
-        " ranks started?). c10d said: ", why));
+        "rank 0 could not complete the rendezvous at ", address, " within ",
+        timeout.count(), " ms (are all ", world_size,
+        " ranks started, with this MASTER_ADDR/MASTER_PORT?). c10d said: ", why));
   }
 }
 
-absl::Status wait_for_all_ranks(const c10::intrusive_ptr<c10d::Store>& store,
-                                int world_size,
-                                std::chrono::milliseconds timeout,
-                                const std::string& where) {
+absl::Status wait_for_all_ranks(const Rendezvous& rendezvous, int world_size,
+                                std::chrono::milliseconds timeout) {
   const std::string key = "comm/ranks_arrived";
+  const std::string& where = rendezvous.description;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  try {
-    int64_t arrived = store->add(key, 1);
-    while (arrived < world_size) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "only ", arrived, " of WORLD_SIZE=", world_size,
-            " ranks reached the rendezvous at ", where, " within ",
-            timeout.count(), " ms: expected all of them (did every rank start?)"));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      arrived = store->add(key, 0);
+  // Each add gets what is left of the rendezvous timeout, so the whole wait
+  // ends by the deadline however the store behaves.
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                        deadline - std::chrono::steady_clock::now()));
+  };
+  auto failed = [&](const absl::Status& status) {
+    return absl::Status(status.code(), absl::StrCat("the rendezvous store at ", where,
+                                                    " failed: ", status.message()));
+  };
+  absl::StatusOr<int64_t> arrived = rendezvous.add(key, 1, left());
+  if (!arrived.ok()) return failed(arrived.status());
+  while (*arrived < world_size) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "only ", *arrived, " of WORLD_SIZE=", world_size,
+          " ranks reached the rendezvous at ", where, " within ",
+          timeout.count(), " ms: expected all of them (did every rank start?)"));
     }
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "the rendezvous store at ", where, " failed: ", describe(e)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    arrived = rendezvous.add(key, 0, left());
+    if (!arrived.ok()) return failed(arrived.status());
   }
   return absl::OkStatus();
 }
@@ -369,7 +421,7 @@ absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options) {
       c10::intrusive_ptr<c10d::Store> store =
           c10::make_intrusive<c10d::FileStore>(path, world_size);
       store->setTimeout(rendezvous_timeout);
-      rendezvous = Rendezvous{store, method, ""};
+      rendezvous = Rendezvous{store, method, "", c10d_add(store)};
     } catch (const std::exception& e) {
       return absl::UnavailableError(absl::StrCat(
           "cannot open the FileStore at '", path, "': ", describe(e)));
@@ -383,9 +435,8 @@ absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options) {
   // Wait (up to the rendezvous timeout) until every rank has reached the
   // store, so Gloo's own connection step, bounded by the collective timeout,
   // does not also absorb the ranks' start-up skew.
-  if (absl::Status arrived = wait_for_all_ranks(rendezvous->store, world_size,
-                                                rendezvous_timeout,
-                                                rendezvous->description);
+  if (absl::Status arrived =
+          wait_for_all_ranks(*rendezvous, world_size, rendezvous_timeout);
       !arrived.ok()) {
     return arrived;
   }

@@ -21,6 +21,7 @@
 
 #include "comm/collectives.h"
 #include "comm/launcher.h"
+#include "comm/testing/hostile_peer.h"
 #include "comm/testing/multiprocess.h"
 
 namespace comm {
@@ -145,6 +146,50 @@ TEST_F(EnvTest, UnreachableMasterFailsWithinTimeout) {
   EXPECT_FALSE(status.ok());
   EXPECT_THAT(message(status), HasSubstr("127.0.0.1:" + std::to_string(*port)));
   EXPECT_LT(seconds, 10.0);
+}
+
+// Whatever listens on MASTER_PORT, a rank other than 0 ends with an error
+// naming it within the rendezvous timeout: garbage (c10d's own client died
+// of std::length_error here), silence (c10d's waited forever), and a peer
+// that passes the handshake, then answers Gloo's rendezvous with a value
+// length of 2^64-1 (the error crosses Gloo's code as an exception).
+TEST_F(EnvTest, HostileMasterPortIsAClearErrorWithinTheTimeout) {
+  using testing::Answer;
+  using testing::HostilePeer;
+  using testing::PeerAction;
+  using testing::StoreRequest;
+  struct Case {
+    HostilePeer::Behaviour behaviour;
+    absl::StatusCode code;
+    std::string says;
+  };
+  std::vector<Case> cases;
+  cases.push_back({HostilePeer::Garbage(std::string(64, '\xff')),
+                   absl::StatusCode::kDataLoss, "answered the ping with 0xffffffff"});
+  cases.push_back({HostilePeer::Silent(), absl::StatusCode::kDeadlineExceeded,
+                   "did not answer the handshake (validate and ping) within 2000 ms"});
+  cases.push_back({HostilePeer::Scripted([](const StoreRequest& request) {
+                     if (request.query == 4) return Answer(HostilePeer::I64(2));  // add
+                     if (request.query == 6) return Answer(std::string(1, '\0'));  // wait
+                     if (request.query == 3) return Answer(HostilePeer::U64(~uint64_t{0}));
+                     return PeerAction();  // set: no reply
+                   }),
+                   absl::StatusCode::kDeadlineExceeded,
+                   "sent a value length of 18446744073709551615 bytes for key"});
+  for (const Case& c : cases) {
+    HostilePeer peer(c.behaviour);
+    set_env(1, 2, peer.port());
+    InitOptions options;
+    options.timeout = std::chrono::milliseconds(2000);
+    const auto start = Clock::now();
+    auto status = init_process_group(options).status();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    EXPECT_EQ(status.code(), c.code) << status;
+    EXPECT_THAT(message(status), HasSubstr("rendezvous peer 127.0.0.1:" +
+                                           std::to_string(peer.port())));
+    EXPECT_THAT(message(status), HasSubstr(c.says));
+    EXPECT_LT(seconds, 2.0 + 1.5) << status;
+  }
 }
 
 TEST_F(EnvTest, MasterPortInUseIsNamed) {

@@ -326,9 +326,11 @@ Deadline StoreClient::OpDeadline(std::chrono::milliseconds timeout) const {
   return Deadline::After(timeout.count() > 0 ? timeout : options_.timeout);
 }
 
-absl::StatusOr<int64_t> StoreClient::TryAdd(const std::string& key, int64_t delta) {
+absl::StatusOr<int64_t> StoreClient::TryAdd(const std::string& key, int64_t delta,
+                                            std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return session_->Add(key, delta, OpDeadline());
+  return session_->Add(key, delta,
+                       timeout.count() > 0 ? OpDeadline(timeout) : OpDeadline());
 }
 
 absl::StatusOr<std::string> StoreClient::TryGet(const std::string& key) {

@@ -83,8 +83,9 @@ class StoreClient final : public c10d::Store {
       const StoreClientOptions& options);
 
   // absl-style operations for comm's own set-up code, bounded by the store's
-  // timeout.
-  absl::StatusOr<int64_t> TryAdd(const std::string& key, int64_t delta);
+  // timeout (TryAdd: by `timeout` when positive).
+  absl::StatusOr<int64_t> TryAdd(const std::string& key, int64_t delta,
+                                 std::chrono::milliseconds timeout = {});
   absl::StatusOr<std::string> TryGet(const std::string& key);
   absl::Status TrySet(const std::string& key, const std::string& value);
 

@@ -106,7 +106,7 @@ TEST_P(RealServer, RoundTripsWithC10dsOwnClient) {
   EXPECT_FALSE(ours.deleteKey("cas"));
   EXPECT_EQ(ours.getNumKeys(), keys - 1);
 
-  // A value of 1 MiB, both ways.
+  // A value of 1 MiB (the limit), both ways.
   const std::string big(1 << 20, 'z');
   ours.set("big", Bytes(big));
   EXPECT_EQ(Text(server->get("big")), big);
@@ -298,7 +298,7 @@ TEST(HostilePeer, HugeValueLengthIsRefusedBeforeAnyAllocation) {
   EXPECT_THAT(Message(value.status()),
               HasSubstr("rendezvous peer 127.0.0.1:" + std::to_string(peer.port()) +
                         " sent a value length of 18446744073709551615 bytes for key 'x' "
-                        "(get): expected at most 4194304 bytes"));
+                        "(get): expected at most 1048576 bytes"));
   EXPECT_LT(SecondsSince(start), 1.0);
   // The stream is out of step now: every later operation says so.
   auto after = client->TryAdd("y", 1);
@@ -383,7 +383,7 @@ TEST(HostilePeer, PartialOrEndlessRepliesEndAtTheDeadline) {
   }
   HostilePeer endless(HostilePeer::Scripted([](const StoreRequest& request) {
     if (request.query == 6) return Answer(std::string(1, '\0'));
-    PeerAction action = Answer(HostilePeer::U64(4u << 20));  // a 4 MiB value, dripped
+    PeerAction action = Answer(HostilePeer::U64(1u << 20));  // a 1 MiB value, dripped
     action.drip = "z";
     action.drip_interval = std::chrono::milliseconds(5);
     return action;
@@ -425,10 +425,10 @@ TEST(StoreClientOptions, OwnLimitsAreCheckedBeforeSending) {
   HostilePeer peer(HostilePeer::Scripted([](const StoreRequest&) { return PeerAction(); }));
   auto client = ConnectTo(peer);
   ASSERT_TRUE(client);
-  auto set = client->TrySet("big", std::string((4u << 20) + 1, 'x'));
+  auto set = client->TrySet("big", std::string((1u << 20) + 1, 'x'));
   EXPECT_EQ(set.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(set), HasSubstr("set of key 'big' on rendezvous peer 127.0.0.1:"));
-  EXPECT_THAT(Message(set), HasSubstr("the value is 4194305 bytes, expected at most 4194304"));
+  EXPECT_THAT(Message(set), HasSubstr("the value is 1048577 bytes, expected at most 1048576"));
   auto key = client->TryAdd(std::string(9000, 'k'), 1);
   EXPECT_EQ(key.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(key.status()), HasSubstr("the key is 9001 bytes on the wire, expected at "

@@ -42,7 +42,7 @@
 // ("rendezvous peer 127.0.0.1:29500"), the operation and key, the value
 // received and what was expected, e.g.
 //   rendezvous peer 127.0.0.1:29533 sent a value length of
-//   18446744073709551615 bytes for key 'x' (get): expected at most 4194304
+//   18446744073709551615 bytes for key 'x' (get): expected at most 1048576
 //   bytes (comm's limit for a rendezvous value)
 //
 // Thread safety: a StoreSession is not thread-safe; its owner serialises
@@ -96,14 +96,12 @@ struct Limits {
   // Keys in one check/wait: the libuv server's MAX_KEY_COUNT.
   std::size_t max_keys = 128 * 1024;
   // The largest value a reply may carry, and that we send. What rendezvous
-  // stores: Gloo's full mesh has each rank publish one value holding a
-  // transport address for every peer (~140 bytes each: 280 bytes at world 2,
-  // about 1.1 MiB at 8192 ranks, beyond which a full mesh's O(world^2) store
-  // traffic is impractical anyway); NCCL's unique id is 128 bytes; comm's own
-  // are a few bytes. 4 MiB covers about 30000 ranks and is half the libuv
-  // server's own limit on what it will store (MAX_PAYLOAD_LEN, 8 MiB): a
-  // longer reply cannot come from c10d's default server.
-  std::size_t max_value_bytes = 4 * 1024 * 1024;
+  // stores: in Gloo's full mesh (2.15) each rank publishes one value of
+  // about 154 + 8 * world bytes (measured: 170 bytes at world 2, 282 at 16;
+  // 64 KiB at 8192 ranks); NCCL's unique id is 128 bytes; comm's own values
+  // are a few bytes. 1 MiB covers Gloo beyond 100000 ranks and is an eighth
+  // of what c10d's libuv server will store at all (MAX_PAYLOAD_LEN, 8 MiB).
+  std::size_t max_value_bytes = 1024 * 1024;
 };
 
 // What a reply answers; decides its grammar.
