@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Builds the state_dict libFuzzer targets with clang (ASan + UBSan +
-# LeakSanitizer) and fuzzes each for a bounded time, starting from the
-# committed corpus and regressions (state_dict/fuzz/). Exits non-zero on a
-# crash, an oracle violation, a leak, a timeout or an out-of-memory input;
-# the input is kept under the build directory's artifacts/ and the last
-# lines of the fuzzer's log are printed.
+# Builds the libFuzzer targets with clang (ASan + UBSan + LeakSanitizer) and
+# fuzzes each for a bounded time, starting from the committed corpus and
+# regressions: torch_file and checkpoint (state_dict's file loaders,
+# state_dict/fuzz/) and rendezvous (comm's TCPStore client against a peer's
+# replies, comm/fuzz/). Exits non-zero on a crash, an oracle violation, a
+# leak, a timeout or an out-of-memory input; the input is kept under the
+# build directory's artifacts/ and the last lines of the fuzzer's log are
+# printed.
 #
-# Usage: tools/fuzz.sh [--seconds N] [--target torch_file|checkpoint]
+# Usage: tools/fuzz.sh [--seconds N] [--target torch_file|checkpoint|rendezvous]
 #   --seconds N   fuzzing time per target (default 50)
-#   --target T    only this target (default: both)
+#   --target T    only this target (default: all three)
 # Environment: FUZZ_BUILD_DIR (objects, binaries, the growing working corpus
 # and artifacts; default ~/.cache/torchfsdp_fuzz).
 #
@@ -19,11 +21,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=50
-targets=(torch_file checkpoint)
+targets=(torch_file checkpoint rendezvous)
 while (($#)); do
   case "$1" in
     --seconds) seconds="${2:?--seconds needs a number}"; shift 2 ;;
-    --target) targets=("${2:?--target needs torch_file or checkpoint}"); shift 2 ;;
+    --target) targets=("${2:?--target needs torch_file, checkpoint or rendezvous}"); shift 2 ;;
     *) echo "fuzz.sh: unknown argument '$1' (expected --seconds N, --target T)" >&2; exit 2 ;;
   esac
 done
@@ -32,9 +34,13 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || ((seconds < 1)); then
   exit 2
 fi
 for t in "${targets[@]}"; do
-  [[ "$t" == torch_file || "$t" == checkpoint ]] ||
-    { echo "fuzz.sh: unknown target '$t' (expected torch_file or checkpoint)" >&2; exit 2; }
+  [[ "$t" == torch_file || "$t" == checkpoint || "$t" == rendezvous ]] ||
+    { echo "fuzz.sh: unknown target '$t' (expected torch_file, checkpoint or rendezvous)" >&2; exit 2; }
 done
+# Where a target's committed corpus/ and regressions/ live.
+fuzz_dir() {
+  if [[ "$1" == rendezvous ]]; then echo comm/fuzz; else echo state_dict/fuzz; fi
+}
 
 missing=()
 for pkg in clang-14 libclang-rt-14-dev; do
@@ -64,7 +70,12 @@ fi
 libtorch=$(bazel info output_base 2>/dev/null)/external/libtorch
 libtorch=$(cd "$libtorch/lib/.." 2>/dev/null && cd "$(readlink -f "$libtorch/lib")/.." && pwd)
 echo "fuzz.sh: building the fuzzers in $build against LibTorch in $libtorch" >&2
-if ! make -s -f tools/fuzz/Makefile BUILD="$build" LIBTORCH="$libtorch" -j2 >"$build/make.log" 2>&1; then
+# Only the targets asked for: one target's build does not wait on another's
+# sources.
+binaries=()
+for t in "${targets[@]}"; do binaries+=("$build/${t}_fuzzer"); done
+if ! make -s -f tools/fuzz/Makefile BUILD="$build" LIBTORCH="$libtorch" -j2 "${binaries[@]}" \
+    >"$build/make.log" 2>&1; then
   tail -40 "$build/make.log" >&2
   echo "fuzz.sh: the fuzzers did not build (log: $build/make.log)" >&2
   exit 1
@@ -82,8 +93,9 @@ for target in "${targets[@]}"; do
   artifacts="$build/artifacts/$target"
   log="$build/$target.log"
   mkdir -p "$work" "$artifacts"
-  seeds=(state_dict/fuzz/corpus/"$target")
-  [[ -d state_dict/fuzz/regressions/$target ]] && seeds+=(state_dict/fuzz/regressions/"$target")
+  dir=$(fuzz_dir "$target")
+  seeds=("$dir/corpus/$target")
+  [[ -d $dir/regressions/$target ]] && seeds+=("$dir/regressions/$target")
   before=$(find "$artifacts" -type f | wc -l)
   # LeakSanitizer runs after every input whose mallocs and frees do not
   # balance (-detect_leaks=1, libFuzzer's default with ASan).
@@ -102,7 +114,7 @@ for target in "${targets[@]}"; do
     tail -60 "$log" >&2
     echo "fuzz.sh: $target FAILED; inputs kept in $artifacts (log: $log)." >&2
     echo "  Reproduce: $build/${target}_fuzzer <input>; keep it as a regression in" >&2
-    echo "  state_dict/fuzz/regressions/$target/ once fixed." >&2
+    echo "  $dir/regressions/$target/ once fixed." >&2
   fi
 done
 exit "$failed"
