@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -210,6 +211,73 @@ struct AttemptHooks {
 // A launcher that disappears closes its connection: node 0 counts it as a
 // failed node (and cannot restart without it), the others as the end of
 // the job.
+// Limits: a line is at most kMaxLauncherLine bytes (ours are cut to fit); a
+// longer one, or a line that is not one of the messages above, is an error
+// naming the peer and what it sent, treated as the loss of that peer. Every
+// wait has a deadline: connecting and each attempt's start (the job's
+// --timeout, at most 2 minutes), a new connection's introduction (10 s), a
+// peer reading what we send (10 s), the end of an attempt (--timeout).
+constexpr size_t kMaxLauncherLine = 64 * 1024;
+constexpr auto kLauncherSendTimeout = std::chrono::seconds(10);
+constexpr auto kLauncherHelloTimeout = std::chrono::seconds(10);
+
+// A peer's line for messages: escaped, cut to 200 bytes.
+std::string quote_line(const std::string& line) {
+  constexpr size_t kShown = 200;
+  std::string shown = absl::CHexEscape(line.substr(0, kShown));
+  if (line.size() > kShown) absl::StrAppend(&shown, "... (", line.size(), " bytes)");
+  return absl::StrCat("'", shown, "'");
+}
+
+std::string peer_address(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof addr;
+  char text[INET_ADDRSTRLEN] = "?";
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      inet_ntop(AF_INET, &addr.sin_addr, text, sizeof text) == nullptr) {
+    return "an unknown address";
+  }
+  return absl::StrCat(text, ":", ntohs(addr.sin_port));
+}
+
+// A TCP connection to `addr` within `deadline` (connect(2) alone may wait
+// for minutes on an address that drops packets): the fd, or -1 and *err.
+int connect_within(const sockaddr_in& addr, Clock::time_point deadline, int* err) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    *err = errno;
+    return -1;
+  }
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0) return fd;
+  if (errno != EINPROGRESS) {
+    *err = errno;
+    close(fd);
+    return -1;
+  }
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - Clock::now());
+    pollfd p{fd, POLLOUT, 0};
+    const int ready = poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) {
+      *err = ETIMEDOUT;
+      close(fd);
+      return -1;
+    }
+    break;
+  }
+  int so_error = 0;
+  socklen_t len = sizeof so_error;
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len) != 0) so_error = errno;
+  if (so_error != 0) {
+    *err = so_error;
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 class Rendezvous {
  public:
   static absl::StatusOr<std::unique_ptr<Rendezvous>> Open(const LaunchOptions& options,
@@ -240,41 +308,72 @@ class Rendezvous {
       r->listen_fd_ = fd;
       r->peers_.resize(static_cast<size_t>(options.nnodes));
       int joined = 1;
+      std::string rejected;  // the last connection turned away, and why
       while (joined < options.nnodes) {
         if (Clock::now() > deadline) {
           return absl::DeadlineExceededError(absl::StrCat(
-              "only ", joined, " of --nnodes=", options.nnodes, " launchers reached ", where));
+              "only ", joined, " of --nnodes=", options.nnodes, " launchers reached ", where,
+              rejected.empty() ? "" : absl::StrCat("; turned away: ", rejected)));
         }
         pollfd p{fd, POLLIN, 0};
         if (poll(&p, 1, 100) <= 0) continue;
         const int peer = accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
         if (peer < 0) continue;
-        Peer incoming{peer, -1, "", false};
+        Peer incoming;
+        incoming.fd = peer;
+        incoming.address = peer_address(peer);
         std::string line;
-        const auto hello_deadline = Clock::now() + std::chrono::seconds(10);
-        while (!incoming.closed && !r->NextLine(incoming, &line) &&
+        bool complete = false;
+        const auto hello_deadline = std::min(deadline, Clock::now() + kLauncherHelloTimeout);
+        while (!incoming.closed && !(complete = r->NextLine(incoming, &line)) &&
                Clock::now() < hello_deadline) {
           r->Read(incoming, 100);
         }
+        std::vector<std::string> words = absl::StrSplit(line, ' ');
         int node = -1;
-        if (absl::StartsWith(line, "NODE ") && absl::SimpleAtoi(line.substr(5), &node) &&
-            node > 0 && node < options.nnodes && r->peers_[node].fd < 0) {
+        const bool hello = complete && words.size() == 2 && words[0] == "NODE" &&
+                           absl::SimpleAtoi(words[1], &node) && node > 0 &&
+                           node < options.nnodes;
+        if (hello && r->peers_[node].fd < 0) {
           incoming.node = node;
           r->peers_[node] = incoming;
           ++joined;
-        } else {
-          close(peer);  // not one of ours, or a node twice
+          continue;
         }
+        // Not one of ours (a port scanner, a stray client), or a node twice:
+        // said and turned away, so it cannot stop the real nodes joining.
+        if (!incoming.error.empty()) {
+          rejected = absl::StrCat("a connection from ", incoming.address, " ", incoming.error);
+        } else if (!complete) {
+          rejected = absl::StrCat(
+              "a connection from ", incoming.address,
+              incoming.closed ? " closed" : " was silent",
+              " before introducing itself (expected 'NODE k', k in [1, --nnodes=",
+              options.nnodes, "))");
+        } else if (hello) {
+          rejected = absl::StrCat("a connection from ", incoming.address,
+                                  " said it is node ", node, ", which has already joined");
+        } else {
+          rejected = absl::StrCat("a connection from ", incoming.address, " sent ",
+                                  quote_line(line), ": expected 'NODE k', k in [1, --nnodes=",
+                                  options.nnodes, ")");
+        }
+        event(options, absl::StrCat("launcher rendezvous at ", where, ": turned away ",
+                                    rejected));
+        close(peer);
       }
     } else {
       while (true) {
-        const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-          r->peers_.push_back(Peer{fd, 0, "", false});
+        int err = 0;
+        const int fd = connect_within(addr, deadline, &err);
+        if (fd >= 0) {
+          Peer master;
+          master.fd = fd;
+          master.node = 0;
+          master.address = where;
+          r->peers_.push_back(master);
           break;
         }
-        const int err = errno;
-        if (fd >= 0) close(fd);
         if (Clock::now() > deadline) {
           return absl::DeadlineExceededError(absl::StrCat(
               "node ", options.node_rank, " could not reach node 0's launcher at ", where,
@@ -320,6 +419,10 @@ class Rendezvous {
       }
       if (ready == options_.nnodes) break;
       for (size_t k = 1; k < peers_.size(); ++k) {
+        if (peers_[k].closed && !peers_[k].error.empty()) {
+          return absl::DataLossError(absl::StrCat(Describe(peers_[k]), " ",
+                                                  peers_[k].error, " before attempt ", round));
+        }
         if (peers_[k].closed) {
           return absl::UnavailableError(absl::StrCat(
               "node ", k, "'s launcher disconnected before attempt ", round));
@@ -418,6 +521,8 @@ class Rendezvous {
     int node = -1;
     std::string partial;
     bool closed = false;
+    std::string address;  // ip:port, for messages
+    std::string error;    // why we gave up on it, when it broke the protocol
     int joined = -1;  // node 0: the last attempt the node joined
     int over = -1;    // node 0: the last attempt whose ranks are gone there
   };
@@ -432,17 +537,43 @@ class Rendezvous {
         options_.master_port, " (it ended or died)"));
   }
 
+  std::string Describe(const Peer& peer) const {
+    return absl::StrCat("node ", peer.node, "'s launcher at ", peer.address);
+  }
+
+  // Gives up on `peer` for breaking the protocol; `what` completes
+  // "<peer> ...".
+  void ProtocolError(Peer& peer, const std::string& what) {
+    if (peer.error.empty()) peer.error = what;
+    peer.closed = true;
+  }
+
   bool Send(Peer& peer, const std::string& line) {
     if (peer.closed) return false;
-    std::string text = line;
+    std::string text = line.substr(0, kMaxLauncherLine);
     for (char& c : text) {
       if (c == '\n') c = ' ';
     }
     text.push_back('\n');
     size_t sent = 0;
+    const auto deadline = Clock::now() + kLauncherSendTimeout;
     while (sent < text.size()) {
-      const ssize_t n = send(peer.fd, text.data() + sent, text.size() - sent, MSG_NOSIGNAL);
+      const ssize_t n = send(peer.fd, text.data() + sent, text.size() - sent,
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        pollfd p{peer.fd, POLLOUT, 0};
+        if (left.count() <= 0 || poll(&p, 1, static_cast<int>(left.count())) == 0) {
+          ProtocolError(peer, absl::StrCat("did not read what was sent to it for ",
+                                           std::chrono::duration_cast<std::chrono::seconds>(
+                                               kLauncherSendTimeout).count(),
+                                           " s"));
+          return false;
+        }
+        continue;
+      }
       if (n <= 0) {
         peer.closed = true;
         return false;
@@ -469,6 +600,14 @@ class Rendezvous {
       return;
     }
     peer.partial.append(buffer, static_cast<size_t>(n));
+    const size_t newline = peer.partial.find('\n');
+    const size_t line = newline == std::string::npos ? peer.partial.size() : newline;
+    if (line > kMaxLauncherLine) {
+      ProtocolError(peer, absl::StrCat("sent a line of more than ", kMaxLauncherLine,
+                                       " bytes (", quote_line(peer.partial.substr(0, 64)),
+                                       "...): expected the launchers' short text messages"));
+      peer.partial.clear();
+    }
   }
 
   bool NextLine(Peer& peer, std::string* line) {
@@ -492,6 +631,15 @@ class Rendezvous {
     return true;
   }
 
+  // A line node 0 may send besides END (checked where it is read).
+  static bool FromMaster(const std::string& line) {
+    int r = -1, port = 0, code = 0;
+    std::string rest;
+    return (Parse2(line, "GO", &r, &port) && port > 0 && port <= 65535) ||
+           Parse1(line, "NEXT", &r, &rest) || line == "FINISH" ||
+           Parse1(line, "ABORT", &code, &rest);
+  }
+
   void Fail(int round, int code, const std::string& cause) {
     if (failure_round_ == round) return;  // the first failure is the cause
     failure_round_ = round;
@@ -510,7 +658,7 @@ class Rendezvous {
       const bool was_closed = peer.closed;
       Read(peer, per_peer);
       std::string line;
-      while (NextLine(peer, &line)) {
+      while (!peer.closed && NextLine(peer, &line)) {
         int r = -1, code = 0;
         std::string rest;
         if (!is_master()) {
@@ -519,31 +667,50 @@ class Rendezvous {
             if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &code)) {
               failure_round_ = r;
               failure_ = {code, parts[1]};
+              continue;
             }
-          } else {
+          } else if (FromMaster(line)) {
             inbox_.push_back(line);
+            continue;
           }
-          continue;
+          ProtocolError(peer, absl::StrCat("sent ", quote_line(line),
+                                           ": expected GO r PORT, END r CODE CAUSE, NEXT r "
+                                           "CAUSE, FINISH or ABORT CODE CAUSE"));
+          break;
         }
-        if (Parse1(line, "JOIN", &r, &rest)) {
+        std::vector<std::string> words = absl::StrSplit(line, ' ');
+        if (words.size() == 2 && Parse1(line, "JOIN", &r, &rest)) {
           peer.joined = r;
-        } else if (Parse1(line, "OVER", &r, &rest)) {
+        } else if (words.size() == 2 && Parse1(line, "OVER", &r, &rest)) {
           peer.over = r;
         } else if (Parse1(line, "FAIL", &r, &rest)) {
           std::vector<std::string> parts = absl::StrSplit(rest, absl::MaxSplits(' ', 1));
           if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &code)) {
             Fail(r, code, absl::StrCat("node ", peer.node, ": ", parts[1]));
+          } else {
+            ProtocolError(peer, absl::StrCat("sent ", quote_line(line),
+                                             ": expected FAIL r CODE SUMMARY"));
           }
+        } else {
+          ProtocolError(peer, absl::StrCat("sent ", quote_line(line),
+                                           ": expected JOIN r, OVER r or FAIL r CODE SUMMARY"));
         }
       }
       if (peer.closed && !was_closed && is_master() && current_round_ >= 0) {
-        Fail(current_round_, 1, absl::StrCat("node ", peer.node, "'s launcher disconnected"));
+        Fail(current_round_, 1,
+             peer.error.empty()
+                 ? absl::StrCat("node ", peer.node, "'s launcher disconnected")
+                 : absl::StrCat(Describe(peer), " ", peer.error));
       }
       if (peer.closed && !is_master()) {
+        const std::string why = peer.error.empty()
+                                    ? std::string("node 0's launcher disconnected")
+                                    : absl::StrCat(Describe(peer), " ", peer.error);
         if (failure_round_ != current_round_) {
           failure_round_ = current_round_;
-          failure_ = {1, "node 0's launcher disconnected"};
+          failure_ = {1, why};
         }
+        if (!peer.error.empty()) return absl::DataLossError(why);
         return Lost();
       }
     }

@@ -19,8 +19,16 @@
 #include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <future>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "comm/testing/hostile_peer.h"
 
 namespace comm {
 namespace {
@@ -659,6 +667,132 @@ TEST(LaunchTool, MultiNodeLauncherLossEndsTheJob) {
   EXPECT_THAT(run0.output, HasSubstr("node 1's launcher disconnected")) << run0.output;
   EXPECT_THAT(run0.output, HasSubstr("cannot restart without that node")) << run0.output;
   for (int pid : read_pids(dir, 2)) EXPECT_FALSE(process_alive(pid)) << pid;
+}
+
+// The launchers' own rendezvous (multi-node restarts) against peers that are
+// not launchers: every wait ends by its deadline and every malformed message
+// is an error naming the peer and what it sent.
+LaunchOptions NodeOptions(int node, int port, std::chrono::milliseconds timeout) {
+  LaunchOptions options;
+  options.nnodes = 2;
+  options.node_rank = node;
+  options.master_port = port;
+  options.max_restarts = 1;
+  options.timeout = timeout;
+  options.command = {child_program()};
+  return options;
+}
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+TEST(LauncherRendezvous, Node0ThatIsNotALauncherIsNamed) {
+  using testing::HostilePeer;
+  struct Case {
+    HostilePeer::Behaviour behaviour;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {HostilePeer::Garbage("GARBAGE 1 2 3\n"),
+       "sent 'GARBAGE 1 2 3': expected GO r PORT, END r CODE CAUSE, NEXT r CAUSE, FINISH or "
+       "ABORT CODE CAUSE"},
+      {HostilePeer::Garbage("GO 0 99999\n"), "sent 'GO 0 99999': expected GO r PORT"},
+      {HostilePeer::Garbage(std::string(200000, 'x')),
+       "sent a line of more than 65536 bytes ('xxxx"},
+  };
+  for (const Case& c : cases) {
+    HostilePeer peer(c.behaviour);
+    const auto start = Clock::now();
+    auto result = launch(NodeOptions(1, peer.port(), std::chrono::seconds(20)));
+    ASSERT_FALSE(result.ok());
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kDataLoss) << result.status();
+    EXPECT_THAT(std::string(result.status().message()),
+                HasSubstr("node 0's launcher at 127.0.0.1:" + std::to_string(peer.port()) +
+                          " " + c.says));
+    EXPECT_LT(SecondsSince(start), 5.0);
+  }
+}
+
+TEST(LauncherRendezvous, SilentNode0EndsWithinTheTimeout) {
+  for (auto behaviour : {testing::HostilePeer::Silent(), testing::HostilePeer::ListenOnly()}) {
+    testing::HostilePeer peer(behaviour);
+    const auto start = Clock::now();
+    auto result = launch(NodeOptions(1, peer.port(), std::chrono::milliseconds(1500)));
+    ASSERT_FALSE(result.ok());
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded) << result.status();
+    EXPECT_THAT(std::string(result.status().message()),
+                HasSubstr("did not agree on starting an attempt in time"));
+    EXPECT_LT(SecondsSince(start), 1.5 + 1.5);
+  }
+}
+
+// Connects to 127.0.0.1:port (retrying while node 0 starts listening) and
+// sends `text`; returns the fd (kept open by the caller).
+int ConnectAndSend(int port, const std::string& text) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (Clock::now() < deadline) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      EXPECT_EQ(send(fd, text.data(), text.size(), MSG_NOSIGNAL),
+                static_cast<ssize_t>(text.size()));
+      return fd;
+    }
+    close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ADD_FAILURE() << "node 0 never listened on port " << port;
+  return -1;
+}
+
+TEST(LauncherRendezvous, StrangersAtNode0AreTurnedAwayByName) {
+  const int port = pick_free_port().value();
+  std::mutex mutex;
+  std::vector<std::string> events;
+  LaunchOptions options = NodeOptions(0, port, std::chrono::milliseconds(2500));
+  options.on_event = [&](const std::string& message) {
+    std::lock_guard<std::mutex> lock(mutex);
+    events.push_back(message);
+  };
+  const auto start = Clock::now();
+  auto node0 = std::async(std::launch::async, [&] { return launch(options); });
+  const int stranger = ConnectAndSend(port, "GET / HTTP/1.1\r\n\r\n");
+  auto result = node0.get();
+  if (stranger >= 0) close(stranger);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded) << result.status();
+  const std::string expected = "sent 'GET / HTTP/1.1\\r': expected 'NODE k', k in [1, --nnodes=2)";
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("only 1 of --nnodes=2 launchers reached 127.0.0.1:" +
+                        std::to_string(port) + "; turned away: a connection from 127.0.0.1:"));
+  EXPECT_THAT(std::string(result.status().message()), HasSubstr(expected));
+  EXPECT_LT(SecondsSince(start), 2.5 + 1.5);
+  std::lock_guard<std::mutex> lock(mutex);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_THAT(events[0], HasSubstr(expected));
+}
+
+TEST(LauncherRendezvous, MalformedMessageFromANodeIsNamed) {
+  const int port = pick_free_port().value();
+  const auto start = Clock::now();
+  auto node0 = std::async(std::launch::async, [&] {
+    return launch(NodeOptions(0, port, std::chrono::seconds(20)));
+  });
+  const int fake = ConnectAndSend(port, "NODE 1\nJOIN zero\n");
+  auto result = node0.get();
+  if (fake >= 0) close(fake);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kDataLoss) << result.status();
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("node 1's launcher at 127.0.0.1:"));
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr(" sent 'JOIN zero': expected JOIN r, OVER r or FAIL r CODE SUMMARY "
+                        "before attempt 0"));
+  EXPECT_LT(SecondsSince(start), 5.0);
 }
 
 TEST(LaunchTool, TimeoutFlagEndsHungRanks) {
