@@ -73,7 +73,13 @@ absl::Status SaveIValue(const c10::IValue& value, const std::string& path) {
 }
 
 absl::StatusOr<c10::IValue> LoadIValue(const std::string& path) {
-  auto archive = internal::ReadTorchArchive(path);
+  return LoadIValue(path, LoadOptions());
+}
+
+absl::StatusOr<c10::IValue> LoadIValue(const std::string& path, const LoadOptions& options) {
+  internal::ArchiveLimits limits;
+  limits.max_bytes = options.max_bytes;
+  auto archive = internal::ReadTorchArchive(path, limits);
   if (!archive.ok()) return archive.status();
   return std::move(archive->value);
 }
@@ -224,7 +230,14 @@ absl::StatusOr<LoadedTensorDict> ToTensorDict(const std::string& path,
 }  // namespace
 
 absl::StatusOr<LoadedTensorDict> LoadTensorDict(const std::string& path) {
-  auto archive = internal::ReadTorchArchive(path);
+  return LoadTensorDict(path, LoadOptions());
+}
+
+absl::StatusOr<LoadedTensorDict> LoadTensorDict(const std::string& path,
+                                                const LoadOptions& options) {
+  internal::ArchiveLimits limits;
+  limits.max_bytes = options.max_bytes;
+  auto archive = internal::ReadTorchArchive(path, limits);
   if (!archive.ok()) return archive.status();
   return ToTensorDict(path, *std::move(archive));
 }

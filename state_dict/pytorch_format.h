@@ -58,13 +58,41 @@ struct WrittenTensorDict {
 absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
                                                   const std::string& path);
 
+// How a load treats a file it may not trust.
+struct LoadOptions {
+  // A byte budget, 0 for none. A file whose records declare more bytes than
+  // this in all (uncompressed: its tensors' storages, its pickle and the
+  // few small metadata records) is refused up front, from its zip directory,
+  // before any record is read or any memory is allocated for one:
+  // ResourceExhausted "<path>: its records declare T bytes (S of them tensor
+  // storages), more than the load's budget of B bytes (max_bytes) ...". As
+  // `torch.load` callers of untrusted files ask for; a state dict of N
+  // bytes of tensors needs a budget a little above N (its pickle: tens of
+  // bytes per tensor).
+  uint64_t max_bytes = 0;
+};
+
 // Reads a dict of tensors written by SaveTensorDict or Python's torch.save.
 // Errors name the file and, for a non-tensor value, its key.
+//
+// Whatever the file, a load holds at most what its records declare (each
+// checked against the file's size before anything is allocated for it: a
+// stored record cannot declare more than the file holds, a deflated one
+// more than deflate can expand its bytes to, ~1032x), plus the pickle's
+// objects and fixed buffers: each storage record is read once into memory
+// of its declared size, a deflated one inflated straight into it, and a
+// record that inflates past its declared size is an error naming it. Time is
+// linear in the file's size (keys, records and nesting; nesting is refused
+// past 1000 levels).
 absl::StatusOr<LoadedTensorDict> LoadTensorDict(const std::string& path);
+absl::StatusOr<LoadedTensorDict> LoadTensorDict(const std::string& path,
+                                                const LoadOptions& options);
 
 // Any picklable IValue (dicts with str/int keys, lists, tuples, scalars,
 // strings, tensors), e.g. an optimizer state dict in Python's layout.
+// LoadIValue reads as LoadTensorDict does.
 absl::Status SaveIValue(const c10::IValue& value, const std::string& path);
 absl::StatusOr<c10::IValue> LoadIValue(const std::string& path);
+absl::StatusOr<c10::IValue> LoadIValue(const std::string& path, const LoadOptions& options);
 
 }  // namespace state_dict

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -20,6 +21,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <caffe2/serialize/inline_container.h>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "state_dict/internal/crc32c.h"
@@ -44,6 +46,16 @@ struct PyObject {
   std::string s;  // kStr; kGlobal: "module.name"
   std::vector<PyRef> items;  // kTuple, kList
   std::vector<std::pair<PyRef, PyRef>> entries;  // kDict
+  // kDict: where each str and int key is in `entries`, made on the first
+  // SETITEM(S): without it every SETITEM scanned the dict, and one SETITEMS
+  // of N keys took N^2/2 key comparisons (a 1e5-key pickle: over a minute).
+  // The views point into the keys' own `s`, which `entries` keeps alive and
+  // nothing changes.
+  struct Index {
+    std::unordered_map<std::string_view, size_t> str;
+    std::unordered_map<int64_t, size_t> ints;
+  };
+  std::unique_ptr<Index> index;
   PyRef attributes;  // kDict: state applied by BUILD (OrderedDict attrs)
   at::Storage storage;
   at::ScalarType storage_dtype = at::kFloat;
@@ -89,7 +101,8 @@ class Vm {
   // for Dismantle.
   std::vector<PyRef> Roots() const {
     std::vector<PyRef> roots = stack_;
-    for (const auto& entry : memo_) roots.push_back(entry.second);
+    for (const PyRef& o : memo_) roots.push_back(o);
+    for (const auto& entry : sparse_memo_) roots.push_back(entry.second);
     return roots;
   }
 
@@ -197,38 +210,69 @@ class Vm {
 
   absl::Status Memoize(int64_t index) {
     if (stack_.empty()) return Error("memoize on an empty stack");
-    memo_[index] = stack_.back();
-    return absl::OkStatus();
-  }
-
-  absl::Status Recall(int64_t index) {
-    auto it = memo_.find(index);
-    if (it == memo_.end()) return Error(absl::StrCat("memo ", index, " unset"));
-    Push(it->second);
-    return absl::OkStatus();
-  }
-
-  absl::Status SetItems(const PyRef& dict, const std::vector<PyRef>& kv) {
-    if (dict->kind != PyObject::Kind::kDict) return Error("SETITEMS on a non-dict");
-    if (kv.size() % 2 != 0) return Error("SETITEMS with an odd item count");
-    for (size_t k = 0; k < kv.size(); k += 2) {
-      bool replaced = false;
-      for (auto& entry : dict->entries) {
-        if (SameKey(*entry.first, *kv[k])) {
-          entry.second = kv[k + 1];
-          replaced = true;
-        }
-      }
-      if (!replaced) dict->entries.emplace_back(kv[k], kv[k + 1]);
+    const size_t i = static_cast<size_t>(index);
+    if (index >= 0 && i < memo_.size()) {
+      memo_count_ += memo_[i] == nullptr ? 1 : 0;
+      memo_[i] = stack_.back();
+    } else if (index >= 0 && i == memo_.size() && sparse_memo_.count(index) == 0) {
+      ++memo_count_;
+      memo_.push_back(stack_.back());
+    } else {
+      memo_count_ += sparse_memo_.count(index) == 0 ? 1 : 0;
+      sparse_memo_[index] = stack_.back();
     }
     return absl::OkStatus();
   }
 
-  static bool SameKey(const PyObject& a, const PyObject& b) {
-    if (a.kind != b.kind) return false;
-    if (a.kind == PyObject::Kind::kStr) return a.s == b.s;
-    if (a.kind == PyObject::Kind::kInt) return a.i == b.i;
-    return false;
+  absl::Status Recall(int64_t index) {
+    const size_t i = static_cast<size_t>(index);
+    if (index >= 0 && i < memo_.size() && memo_[i] != nullptr) {
+      Push(memo_[i]);
+      return absl::OkStatus();
+    }
+    auto it = sparse_memo_.find(index);
+    if (it == sparse_memo_.end()) return Error(absl::StrCat("memo ", index, " unset"));
+    Push(it->second);
+    return absl::OkStatus();
+  }
+
+  // As Python's dict: a key already present keeps its place and takes the
+  // new value. Keys other than str and int (which ToIValue refuses anyway)
+  // are never equal to another.
+  absl::Status SetItems(const PyRef& dict, const std::vector<PyRef>& kv) {
+    if (dict->kind != PyObject::Kind::kDict) return Error("SETITEMS on a non-dict");
+    if (kv.size() % 2 != 0) return Error("SETITEMS with an odd item count");
+    if (dict->index == nullptr) {
+      dict->index = std::make_unique<PyObject::Index>();
+      for (size_t e = 0; e < dict->entries.size(); ++e) IndexKey(*dict, e);
+    }
+    // Room for a large batch at once (SETITEMS of the whole dict, as
+    // picklers write it); only when the batch is at least the dict's size,
+    // so that many small batches still grow it geometrically.
+    const size_t batch = kv.size() / 2;
+    if (batch > 0 && batch >= dict->entries.size()) {
+      dict->entries.reserve(dict->entries.size() + batch);
+      if (kv[0]->kind == PyObject::Kind::kStr) dict->index->str.reserve(dict->entries.size() + batch);
+    }
+    for (size_t k = 0; k < kv.size(); k += 2) {
+      const size_t next = dict->entries.size();
+      dict->entries.emplace_back(kv[k], kv[k + 1]);
+      const size_t at = IndexKey(*dict, next);
+      if (at != next) {
+        dict->entries[at].second = kv[k + 1];
+        dict->entries.pop_back();
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Records entry `e`'s key in the dict's index; returns the entry that
+  // holds the key (`e` unless an earlier one has it).
+  static size_t IndexKey(PyObject& dict, size_t e) {
+    const PyObject& key = *dict.entries[e].first;
+    if (key.kind == PyObject::Kind::kStr) return dict.index->str.emplace(key.s, e).first->second;
+    if (key.kind == PyObject::Kind::kInt) return dict.index->ints.emplace(key.i, e).first->second;
+    return e;
   }
 
   absl::StatusOr<PyRef> LoadStorage(const PyRef& pid) {
@@ -526,7 +570,7 @@ class Vm {
         return n.ok() ? Memoize(*n) : n.status();
       }
       case 0x94:
-        return Memoize(static_cast<int64_t>(memo_.size()));
+        return Memoize(static_cast<int64_t>(memo_count_));
       case 'h': {
         auto n = LittleEndian<uint8_t>();
         return n.ok() ? Recall(*n) : n.status();
@@ -576,7 +620,11 @@ class Vm {
   size_t pos_ = 0;
   std::vector<PyRef> stack_;
   std::vector<size_t> marks_;
-  std::unordered_map<int64_t, PyRef> memo_;
+  // The memo, as picklers number it (0, 1, 2, ...), in a vector; indices
+  // that would leave a gap (a 4-byte index comes from the file) in a map.
+  std::vector<PyRef> memo_;
+  std::unordered_map<int64_t, PyRef> sparse_memo_;
+  size_t memo_count_ = 0;  // distinct indices set: MEMOIZE's next index
   std::map<std::string, PyRef> storages_;
 };
 
@@ -615,6 +663,9 @@ int64_t NestingDepth(const PyObject* root) {
     Frame& frame = path.back();
     if (frame.next_child < ChildCount(*frame.object)) {
       const PyObject* child = ChildAt(*frame.object, frame.next_child++).get();
+      // Scalars nest nothing: skipping them keeps the maps to the
+      // containers (a dict of N str keys is 2N + 1 objects, 1 container).
+      if (!IsContainer(*child)) continue;
       auto finished = done.find(child);
       if (finished != done.end()) {
         frame.deepest_child = std::max(frame.deepest_child, finished->second);
@@ -637,22 +688,23 @@ int64_t NestingDepth(const PyObject* root) {
 // Empties every container reachable from `roots` without recursion, so that
 // dropping the last reference frees each object on its own: a deeply nested
 // pickle would otherwise overflow the stack in shared_ptr's destructor chain,
-// and a self-containing one would never be freed.
+// and a self-containing one would never be freed. Each container's children
+// are moved out of it when it is first reached, so a container reached again
+// (shared, or in a cycle) is already empty: linear in the references.
 void Dismantle(std::vector<PyRef> roots) {
-  std::unordered_set<const PyObject*> seen;
-  std::vector<PyRef> all;
   while (!roots.empty()) {
     PyRef o = std::move(roots.back());
     roots.pop_back();
-    if (o == nullptr || !seen.insert(o.get()).second) continue;
-    for (size_t i = 0; i < ChildCount(*o); ++i) roots.push_back(ChildAt(*o, i));
-    if (o->attributes != nullptr) roots.push_back(o->attributes);
-    all.push_back(std::move(o));
-  }
-  for (const PyRef& o : all) {
+    if (o == nullptr || !IsContainer(*o)) continue;
+    for (PyRef& item : o->items) roots.push_back(std::move(item));
     o->items.clear();
+    o->index.reset();  // before `entries`: it points into their keys
+    for (auto& entry : o->entries) {
+      roots.push_back(std::move(entry.first));
+      roots.push_back(std::move(entry.second));
+    }
     o->entries.clear();
-    o->attributes.reset();
+    if (o->attributes != nullptr) roots.push_back(std::move(o->attributes));
   }
 }
 
@@ -709,6 +761,7 @@ absl::StatusOr<c10::IValue> ToIValue(
         key_type = c10::IntType::get();
       }
       c10::impl::GenericDict dict(key_type, c10::AnyType::get());
+      dict.reserve(static_cast<int64_t>(o->entries.size()));
       for (const auto& entry : o->entries) {
         const K want = key_type == c10::IntType::get() ? K::kInt : K::kStr;
         if (entry.first->kind != want) {
@@ -853,7 +906,107 @@ class FileMapping {
 
 // Reads and checksums the storage records in pieces of this size: each piece
 // is checksummed right after it is read, while it is in the CPU's cache.
-constexpr size_t kChunkBytes = size_t{1} << 20;
+constexpr size_t kChunkBytes = ZipRecordReader::kPieceBytes;
+
+// An archive's records as LibTorch's reader finds them by name (in the
+// archive's folder, ignoring ASCII case, as miniz does), read by
+// ZipRecordReader: into memory of exactly the size the record's entry
+// declares, which the zip precheck has bounded by the file's size (stored)
+// or deflate's expansion of it (deflated), stored bytes read and deflated
+// ones inflated straight into it. Only a name that several entries match
+// (they differ in case) is left to LibTorch's reader, which picks one as
+// miniz does; its getRecord also allocates just the declared size.
+class ArchiveRecords {
+ public:
+  static constexpr int64_t kMissing = -1;
+  static constexpr int64_t kAmbiguous = -2;
+
+  ArchiveRecords(const std::string& path, const ZipDirectory& directory,
+                 caffe2::serialize::PyTorchStreamReader& reader)
+      : path_(path), directory_(directory), reader_(reader) {
+    for (size_t i = 0; i < directory_.entries.size(); ++i) {
+      auto inserted = entry_by_name_.emplace(AsciiLower(directory_.entries[i].name),
+                                             static_cast<int64_t>(i));
+      if (!inserted.second) inserted.first->second = kAmbiguous;
+    }
+  }
+
+  absl::Status Open() {
+    auto zip = ZipRecordReader::Open(path_, directory_);
+    if (!zip.ok()) return zip.status();
+    zip_ = *std::move(zip);
+    return absl::OkStatus();
+  }
+
+  ZipRecordReader& zip() { return *zip_; }
+  caffe2::serialize::PyTorchStreamReader& reader() { return reader_; }
+  const ZipEntry& Entry(int64_t i) const { return directory_.entries[static_cast<size_t>(i)]; }
+
+  // The entry of `record` ("data.pkl", "data/0"), kMissing or kAmbiguous.
+  int64_t Find(const std::string& record) const {
+    auto found = entry_by_name_.find(AsciiLower(directory_.folder + record));
+    return found == entry_by_name_.end() ? kMissing : found->second;
+  }
+
+  // The whole record in fresh memory.
+  absl::StatusOr<std::pair<at::DataPtr, size_t>> ReadWhole(const std::string& record) {
+    const int64_t i = Find(record);
+    if (i == kMissing) return ArchiveError(path_, absl::StrCat("record ", record, " is missing"));
+    if (i == kAmbiguous) {
+      auto [ptr, size] = reader_.getRecord(record);
+      return std::make_pair(std::move(ptr), size);
+    }
+    const ZipEntry& e = Entry(i);
+    const size_t size = static_cast<size_t>(e.uncompressed);
+    at::DataPtr ptr = c10::GetCPUAllocator()->allocate(size);
+    absl::Status status = ReadEntry(e, static_cast<char*>(ptr.get()));
+    if (!status.ok()) return status;
+    return std::make_pair(std::move(ptr), size);
+  }
+
+  // data.pkl, read into the string the VM runs (no second copy).
+  absl::StatusOr<std::string> ReadPickle() {
+    const std::string name = "data.pkl";
+    const int64_t i = Find(name);
+    if (i < 0) {
+      auto whole = ReadWhole(name);
+      if (!whole.ok()) return whole.status();
+      return std::string(static_cast<const char*>(whole->first.get()), whole->second);
+    }
+    std::string pickle(static_cast<size_t>(Entry(i).uncompressed), '\0');
+    absl::Status status = ReadEntry(Entry(i), pickle.data());
+    if (!status.ok()) return status;
+    return pickle;
+  }
+
+  // `e`'s bytes into `out` (e.uncompressed of them), refusing what miniz
+  // refuses to extract.
+  absl::Status ReadEntry(const ZipEntry& e, char* out) {
+    absl::Status status = Extractable(e);
+    return status.ok() ? zip_->ReadInto(e, out) : status;
+  }
+  absl::Status ReadEntryInPieces(const ZipEntry& e,
+                                 const std::function<void(const char*, size_t)>& piece) {
+    absl::Status status = Extractable(e);
+    return status.ok() ? zip_->ReadInPieces(e, piece) : status;
+  }
+
+ private:
+  absl::Status Extractable(const ZipEntry& e) const {
+    if ((e.flags & kZipUnsupportedFlags) != 0) {
+      return ArchiveError(path_, absl::StrCat("record '", absl::CEscape(e.name),
+                                              "' is encrypted or patch data (flags 0x",
+                                              absl::Hex(e.flags), ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  const std::string& path_;
+  const ZipDirectory& directory_;
+  caffe2::serialize::PyTorchStreamReader& reader_;
+  std::unordered_map<std::string, int64_t> entry_by_name_;  // lower-case name -> entry
+  std::unique_ptr<ZipRecordReader> zip_;
+};
 
 // Reads a PyTorch archive in one sequential pass for ReadTorchArchiveInOnePass:
 // the pickle first (small, near the end), whose storages are placeholders of
@@ -864,11 +1017,12 @@ constexpr size_t kChunkBytes = size_t{1} << 20;
 // between records (zip headers, data.pkl, the central directory) read and
 // checksummed too, and the whole file's CRC-32C assembled from the pieces'
 // with Crc32cCombine. Records this pass cannot read directly (deflated ones,
-// as Python's zipfile rewrites an archive; ones sharing bytes with another;
-// names that differ only in case) are read afterwards by LibTorch's reader,
-// which inflates them; their compressed bytes are covered by the pass like
-// any other. No zip CRC-32 is checked, as LibTorch's reader checks none
-// either (its miniz is built without those checks: a flipped byte in a
+// as Python's zipfile rewrites an archive; ones sharing bytes with another)
+// are read afterwards (ArchiveRecords: inflated into their storage, or
+// through fixed buffers when only checksummed), as are names that differ
+// only in case (LibTorch's reader); their compressed bytes are covered by the
+// pass like any other. No zip CRC-32 is checked, as LibTorch's reader checks
+// none either (its miniz is built without those checks: a flipped byte in a
 // stored record loads silently, here and in Python's torch.load).
 //
 // Every offset and size comes from the file: each is checked against the
@@ -877,50 +1031,19 @@ class OnePassReader {
  public:
   OnePassReader(const std::string& path, const ZipDirectory& directory,
                 caffe2::serialize::PyTorchStreamReader& reader, TensorData data)
-      : path_(path), directory_(directory), reader_(reader), data_(data) {
-    for (size_t i = 0; i < directory_.entries.size(); ++i) {
-      auto inserted = entry_by_name_.emplace(AsciiLower(directory_.entries[i].name),
-                                             static_cast<int64_t>(i));
-      if (!inserted.second) inserted.first->second = kAmbiguous;
-    }
-  }
-  ~OnePassReader() {
-    if (fd_ >= 0) ::close(fd_);
-  }
+      : path_(path), records_(path, directory, reader), data_(data) {}
   OnePassReader(const OnePassReader&) = delete;
   OnePassReader& operator=(const OnePassReader&) = delete;
 
   absl::Status Open() {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) return Errno("cannot open");
-    struct stat st;
-    if (::fstat(fd_, &st) != 0) return Errno("cannot stat");
-    size_ = static_cast<uint64_t>(st.st_size);
-    if (size_ != directory_.file_bytes) {
-      return ArchiveError(path_, absl::StrCat("it changed while being read (", directory_.file_bytes,
-                                              " bytes, then ", size_, ")"));
-    }
-    ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+    absl::Status status = records_.Open();
+    if (!status.ok()) return status;
+    size_ = records_.zip().file_bytes();
+    ::posix_fadvise(records_.zip().fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
     return absl::OkStatus();
   }
 
-  // data.pkl: read directly when stored, else by LibTorch's reader.
-  absl::StatusOr<std::string> ReadPickle() {
-    const std::string name = "data.pkl";
-    const int64_t i = FindEntry(name);
-    if (i >= 0 && Direct(Entry(i))) {
-      auto offset = DataOffset(Entry(i), name);
-      if (!offset.ok()) return offset.status();
-      std::string pickle(static_cast<size_t>(Entry(i).compressed), '\0');
-      absl::Status status = ReadAt(*offset, &pickle[0], pickle.size());
-      if (!status.ok()) return status;
-      return pickle;
-    }
-    at::DataPtr ptr;
-    size_t size = 0;
-    std::tie(ptr, size) = reader_.getRecord(name);
-    return std::string(static_cast<const char*>(ptr.get()), size);
-  }
+  absl::StatusOr<std::string> ReadPickle() { return records_.ReadPickle(); }
 
   // The VM's storage loader: a storage of the record's size whose data the
   // pass fills in later (the same storage for every key naming the record).
@@ -928,24 +1051,25 @@ class OnePassReader {
     const std::string key = AsciiLower(record);
     auto found = slots_.find(key);
     if (found != slots_.end()) return found->second.storage;
-    if (!reader_.hasRecord(record)) {
+    const int64_t i = records_.Find(record);
+    if (i == ArchiveRecords::kMissing) {
       return ArchiveError(path_, absl::StrCat("record ", record, " is missing"));
     }
     Slot slot;
     slot.record = record;
-    const int64_t i = FindEntry(record);
-    if (i < 0) {
+    if (i == ArchiveRecords::kAmbiguous) {
       // No single directory entry of this name (several, ignoring case):
       // the one LibTorch's reader picks, read now (and kept in either mode).
       at::DataPtr ptr;
       size_t size = 0;
-      std::tie(ptr, size) = reader_.getRecord(record);
+      std::tie(ptr, size) = records_.reader().getRecord(record);
       slot.crc = Crc32c(ptr.get(), size);
       slot.storage = UntypedStorage(size, std::move(ptr));
       slot.done = true;
     } else {
-      slot.entry = Direct(Entry(i)) ? i : -1;
-      slot.storage = UntypedStorage(static_cast<size_t>(Entry(i).uncompressed),
+      slot.entry = i;
+      slot.direct = Direct(records_.Entry(i));
+      slot.storage = UntypedStorage(static_cast<size_t>(records_.Entry(i).uncompressed),
                                     at::DataPtr(nullptr, at::Device(at::kCPU)));
     }
     Slot& kept = slots_.emplace(key, std::move(slot)).first->second;
@@ -963,17 +1087,17 @@ class OnePassReader {
   absl::Status ReadRecords() {
     std::vector<Slot*> direct;
     for (auto& entry : slots_) {
-      if (!entry.second.done && entry.second.entry >= 0) direct.push_back(&entry.second);
+      if (!entry.second.done && entry.second.direct) direct.push_back(&entry.second);
     }
     std::sort(direct.begin(), direct.end(), [&](const Slot* a, const Slot* b) {
-      return Entry(a->entry).local_header < Entry(b->entry).local_header;
+      return records_.Entry(a->entry).local_header < records_.Entry(b->entry).local_header;
     });
     uint64_t at = 0;   // everything before `at` is checksummed into `crc`
     uint32_t crc = 0;
     for (Slot* slot : direct) {
-      const ZipEntry& e = Entry(slot->entry);
+      const ZipEntry& e = records_.Entry(slot->entry);
       if (e.local_header < at) continue;  // shares bytes with an earlier record: read below
-      auto data = DataOffset(e, slot->record);  // checks the record lies inside the file
+      auto data = records_.zip().DataOffset(e);  // checks the record lies inside the file
       if (!data.ok()) return data.status();
       // The bytes since the last record, then its local header, name and
       // extra field.
@@ -990,16 +1114,21 @@ class OnePassReader {
     for (auto& entry : slots_) {
       Slot& slot = entry.second;
       if (slot.done) continue;
-      at::DataPtr ptr;
-      size_t size = 0;
-      std::tie(ptr, size) = reader_.getRecord(slot.record);
-      if (size != slot.storage.nbytes()) {
-        return ArchiveError(path_, absl::StrCat("record ", slot.record, " holds ", size,
-                                                " bytes, its directory entry says ",
-                                                slot.storage.nbytes()));
+      const ZipEntry& e = records_.Entry(slot.entry);
+      uint32_t record_crc = 0;
+      if (KeepsData(slot)) {
+        at::DataPtr ptr = c10::GetCPUAllocator()->allocate(static_cast<size_t>(e.uncompressed));
+        status = records_.ReadEntry(e, static_cast<char*>(ptr.get()));
+        if (!status.ok()) return status;
+        record_crc = Crc32c(ptr.get(), static_cast<size_t>(e.uncompressed));
+        slot.storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(ptr));
+      } else {
+        status = records_.ReadEntryInPieces(e, [&](const char* piece, size_t n) {
+          record_crc = Crc32c(piece, n, record_crc);
+        });
+        if (!status.ok()) return status;
       }
-      slot.crc = Crc32c(ptr.get(), size);
-      if (KeepsData(slot)) slot.storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(ptr));
+      slot.crc = record_crc;
       slot.done = true;
     }
     return absl::OkStatus();
@@ -1016,27 +1145,17 @@ class OnePassReader {
   }
 
  private:
-  static constexpr int64_t kAmbiguous = -2;
-
   struct Slot {
-    std::string record;  // "data/<key>"
-    int64_t entry = -1;  // its directory entry when the pass reads it directly
+    std::string record;   // "data/<key>"
+    int64_t entry = -1;   // its directory entry (none: read by LibTorch's reader)
+    bool direct = false;  // read by the pass itself
     at::Storage storage;
-    bool keep = false;   // keep the data when only checksumming
-    bool done = false;   // read, and `crc` known
-    uint32_t crc = 0;    // CRC-32C of the record's (uncompressed) bytes
+    bool keep = false;    // keep the data when only checksumming
+    bool done = false;    // read, and `crc` known
+    uint32_t crc = 0;     // CRC-32C of the record's (uncompressed) bytes
   };
 
-  const ZipEntry& Entry(int64_t i) const { return directory_.entries[static_cast<size_t>(i)]; }
-
-  // The entry LibTorch's reader finds for `record`; -1 when none, kAmbiguous
-  // when several names match.
-  int64_t FindEntry(const std::string& record) const {
-    auto found = entry_by_name_.find(AsciiLower(directory_.folder + record));
-    return found == entry_by_name_.end() ? -1 : found->second;
-  }
-
-  // Records read directly: stored (no compression), of consistent sizes, of
+  // Records the pass reads: stored (no compression), of consistent sizes, of
   // no flags miniz refuses.
   static bool Direct(const ZipEntry& e) {
     return e.method == kZipStored && e.compressed == e.uncompressed &&
@@ -1045,35 +1164,13 @@ class OnePassReader {
 
   bool KeepsData(const Slot& slot) const { return data_ == TensorData::kRead || slot.keep; }
 
-  absl::Status Errno(absl::string_view what) const {
-    const int error = errno;
-    return absl::Status(absl::ErrnoToStatusCode(error),
-                        absl::StrCat(what, " ", path_, ": ", std::strerror(error)));
-  }
-
-  // `size` bytes at `offset` (inside the file: the callers check).
-  absl::Status ReadAt(uint64_t offset, char* out, size_t size) {
-    size_t done = 0;
-    while (done < size) {
-      const ssize_t n = ::pread(fd_, out + done, size - done, static_cast<off_t>(offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return Errno("cannot read");
-      if (n == 0) {
-        return ArchiveError(path_, absl::StrCat("it ends at byte ", offset + done, ", before the ",
-                                                size - done, " bytes expected there"));
-      }
-      done += static_cast<size_t>(n);
-    }
-    return absl::OkStatus();
-  }
-
   // The whole file mapped, once, for a load; nullptr when it cannot be, and
   // when only checksumming (the few records kept then are read into fresh
   // memory, so a verify touches one fixed buffer and maps nothing).
   FileMapping* Mapping() {
     if (!mapping_tried_ && data_ == TensorData::kRead) {
       mapping_tried_ = true;
-      mapping_ = FileMapping::Map(fd_, size_);
+      mapping_ = FileMapping::Map(records_.zip().fd(), size_);
     }
     return mapping_.get();
   }
@@ -1087,38 +1184,12 @@ class OnePassReader {
   absl::Status Skim(uint64_t from, uint64_t to, uint32_t& crc) {
     while (from < to) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunkBytes, to - from));
-      absl::Status status = ReadAt(from, Buffer(), n);
+      absl::Status status = records_.zip().ReadAt(from, Buffer(), n);
       if (!status.ok()) return status;
       crc = Crc32c(Buffer(), n, crc);
       from += n;
     }
     return absl::OkStatus();
-  }
-
-  // Where `e`'s data begins: after its local header's name and extra field
-  // (which may differ from the central directory's).
-  absl::StatusOr<uint64_t> DataOffset(const ZipEntry& e, const std::string& record) {
-    if (e.local_header > size_ || kZipLocalHeaderSize > size_ - e.local_header) {
-      return ArchiveError(path_, absl::StrCat("the local header of record ", record,
-                                              " lies beyond the end of the ", size_,
-                                              "-byte file"));
-    }
-    char header[kZipLocalHeaderSize];
-    absl::Status status = ReadAt(e.local_header, header, sizeof(header));
-    if (!status.ok()) return status;
-    const std::optional<uint64_t> offset = ZipDataOffset(e, header);
-    if (!offset.has_value()) {
-      return ArchiveError(path_, absl::StrCat("the local header of record ", record,
-                                              " is damaged"));
-    }
-    const uint64_t data = *offset;
-    if (data > size_ || e.compressed > size_ - data) {
-      return ArchiveError(path_, absl::StrCat("record ", record, " (", e.compressed,
-                                              " bytes at offset ", data,
-                                              ") runs past the end of the ", size_,
-                                              "-byte file"));
-    }
-    return data;
   }
 
   // The record's `size` bytes at `offset` (inside the file), checksummed:
@@ -1139,7 +1210,7 @@ class OnePassReader {
     for (uint64_t done = 0; done < size;) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunkBytes, size - done));
       char* piece = out != nullptr ? out + done : Buffer();
-      absl::Status status = ReadAt(offset + done, piece, n);
+      absl::Status status = records_.zip().ReadAt(offset + done, piece, n);
       if (!status.ok()) return status;
       crc = Crc32c(piece, n, crc);
       done += n;
@@ -1152,13 +1223,10 @@ class OnePassReader {
   }
 
   const std::string& path_;
-  const ZipDirectory& directory_;
-  caffe2::serialize::PyTorchStreamReader& reader_;
+  ArchiveRecords records_;
   const TensorData data_;
-  std::unordered_map<std::string, int64_t> entry_by_name_;  // lower-case name -> entry
-  std::map<std::string, Slot> slots_;                        // by lower-case record name
+  std::map<std::string, Slot> slots_;  // by lower-case record name
   std::unordered_map<const c10::StorageImpl*, Slot*> by_storage_;
-  int fd_ = -1;
   uint64_t size_ = 0;
   uint32_t crc32c_ = 0;
   std::unique_ptr<char[]> buffer_;
@@ -1166,30 +1234,53 @@ class OnePassReader {
   bool mapping_tried_ = false;
 };
 
+absl::Status CheckBudget(const std::string& path, const ZipDirectory& directory,
+                         uint64_t max_bytes) {
+  if (max_bytes == 0) return absl::OkStatus();
+  const DeclaredBytes declared = DeclaredRecordBytes(directory);
+  if (declared.total <= max_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      path, ": its records declare ", declared.total, " bytes (", declared.storages,
+      " of them tensor storages), more than the load's budget of ", max_bytes,
+      " bytes (max_bytes); refused before reading any of them"));
+}
+
 }  // namespace
 
-absl::StatusOr<UnpickledArchive> ReadTorchArchive(const std::string& path) {
+absl::StatusOr<UnpickledArchive> ReadTorchArchive(const std::string& path,
+                                                  const ArchiveLimits& limits) {
   // The reader's constructor leaks miniz's state when it throws after opening
-  // the zip; the precheck refuses every archive it would throw on there.
-  absl::Status archive_ok = PrecheckTorchArchive(path);
-  if (!archive_ok.ok()) return archive_ok;
+  // the zip; the precheck refuses every archive it would throw on there, and
+  // gives the directory the records are read by.
+  auto directory = ReadTorchArchiveDirectory(path);
+  if (!directory.ok()) return directory.status();
+  absl::Status status = CheckBudget(path, *directory, limits.max_bytes);
+  if (!status.ok()) return status;
   try {
+    // LibTorch's reader validates the zip as for any load (cheaply: the end
+    // records, the central directory and the version record) and finds the
+    // records whose names several entries match.
     caffe2::serialize::PyTorchStreamReader reader(path);
     if (!reader.hasRecord("data.pkl")) {
       return absl::DataLossError(absl::StrCat(path, ": no data.pkl record"));
     }
-    at::DataPtr ptr;
-    size_t size = 0;
-    std::tie(ptr, size) = reader.getRecord("data.pkl");
-    const std::string pickle(static_cast<const char*>(ptr.get()), size);
-    return Unpickle(path, pickle, [&](const std::string& record) -> absl::StatusOr<at::Storage> {
-      if (!reader.hasRecord(record)) {
-        return ArchiveError(path, absl::StrCat("record ", record, " is missing"));
-      }
-      at::DataPtr data;
-      size_t nbytes = 0;
-      std::tie(data, nbytes) = reader.getRecord(record);
-      return UntypedStorage(nbytes, std::move(data));
+    ArchiveRecords records(path, *directory, reader);
+    status = records.Open();
+    if (!status.ok()) return status;
+    auto pickle = records.ReadPickle();
+    if (!pickle.ok()) return pickle.status();
+    // One storage per record, however many keys name it (they may differ in
+    // case): memory stays within what the records declare.
+    std::unordered_map<std::string, at::Storage> storages;
+    return Unpickle(path, *pickle, [&](const std::string& record) -> absl::StatusOr<at::Storage> {
+      const std::string key = AsciiLower(record);
+      auto found = storages.find(key);
+      if (found != storages.end()) return found->second;
+      auto whole = records.ReadWhole(record);
+      if (!whole.ok()) return whole.status();
+      at::Storage storage = UntypedStorage(whole->second, std::move(whole->first));
+      storages.emplace(key, storage);
+      return storage;
     });
   } catch (const c10::Error& e) {
     return CaughtArchiveError(path, e);
@@ -1205,7 +1296,8 @@ absl::StatusOr<ChecksummedArchive> ReadTorchArchiveInOnePass(const std::string& 
   try {
     // LibTorch's reader still opens the archive: it validates the zip as for
     // any load (cheaply: the end records, the central directory and the
-    // version record), and reads the records this pass does not read itself.
+    // version record), and finds the records whose names several entries
+    // match.
     caffe2::serialize::PyTorchStreamReader reader(path);
     if (!reader.hasRecord("data.pkl")) {
       return absl::DataLossError(absl::StrCat(path, ": no data.pkl record"));

@@ -47,13 +47,32 @@ struct UnpickledArchive {
   c10::IValue metadata;
 };
 
+// What a load may spend on one archive.
+struct ArchiveLimits {
+  // When not 0: refuse (ResourceExhausted, naming the file, the total its
+  // records declare and this budget) an archive whose records' declared
+  // uncompressed sizes sum to more than this, before any record is read.
+  uint64_t max_bytes = 0;
+};
+
 // Reads a PyTorch zip archive (torch.save / torch::pickle_save). Errors name
 // `path` and what was wrong (truncated zip, unsupported global, bad tensor).
-// Every storage record is read whole by LibTorch's reader. Nothing checks
-// the records' bytes: LibTorch 1.13's miniz is built without its zip CRC-32
-// checks (a flipped byte in a stored tensor record loads silently, here as
-// in Python's torch.load); checkpoints have their own CRC-32C for that.
-absl::StatusOr<UnpickledArchive> ReadTorchArchive(const std::string& path);
+// Each storage record the pickle names is read once (however many keys name
+// it), into fresh memory of the size its directory entry declares, which the
+// zip precheck has checked against the file (see zip_precheck.h): a stored
+// record is read straight into it, a deflated one inflated straight into it
+// through a fixed buffer, and one that inflates to another size than it
+// declares is an error naming it. So the memory a load holds is at most the
+// records' declared sizes (the tensors' storages and data.pkl) plus the
+// pickle's objects and fixed buffers; `limits.max_bytes` bounds those sizes
+// up front. Nothing checks the records' bytes: LibTorch's miniz is built
+// without its zip CRC-32 checks (a flipped byte in a stored tensor record
+// loads silently, here as in Python's torch.load); checkpoints have their
+// own CRC-32C for that.
+// Time is linear in the file: a dict's keys are hashed as they are set (one
+// SETITEMS of N keys used to take N^2/2 comparisons).
+absl::StatusOr<UnpickledArchive> ReadTorchArchive(const std::string& path,
+                                                  const ArchiveLimits& limits = {});
 
 // What ReadTorchArchiveInOnePass does with tensor data.
 enum class TensorData {
@@ -85,8 +104,8 @@ struct ChecksummedArchive {
 // kept); the bytes between records
 // are read and checksummed too, and the whole file's CRC-32C is assembled
 // from the pieces' (Crc32cCombine); the caller compares it with the
-// manifest's. Deflated records are read (inflated) by LibTorch's reader
-// after the pass.
+// manifest's. Deflated records are inflated after the pass, straight into
+// their storage (or through fixed buffers when only checksummed).
 // With kChecksumOnly, memory is one fixed buffer plus the pickle's objects,
 // whatever the file's size, except for the data of the top-level dict's
 // tensors named in `keep` and of tensors that are not exactly their storage

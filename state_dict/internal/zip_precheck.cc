@@ -25,6 +25,17 @@
 // bytes written, or (size_t)-1 when the stream is bad or does not fit.
 extern "C" size_t tinfl_decompress_mem_to_mem(void* out, size_t out_len, const void* in,
                                               size_t in_len, int flags);
+// Its streaming decoder (miniz.h: tinfl_decompress, with its decompressor
+// allocated and initialised by miniz itself, so its layout is not needed
+// here). Flags and results as miniz.h defines them (unchanged since miniz
+// 1.x).
+extern "C" {
+struct tinfl_decompressor_tag;
+tinfl_decompressor_tag* tinfl_decompressor_alloc();
+void tinfl_decompressor_free(tinfl_decompressor_tag* decompressor);
+int tinfl_decompress(tinfl_decompressor_tag* r, const uint8_t* in_next, size_t* in_size,
+                     uint8_t* out_start, uint8_t* out_next, size_t* out_size, uint32_t flags);
+}
 
 namespace state_dict {
 namespace internal {
@@ -249,6 +260,16 @@ class ArchiveCheck {
                                 e.uncompressed, " bytes from ", e.compressed,
                                 " deflated bytes, more than deflate can expand to"));
       }
+      // Every size must fit in the file before anything is allocated from
+      // it (a reader allocates a stored record's size before reading it).
+      // The local header's name and extra field are not counted: they are
+      // only read when the record is.
+      if (e.local_header > size_ || kZipLocalHeaderSize > size_ - e.local_header ||
+          e.compressed > size_ - e.local_header - kZipLocalHeaderSize) {
+        return Bad(absl::StrCat(where, " ('", absl::CEscape(e.name), "') declares ",
+                                e.compressed, " bytes at offset ", e.local_header,
+                                ", past the end of the ", size_, "-byte file"));
+      }
       // The same for a stored record that claims more bytes than it stores
       // (2.x's getRecord allocates the claim first: a bit flip in a size
       // asked for 2 GiB; found by the torch_file fuzzer).
@@ -399,6 +420,207 @@ std::optional<uint64_t> ZipDataOffset(const ZipEntry& e, const char* local_heade
   // Name length at byte 26, extra field length at byte 28.
   return e.local_header + kZipLocalHeaderSize + Le16(local_header + 26) +
          Le16(local_header + 28);
+}
+
+DeclaredBytes DeclaredRecordBytes(const ZipDirectory& directory) {
+  DeclaredBytes out;
+  const std::string storages = directory.folder + "data/";
+  for (const ZipEntry& e : directory.entries) {
+    if (__builtin_add_overflow(out.total, e.uncompressed, &out.total)) out.total = UINT64_MAX;
+    bool storage = e.name.size() > storages.size();
+    for (size_t i = 0; i < storages.size() && storage; ++i) {
+      storage = std::tolower(static_cast<unsigned char>(e.name[i])) ==
+                std::tolower(static_cast<unsigned char>(storages[i]));
+    }
+    if (storage && __builtin_add_overflow(out.storages, e.uncompressed, &out.storages)) {
+      out.storages = UINT64_MAX;
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<ZipRecordReader>> ZipRecordReader::Open(
+    const std::string& path, const ZipDirectory& directory) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int error = errno;
+    return absl::Status(absl::ErrnoToStatusCode(error),
+                        absl::StrCat("cannot open ", path, ": ", std::strerror(error)));
+  }
+  std::unique_ptr<ZipRecordReader> reader(new ZipRecordReader(path, directory, fd));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int error = errno;
+    return absl::Status(absl::ErrnoToStatusCode(error),
+                        absl::StrCat("cannot stat ", path, ": ", std::strerror(error)));
+  }
+  if (static_cast<uint64_t>(st.st_size) != directory.file_bytes) {
+    return reader->Error(absl::StrCat("it changed while being read (", directory.file_bytes,
+                                      " bytes, then ", st.st_size, ")"));
+  }
+  return reader;
+}
+
+ZipRecordReader::~ZipRecordReader() { ::close(fd_); }
+
+absl::Status ZipRecordReader::Error(absl::string_view what) const {
+  return absl::DataLossError(absl::StrCat(path_, ": cannot read PyTorch archive: ", what));
+}
+
+absl::Status ZipRecordReader::ReadAt(uint64_t offset, char* out, size_t size) {
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd_, out + done, size - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      return absl::Status(absl::ErrnoToStatusCode(error),
+                          absl::StrCat("cannot read ", path_, ": ", std::strerror(error)));
+    }
+    if (n == 0) {
+      return Error(absl::StrCat("it ends at byte ", offset + done, ", before the ", size - done,
+                                " bytes expected there"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> ZipRecordReader::DataOffset(const ZipEntry& e) {
+  const uint64_t size = directory_.file_bytes;
+  if (e.local_header > size || kZipLocalHeaderSize > size - e.local_header) {
+    return Error(absl::StrCat("the local header of record '", absl::CEscape(e.name),
+                              "' lies beyond the end of the ", size, "-byte file"));
+  }
+  char header[kZipLocalHeaderSize];
+  absl::Status status = ReadAt(e.local_header, header, sizeof(header));
+  if (!status.ok()) return status;
+  const std::optional<uint64_t> offset = ZipDataOffset(e, header);
+  if (!offset.has_value()) {
+    return Error(absl::StrCat("the local header of record '", absl::CEscape(e.name),
+                              "' is damaged"));
+  }
+  const uint64_t data = *offset;
+  if (data > size || e.compressed > size - data) {
+    return Error(absl::StrCat("record '", absl::CEscape(e.name), "' (", e.compressed,
+                              " bytes at offset ", data, ") runs past the end of the ", size,
+                              "-byte file"));
+  }
+  return data;
+}
+
+absl::Status ZipRecordReader::ReadInto(const ZipEntry& e, char* out) {
+  auto offset = DataOffset(e);
+  if (!offset.ok()) return offset.status();
+  if (e.method == kZipDeflated) return Inflate(e, *offset, out, nullptr);
+  if (e.method != kZipStored || e.compressed != e.uncompressed) {
+    return Error(absl::StrCat("record '", absl::CEscape(e.name), "' uses compression method ",
+                              e.method, " (only stored and deflated records are read)"));
+  }
+  return ReadAt(*offset, out, static_cast<size_t>(e.uncompressed));
+}
+
+absl::Status ZipRecordReader::ReadInPieces(
+    const ZipEntry& e, const std::function<void(const char*, size_t)>& piece) {
+  auto offset = DataOffset(e);
+  if (!offset.ok()) return offset.status();
+  if (e.method == kZipDeflated) return Inflate(e, *offset, nullptr, &piece);
+  if (e.method != kZipStored || e.compressed != e.uncompressed) {
+    return Error(absl::StrCat("record '", absl::CEscape(e.name), "' uses compression method ",
+                              e.method, " (only stored and deflated records are read)"));
+  }
+  if (input_ == nullptr) input_.reset(new char[kPieceBytes]);
+  for (uint64_t done = 0; done < e.compressed;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kPieceBytes, e.compressed - done));
+    absl::Status status = ReadAt(*offset + done, input_.get(), n);
+    if (!status.ok()) return status;
+    piece(input_.get(), n);
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZipRecordReader::Inflate(const ZipEntry& e, uint64_t offset, char* out,
+                                      const std::function<void(const char*, size_t)>* piece) {
+  // miniz.h's values.
+  constexpr uint32_t kHasMoreInput = 2;
+  constexpr uint32_t kNonWrappingOutput = 4;
+  constexpr int kDone = 0;
+  constexpr int kNeedsMoreInput = 1;
+  constexpr int kHasMoreOutput = 2;
+  constexpr int kCannotMakeProgress = -4;  // input exhausted mid-stream
+  const std::string name = absl::StrCat("record '", absl::CEscape(e.name), "'");
+  const absl::Status too_long = Error(absl::StrCat(
+      name, " inflates to more than the ", e.uncompressed, " bytes its directory entry declares"));
+  std::unique_ptr<tinfl_decompressor_tag, void (*)(tinfl_decompressor_tag*)> inflater(
+      tinfl_decompressor_alloc(), tinfl_decompressor_free);
+  if (inflater == nullptr) return absl::ResourceExhaustedError("cannot allocate an inflater");
+  if (input_ == nullptr) input_.reset(new char[kPieceBytes]);
+  // Into `out`, exactly the declared size (inflating past it stops with
+  // kHasMoreOutput); or through a window of kPieceBytes, which tinfl also
+  // uses as its dictionary (a wrapping buffer: a power of two).
+  std::unique_ptr<char[]> window;
+  uint8_t empty = 0;  // `out` of a record that declares no bytes
+  uint8_t* out_start = reinterpret_cast<uint8_t*>(out);
+  size_t out_capacity = static_cast<size_t>(e.uncompressed);
+  if (out == nullptr) {
+    window.reset(new char[kPieceBytes]);
+    out_start = reinterpret_cast<uint8_t*>(window.get());
+    out_capacity = kPieceBytes;
+  } else if (out_capacity == 0) {
+    out_start = &empty;
+  }
+  uint64_t read = 0;      // compressed bytes read into input_ so far
+  size_t in_at = 0;       // next unconsumed byte of input_
+  size_t in_end = 0;      // valid bytes of input_
+  uint64_t produced = 0;  // uncompressed bytes so far
+  size_t out_at = 0;      // where the next bytes go, from out_start
+  while (true) {
+    if (in_at == in_end && read < e.compressed) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(kPieceBytes, e.compressed - read));
+      absl::Status status = ReadAt(offset + read, input_.get(), n);
+      if (!status.ok()) return status;
+      read += n;
+      in_at = 0;
+      in_end = n;
+    }
+    size_t in_size = in_end - in_at;
+    size_t out_size = out_capacity - out_at;
+    const uint32_t flags = (read < e.compressed ? kHasMoreInput : 0) |
+                           (out == nullptr ? 0 : kNonWrappingOutput);
+    const int status = tinfl_decompress(
+        inflater.get(), reinterpret_cast<const uint8_t*>(input_.get()) + in_at, &in_size,
+        out_start, out_start + out_at, &out_size, flags);
+    in_at += in_size;
+    if (out == nullptr) {
+      // Only the declared bytes are handed on.
+      if (out_size > e.uncompressed - produced) return too_long;
+      if (out_size > 0) (*piece)(reinterpret_cast<const char*>(out_start) + out_at, out_size);
+      out_at = (out_at + out_size) & (kPieceBytes - 1);
+    } else {
+      if (status == kHasMoreOutput) return too_long;
+      out_at += out_size;
+    }
+    produced += out_size;
+    if (status == kDone) {
+      if (produced != e.uncompressed) {
+        return Error(absl::StrCat(name, " inflates to ", produced,
+                                  " bytes; its directory entry declares ", e.uncompressed));
+      }
+      return absl::OkStatus();
+    }
+    if (status == kCannotMakeProgress ||
+        (status == kNeedsMoreInput && read == e.compressed && in_at == in_end)) {
+      return Error(absl::StrCat(name, ": its ", e.compressed, " deflated bytes end after ",
+                                produced, " of its declared ", e.uncompressed,
+                                " bytes, before the deflate stream does"));
+    }
+    if ((status != kNeedsMoreInput && status != kHasMoreOutput) ||
+        (in_size == 0 && out_size == 0 && in_at < in_end)) {
+      return Error(absl::StrCat(name, " is not valid deflate data (inflater status ", status,
+                                " after ", produced, " bytes)"));
+    }
+  }
 }
 
 absl::Status PrecheckTorchArchive(const std::string& path) {

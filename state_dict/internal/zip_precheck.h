@@ -25,17 +25,23 @@
 // as nothing and the reader would hand out uninitialised memory as its data,
 // and a deflated record claiming more than deflate's 1032:1 maximum expansion
 // (the reader allocates the claimed size before inflating: gigabytes for a
-// kilobyte file).
+// kilobyte file), and any record whose compressed bytes would run past the
+// end of the file (a ZIP64 entry declaring a 16 GiB stored record in a
+// 2 KB file made the reader allocate 16 GiB before reading a byte).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "state_dict/internal/zip_format.h"
 
 namespace state_dict {
@@ -79,8 +85,75 @@ struct ZipDirectory {
 };
 
 // PrecheckTorchArchive that also returns the directory it read, so that a
-// caller can read records itself (same errors).
+// caller can read records itself (same errors). Every record's compressed
+// bytes (after a local header's fixed part) lie inside the file, and a
+// deflated record declares at most deflate's maximum expansion of them, so
+// no declared size exceeds 1032 times the file's size.
 absl::StatusOr<ZipDirectory> ReadTorchArchiveDirectory(const std::string& path);
+
+// The sum of the uncompressed sizes `directory`'s records declare (saturated
+// at UINT64_MAX), and the part of it in records under "<folder>data/" (the
+// tensors' storages), for a caller's byte budget.
+struct DeclaredBytes {
+  uint64_t total = 0;
+  uint64_t storages = 0;
+};
+DeclaredBytes DeclaredRecordBytes(const ZipDirectory& directory);
+
+// Reads records of an archive ReadTorchArchiveDirectory accepted, by their
+// directory entries, without LibTorch's reader: whose getRecord allocates
+// the size an entry declares before reading anything, and inflates a
+// deflated record through a second buffer. Here a stored record is read
+// straight into the caller's memory, and a deflated one is inflated
+// straight into it, its compressed bytes read through one fixed buffer:
+// memory is the record's declared size plus that buffer. A record that
+// inflates to more (or fewer) bytes than its entry declares is an error
+// naming it. No zip CRC-32 is checked (LibTorch's miniz checks none
+// either). Errors are DataLoss "<path>: cannot read PyTorch archive: ...".
+class ZipRecordReader {
+ public:
+  // Opens `path`, which must still be `directory.file_bytes` long (else the
+  // file changed since it was checked: an error). `directory` must outlive
+  // the reader.
+  static absl::StatusOr<std::unique_ptr<ZipRecordReader>> Open(const std::string& path,
+                                                               const ZipDirectory& directory);
+  ~ZipRecordReader();
+  ZipRecordReader(const ZipRecordReader&) = delete;
+  ZipRecordReader& operator=(const ZipRecordReader&) = delete;
+
+  int fd() const { return fd_; }
+  uint64_t file_bytes() const { return directory_.file_bytes; }
+
+  // `size` bytes at `offset`, which the caller has checked lie in the file.
+  absl::Status ReadAt(uint64_t offset, char* out, size_t size);
+  // Where `e`'s data begins (after its local header's name and extra field,
+  // which may differ from the central directory's), checked, with its
+  // compressed size, to lie inside the file.
+  absl::StatusOr<uint64_t> DataOffset(const ZipEntry& e);
+  // `e`'s e.uncompressed bytes into `out` (stored: read; deflated:
+  // inflated). Stored or deflated records only.
+  absl::Status ReadInto(const ZipEntry& e, char* out);
+  // `e`'s uncompressed bytes, in order, handed to `piece` in pieces of at
+  // most kPieceBytes, through fixed buffers (for a checksum of a record
+  // whose data is not kept).
+  static constexpr size_t kPieceBytes = size_t{1} << 20;
+  absl::Status ReadInPieces(const ZipEntry& e,
+                            const std::function<void(const char*, size_t)>& piece);
+
+ private:
+  ZipRecordReader(std::string path, const ZipDirectory& directory, int fd)
+      : path_(std::move(path)), directory_(directory), fd_(fd) {}
+  absl::Status Error(absl::string_view what) const;
+  // Inflates `e` (deflated, its data at `offset`) into `out` when not null
+  // (e.uncompressed bytes), else through a window handed to `piece`.
+  absl::Status Inflate(const ZipEntry& e, uint64_t offset, char* out,
+                       const std::function<void(const char*, size_t)>* piece);
+
+  std::string path_;
+  const ZipDirectory& directory_;
+  int fd_;
+  std::unique_ptr<char[]> input_;  // compressed bytes, kPieceBytes
+};
 
 }  // namespace internal
 }  // namespace state_dict
