@@ -22,7 +22,12 @@
 // picks (not master_port), a failure on any node ends the ranks on every
 // node, and node 0's verdict — restart everywhere, or give up with the
 // reason — holds for all. A launcher that dies ends the job (no restart
-// without its node).
+// without its node). The launchers' messages are short text lines (at most
+// 64 KiB); a peer that sends anything else is a DataLoss error naming its
+// address and what it sent, a connection to node 0 that does not introduce
+// itself as a node is turned away (reported through `on_event`), and every
+// wait of that rendezvous is bounded (by `timeout`, and at most 2 minutes
+// to gather the nodes for an attempt).
 //
 // Hung ranks: a rank stopped by a signal (SIGSTOP, SIGTSTP, a tracer) is
 // seen by the launcher (waitpid WUNTRACED). When the job then fails — the

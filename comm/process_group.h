@@ -88,7 +88,10 @@ struct InitOptions {
   // FailedPrecondition error saying which is missing).
   std::string backend = "gloo";
   // "env://"            MASTER_ADDR/MASTER_PORT (+ RANK/WORLD_SIZE unless
-  //                     given below) through a c10d::TCPStore served by rank 0.
+  //                     given below) through a c10d::TCPStore served by rank 0;
+  //                     the other ranks connect with comm's own client of its
+  //                     protocol, which bounds every reply in size and time
+  //                     (comm/internal/store_client.h).
   // "tcp://HOST:PORT"   the same with an explicit master address.
   // "file:///PATH"      a c10d::FileStore on a file every rank can see.
   std::string init_method = "env://";
@@ -111,7 +114,17 @@ struct InitOptions {
 // rank >= world size, an unreachable master or missing ranks
 // (DeadlineExceeded within the rendezvous timeout, naming host:port), a
 // master port already in use (Unavailable, naming the port), a backend this
-// LibTorch lacks (Unimplemented, suggesting gloo).
+// LibTorch lacks (Unimplemented, suggesting gloo). Whatever answers on the
+// master's port, a rank other than 0 returns within the rendezvous timeout:
+// a peer that is not a c10d TCPStore (garbage instead of the handshake's
+// ping echo) is DataLoss, one that accepts and stays silent
+// DeadlineExceeded, both naming "rendezvous peer HOST:PORT" and what it sent
+// or failed to send, e.g. "rendezvous peer 127.0.0.1:29500 answered the
+// ping with 0xffffffff: expected its nonce 0x1a2b3c4d echoed (is it a c10d
+// TCPStore server?)". A reply that breaks the protocol later, during the
+// backend's own rendezvous (Gloo reading its peers' addresses through the
+// store: a value length over 1 MiB, an unknown response byte), comes back
+// as DeadlineExceeded "could not connect the gloo group" with the same text.
 absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options = {});
 
 // The variables a launcher (//tools:launch, torchrun) sets for each rank.
