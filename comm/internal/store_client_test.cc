@@ -159,6 +159,13 @@ TEST_P(RealServer, WaitReturnsWhenTheKeyIsSetAndTimesOutOtherwise) {
   server->set("never", Bytes("now"));
   EXPECT_EQ(Text(ours.get("never")), "now");
 
+  // c10d's "no timeout" (0) is the client's own timeout here, and an absurd
+  // one is still a deadline, not an overflow.
+  ours.setTimeout(std::chrono::milliseconds::max());
+  EXPECT_EQ(ours.add("after_huge_timeout", 1), 1);
+  ours.setTimeout(c10d::Store::kNoTimeout);
+  EXPECT_EQ(ours.add("after_no_timeout", 1), 1);
+
   // The store's timeout bounds get.
   ours.setTimeout(std::chrono::milliseconds(300));
   start = Clock::now();
@@ -419,6 +426,28 @@ TEST(HostilePeer, UnacknowledgedWaitCancellationIsBounded) {
   EXPECT_LT(SecondsSince(start), 0.5 + 2.0 + kSlack);
   auto after = client->TryAdd("x", 1);
   EXPECT_EQ(after.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A host name is resolved under the deadline too (getaddrinfo has none): a
+// name that resolves connects, one that does not fails within the timeout
+// whether the resolver answers at once or hangs.
+TEST(StoreClientOptions, HostNamesResolveWithinTheTimeout) {
+  auto server = Server(/*libuv=*/true);
+  StoreClientOptions options = ClientOptions(server->getPort(), std::chrono::seconds(10));
+  options.host = "localhost";
+  auto client = StoreClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ((*client)->add("by_name", 2), 2);
+  EXPECT_THAT((*client)->peer(), HasSubstr("localhost:"));
+
+  options.host = "no-such-host.invalid";
+  options.timeout = kTimeout;
+  const auto start = Clock::now();
+  auto missing = StoreClient::Connect(options);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(Message(missing.status()),
+              HasSubstr("cannot resolve rendezvous peer no-such-host.invalid:"));
+  EXPECT_LT(SecondsSince(start), 1.5 + kSlack);
 }
 
 TEST(StoreClientOptions, OwnLimitsAreCheckedBeforeSending) {

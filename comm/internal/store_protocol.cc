@@ -61,6 +61,10 @@ bool HaveFixed(absl::string_view bytes, std::size_t size, ParseOutcome* outcome)
 }  // namespace
 
 Deadline Deadline::After(std::chrono::milliseconds budget) {
+  // now() + a caller's milliseconds::max() would overflow; a year is "never"
+  // for a rendezvous and still a deadline.
+  constexpr std::chrono::milliseconds kLongest = std::chrono::hours(24 * 365);
+  budget = std::clamp(budget, std::chrono::milliseconds(0), kLongest);
   return Deadline{std::chrono::steady_clock::now() + budget, budget};
 }
 
