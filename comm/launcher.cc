@@ -658,7 +658,9 @@ class Rendezvous {
       const bool was_closed = peer.closed;
       Read(peer, per_peer);
       std::string line;
-      while (!peer.closed && NextLine(peer, &line)) {
+      // Lines that arrived before a close still count (a FAIL, then the
+      // peer's exit); nothing after a protocol error does.
+      while (peer.error.empty() && NextLine(peer, &line)) {
         int r = -1, code = 0;
         std::string rest;
         if (!is_master()) {
