@@ -10,6 +10,8 @@
 //                          MARK, N key/value pairs, SETITEMS), N = 1e4..1e6
 //   BM_ManyRecords/N       LoadTensorDict of N one-element tensors, each its
 //                          own storage record in the zip, N = 1e3..1e5
+//   BM_DictFloor/N         the c10 dict of N str keys that BM_ManyKeys's load
+//                          returns, built from strings in memory: the floor
 //   BM_DeepNesting/K       LoadIValue of a list of K lists, each nested
 //                          kDepth levels deep (the loader's limit is 1000),
 //                          K = 10..1000 (K * kDepth containers)
@@ -27,6 +29,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -124,6 +127,27 @@ void BM_ManyKeys(benchmark::State& state) {
   SetCounters(state, state.range(0), path);
 }
 BENCHMARK(BM_ManyKeys)
+    ->Arg(10000)->Arg(100000)->Arg(1000000)
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The part of BM_ManyKeys no loader avoids: the c10 dict of N str keys a
+// load returns, built from strings already in memory, and destroyed. Its
+// time per key grows with N as BM_ManyKeys's does (hash tables and fresh
+// memory outgrowing the caches), which is what that growth is.
+void BM_DictFloor(benchmark::State& state) {
+  std::vector<std::string> keys;
+  for (int64_t i = 0; i < state.range(0); ++i) keys.push_back("layer." + std::to_string(i) + ".weight");
+  for (auto _ : state) {
+    c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+    dict.reserve(static_cast<int64_t>(keys.size()));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      dict.insert_or_assign(c10::IValue(keys[i]), c10::IValue(static_cast<int64_t>(i)));
+    }
+    benchmark::DoNotOptimize(dict);
+  }
+  state.counters["items"] = static_cast<double>(state.range(0));
+}
+BENCHMARK(BM_DictFloor)
     ->Arg(10000)->Arg(100000)->Arg(1000000)
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 
