@@ -130,8 +130,8 @@ void DefineFlags(CLI::App& app, Options& o) {
          "intra-op threads of each rank (0: OMP_NUM_THREADS if set, else cores / ranks)", 0,
          4096);
   AddNumber(app, "--timeout", o.timeout_s, /*zero_ok=*/false,
-            "collective timeout: a rank waiting this long for a hung peer fails (default: "
-            "the launcher's, else 600)",
+            "collective and rendezvous timeout: a rank waiting this long for a hung peer "
+            "fails (default: the launcher's, else 600)",
             1e7, "a number of seconds in (0, 1e7]")
       ->type_name("SECONDS")
       ->default_str("");

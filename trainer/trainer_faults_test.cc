@@ -1,10 +1,16 @@
 // Runtime faults on the built trainer, injected from outside as a user
 // would: a rank stopped with SIGSTOP (hung peer, --timeout), --keep-last
 // pruning with debris of earlier crashes, a damaged newest checkpoint under
-// --resume, and the flags' errors.
+// --resume, hostile peers on MASTER_PORT, and the flags' errors.
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -44,9 +50,11 @@ std::vector<std::string> Entries(const std::string& dir) {
 TEST(TrainerFaults, StoppedRankIsNamedAndTheJobEndsWithinTheTimeout) {
   const std::string dir = TempDir("hung");
   const std::string log = dir + "/log.jsonl";
-  const double timeout_s = 4;
+  // An explicit --timeout bounds the rendezvous too: long enough for both
+  // ranks to start on a loaded machine.
+  const double timeout_s = 8;
   const pid_t trainer = StartTrainer(
-      std::string(kSmall) + "--nproc 2 --steps 100000 --timeout 4 --log-json " + log,
+      std::string(kSmall) + "--nproc 2 --steps 100000 --timeout 8 --log-json " + log,
       dir + "/out.txt");
   pid_t stopped = -1;
   Clock::time_point stopped_at;
@@ -155,66 +163,95 @@ TEST(TrainerFaults, CudaWithoutCudaIsRefusedNamingWhatIsMissing) {
   EXPECT_THAT(bad.output, HasSubstr("--device"));
 }
 
-}  // namespace
-}  // namespace trainer::testing
-
 // Issue 27: a rank (RANK set, as torchrun or //tools:launch start it) whose
-// MASTER_PORT is held by something that answers with garbage ends with an
-// error naming that peer (comm's rendezvous client) instead of aborting in
-// std::length_error (exit 134). The silent peer's row is
-// //comm:process_group_test's: the trainer's rendezvous timeout is at least
-// 2 minutes (trainer_main.cc), too long for this suite.
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
+// MASTER_PORT is held by something that answers with garbage, or that
+// accepts and never answers, ends with an error naming that peer (comm's
+// rendezvous client) within --timeout, instead of aborting in
+// std::length_error (exit 134) or waiting forever.
+class HostileMasterPort {
+ public:
+  // `reply`: what each connection is sent before being held 500 ms and
+  // closed; empty: nothing (a silent peer), held until the test ends.
+  explicit HostileMasterPort(std::string reply) : reply_(std::move(reply)) {
+    listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    EXPECT_EQ(bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(listen(listener_, 8), 0);
+    EXPECT_EQ(getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    port_ = std::to_string(ntohs(addr.sin_port));
+    server_ = std::thread([this] { Serve(); });
+  }
+  ~HostileMasterPort() {
+    stop_.store(true);
+    server_.join();
+    for (int fd : held_) close(fd);
+    close(listener_);
+  }
+  const std::string& port() const { return port_; }
 
-#include <atomic>
-#include <cstdlib>
+  // The trainer as rank 1 of 2 with this port as MASTER_PORT.
+  RunResult RunRank1(const std::string& args) {
+    setenv("RANK", "1", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", port_.c_str(), 1);
+    RunResult run = RunTrainer(args);
+    for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(name);
+    return run;
+  }
 
-namespace trainer::testing {
-namespace {
-
-TEST(TrainerFaults, GarbageOnMasterPortIsAClearErrorNotAnAbort) {
-  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(listen(listener, 8), 0);
-  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const std::string port = std::to_string(ntohs(addr.sin_port));
-  std::atomic<bool> stop{false};
-  std::thread garbage_server([&] {
-    while (!stop.load()) {
-      pollfd p{listener, POLLIN, 0};
+ private:
+  void Serve() {
+    while (!stop_.load()) {
+      pollfd p{listener_, POLLIN, 0};
       if (poll(&p, 1, 50) <= 0) continue;
-      const int peer = accept(listener, nullptr, nullptr);
+      const int peer = accept(listener_, nullptr, nullptr);
       if (peer < 0) continue;
-      const std::string garbage(64, '\xff');
-      (void)!send(peer, garbage.data(), garbage.size(), MSG_NOSIGNAL);
+      if (reply_.empty()) {
+        held_.push_back(peer);
+        continue;
+      }
+      (void)!send(peer, reply_.data(), reply_.size(), MSG_NOSIGNAL);
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       close(peer);
     }
-  });
-  setenv("RANK", "1", 1);
-  setenv("WORLD_SIZE", "2", 1);
-  setenv("MASTER_ADDR", "127.0.0.1", 1);
-  setenv("MASTER_PORT", port.c_str(), 1);
+  }
+
+  std::string reply_;
+  int listener_ = -1;
+  std::string port_;
+  std::atomic<bool> stop_{false};
+  std::vector<int> held_;
+  std::thread server_;
+};
+
+TEST(TrainerFaults, GarbageOnMasterPortIsAClearErrorNotAnAbort) {
+  HostileMasterPort garbage(std::string(64, '\xff'));
   const auto start = Clock::now();
-  auto run = RunTrainer(std::string(kSmall) + "--steps 2 --timeout 10");
+  auto run = garbage.RunRank1(std::string(kSmall) + "--steps 2 --timeout 10");
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(name);
-  stop.store(true);
-  garbage_server.join();
-  close(listener);
   EXPECT_EQ(run.exit_code, 1) << run.output;  // not 134 (std::terminate's abort)
-  EXPECT_THAT(run.output, HasSubstr("rank 1 could not join the rendezvous at 127.0.0.1:" + port));
-  EXPECT_THAT(run.output, HasSubstr("rendezvous peer 127.0.0.1:" + port +
+  EXPECT_THAT(run.output,
+              HasSubstr("rank 1 could not join the rendezvous at 127.0.0.1:" + garbage.port()));
+  EXPECT_THAT(run.output, HasSubstr("rendezvous peer 127.0.0.1:" + garbage.port() +
                                     " answered the ping with 0xffffffff"));
   EXPECT_THAT(run.output, ::testing::Not(HasSubstr("terminate called")));
   EXPECT_LT(seconds, 10.0) << run.output;
+}
+
+TEST(TrainerFaults, SilentMasterPortEndsWithinTheTimeout) {
+  HostileMasterPort silent("");
+  const auto start = Clock::now();
+  auto run = silent.RunRank1(std::string(kSmall) + "--steps 2 --timeout 5");
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_THAT(run.output,
+              HasSubstr("rank 1 could not join the rendezvous at 127.0.0.1:" + silent.port()));
+  EXPECT_THAT(run.output, HasSubstr("within 5000 ms")) << run.output;
+  EXPECT_LT(seconds, 5.0 + 10.0) << run.output;  // the timeout, plus starting the binary
 }
 
 }  // namespace

@@ -181,8 +181,11 @@ int RunRank(trainer::Options options) {
   init.backend = trainer::ProcessGroupBackend(options);
   init.timeout = *timeout;
   // Ranks start seconds apart on a loaded machine: a short collective
-  // timeout must not fail the rendezvous.
-  init.rendezvous_timeout = std::max<std::chrono::milliseconds>(*timeout, std::chrono::minutes(2));
+  // timeout from the launcher's environment must not fail the rendezvous.
+  // A --timeout given to this rank bounds every wait, the rendezvous's too.
+  init.rendezvous_timeout =
+      options.timeout_s > 0 ? *timeout
+                            : std::max<std::chrono::milliseconds>(*timeout, std::chrono::minutes(2));
   auto group = comm::init_process_group(init);
   if (!group.ok()) return Fail(group.status());
   if (options.nproc_given && options.nproc != 1 && options.nproc != group->size()) {
