@@ -2,13 +2,8 @@
 // would: a rank stopped with SIGSTOP (hung peer, --timeout), --keep-last
 // pruning with debris of earlier crashes, a damaged newest checkpoint under
 // --resume, hostile peers on MASTER_PORT, and the flags' errors.
-#include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -20,6 +15,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "comm/testing/hostile_peer.h"
 #include "trainer/testing/processes.h"
 #include "trainer/testing/run_trainer.h"
 
@@ -167,89 +163,44 @@ TEST(TrainerFaults, CudaWithoutCudaIsRefusedNamingWhatIsMissing) {
 // MASTER_PORT is held by something that answers with garbage, or that
 // accepts and never answers, ends with an error naming that peer (comm's
 // rendezvous client) within --timeout, instead of aborting in
-// std::length_error (exit 134) or waiting forever.
-class HostileMasterPort {
- public:
-  // `reply`: what each connection is sent before being held 500 ms and
-  // closed; empty: nothing (a silent peer), held until the test ends.
-  explicit HostileMasterPort(std::string reply) : reply_(std::move(reply)) {
-    listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    EXPECT_EQ(bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    EXPECT_EQ(listen(listener_, 8), 0);
-    EXPECT_EQ(getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-    port_ = std::to_string(ntohs(addr.sin_port));
-    server_ = std::thread([this] { Serve(); });
-  }
-  ~HostileMasterPort() {
-    stop_.store(true);
-    server_.join();
-    for (int fd : held_) close(fd);
-    close(listener_);
-  }
-  const std::string& port() const { return port_; }
-
-  // The trainer as rank 1 of 2 with this port as MASTER_PORT.
-  RunResult RunRank1(const std::string& args) {
-    setenv("RANK", "1", 1);
-    setenv("WORLD_SIZE", "2", 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", port_.c_str(), 1);
-    RunResult run = RunTrainer(args);
-    for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(name);
-    return run;
-  }
-
- private:
-  void Serve() {
-    while (!stop_.load()) {
-      pollfd p{listener_, POLLIN, 0};
-      if (poll(&p, 1, 50) <= 0) continue;
-      const int peer = accept(listener_, nullptr, nullptr);
-      if (peer < 0) continue;
-      if (reply_.empty()) {
-        held_.push_back(peer);
-        continue;
-      }
-      (void)!send(peer, reply_.data(), reply_.size(), MSG_NOSIGNAL);
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      close(peer);
-    }
-  }
-
-  std::string reply_;
-  int listener_ = -1;
-  std::string port_;
-  std::atomic<bool> stop_{false};
-  std::vector<int> held_;
-  std::thread server_;
-};
+// std::length_error (exit 134) or waiting forever. The peers are comm's
+// test fixture. This runs the trainer as rank 1 of 2 with `peer` on
+// MASTER_PORT.
+RunResult RunRank1Against(const comm::testing::HostilePeer& peer, const std::string& args) {
+  const std::string port = std::to_string(peer.port());
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", port.c_str(), 1);
+  RunResult run = RunTrainer(args);
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(name);
+  return run;
+}
 
 TEST(TrainerFaults, GarbageOnMasterPortIsAClearErrorNotAnAbort) {
-  HostileMasterPort garbage(std::string(64, '\xff'));
+  comm::testing::HostilePeer garbage(comm::testing::HostilePeer::Garbage(std::string(64, '\xff')));
+  const std::string port = std::to_string(garbage.port());
   const auto start = Clock::now();
-  auto run = garbage.RunRank1(std::string(kSmall) + "--steps 2 --timeout 10");
+  auto run = RunRank1Against(garbage, std::string(kSmall) + "--steps 2 --timeout 10");
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_EQ(run.exit_code, 1) << run.output;  // not 134 (std::terminate's abort)
   EXPECT_THAT(run.output,
-              HasSubstr("rank 1 could not join the rendezvous at 127.0.0.1:" + garbage.port()));
-  EXPECT_THAT(run.output, HasSubstr("rendezvous peer 127.0.0.1:" + garbage.port() +
+              HasSubstr("rank 1 could not join the rendezvous at 127.0.0.1:" + port));
+  EXPECT_THAT(run.output, HasSubstr("rendezvous peer 127.0.0.1:" + port +
                                     " answered the ping with 0xffffffff"));
   EXPECT_THAT(run.output, ::testing::Not(HasSubstr("terminate called")));
   EXPECT_LT(seconds, 10.0) << run.output;
 }
 
 TEST(TrainerFaults, SilentMasterPortEndsWithinTheTimeout) {
-  HostileMasterPort silent("");
+  comm::testing::HostilePeer silent(comm::testing::HostilePeer::Silent());
   const auto start = Clock::now();
-  auto run = silent.RunRank1(std::string(kSmall) + "--steps 2 --timeout 5");
+  auto run = RunRank1Against(silent, std::string(kSmall) + "--steps 2 --timeout 5");
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_THAT(run.output,
-              HasSubstr("rank 1 could not join the rendezvous at 127.0.0.1:" + silent.port()));
+              HasSubstr("rank 1 could not join the rendezvous at 127.0.0.1:" +
+                        std::to_string(silent.port())));
   EXPECT_THAT(run.output, HasSubstr("within 5000 ms")) << run.output;
   EXPECT_LT(seconds, 5.0 + 10.0) << run.output;  // the timeout, plus starting the binary
 }

@@ -14,7 +14,10 @@ namespace comm {
 namespace testing {
 namespace {
 
-// Query bytes of c10d's TCPStore protocol (see comm/internal/store_protocol.h).
+// Query bytes of c10d's TCPStore protocol, written out again from c10d's
+// TCPStoreBackend.hpp rather than taken from comm/internal/store_protocol.h:
+// this peer is the client's independent reference, so a wrong number there
+// must not be mirrored here.
 enum : uint8_t {
   kValidate = 0,
   kSet = 1,
