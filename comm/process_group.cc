@@ -110,20 +110,74 @@ c10d_add(const c10::intrusive_ptr<c10d::Store>& store) {
   };
 }
 
+// Where the store at MASTER_ADDR:MASTER_PORT comes from.
+struct StoreServer {
+  // torchrun's agent serves it (TORCHELASTIC_USE_AGENT_STORE=True): every
+  // rank, rank 0 included, is a client, and keys go under
+  // "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>" as torch.distributed's
+  // env:// rendezvous puts them, so a restarted group starts clean in the
+  // agent's long-lived store.
+  bool agent = false;
+  std::string key_prefix;  // agent only
+};
+
+// torchrun's variables, read as torch.distributed reads them.
+absl::StatusOr<StoreServer> store_server_from_env() {
+  StoreServer server;
+  const char* use_agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  if (use_agent == nullptr || std::string(use_agent) != "True") return server;
+  auto attempt = int_from_env("TORCHELASTIC_RESTART_COUNT", true, 0,
+                              "a restart count >= 0 (torchrun sets it)");
+  if (!attempt.ok()) return attempt.status();
+  if (*attempt < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "environment variable TORCHELASTIC_RESTART_COUNT=", *attempt,
+        ": expected a restart count >= 0 (torchrun sets it)"));
+  }
+  server.agent = true;
+  server.key_prefix = absl::StrCat("/worker/attempt_", *attempt);
+  return server;
+}
+
 // Rank 0 serves the store with c10d's TCPStore (and talks to it through
-// c10d's client: itself). Every other rank connects with comm's own client
-// (internal/store_client.h): c10d's trusts the lengths a peer sends and has
-// no deadline in its handshake, so whatever listens on MASTER_PORT could
-// abort or hang the rank.
+// c10d's client: itself), unless torchrun's agent serves it. Every other
+// rank connects with comm's own client (internal/store_client.h): c10d's
+// trusts the lengths a peer sends and has no deadline in its handshake, so
+// whatever listens on MASTER_PORT could abort or hang the rank.
 absl::StatusOr<Rendezvous> connect_tcp(const std::string& host, int port,
                                        int rank, int world_size,
                                        std::chrono::milliseconds timeout,
-                                       const std::string& port_source) {
+                                       const std::string& port_source,
+                                       const StoreServer& server = {}) {
   if (port <= 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
         port_source, "=", port, ": expected a TCP port in [1, 65535]"));
   }
   const std::string address = absl::StrCat(host, ":", port);
+  if (server.agent) {
+    internal::StoreClientOptions client_options;
+    client_options.host = host;
+    client_options.port = port;
+    client_options.timeout = timeout;
+    auto client = internal::StoreClient::Connect(client_options);
+    if (!client.ok()) {
+      return absl::Status(
+          client.status().code(),
+          absl::StrCat("rank ", rank, " could not reach torchrun's store at ", address,
+                       " (TORCHELASTIC_USE_AGENT_STORE=True, ", port_source,
+                       "): ", client.status().message()));
+    }
+    c10::intrusive_ptr<internal::StoreClient> ours = *client;
+    const std::string prefix = server.key_prefix;
+    return Rendezvous{
+        c10::make_intrusive<c10d::PrefixStore>(prefix, ours),
+        absl::StrCat("tcp://", address, " (torchrun's agent store, ", prefix, ")"), host,
+        [ours, prefix](const std::string& key, int64_t delta,
+                       std::chrono::milliseconds budget) {
+          // As c10d::PrefixStore joins them.
+          return ours->TryAdd(prefix + "/" + key, delta, budget);
+        }};
+  }
   if (rank != 0) {
     internal::StoreClientOptions client_options;
     client_options.host = host;
@@ -397,8 +451,10 @@ absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options) {
     }
     auto port = int_from_env("MASTER_PORT", true, 0, "a TCP port in [1, 65535]");
     if (!port.ok()) return port.status();
+    auto server = store_server_from_env();
+    if (!server.ok()) return server.status();
     rendezvous = connect_tcp(addr, *port, rank, world_size, rendezvous_timeout,
-                             "MASTER_PORT");
+                             "MASTER_PORT", *server);
   } else if (absl::StartsWith(method, "tcp://")) {
     const std::string host_port = method.substr(6);
     const auto colon = host_port.rfind(':');
