@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/internal/group_state.h"
 #include "comm/internal/store_client.h"
+#include "comm/slurm.h"
 #ifdef TORCHFSDP_CUDA
 #include "comm/internal/nccl.h"
 #endif
@@ -259,6 +260,9 @@ absl::Status wait_for_all_ranks(const Rendezvous& rendezvous, int world_size,
 }  // namespace
 
 absl::StatusOr<RankEnvironment> read_rank_environment() {
+  auto slurm = slurm_rank_environment();
+  if (!slurm.ok()) return slurm.status();
+  if (slurm->has_value()) return **slurm;
   RankEnvironment env;
   auto world = int_from_env("WORLD_SIZE", true, 0, "a positive integer");
   if (!world.ok()) return world.status();
@@ -443,13 +447,17 @@ absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options) {
   absl::StatusOr<Rendezvous> rendezvous;
   const std::string& method = options.init_method;
   if (env_method) {
-    const char* addr = std::getenv("MASTER_ADDR");
+    auto slurm = slurm_rank_environment();
+    if (!slurm.ok()) return slurm.status();
+    const char* addr = slurm->has_value() ? (*slurm)->master_addr.c_str() : std::getenv("MASTER_ADDR");
     if (addr == nullptr || *addr == '\0') {
       return absl::InvalidArgumentError(
           "environment variable MASTER_ADDR is not set: expected the host "
           "name or address of rank 0 (e.g. 127.0.0.1)");
     }
-    auto port = int_from_env("MASTER_PORT", true, 0, "a TCP port in [1, 65535]");
+    absl::StatusOr<int> port = slurm->has_value()
+                                   ? absl::StatusOr<int>((*slurm)->master_port)
+                                   : int_from_env("MASTER_PORT", true, 0, "a TCP port in [1, 65535]");
     if (!port.ok()) return port.status();
     auto server = store_server_from_env();
     if (!server.ok()) return server.status();

@@ -127,7 +127,8 @@ struct InitOptions {
 // as DeadlineExceeded "could not connect the gloo group" with the same text.
 absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options = {});
 
-// The variables a launcher (//tools:launch, torchrun) sets for each rank.
+// The variables a launcher (//tools:launch, torchrun, srun through
+// comm/slurm.h) sets for each rank.
 struct RankEnvironment {
   int rank = 0;
   int world_size = 1;
@@ -138,7 +139,8 @@ struct RankEnvironment {
 };
 
 // Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-// MASTER_PORT. LOCAL_WORLD_SIZE defaults to WORLD_SIZE (one node) and
+// MASTER_PORT; in a task srun started without RANK, Slurm's variables
+// instead (comm/slurm.h). LOCAL_WORLD_SIZE defaults to WORLD_SIZE (one node) and
 // LOCAL_RANK to RANK % LOCAL_WORLD_SIZE when unset; the others are required. Checks ranges and
 // consistency (RANK < WORLD_SIZE, LOCAL_RANK < LOCAL_WORLD_SIZE,
 // WORLD_SIZE % LOCAL_WORLD_SIZE == 0, 0 < MASTER_PORT < 65536).

@@ -26,6 +26,7 @@
 #include "comm/collectives.h"
 #include "comm/compute_layout.h"
 #include "comm/device_mesh.h"
+#include "comm/slurm.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "fsdp/wrap_policy.h"
 #include "state_dict/async_checkpoint.h"
@@ -514,7 +515,12 @@ absl::StatusOr<c10::Device> ComputeDevice(const Options& o) {
         "NVIDIA driver, no device, or CUDA_VISIBLE_DEVICES hides them); use --device=cpu");
   }
   int64_t local_rank = 0;
-  if (const char* v = std::getenv("LOCAL_RANK"); v != nullptr && !absl::SimpleAtoi(v, &local_rank)) {
+  if (comm::is_slurm_task()) {
+    auto env = comm::slurm_rank_environment();
+    if (!env.ok()) return env.status();
+    local_rank = (*env)->local_rank;
+  } else if (const char* v = std::getenv("LOCAL_RANK");
+             v != nullptr && !absl::SimpleAtoi(v, &local_rank)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "environment variable LOCAL_RANK='", v, "': expected a non-negative integer"));
   }

@@ -39,6 +39,7 @@
 #include "comm/compute_layout.h"
 #include "comm/launcher.h"
 #include "comm/process_group.h"
+#include "comm/slurm.h"
 #include "comm/thread_layout.h"
 #include "state_dict/checkpoint.h"
 #include "trainer/options.h"
@@ -260,7 +261,7 @@ int main(int argc, char** argv) {
     std::fputs(trainer::Usage().c_str(), stdout);
     return 0;
   }
-  if (std::getenv("RANK") != nullptr) return RunRank(*options);
+  if (std::getenv("RANK") != nullptr || comm::is_slurm_task()) return RunRank(*options);
   // Refuse bad combinations before starting any rank.
   if (auto s = trainer::CheckFeatureAvailability(*options, options->nproc); !s.ok()) {
     return Fail(s, 2);

@@ -1,4 +1,4 @@
-// The trainer started by PyTorch's own launcher, torchrun (the installed
+// The trainer started by the field's launchers. First PyTorch's own, torchrun (the installed
 // `torch`'s torch.distributed.run, with --no-python), as clusters start jobs:
 // its agent serves the rendezvous store and tells the workers so
 // (TORCHELASTIC_USE_AGENT_STORE=True), which comm's env:// rendezvous
@@ -6,7 +6,9 @@
 // c10d backend on a free port), two torchrun processes on loopback forming
 // one job with the c10d backend, and torchrun's --max-restarts relaunching
 // the workers after one is killed, which resume from the newest checkpoint.
-// Each run's losses are the trainer's own launcher's, step for step.
+// Then Slurm's srun, whose tasks are told who they are by SLURM_* variables
+// (set here as srun sets them; there is no Slurm on these machines). Each
+// run's losses are the trainer's own launcher's, step for step.
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -160,6 +162,44 @@ TEST(TrainerTorchrun, MaxRestartsRelaunchesWorkersThatResume) {
   const std::vector<double> got_tail(got.losses.end() - kSteps / 2, got.losses.end());
   const std::vector<double> want_tail(want.end() - kSteps / 2, want.end());
   ExpectSameLosses(got_tail, want_tail, 1e-6, "after the restart");
+}
+
+// Two tasks of an srun job step on one node: no RANK, WORLD_SIZE or
+// MASTER_ADDR, only Slurm's variables (comm/slurm.h maps them).
+TEST(TrainerSrun, TasksOfAJobStepFormTheGroupFromSlurmsVariables) {
+  const std::vector<double> want = ReferenceLosses(8);
+  const std::string dir = TempDir("srun_tasks");
+  const std::string port = std::to_string(FreePort());
+  std::vector<pid_t> tasks;
+  for (int task = 0; task < 2; ++task) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                               "MASTER_ADDR", "TORCHELASTIC_RESTART_COUNT"}) {
+        unsetenv(name);
+      }
+      setenv("SLURM_JOB_ID", "4242", 1);
+      setenv("SLURM_STEP_ID", "0", 1);
+      setenv("SLURM_PROCID", std::to_string(task).c_str(), 1);
+      setenv("SLURM_LOCALID", std::to_string(task).c_str(), 1);
+      setenv("SLURM_STEP_NUM_TASKS", "2", 1);
+      setenv("SLURM_STEP_NUM_NODES", "1", 1);
+      setenv("SLURM_STEP_NODELIST", "127.0.0.1", 1);
+      setenv("MASTER_PORT", port.c_str(), 1);  // the documented way to pick one
+      const std::string command = "exec trainer/trainer " + std::string(kSmall) +
+                                  "--steps 8 --log-json " + dir + "/log.jsonl > " + dir +
+                                  "/out" + std::to_string(task) + ".txt 2>&1";
+      execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    tasks.push_back(pid);
+  }
+  for (int task = 0; task < 2; ++task) {
+    EXPECT_EQ(WaitExit(tasks[static_cast<size_t>(task)]), 0)
+        << ReadAll(dir + "/out" + std::to_string(task) + ".txt");
+  }
+  EXPECT_THAT(ReadAll(dir + "/out0.txt"), HasSubstr("2 ranks"));
+  ExpectSameLosses(ReadLog(dir + "/log.jsonl", 2).losses, want, 1e-6, "srun tasks");
 }
 
 }  // namespace
