@@ -155,20 +155,30 @@ absl::StatusOr<Rendezvous> connect_tcp(const std::string& host, int port,
         port_source, "=", port, ": expected a TCP port in [1, 65535]"));
   }
   const std::string address = absl::StrCat(host, ":", port);
-  if (server.agent) {
+  if (server.agent || rank != 0) {
     internal::StoreClientOptions client_options;
     client_options.host = host;
     client_options.port = port;
     client_options.timeout = timeout;
     auto client = internal::StoreClient::Connect(client_options);
     if (!client.ok()) {
-      return absl::Status(
-          client.status().code(),
-          absl::StrCat("rank ", rank, " could not reach torchrun's store at ", address,
-                       " (TORCHELASTIC_USE_AGENT_STORE=True, ", port_source,
-                       "): ", client.status().message()));
+      const std::string whom =
+          server.agent ? absl::StrCat("could not reach torchrun's store at ", address,
+                                      " (TORCHELASTIC_USE_AGENT_STORE=True, ", port_source, ")")
+                       : absl::StrCat("could not join the rendezvous at ", address, " (",
+                                      port_source, ": is it right, and is rank 0 of ",
+                                      world_size, " running?)");
+      return absl::Status(client.status().code(), absl::StrCat("rank ", rank, " ", whom, ": ",
+                                                               client.status().message()));
     }
     c10::intrusive_ptr<internal::StoreClient> ours = *client;
+    if (!server.agent) {
+      return Rendezvous{ours, absl::StrCat("tcp://", address), host,
+                        [ours](const std::string& key, int64_t delta,
+                               std::chrono::milliseconds budget) {
+                          return ours->TryAdd(key, delta, budget);
+                        }};
+    }
     const std::string prefix = server.key_prefix;
     return Rendezvous{
         c10::make_intrusive<c10d::PrefixStore>(prefix, ours),
@@ -177,27 +187,6 @@ absl::StatusOr<Rendezvous> connect_tcp(const std::string& host, int port,
                        std::chrono::milliseconds budget) {
           // As c10d::PrefixStore joins them.
           return ours->TryAdd(prefix + "/" + key, delta, budget);
-        }};
-  }
-  if (rank != 0) {
-    internal::StoreClientOptions client_options;
-    client_options.host = host;
-    client_options.port = port;
-    client_options.timeout = timeout;
-    auto client = internal::StoreClient::Connect(client_options);
-    if (!client.ok()) {
-      return absl::Status(
-          client.status().code(),
-          absl::StrCat("rank ", rank, " could not join the rendezvous at ", address,
-                       " (", port_source, ": is it right, and is rank 0 of ",
-                       world_size, " running?): ", client.status().message()));
-    }
-    c10::intrusive_ptr<internal::StoreClient> ours = *client;
-    return Rendezvous{
-        ours, absl::StrCat("tcp://", address), host,
-        [ours](const std::string& key, int64_t delta,
-               std::chrono::milliseconds budget) {
-          return ours->TryAdd(key, delta, budget);
         }};
   }
   c10d::TCPStoreOptions store_options;
