@@ -252,6 +252,16 @@ class ArchiveCheck {
         return Bad(absl::StrCat(where, " ('", absl::CEscape(e.name), "') holds ",
                                 e.uncompressed, " bytes but is marked as a directory"));
       }
+      // miniz (and so LibTorch's reader) extracts stored and deflated records
+      // only; another method's sizes are claims nothing can check (a
+      // method-33 data.pkl claiming 2.5 GB in a 1.4 KB file was allocated
+      // before anything noticed: found by the torch_file fuzzer).
+      if (e.method != kZipStored && e.method != kZipDeflated) {
+        return Bad(absl::StrCat(where, " ('", absl::CEscape(e.name),
+                                "') uses compression method ", e.method,
+                                ": expected 0 (stored) or 8 (deflated), the only ones "
+                                "PyTorch's reader extracts"));
+      }
       // Deflate expands at most ~1032:1, and LibTorch's getRecord allocates
       // the claimed size before inflating: a record claiming more would make
       // a tiny file allocate gigabytes, then fail to inflate anyway.
