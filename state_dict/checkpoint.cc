@@ -801,6 +801,9 @@ bool IsDamage(const absl::Status& status) {
 }  // namespace
 
 absl::StatusOr<RecoveredCheckpoint> RecoverLatestCheckpoint(const std::string& root) {
+  RecoveredCheckpoint out;
+  // A root that does not exist yet is a job killed before its first save.
+  if (!internal::PathExists(root)) return out;
   auto names = internal::ListDirectory(root);
   if (!names.ok()) return names.status();
   std::vector<std::pair<int64_t, std::string>> steps;
@@ -811,7 +814,6 @@ absl::StatusOr<RecoveredCheckpoint> RecoverLatestCheckpoint(const std::string& r
     }
   }
   std::sort(steps.rbegin(), steps.rend());
-  RecoveredCheckpoint out;
   for (const auto& [step, name] : steps) {
     const std::string dir = root + "/" + name;
     auto manifest = ReadManifest(dir);

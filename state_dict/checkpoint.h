@@ -133,7 +133,8 @@ struct RecoveredCheckpoint {
 // lists, loads, prunes or overwrites it again, so training continues from
 // the good one and can save step N anew, while the damaged files stay for a
 // person to look at. Directories without a MANIFEST (interrupted saves) are
-// skipped and left for PruneCheckpoints.
+// skipped and left for PruneCheckpoints. A root that does not exist (a job
+// killed before its first save) has no checkpoint: step_dir is empty.
 //
 // Stops with an error, moving nothing further, on a MANIFEST of a newer
 // format (FailedPrecondition: a newer build's checkpoint is not damage) and

@@ -708,6 +708,12 @@ TEST(CheckpointTest, RecoverSetsDamagedNewerCheckpointsAside) {
   ASSERT_TRUE(recovered.ok()) << recovered.status();
   EXPECT_EQ(recovered->step_dir, std::optional<std::string>(StepDirectory(root, 6)));
   EXPECT_TRUE(recovered->set_aside.empty());
+  // A job killed before its first save has no root yet: nothing to resume,
+  // not an error (the chaos test's early kills restart this way).
+  recovered = RecoverLatestCheckpoint(root + "/never_created");
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  EXPECT_FALSE(recovered->step_dir.has_value());
+  EXPECT_TRUE(recovered->set_aside.empty());
 }
 
 // --keep-last: older complete checkpoints go, and so does the debris of
