@@ -533,6 +533,15 @@ absl::StatusOr<OptimStateDict> ScatterFullOptimStateDict(
   return ShardFull(view, mine, current.param_groups);
 }
 
+absl::StatusOr<std::vector<OptimParamGroup>> NamedParamGroups(
+    const FullyShardedDataParallel& model, const torch::optim::Optimizer& optimizer) {
+  OptimView view;
+  STATE_DICT_ASSIGN_OR_RETURN(view, DescribeOptim(model, optimizer));
+  OptimStateDict exported;
+  STATE_DICT_ASSIGN_OR_RETURN(exported, ExportOptimizerState(optimizer));
+  return NamedGroups(view, exported);
+}
+
 absl::StatusOr<FsdpModelStateDict> ShardedOptimStateDict(
     const FullyShardedDataParallel& model, const torch::optim::Optimizer& optimizer) {
   OptimView view;
@@ -657,34 +666,47 @@ absl::Status LoadShardedOptimStateDict(const FullyShardedDataParallel& model,
   return ImportOptimizerState(optimizer, to_load);
 }
 
-absl::Status LoadShardedOptimCheckpoint(const FullyShardedDataParallel& model,
-                                        torch::optim::Optimizer& optimizer,
-                                        const std::string& step_dir) {
+absl::Status LoadShardedOptimFrom(const FullyShardedDataParallel& model,
+                                  torch::optim::Optimizer& optimizer, const std::string& source,
+                                  const std::vector<ShardedEntryInfo>& entries,
+                                  const ShardedReader& read) {
   OptimView view;
   STATE_DICT_ASSIGN_OR_RETURN(view, DescribeOptim(model, optimizer));
-  Manifest manifest;
-  STATE_DICT_ASSIGN_OR_RETURN(manifest, ReadManifest(step_dir));
-  std::vector<std::pair<std::string, ShardRequest>> requests;
+  ShardRequests requests;
   std::set<std::string> requested;
-  for (const ManifestFile& file : manifest.files) {
-    for (const ManifestTensor& t : file.tensors) {
-      std::string param, entry;
-      if (!SplitOptimName(t.name, &param, &entry)) continue;
-      if (!requested.insert(t.name).second) continue;
-      auto it = view.slot_of.find(param);
-      if (it == view.slot_of.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "checkpoint ", step_dir, " has optimizer state '", t.name, "', but '", param,
-            "' is not a parameter of the optimizer"));
-      }
-      requests.emplace_back(t.name,
-                            SlotRequest(view.slots[it->second], t.global_shape, t.dtype));
+  for (const ShardedEntryInfo& t : entries) {
+    std::string param, entry;
+    if (!SplitOptimName(t.name, &param, &entry)) continue;
+    if (!requested.insert(t.name).second) continue;
+    auto it = view.slot_of.find(param);
+    if (it == view.slot_of.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, " has optimizer state '", t.name, "', but '", param,
+          "' is not a parameter of the optimizer"));
     }
+    requests.emplace_back(t.name, SlotRequest(view.slots[it->second], t.global_shape, t.dtype));
   }
   FsdpModelStateDict saved;
   saved.type = StateDictType::kSharded;
-  STATE_DICT_ASSIGN_OR_RETURN(saved.sharded, LoadResharded(step_dir, requests));
+  STATE_DICT_ASSIGN_OR_RETURN(saved.sharded, read(requests));
   return LoadShardedOptimStateDict(model, optimizer, saved);
+}
+
+absl::Status LoadShardedOptimCheckpoint(const FullyShardedDataParallel& model,
+                                        torch::optim::Optimizer& optimizer,
+                                        const std::string& step_dir) {
+  Manifest manifest;
+  STATE_DICT_ASSIGN_OR_RETURN(manifest, ReadManifest(step_dir));
+  std::vector<ShardedEntryInfo> entries;
+  for (const ManifestFile& file : manifest.files) {
+    for (const ManifestTensor& t : file.tensors) {
+      entries.push_back(ShardedEntryInfo{t.name, t.global_shape, t.dtype});
+    }
+  }
+  return LoadShardedOptimFrom(model, optimizer, absl::StrCat("checkpoint ", step_dir), entries,
+                              [&](const ShardRequests& requests) {
+                                return LoadResharded(step_dir, requests);
+                              });
 }
 
 absl::StatusOr<FsdpOptimStateDict> GetOptimStateDict(FullyShardedDataParallel& model,

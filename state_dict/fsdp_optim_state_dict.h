@@ -107,6 +107,27 @@ absl::Status LoadShardedOptimCheckpoint(const fsdp::FullyShardedDataParallel& mo
                                         torch::optim::Optimizer& optimizer,
                                         const std::string& step_dir);
 
+// The optimizer's param_groups, each listing the clean FQNs of its original
+// parameters (as FSDP.optim_state_dict's param_groups do), with its
+// hyperparameters under Python's names. Local.
+absl::StatusOr<std::vector<OptimParamGroup>> NamedParamGroups(
+    const fsdp::FullyShardedDataParallel& model, const torch::optim::Optimizer& optimizer);
+
+// A tensor a sharded source holds: its name, global shape and dtype.
+struct ShardedEntryInfo {
+  std::string name;
+  std::vector<int64_t> global_shape;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+};
+
+// LoadShardedOptimCheckpoint from any reader (fsdp_state_dict.h): the
+// optimizer entries ("<fqn>/<entry>") among `entries` are requested for this
+// rank's ranges and loaded; `source` names the source in errors.
+absl::Status LoadShardedOptimFrom(const fsdp::FullyShardedDataParallel& model,
+                                  torch::optim::Optimizer& optimizer, const std::string& source,
+                                  const std::vector<ShardedEntryInfo>& entries,
+                                  const ShardedReader& read);
+
 // ---- the state_dict_type-driven API (PyTorch's optim_state_dict) ----------
 
 // An optimizer state dict in one of the model's forms.

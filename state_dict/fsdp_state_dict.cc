@@ -326,6 +326,33 @@ ShardedStateDict ShardToSave(const FsdpModelStateDict& state) {
   return shard;
 }
 
+absl::Status LoadModelShardedFrom(FullyShardedDataParallel& model, const ShardedReader& read) {
+  auto view = Describe(model);
+  if (!view.ok()) return view.status();
+  FsdpModelStateDict state = NewStateDict(*view, StateDictType::kSharded);
+  std::vector<std::pair<std::string, ShardRequest>> requests;
+  for (const Managed& m : view->managed) {
+    ShardRequest r;
+    r.global_shape = m.info->shape;
+    r.dtype = m.handle->flat_param().scalar_type();
+    if (m.info->numel_in_shard > 0) {
+      r.ranges.push_back({m.info->offset_in_param, m.info->numel_in_shard});
+    }
+    requests.emplace_back(m.name, std::move(r));
+  }
+  for (const Extra& e : view->extras) {
+    ShardRequest r;
+    r.global_shape = e.tensor.sizes().vec();
+    r.dtype = e.tensor.scalar_type();
+    if (e.tensor.numel() > 0) r.ranges.push_back({0, e.tensor.numel()});
+    requests.emplace_back(e.name, std::move(r));
+  }
+  auto loaded = read(requests);
+  if (!loaded.ok()) return loaded.status();
+  state.sharded = std::move(*loaded);
+  return LoadSharded(*view, state);
+}
+
 absl::Status LoadModelCheckpoint(FullyShardedDataParallel& model, const std::string& step_dir,
                                  StateDictType type) {
   auto view = Describe(model);
@@ -342,29 +369,10 @@ absl::Status LoadModelCheckpoint(FullyShardedDataParallel& model, const std::str
       }
       return LoadFull(model, state.full);
     }
-    case StateDictType::kSharded: {
-      std::vector<std::pair<std::string, ShardRequest>> requests;
-      for (const Managed& m : view->managed) {
-        ShardRequest r;
-        r.global_shape = m.info->shape;
-        r.dtype = m.handle->flat_param().scalar_type();
-        if (m.info->numel_in_shard > 0) {
-          r.ranges.push_back({m.info->offset_in_param, m.info->numel_in_shard});
-        }
-        requests.emplace_back(m.name, std::move(r));
-      }
-      for (const Extra& e : view->extras) {
-        ShardRequest r;
-        r.global_shape = e.tensor.sizes().vec();
-        r.dtype = e.tensor.scalar_type();
-        if (e.tensor.numel() > 0) r.ranges.push_back({0, e.tensor.numel()});
-        requests.emplace_back(e.name, std::move(r));
-      }
-      auto loaded = LoadResharded(step_dir, requests);
-      if (!loaded.ok()) return loaded.status();
-      state.sharded = std::move(*loaded);
-      return LoadSharded(*view, state);
-    }
+    case StateDictType::kSharded:
+      return LoadModelShardedFrom(model, [&](const ShardRequests& requests) {
+        return LoadResharded(step_dir, requests);
+      });
     case StateDictType::kLocal: {
       auto local = LoadLocalShard(step_dir, view->rank, view->world_size);
       if (!local.ok()) return local.status();

@@ -31,7 +31,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -123,6 +125,19 @@ absl::Status SaveModelCheckpoint(const std::string& root, int64_t step,
 // other than 0, a hybrid replica's). For saving them another way, e.g.
 // AsyncCheckpointer::SaveShardInPlace.
 ShardedStateDict ShardToSave(const FsdpModelStateDict& state);
+
+// Where a SHARDED load reads the pieces it requests, with LoadResharded's
+// contract (checkpoint.h): a checkpoint step directory, or a
+// torch.distributed.checkpoint directory with its keys mapped (fsdp_dcp.h).
+using ShardRequests = std::vector<std::pair<std::string, ShardRequest>>;
+using ShardedReader = std::function<absl::StatusOr<ShardedStateDict>(const ShardRequests&)>;
+
+// LoadModelCheckpoint's kSharded load from any reader: this rank's ranges
+// of every managed parameter and the whole of every buffer and unmanaged
+// parameter, requested by clean FQN, all checked before the model is
+// written.
+absl::Status LoadModelShardedFrom(fsdp::FullyShardedDataParallel& model,
+                                  const ShardedReader& read);
 
 // Loads a checkpoint step directory in form `type` into the model: kFull
 // reads the FULL dict (a full or a sharded checkpoint of any world size;

@@ -51,14 +51,14 @@ absl::StatusOr<Pickled> Pickle(const c10::IValue& value, absl::string_view what,
 
 }  // namespace
 
-absl::Status SaveIValue(const c10::IValue& value, const std::string& path) {
+namespace internal {
+
+absl::Status AppendTorchSave(const c10::IValue& value, AtomicFileWriter& file) {
   // As torch::jit::pickle_save, streamed: each storage is written (and
   // copied to the CPU, when it is elsewhere) on its own.
-  auto pickled = Pickle(value, "state", path);
+  auto pickled = Pickle(value, "state", file.path());
   if (!pickled.ok()) return pickled.status();
-  auto file = internal::AtomicFileWriter::Open(path);
-  if (!file.ok()) return file.status();
-  internal::TorchZipWriter zip(**file);
+  TorchZipWriter zip(file);
   for (size_t i = 0; i < pickled->records.size(); ++i) {
     const torch::jit::WriteableTensorData storage =
         torch::jit::getWriteableTensorData(pickled->records[i]);
@@ -67,7 +67,15 @@ absl::Status SaveIValue(const c10::IValue& value, const std::string& path) {
   }
   auto written = zip.WriteRecord("data.pkl", pickled->pickle.data(), pickled->pickle.size());
   if (!written.ok()) return written.status();
-  absl::Status status = zip.Finish();
+  return zip.Finish();
+}
+
+}  // namespace internal
+
+absl::Status SaveIValue(const c10::IValue& value, const std::string& path) {
+  auto file = internal::AtomicFileWriter::Open(path);
+  if (!file.ok()) return file.status();
+  absl::Status status = internal::AppendTorchSave(value, **file);
   if (!status.ok()) return status;
   return (*file)->Commit();
 }

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "state_dict/internal/file_io.h"
 #include "state_dict/internal/unpickler.h"
 #include "state_dict/pytorch_format.h"
 
@@ -45,6 +46,11 @@ struct LiveTensors {
 absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
                                                   const std::string& path,
                                                   const LiveTensors* live);
+
+// SaveIValue's torch.save archive, appended to `file` at its current end
+// (zip offsets relative to the archive's first byte): DCP's .distcp files
+// hold one per item.
+absl::Status AppendTorchSave(const c10::IValue& value, AtomicFileWriter& file);
 
 }  // namespace internal
 

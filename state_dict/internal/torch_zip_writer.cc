@@ -78,7 +78,7 @@ uint64_t HashCombine(uint64_t seed, uint64_t value) {
 }  // namespace
 
 TorchZipWriter::TorchZipWriter(AtomicFileWriter& file, std::string archive_name)
-    : file_(file), archive_name_(std::move(archive_name)) {}
+    : file_(file), base_(file.bytes()), archive_name_(std::move(archive_name)) {}
 
 absl::StatusOr<uint32_t> TorchZipWriter::WriteRecord(absl::string_view name, const void* data,
                                                      size_t size) {
@@ -86,7 +86,7 @@ absl::StatusOr<uint32_t> TorchZipWriter::WriteRecord(absl::string_view name, con
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot add record '", name, "' to ", file_.path(), ": the archive is finished"));
   }
-  Entry entry{absl::StrCat(archive_name_, "/", name), file_.bytes(), size, 0};
+  Entry entry{absl::StrCat(archive_name_, "/", name), file_.bytes() - base_, size, 0};
   if (entry.name.size() > 0xFFFF) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot add record '", name, "' to ", file_.path(), ": its name has ",
@@ -172,7 +172,7 @@ absl::Status TorchZipWriter::Finish() {
   if (!written.ok()) return written.status();
   finished_ = true;
 
-  const uint64_t directory_offset = file_.bytes();
+  const uint64_t directory_offset = file_.bytes() - base_;
   Bytes directory;
   for (const Entry& e : entries_) {
     const bool large_size = e.size >= kZip64Threshold;

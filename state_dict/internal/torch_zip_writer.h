@@ -28,9 +28,11 @@ namespace internal {
 
 class TorchZipWriter {
  public:
-  // Writes through `file` (not owned; it must outlive this writer). The
-  // archive name prefixes every record; PyTorchStreamWriter writing to a
-  // function uses "archive".
+  // Writes through `file` (not owned; it must outlive this writer), from
+  // its current end: zip offsets are relative to that byte, so an archive
+  // may follow others in one file (DCP's .distcp files). The archive name
+  // prefixes every record; PyTorchStreamWriter writing to a function uses
+  // "archive".
   explicit TorchZipWriter(AtomicFileWriter& file, std::string archive_name = "archive");
 
   // Appends the stored record <archive>/<name> with `size` bytes at `data`
@@ -50,6 +52,7 @@ class TorchZipWriter {
   };
 
   AtomicFileWriter& file_;
+  uint64_t base_;  // the file's size when the archive began
   std::string archive_name_;
   std::vector<Entry> entries_;
   uint64_t uncompressed_crc_hash_ = 0;

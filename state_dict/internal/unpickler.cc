@@ -38,13 +38,13 @@ using PyRef = std::shared_ptr<PyObject>;
 
 struct PyObject {
   enum class Kind { kNone, kBool, kInt, kFloat, kStr, kTuple, kList, kDict,
-                    kGlobal, kStorage, kTensor };
+                    kGlobal, kStorage, kTensor, kObject };
   Kind kind = Kind::kNone;
   bool b = false;
   int64_t i = 0;
   double f = 0;
-  std::string s;  // kStr; kGlobal: "module.name"
-  std::vector<PyRef> items;  // kTuple, kList
+  std::string s;  // kStr; kGlobal, kObject: "module.name" of the class
+  std::vector<PyRef> items;  // kTuple, kList; kObject: constructor arguments
   std::vector<std::pair<PyRef, PyRef>> entries;  // kDict
   // kDict: where each str and int key is in `entries`, made on the first
   // SETITEM(S): without it every SETITEM scanned the dict, and one SETITEMS
@@ -56,7 +56,7 @@ struct PyObject {
     std::unordered_map<int64_t, size_t> ints;
   };
   std::unique_ptr<Index> index;
-  PyRef attributes;  // kDict: state applied by BUILD (OrderedDict attrs)
+  PyRef attributes;  // kDict, kObject: state applied by BUILD (OrderedDict attrs)
   at::Storage storage;
   at::ScalarType storage_dtype = at::kFloat;
   at::Tensor tensor;
@@ -96,6 +96,10 @@ class Vm {
  public:
   Vm(std::string path, const std::string& pickle, StorageLoader load_storage)
       : path_(std::move(path)), data_(pickle), load_storage_(std::move(load_storage)) {}
+  // A VM for pickles of Python objects: calling (REDUCE, NEWOBJ) a global
+  // of `classes` makes an object of it; no persistent ids (storages).
+  Vm(std::string name, const std::string& pickle, const std::set<std::string>& classes)
+      : path_(std::move(name)), data_(pickle), classes_(&classes) {}
 
   // Every object the VM still references (the stack, the memo, storages),
   // for Dismantle.
@@ -125,8 +129,9 @@ class Vm {
 
  private:
   absl::Status Error(absl::string_view what) const {
-    return absl::DataLossError(
-        absl::StrCat(path_, ": cannot read PyTorch archive: ", what));
+    return absl::DataLossError(absl::StrCat(
+        path_, classes_ == nullptr ? ": cannot read PyTorch archive: " : ": cannot read pickle: ",
+        what));
   }
 
   uint8_t Byte() { return static_cast<uint8_t>(data_[pos_++]); }
@@ -276,6 +281,7 @@ class Vm {
   }
 
   absl::StatusOr<PyRef> LoadStorage(const PyRef& pid) {
+    if (load_storage_ == nullptr) return Error("persistent id in a pickle of plain objects");
     // ('storage', torch.<Type>Storage, key, location, numel)
     if (pid->kind != PyObject::Kind::kTuple || pid->items.size() != 5 ||
         pid->items[0]->s != "storage" ||
@@ -320,6 +326,7 @@ class Vm {
     if (args->kind != PyObject::Kind::kTuple) return Error("REDUCE without an argument tuple");
     const std::string& name = func->s;
     const std::vector<PyRef>& a = args->items;
+    if (classes_ != nullptr) return MakeObject(func, args);
     if (name == "collections.OrderedDict") {
       if (!a.empty()) return Error("OrderedDict(...) with arguments is unsupported");
       return Make(PyObject::Kind::kDict);
@@ -388,9 +395,34 @@ class Vm {
                               " (only tensors, containers and scalars are read)"));
   }
 
+  // An object of an allowed class, with its constructor arguments.
+  absl::StatusOr<PyRef> MakeObject(const PyRef& cls, const PyRef& args) {
+    if (cls->kind != PyObject::Kind::kGlobal || classes_ == nullptr ||
+        classes_->count(cls->s) == 0) {
+      return Error(absl::StrCat("unsupported global ",
+                                cls->kind == PyObject::Kind::kGlobal ? cls->s : "(not a class)",
+                                " (only the classes this format's metadata uses are read)"));
+    }
+    if (args->kind != PyObject::Kind::kTuple) return Error("object made without an argument tuple");
+    PyRef o = Make(PyObject::Kind::kObject);
+    o->s = cls->s;
+    o->items = args->items;
+    return o;
+  }
+
   absl::Status Step(uint8_t op) {
     using K = PyObject::Kind;
     switch (op) {
+      case 0x81: {  // NEWOBJ: cls.__new__(cls, *args)
+        auto args = Pop();
+        if (!args.ok()) return args.status();
+        auto cls = Pop();
+        if (!cls.ok()) return cls.status();
+        auto o = MakeObject(*cls, *args);
+        if (!o.ok()) return o.status();
+        Push(*o);
+        return absl::OkStatus();
+      }
       case 0x80:  // PROTO
         if (pos_ >= data_.size()) return Error("pickle is truncated");
         if (Byte() > 4) return Error("pickle protocol newer than 4");
@@ -599,6 +631,10 @@ class Vm {
           return absl::OkStatus();
         }
         if (obj->kind == K::kTensor) return absl::OkStatus();  // Parameter state
+        if (obj->kind == K::kObject && obj->attributes == nullptr) {
+          obj->attributes = *state;
+          return absl::OkStatus();
+        }
         return Error("BUILD on an unsupported object");
       }
       case 'Q': {
@@ -617,6 +653,7 @@ class Vm {
   std::string path_;
   const std::string& data_;
   StorageLoader load_storage_;
+  const std::set<std::string>* classes_ = nullptr;
   size_t pos_ = 0;
   std::vector<PyRef> stack_;
   std::vector<size_t> marks_;
@@ -630,10 +667,12 @@ class Vm {
 
 bool IsContainer(const PyObject& o) {
   return o.kind == PyObject::Kind::kTuple || o.kind == PyObject::Kind::kList ||
-         o.kind == PyObject::Kind::kDict;
+         o.kind == PyObject::Kind::kDict || o.kind == PyObject::Kind::kObject;
 }
 
+// An object's children are its arguments, then its state.
 size_t ChildCount(const PyObject& o) {
+  if (o.kind == PyObject::Kind::kObject) return o.items.size() + (o.attributes ? 1 : 0);
   return o.kind == PyObject::Kind::kDict ? 2 * o.entries.size() : o.items.size();
 }
 
@@ -641,6 +680,7 @@ const PyRef& ChildAt(const PyObject& o, size_t i) {
   if (o.kind == PyObject::Kind::kDict) {
     return i % 2 == 0 ? o.entries[i / 2].first : o.entries[i / 2].second;
   }
+  if (o.kind == PyObject::Kind::kObject && i == o.items.size()) return o.attributes;
   return o.items[i];
 }
 
@@ -779,6 +819,7 @@ absl::StatusOr<c10::IValue> ToIValue(
     }
     case K::kGlobal:
     case K::kStorage:
+    case K::kObject:
       return absl::DataLossError(
           absl::StrCat(path, ": archive holds a bare class or storage, not data"));
   }
@@ -832,6 +873,97 @@ absl::StatusOr<UnpickledArchive> Unpickle(const std::string& path, const std::st
     }
   }
   return out;
+}
+
+// Copies the VM's objects into PickledValues. A value shared in the pickle
+// is copied once per place that names it, so `budget` (nodes left) bounds
+// the result: a pickle that shares one list 2^60 ways is refused, not
+// expanded. The caller bounds the nesting first.
+absl::StatusOr<PickledValue> ToPickledValue(const std::string& name, const PyRef& o,
+                                            const std::set<std::string>& classes,
+                                            int64_t& budget) {
+  using K = PyObject::Kind;
+  using V = PickledValue::Kind;
+  if (--budget < 0) {
+    return absl::DataLossError(absl::StrCat(
+        name, ": pickle expands to too many values (it shares objects more than "
+        "plain metadata does)"));
+  }
+  PickledValue out;
+  auto children = [&](const std::vector<PyRef>& from,
+                      std::vector<PickledValue>& to) -> absl::Status {
+    to.reserve(from.size());
+    for (const PyRef& item : from) {
+      auto v = ToPickledValue(name, item, classes, budget);
+      if (!v.ok()) return v.status();
+      to.push_back(*std::move(v));
+    }
+    return absl::OkStatus();
+  };
+  switch (o->kind) {
+    case K::kNone:
+      out.kind = V::kNone;
+      return out;
+    case K::kBool:
+      out.kind = V::kBool;
+      out.b = o->b;
+      return out;
+    case K::kInt:
+      out.kind = V::kInt;
+      out.i = o->i;
+      return out;
+    case K::kFloat:
+      out.kind = V::kFloat;
+      out.f = o->f;
+      return out;
+    case K::kStr:
+      out.kind = V::kStr;
+      out.s = o->s;
+      return out;
+    case K::kTuple:
+    case K::kList: {
+      out.kind = o->kind == K::kTuple ? V::kTuple : V::kList;
+      absl::Status status = children(o->items, out.items);
+      if (!status.ok()) return status;
+      return out;
+    }
+    case K::kDict: {
+      out.kind = V::kDict;
+      out.entries.reserve(o->entries.size());
+      for (const auto& [key, value] : o->entries) {
+        auto k = ToPickledValue(name, key, classes, budget);
+        if (!k.ok()) return k.status();
+        auto v = ToPickledValue(name, value, classes, budget);
+        if (!v.ok()) return v.status();
+        out.entries.emplace_back(*std::move(k), *std::move(v));
+      }
+      return out;
+    }
+    case K::kGlobal:
+      if (classes.count(o->s) == 0) {
+        return absl::DataLossError(absl::StrCat(name, ": unsupported global ", o->s,
+                                                " (only the classes this format's metadata uses are read)"));
+      }
+      out.kind = V::kGlobal;
+      out.s = o->s;
+      return out;
+    case K::kObject: {
+      out.kind = V::kObject;
+      out.s = o->s;
+      absl::Status status = children(o->items, out.items);
+      if (!status.ok()) return status;
+      if (o->attributes != nullptr) {
+        auto state = ToPickledValue(name, o->attributes, classes, budget);
+        if (!state.ok()) return state.status();
+        out.state.push_back(*std::move(state));
+      }
+      return out;
+    }
+    case K::kStorage:
+    case K::kTensor:
+      break;
+  }
+  return absl::DataLossError(absl::StrCat(name, ": tensor data in a pickle of plain objects"));
 }
 
 absl::Status ArchiveError(const std::string& path, absl::string_view what) {
@@ -921,9 +1053,11 @@ class ArchiveRecords {
   static constexpr int64_t kMissing = -1;
   static constexpr int64_t kAmbiguous = -2;
 
-  ArchiveRecords(const std::string& path, const ZipDirectory& directory,
+  // The archive `directory` describes in the file `path`; errors name `name`
+  // (the path, or an embedded archive's region).
+  ArchiveRecords(const std::string& path, const std::string& name, const ZipDirectory& directory,
                  caffe2::serialize::PyTorchStreamReader& reader)
-      : path_(path), directory_(directory), reader_(reader) {
+      : file_(path), path_(name), directory_(directory), reader_(reader) {
     for (size_t i = 0; i < directory_.entries.size(); ++i) {
       auto inserted = entry_by_name_.emplace(AsciiLower(directory_.entries[i].name),
                                              static_cast<int64_t>(i));
@@ -932,7 +1066,7 @@ class ArchiveRecords {
   }
 
   absl::Status Open() {
-    auto zip = ZipRecordReader::Open(path_, directory_);
+    auto zip = ZipRecordReader::Open(file_, directory_, path_);
     if (!zip.ok()) return zip.status();
     zip_ = *std::move(zip);
     return absl::OkStatus();
@@ -1001,6 +1135,7 @@ class ArchiveRecords {
     return absl::OkStatus();
   }
 
+  const std::string& file_;
   const std::string& path_;
   const ZipDirectory& directory_;
   caffe2::serialize::PyTorchStreamReader& reader_;
@@ -1031,7 +1166,7 @@ class OnePassReader {
  public:
   OnePassReader(const std::string& path, const ZipDirectory& directory,
                 caffe2::serialize::PyTorchStreamReader& reader, TensorData data)
-      : path_(path), records_(path, directory, reader), data_(data) {}
+      : path_(path), records_(path, path, directory, reader), data_(data) {}
   OnePassReader(const OnePassReader&) = delete;
   OnePassReader& operator=(const OnePassReader&) = delete;
 
@@ -1245,26 +1380,57 @@ absl::Status CheckBudget(const std::string& path, const ZipDirectory& directory,
       " bytes (max_bytes); refused before reading any of them"));
 }
 
-}  // namespace
+// LibTorch's reader over an archive embedded in a region of a file.
+class RegionReadAdapter : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  RegionReadAdapter(int fd, uint64_t base, uint64_t size) : fd_(fd), base_(base), size_(size) {}
+  ~RegionReadAdapter() override { ::close(fd_); }
+  size_t size() const override { return static_cast<size_t>(size_); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= size_) return 0;
+    n = static_cast<size_t>(std::min<uint64_t>(n, size_ - pos));
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t got = ::pread(fd_, static_cast<char*>(buf) + done, n - done,
+                                  static_cast<off_t>(base_ + pos + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) break;
+      done += static_cast<size_t>(got);
+    }
+    return done;
+  }
 
-absl::StatusOr<UnpickledArchive> ReadTorchArchive(const std::string& path,
-                                                  const ArchiveLimits& limits) {
-  // The reader's constructor leaks miniz's state when it throws after opening
-  // the zip; the precheck refuses every archive it would throw on there, and
-  // gives the directory the records are read by.
-  auto directory = ReadTorchArchiveDirectory(path);
-  if (!directory.ok()) return directory.status();
-  absl::Status status = CheckBudget(path, *directory, limits.max_bytes);
+ private:
+  int fd_;
+  uint64_t base_;
+  uint64_t size_;
+};
+
+// ReadTorchArchive of the archive `directory` describes in the file `path`;
+// errors name `name`.
+absl::StatusOr<UnpickledArchive> ReadArchive(const std::string& path, const std::string& name,
+                                             const ZipDirectory& directory,
+                                             const ArchiveLimits& limits) {
+  absl::Status status = CheckBudget(name, directory, limits.max_bytes);
   if (!status.ok()) return status;
   try {
     // LibTorch's reader validates the zip as for any load (cheaply: the end
     // records, the central directory and the version record) and finds the
     // records whose names several entries match.
-    caffe2::serialize::PyTorchStreamReader reader(path);
-    if (!reader.hasRecord("data.pkl")) {
-      return absl::DataLossError(absl::StrCat(path, ": no data.pkl record"));
+    std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
+    if (directory.whole_file) {
+      reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
+    } else {
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", name, ": ",
+                                                          std::strerror(errno)));
+      reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(
+          std::make_shared<RegionReadAdapter>(fd, directory.base, directory.file_bytes));
     }
-    ArchiveRecords records(path, *directory, reader);
+    if (!reader->hasRecord("data.pkl")) {
+      return absl::DataLossError(absl::StrCat(name, ": no data.pkl record"));
+    }
+    ArchiveRecords records(path, name, directory, *reader);
     status = records.Open();
     if (!status.ok()) return status;
     auto pickle = records.ReadPickle();
@@ -1272,7 +1438,7 @@ absl::StatusOr<UnpickledArchive> ReadTorchArchive(const std::string& path,
     // One storage per record, however many keys name it (they may differ in
     // case): memory stays within what the records declare.
     std::unordered_map<std::string, at::Storage> storages;
-    return Unpickle(path, *pickle, [&](const std::string& record) -> absl::StatusOr<at::Storage> {
+    return Unpickle(name, *pickle, [&](const std::string& record) -> absl::StatusOr<at::Storage> {
       const std::string key = AsciiLower(record);
       auto found = storages.find(key);
       if (found != storages.end()) return found->second;
@@ -1283,8 +1449,50 @@ absl::StatusOr<UnpickledArchive> ReadTorchArchive(const std::string& path,
       return storage;
     });
   } catch (const c10::Error& e) {
-    return CaughtArchiveError(path, e);
+    return CaughtArchiveError(name, e);
   }
+}
+
+}  // namespace
+
+absl::StatusOr<UnpickledArchive> ReadTorchArchive(const std::string& path,
+                                                  const ArchiveLimits& limits) {
+  // The reader's constructor leaks miniz's state when it throws after opening
+  // the zip; the precheck refuses every archive it would throw on there, and
+  // gives the directory the records are read by.
+  auto directory = ReadTorchArchiveDirectory(path);
+  if (!directory.ok()) return directory.status();
+  return ReadArchive(path, path, *directory, limits);
+}
+
+absl::StatusOr<PickledValue> UnpickleObjects(const std::string& name, const std::string& pickle,
+                                             const std::set<std::string>& classes) {
+  Vm vm(name, pickle, classes);
+  struct DismantleOnExit {
+    Vm& vm;
+    ~DismantleOnExit() { Dismantle(vm.Roots()); }
+  } dismantle{vm};
+  auto top = vm.Run();
+  if (!top.ok()) return top.status();
+  const int64_t depth = NestingDepth(top->get());
+  if (depth < 0) {
+    return absl::DataLossError(absl::StrCat(name, ": pickle holds an object that contains itself"));
+  }
+  if (depth > kMaxNesting) {
+    return absl::DataLossError(absl::StrCat(name, ": pickle nests objects ", depth,
+                                            " levels deep; at most ", kMaxNesting,
+                                            " levels are read"));
+  }
+  // Plain metadata names each value about once: a few values per byte.
+  int64_t budget = 4 * static_cast<int64_t>(pickle.size()) + 1024;
+  return ToPickledValue(name, *top, classes, budget);
+}
+
+absl::StatusOr<UnpickledArchive> ReadTorchArchive(const FileRegion& region,
+                                                  const ArchiveLimits& limits) {
+  auto directory = ReadTorchArchiveDirectory(region);
+  if (!directory.ok()) return directory.status();
+  return ReadArchive(region.path, region.Name(), *directory, limits);
 }
 
 absl::StatusOr<ChecksummedArchive> ReadTorchArchiveInOnePass(const std::string& path,

@@ -28,10 +28,13 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include <ATen/core/ivalue.h>
 
 #include "absl/status/statusor.h"
+#include "state_dict/internal/zip_precheck.h"
 
 namespace state_dict {
 namespace internal {
@@ -73,6 +76,34 @@ struct ArchiveLimits {
 // SETITEMS of N keys used to take N^2/2 comparisons).
 absl::StatusOr<UnpickledArchive> ReadTorchArchive(const std::string& path,
                                                   const ArchiveLimits& limits = {});
+// The same for an archive embedded in a region of a file (DCP's .distcp
+// files: one torch.save archive per item); errors name the region.
+absl::StatusOr<UnpickledArchive> ReadTorchArchive(const FileRegion& region,
+                                                  const ArchiveLimits& limits = {});
+
+// A Python value from a pickle of plain data and of objects of classes a
+// caller allows (UnpickleObjects): the metadata of formats such as
+// torch.distributed.checkpoint's `.metadata`, which pickles dataclasses.
+struct PickledValue {
+  enum class Kind { kNone, kBool, kInt, kFloat, kStr, kTuple, kList, kDict, kGlobal, kObject };
+  Kind kind = Kind::kNone;
+  bool b = false;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;  // kStr (text or bytes); kGlobal, kObject: "module.Class"
+  std::vector<PickledValue> items;  // kTuple, kList; kObject: constructor arguments
+  std::vector<std::pair<PickledValue, PickledValue>> entries;  // kDict, in order
+  std::vector<PickledValue> state;  // kObject: what BUILD set (none or one value)
+};
+
+// Runs `pickle` (protocols 0-4) with the same strict VM as the archive
+// reader, except that calling a global (REDUCE, NEWOBJ) of `classes` makes a
+// kObject of it instead of running anything, and BUILD sets its state. Any
+// other global, a persistent id, a cycle, nesting past 1000 levels or a
+// result of more than a few values per byte of the pickle (shared objects
+// expanded) is a DataLoss error naming `name` and what was wrong.
+absl::StatusOr<PickledValue> UnpickleObjects(const std::string& name, const std::string& pickle,
+                                             const std::set<std::string>& classes);
 
 // What ReadTorchArchiveInOnePass does with tensor data.
 enum class TensorData {

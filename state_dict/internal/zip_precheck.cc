@@ -79,13 +79,16 @@ uint32_t ZipCrc32(const std::string& data) {
 
 class ArchiveCheck {
  public:
-  ArchiveCheck(const std::string& path, ZipDirectory& out) : path_(path), out_(out) {}
+  ArchiveCheck(const std::string& path, ZipDirectory& out) : file_(path), path_(path), out_(out) {}
+  // An archive embedded in `region` of its file.
+  ArchiveCheck(const FileRegion& region, ZipDirectory& out)
+      : file_(region.path), name_(region.Name()), path_(name_), out_(out), region_(&region) {}
   ~ArchiveCheck() {
     if (fd_ >= 0) ::close(fd_);
   }
 
   absl::Status Run() {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    fd_ = ::open(file_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) {
       const int err = errno;
       const std::string what = absl::StrCat("cannot open it: ", std::strerror(err));
@@ -94,6 +97,15 @@ class ArchiveCheck {
     struct stat st;
     if (::fstat(fd_, &st) != 0) return Bad(absl::StrCat("cannot stat it: ", std::strerror(errno)));
     size_ = static_cast<uint64_t>(st.st_size);
+    if (region_ != nullptr) {
+      if (region_->offset > size_ || region_->length > size_ - region_->offset) {
+        return Bad(absl::StrCat("the region lies beyond the end of the ", size_, "-byte file"));
+      }
+      base_ = region_->offset;
+      size_ = region_->length;
+      out_.base = base_;
+      out_.whole_file = false;
+    }
     out_.file_bytes = size_;
 
     absl::Status status = ReadEndRecords();
@@ -150,7 +162,7 @@ class ArchiveCheck {
     size_t done = 0;
     while (done < out.size()) {
       const ssize_t n = ::pread(fd_, &out[done], out.size() - done,
-                                static_cast<off_t>(offset + done));
+                                static_cast<off_t>(base_ + offset + done));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) return Bad(absl::StrCat("cannot read its ", what, ": ",
                                           n < 0 ? std::strerror(errno) : "unexpected end"));
@@ -414,10 +426,14 @@ class ArchiveCheck {
     return absl::OkStatus();
   }
 
-  const std::string& path_;
+  const std::string file_;  // what is opened
+  const std::string name_;  // a region's name
+  const std::string& path_;  // what errors name
   ZipDirectory& out_;
+  const FileRegion* region_ = nullptr;
   int fd_ = -1;
-  uint64_t size_ = 0;
+  uint64_t base_ = 0;  // the archive's first byte in the file
+  uint64_t size_ = 0;  // the archive's size
   uint64_t entries_ = 0;
   uint64_t cd_size_ = 0;
   uint64_t cd_offset_ = 0;
@@ -450,21 +466,25 @@ DeclaredBytes DeclaredRecordBytes(const ZipDirectory& directory) {
 }
 
 absl::StatusOr<std::unique_ptr<ZipRecordReader>> ZipRecordReader::Open(
-    const std::string& path, const ZipDirectory& directory) {
+    const std::string& path, const ZipDirectory& directory, const std::string& name) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int error = errno;
     return absl::Status(absl::ErrnoToStatusCode(error),
                         absl::StrCat("cannot open ", path, ": ", std::strerror(error)));
   }
-  std::unique_ptr<ZipRecordReader> reader(new ZipRecordReader(path, directory, fd));
+  std::unique_ptr<ZipRecordReader> reader(
+      new ZipRecordReader(name.empty() ? path : name, directory, fd));
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     const int error = errno;
     return absl::Status(absl::ErrnoToStatusCode(error),
                         absl::StrCat("cannot stat ", path, ": ", std::strerror(error)));
   }
-  if (static_cast<uint64_t>(st.st_size) != directory.file_bytes) {
+  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
+  if (directory.whole_file ? file_bytes != directory.file_bytes
+                           : file_bytes < directory.base ||
+                                 file_bytes - directory.base < directory.file_bytes) {
     return reader->Error(absl::StrCat("it changed while being read (", directory.file_bytes,
                                       " bytes, then ", st.st_size, ")"));
   }
@@ -480,7 +500,8 @@ absl::Status ZipRecordReader::Error(absl::string_view what) const {
 absl::Status ZipRecordReader::ReadAt(uint64_t offset, char* out, size_t size) {
   size_t done = 0;
   while (done < size) {
-    const ssize_t n = ::pread(fd_, out + done, size - done, static_cast<off_t>(offset + done));
+    const ssize_t n = ::pread(fd_, out + done, size - done,
+                              static_cast<off_t>(directory_.base + offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       const int error = errno;
@@ -640,6 +661,17 @@ absl::Status PrecheckTorchArchive(const std::string& path) {
 absl::StatusOr<ZipDirectory> ReadTorchArchiveDirectory(const std::string& path) {
   ZipDirectory directory;
   absl::Status status = ArchiveCheck(path, directory).Run();
+  if (!status.ok()) return status;
+  return directory;
+}
+
+std::string FileRegion::Name() const {
+  return absl::StrCat(path, " (bytes ", offset, "..", offset + length, ")");
+}
+
+absl::StatusOr<ZipDirectory> ReadTorchArchiveDirectory(const FileRegion& region) {
+  ZipDirectory directory;
+  absl::Status status = ArchiveCheck(region, directory).Run();
   if (!status.ok()) return status;
   return directory;
 }

@@ -79,6 +79,12 @@ constexpr uint16_t kZipUnsupportedFlags = 0x0001 | 0x0020 | 0x0040;
 // the file claims them: only the central directory itself and the version
 // record were checked against the file's size.
 struct ZipDirectory {
+  // The archive's bytes are [base, base + file_bytes) of the file: the whole
+  // file (base 0), or an archive embedded in a larger one (DCP's .distcp
+  // files hold one torch.save archive per item; zip offsets are relative to
+  // the archive's first byte).
+  uint64_t base = 0;
+  bool whole_file = true;
   uint64_t file_bytes = 0;
   std::string folder;
   std::vector<ZipEntry> entries;
@@ -90,6 +96,19 @@ struct ZipDirectory {
 // deflated record declares at most deflate's maximum expansion of them, so
 // no declared size exceeds 1032 times the file's size.
 absl::StatusOr<ZipDirectory> ReadTorchArchiveDirectory(const std::string& path);
+
+// Bytes [offset, offset + length) of a file, and the name errors give them.
+struct FileRegion {
+  std::string path;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  std::string Name() const;  // "<path> (bytes <offset>..<offset + length>)"
+};
+
+// ReadTorchArchiveDirectory for an archive embedded in `region`: the region
+// must lie inside the file, and everything the archive declares inside the
+// region. Errors name the region.
+absl::StatusOr<ZipDirectory> ReadTorchArchiveDirectory(const FileRegion& region);
 
 // The sum of the uncompressed sizes `directory`'s records declare (saturated
 // at UINT64_MAX), and the part of it in records under "<folder>data/" (the
@@ -113,10 +132,12 @@ DeclaredBytes DeclaredRecordBytes(const ZipDirectory& directory);
 class ZipRecordReader {
  public:
   // Opens `path`, which must still be `directory.file_bytes` long (else the
-  // file changed since it was checked: an error). `directory` must outlive
-  // the reader.
+  // file changed since it was checked: an error), or for an embedded archive
+  // still hold its region. `directory` must outlive the reader; errors name
+  // `path` (a region's Name() for an embedded archive).
   static absl::StatusOr<std::unique_ptr<ZipRecordReader>> Open(const std::string& path,
-                                                               const ZipDirectory& directory);
+                                                               const ZipDirectory& directory,
+                                                               const std::string& name = "");
   ~ZipRecordReader();
   ZipRecordReader(const ZipRecordReader&) = delete;
   ZipRecordReader& operator=(const ZipRecordReader&) = delete;
@@ -124,7 +145,8 @@ class ZipRecordReader {
   int fd() const { return fd_; }
   uint64_t file_bytes() const { return directory_.file_bytes; }
 
-  // `size` bytes at `offset`, which the caller has checked lie in the file.
+  // `size` bytes at `offset` of the archive, which the caller has checked
+  // lie in it.
   absl::Status ReadAt(uint64_t offset, char* out, size_t size);
   // Where `e`'s data begins (after its local header's name and extra field,
   // which may differ from the central directory's), checked, with its
@@ -141,8 +163,8 @@ class ZipRecordReader {
                             const std::function<void(const char*, size_t)>& piece);
 
  private:
-  ZipRecordReader(std::string path, const ZipDirectory& directory, int fd)
-      : path_(std::move(path)), directory_(directory), fd_(fd) {}
+  ZipRecordReader(std::string name, const ZipDirectory& directory, int fd)
+      : path_(std::move(name)), directory_(directory), fd_(fd) {}
   absl::Status Error(absl::string_view what) const;
   // Inflates `e` (deflated, its data at `offset`) into `out` when not null
   // (e.uncompressed bytes), else through a window handed to `piece`.

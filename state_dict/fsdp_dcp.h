@@ -1,0 +1,62 @@
+// An FSDP model's (and its optimizer's) state to and from
+// torch.distributed.checkpoint directories (dcp.h), keyed as Python saves
+// FSDP state:
+//
+//   dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=dir)
+//
+// with model_sd from FullyShardedDataParallel's SHARDED_STATE_DICT or from
+// fully_shard (FSDP2) via get_state_dict, and optim_sd from
+// FSDP.optim_state_dict / get_state_dict:
+//
+//   model.<fqn>                   a parameter or buffer
+//   optim.state.<fqn>.<entry>     exp_avg, exp_avg_sq, step, momentum_buffer
+//   optim.param_groups.<i>.<opt>  lr, betas, ..., params (FQNs)
+//
+// A checkpoint of any world size and layout (FSDP1's and FSDP2's row
+// chunks, ours cut at flat offsets) loads into our FSDP under any strategy
+// and world size; what we save loads into Python FSDP and FSDP2 with
+// dcp.load (checked in fsdp_dcp_test against Python itself).
+//
+//   // every rank:
+//   SaveFsdpDcpShard(dir, model, &optimizer);
+//   barrier;
+//   if (rank == 0) CommitDcpCheckpoint(dir, world_size);
+//
+//   LoadFsdpDcp(dir, model, &optimizer);  // every rank
+//
+// Loading takes the model's and the optimizer's state; the optimizer keeps
+// its own hyperparameters (as a resume from our checkpoints does) — the
+// saved ones are readable with DcpCheckpoint::LoadObject. Optimizers:
+// torch::optim Adam, AdamW and SGD (fsdp_optim_state_dict.h). Errors name the
+// directory and the key. The optimizer's state is loaded first, then the
+// model's; each load checks everything it reads before it writes, so a bad
+// entry leaves that part untouched (a bad model entry after a good
+// optimizer load leaves the optimizer loaded).
+#pragma once
+
+#include <string>
+
+#include <torch/optim/optimizer.h>
+
+#include "absl/status/status.h"
+#include "fsdp/fully_sharded_data_parallel.h"
+
+namespace state_dict {
+
+// This rank's part: the model's SHARDED state and, when `optimizer` is not
+// null, its sharded state and param groups (with Python's option names,
+// including the options LibTorch's optimizers lack at their fixed values:
+// foreach None, capturable/differentiable False, fused None,
+// decoupled_weight_decay for AdamW). Collective (the optimizer's sharded
+// state dict is). Commit with CommitDcpCheckpoint (dcp.h) after every rank
+// returned.
+absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataParallel& model,
+                              const torch::optim::Optimizer* optimizer);
+
+// Loads `dir` into the model and, when `optimizer` is not null, the
+// optimizer's per-parameter state. Every rank reads only the chunks that
+// overlap its ranges.
+absl::Status LoadFsdpDcp(const std::string& dir, fsdp::FullyShardedDataParallel& model,
+                         torch::optim::Optimizer* optimizer);
+
+}  // namespace state_dict
