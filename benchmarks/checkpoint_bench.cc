@@ -17,6 +17,10 @@
 //   BM_Load/W/1             the same, then the loaded tensors copied into
 //                           resident tensors of the state's shapes (a
 //                           trainer resuming: what a load costs in the end)
+//   BM_DcpSave/R            the sharded state as a torch.distributed.checkpoint
+//                           directory: SaveDcpShard on R ranks + commit
+//   BM_DcpLoad/W            each of W ranks' LoadResharded of its ranges
+//                           from a DCP directory 2 ranks wrote, cold
 //   BM_Verify/full, /sharded/R  VerifyCheckpoint, cold page cache
 //   Each load and verify iteration also reads the plain file cold, next to
 //   it in time (paired_read_ms): the disk moves by tens of percent within a
@@ -58,6 +62,7 @@
 
 #include "state_dict/async_checkpoint.h"
 #include "state_dict/checkpoint.h"
+#include "state_dict/dcp.h"
 #include "state_dict/sharded_tensor.h"
 #include "trainer/models.h"
 
@@ -423,6 +428,87 @@ void BM_Load(benchmark::State& state) {
                  (into_state ? ", copied into the state" : ""));
 }
 
+// torch.distributed.checkpoint (issue 25): the same shards saved as DCP
+// (SaveDcpShard on R threads + CommitDcpCheckpoint), and each of W ranks'
+// LoadResharded of its own ranges from it, cold, against the same paired
+// disk baselines as BM_Save/sharded and BM_Load/W/0.
+absl::Status SaveDcp(const std::string& dir, int world) {
+  std::vector<absl::Status> statuses(static_cast<size_t>(world));
+  const std::vector<state_dict::ShardedStateDict>& shards = Shards(world);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.emplace_back([&, r] {
+      state_dict::DcpShard shard;
+      for (const auto& item : shards[static_cast<size_t>(r)]) {
+        shard.tensors.push_back(state_dict::DcpShard::Tensor{{"model", item.key()}, item.value()});
+      }
+      statuses[static_cast<size_t>(r)] = state_dict::SaveDcpShard(dir, r, shard);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (const auto& s : statuses) {
+    if (!s.ok()) return s;
+  }
+  return state_dict::CommitDcpCheckpoint(dir, world);
+}
+
+void BM_DcpSave(benchmark::State& state) {
+  const int world = static_cast<int>(state.range(0));
+  const std::string dir = g_root + "/dcp_save";
+  Shards(world);
+  uint64_t bytes = 0;
+  double paired_s = 0;
+  int64_t i = 0;
+  for (auto _ : state) {
+    const bool plain_first = ++i % 2 == 1;
+    state.PauseTiming();
+    if (plain_first) paired_s += WritePlainFile();
+    state.ResumeTiming();
+    Check(state, SaveDcp(dir, world));
+    state.PauseTiming();
+    bytes += DirectoryBytes(dir);
+    RemoveTree(dir);
+    if (!plain_first) paired_s += WritePlainFile();
+    state.ResumeTiming();
+  }
+  state.counters["paired_write_MBps"] =
+      benchmark::Counter(static_cast<double>(i) * g_state_bytes / paired_s / 1e6);
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+  state.SetLabel("dcp/" + std::to_string(world) + " ranks");
+}
+
+void BM_DcpLoad(benchmark::State& state) {
+  const int world = static_cast<int>(state.range(0));
+  const std::string dir = g_root + "/dcp_read_" + std::to_string(world);
+  RemoveTree(dir);
+  Check(state, SaveDcp(dir, 2));  // written by 2 ranks, read by `world`
+  WritePlainFile();
+  auto ckpt = state_dict::DcpCheckpoint::Open(dir);
+  Check(state, ckpt.status());
+  if (!ckpt.ok()) return;
+  std::vector<std::vector<std::pair<std::string, state_dict::ShardRequest>>> requests;
+  for (int r = 0; r < world; ++r) {
+    auto& mine = requests.emplace_back();
+    for (auto& [name, request] : RankRequests(r, world)) mine.emplace_back("model." + name, request);
+  }
+  std::vector<absl::StatusOr<state_dict::ShardedStateDict>> loaded(static_cast<size_t>(world));
+  auto clear = [&] {
+    for (auto& l : loaded) l = state_dict::ShardedStateDict();
+  };
+  auto load = [&] {
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < world; ++r) {
+      ranks.emplace_back([&, r] {
+        loaded[static_cast<size_t>(r)] = ckpt->LoadResharded(requests[static_cast<size_t>(r)]);
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (const auto& l : loaded) Check(state, l.status());
+  };
+  TimeColdReads(state, dir, clear, load);
+  state.SetLabel("dcp of 2 ranks read by " + std::to_string(world));
+}
+
 void BM_Verify(benchmark::State& state) {
   const int world = static_cast<int>(state.range(0));
   const std::string dir = FreshCheckpoint(world);
@@ -496,6 +582,9 @@ BENCHMARK(BM_DiskRead)->Iterations(kReadIterations)->UseManualTime()->Unit(bench
 BENCHMARK(BM_Save)->Arg(0)->Arg(1)->Arg(2)->Iterations(kIterations)->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Load)->ArgsProduct({{0, 1, 2}, {0, 1}})->Iterations(kReadIterations)->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DcpSave)->Arg(2)->Iterations(kIterations)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DcpLoad)->Arg(1)->Arg(2)->Iterations(kReadIterations)->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Verify)->Arg(0)->Arg(1)->Arg(2)->Iterations(kReadIterations)->UseManualTime()
     ->Unit(benchmark::kMillisecond);
