@@ -3,10 +3,19 @@
 //   bazel run //tools:ckpt -- inspect DIR
 //   bazel run //tools:ckpt -- verify DIR
 //   bazel run //tools:ckpt -- convert DIR --to-full OUT.pt
+//   bazel run //tools:ckpt -- convert DIR --to-safetensors OUT.safetensors
 //
 // DIR is a step directory (it holds a MANIFEST) or a checkpoint root, in
-// which case the latest complete step is used. `convert` writes the FULL state
-// dict in PyTorch's format: Python's torch.load(OUT) gives {name: tensor}.
+// which case the latest complete step is used. `convert` assembles the FULL
+// state dict (a sharded checkpoint's pieces from every rank) and writes
+// either all of it in PyTorch's format (--to-full: Python's torch.load(OUT)
+// gives {name: tensor}) or the model's weights alone as safetensors
+// (--to-safetensors: safetensors.torch.load_file(OUT), with "format": "pt"
+// in its metadata as transformers' from_pretrained wants). Model weights are
+// what is left without the optimizer state ("<param>/<entry>", as sharded
+// checkpoints name it) and the trainer's "trainer.*" entries (its step and
+// seed); in the trainer's FULL layout ("model.<name>", "optim.<name>.<entry>",
+// "trainer.*") they are the "model." entries, written without that prefix.
 // Exit status: 0 success, 1 a bad checkpoint or failed command, 2 bad usage.
 // `ckpt --help` and `ckpt COMMAND --help` list the commands and flags.
 #include <cstdlib>
@@ -18,7 +27,9 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "state_dict/checkpoint.h"
+#include "state_dict/safetensors.h"
 
 namespace {
 
@@ -111,20 +122,83 @@ int Convert(const std::string& step_dir, const std::string& out) {
   return 0;
 }
 
+bool StartsWith(const std::string& s, absl::string_view prefix) {
+  return absl::string_view(s).substr(0, prefix.size()) == prefix;
+}
+
+// The model's weights among a FULL state dict's entries (see the top of the
+// file); `skipped` gets the number of the others.
+state_dict::TensorDict ModelWeights(const state_dict::TensorDict& full, size_t* skipped) {
+  // The trainer's FULL checkpoints prefix everything (train.cc).
+  bool trainer_full = full.contains("trainer.step");
+  for (const auto& item : full) {
+    const std::string& key = item.key();
+    trainer_full = trainer_full && (StartsWith(key, "model.") || StartsWith(key, "optim.") ||
+                                    StartsWith(key, "trainer."));
+  }
+  state_dict::TensorDict weights;
+  *skipped = 0;
+  for (const auto& item : full) {
+    const std::string& key = item.key();
+    if (trainer_full && StartsWith(key, "model.")) {
+      weights.insert(key.substr(6), item.value());
+    } else if (!trainer_full && key.find('/') == std::string::npos &&
+               !StartsWith(key, "trainer.")) {
+      weights.insert(key, item.value());
+    } else {
+      ++*skipped;
+    }
+  }
+  return weights;
+}
+
+int ConvertToSafetensors(const std::string& step_dir, const std::string& out) {
+  auto full = state_dict::LoadFullStateDict(step_dir);
+  if (!full.ok()) return Fail(full.status());
+  size_t skipped = 0;
+  const state_dict::TensorDict weights = ModelWeights(*full, &skipped);
+  if (weights.is_empty()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        step_dir, " holds no model weights: its ", full->size(),
+        " entries are all optimizer state or the trainer's")));
+  }
+  absl::Status status = state_dict::SaveSafetensors(weights, out);
+  if (!status.ok()) return Fail(status);
+  std::cout << "wrote " << out << ": " << weights.size() << " model tensors from " << step_dir
+            << " (skipped " << skipped
+            << " entries of optimizer state and the trainer's step and seed)\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app("Inspects, verifies and converts state_dict checkpoints.", "ckpt");
   app.require_subcommand(1);
-  std::string dir, out;
+  std::string dir, full_out, safetensors_out;
   CLI::App* inspect = app.add_subcommand("inspect", "files, checksums, tensors and pieces");
   CLI::App* verify = app.add_subcommand("verify", "check pieces, sizes and checksums");
-  CLI::App* convert = app.add_subcommand("convert", "write the FULL state dict (torch.load)");
+  CLI::App* convert = app.add_subcommand(
+      "convert", "write the FULL state dict (torch.load) or the model's weights (safetensors)");
   for (CLI::App* command : {inspect, verify, convert}) {
     command->add_option("DIR", dir, "a step directory, or a root (its latest complete step)")
         ->required();
   }
-  convert->add_option("--to-full", out, "the file to write")->required();
+  CLI::Option* to_full =
+      convert
+          ->add_option("--to-full", full_out,
+                       "write every entry (model, optimizer state, the trainer's step and "
+                       "seed) in PyTorch's format: torch.load(OUT) gives {name: tensor}")
+          ->type_name("OUT.pt");
+  CLI::Option* to_safetensors =
+      convert
+          ->add_option("--to-safetensors", safetensors_out,
+                       "write the model's weights only, as safetensors with "
+                       "{\"format\": \"pt\"} metadata: skips optimizer state "
+                       "(\"<param>/<entry>\") and the trainer's \"trainer.*\" entries; of "
+                       "the trainer's FULL layout, keeps \"model.<name>\" as \"<name>\"")
+          ->type_name("OUT.safetensors");
+  to_full->excludes(to_safetensors);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help
@@ -140,9 +214,16 @@ int main(int argc, char** argv) {
     std::cerr << "ckpt: " << message << "\n" << app.help();
     return 2;
   }
+  if (convert->parsed() && full_out.empty() && safetensors_out.empty()) {
+    std::cerr << "ckpt: convert: expected --to-full OUT.pt or --to-safetensors "
+                 "OUT.safetensors\n"
+              << convert->help();
+    return 2;
+  }
   auto step_dir = ResolveStepDir(UserPath(dir));
   if (!step_dir.ok()) return Fail(step_dir.status());
   if (inspect->parsed()) return Inspect(*step_dir);
   if (verify->parsed()) return Verify(*step_dir);
-  return Convert(*step_dir, UserPath(out));
+  if (!safetensors_out.empty()) return ConvertToSafetensors(*step_dir, UserPath(safetensors_out));
+  return Convert(*step_dir, UserPath(full_out));
 }

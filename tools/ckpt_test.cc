@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 
 #include "torch_python.h"
 #include "state_dict/checkpoint.h"
+#include "state_dict/safetensors.h"
 
 namespace {
 
@@ -113,7 +115,13 @@ TEST(CkptToolTest, InspectVerifyConvert) {
   EXPECT_EQ(Ckpt("", &out), 2);
   EXPECT_NE(out.find("ckpt: expected a command"), std::string::npos) << out;
   EXPECT_EQ(Ckpt("convert " + root, &out), 2);
-  EXPECT_NE(out.find("ckpt: convert: --to-full is required"), std::string::npos) << out;
+  EXPECT_NE(out.find("ckpt: convert: expected --to-full OUT.pt or --to-safetensors "
+                     "OUT.safetensors"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(Ckpt("convert " + root + " --to-full a.pt --to-safetensors b.safetensors", &out), 2);
+  EXPECT_NE(out.find("ckpt: convert: --to-full excludes --to-safetensors"), std::string::npos)
+      << out;
   EXPECT_EQ(Ckpt("verify " + root + " extra", &out), 2);
   EXPECT_NE(out.find("extra"), std::string::npos) << out;
   EXPECT_EQ(Ckpt("inspect " + root + "/nothing_here", &out), 1);
@@ -121,6 +129,106 @@ TEST(CkptToolTest, InspectVerifyConvert) {
   EXPECT_NE(out.find("convert"), std::string::npos) << out;
   EXPECT_EQ(Ckpt("convert --help", &out), 0);
   EXPECT_NE(out.find("--to-full"), std::string::npos) << out;
+  EXPECT_NE(out.find("--to-safetensors"), std::string::npos) << out;
+  EXPECT_NE(out.find("skips optimizer state"), std::string::npos) << out;
+}
+
+// Runs `script` with the venv's Python (which has torch and safetensors:
+// tools/setup.sh --with-python); its exit status, stdout+stderr in *output.
+int RunPython(const std::string& script, const std::string& args, std::string* output) {
+  const std::string path = TempDir("ckpt_python") + "/script.py";
+  {
+    std::ofstream o(path);
+    o << script;
+  }
+  FILE* pipe = popen((std::string("'") + kTorchPython + "' '" + path + "' " + args + " 2>&1")
+                         .c_str(),
+                     "r");
+  if (pipe == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  output->clear();
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) output->append(buf, n);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+void ExpectModelWeights(const std::string& path, const state_dict::TensorDict& model) {
+  auto loaded = state_dict::LoadSafetensors(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->tensors.keys(), model.keys());
+  for (const auto& item : model) {
+    EXPECT_TRUE(torch::equal(loaded->tensors[item.key()], item.value())) << item.key();
+  }
+  EXPECT_EQ(loaded->metadata, (std::map<std::string, std::string>{{"format", "pt"}}));
+}
+
+// --to-safetensors writes the model's weights of a sharded checkpoint
+// (assembled from its 3 ranks) without the optimizer state and the trainer's
+// entries; Python's safetensors reads the same tensors that --to-full wrote.
+TEST(CkptToolTest, ConvertToSafetensorsWritesModelWeightsOnly) {
+  const std::string root = TempDir("ckpt_safetensors");
+  const state_dict::TensorDict model = MakeState();
+  state_dict::TensorDict everything = model;  // as the trainer's sharded checkpoints
+  everything.insert("layer.weight/exp_avg", torch::randn({5, 3}));
+  everything.insert("layer.weight/step", torch::tensor({4.0f}));
+  everything.insert("trainer.step", torch::tensor({4}, torch::kInt64));
+  everything.insert("trainer.seed", torch::tensor({1}, torch::kInt64));
+  ASSERT_TRUE(state_dict::SaveShardedCheckpoint(root, 4, Shard(everything, 3)).ok());
+  std::string out;
+  const std::string weights = root + "/model.safetensors";
+  ASSERT_EQ(Ckpt("convert " + root + " --to-safetensors " + weights, &out), 0) << out;
+  EXPECT_NE(out.find("wrote " + weights + ": 3 model tensors from " + root +
+                     "/step_4 (skipped 4 entries of optimizer state and the trainer's step "
+                     "and seed)"),
+            std::string::npos)
+      << out;
+  ExpectModelWeights(weights, model);
+
+  const std::string full = root + "/full.pt";
+  ASSERT_EQ(Ckpt("convert " + root + " --to-full " + full, &out), 0) << out;
+  ASSERT_EQ(RunPython(R"(
+import sys
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+weights, full = load_file(sys.argv[1]), torch.load(sys.argv[2])
+assert sorted(weights) == ["head.weight", "layer.bias", "layer.weight"], list(weights)
+assert len(full) == 7, list(full)
+for name, t in weights.items():
+    assert t.dtype == full[name].dtype and torch.equal(t, full[name]), name
+with safe_open(sys.argv[1], framework="pt") as f:
+    assert f.metadata() == {"format": "pt"}, f.metadata()
+print("ok")
+)",
+                      "'" + weights + "' '" + full + "'", &out),
+            0)
+      << out;
+
+  // The trainer's FULL layout: "model." entries, without the prefix.
+  state_dict::TensorDict trainer_full;
+  for (const auto& item : model) trainer_full.insert("model." + item.key(), item.value());
+  trainer_full.insert("optim.layer.weight.exp_avg", torch::randn({5, 3}));
+  trainer_full.insert("trainer.step", torch::tensor({9}, torch::kInt64));
+  trainer_full.insert("trainer.seed", torch::tensor({1}, torch::kInt64));
+  ASSERT_TRUE(state_dict::SaveFullCheckpoint(root, 9, trainer_full).ok());
+  ASSERT_EQ(Ckpt("convert " + root + " --to-safetensors " + weights, &out), 0) << out;
+  EXPECT_NE(out.find(": 3 model tensors from " + root + "/step_9 (skipped 3 entries"),
+            std::string::npos)
+      << out;
+  ExpectModelWeights(weights, model);
+
+  // Nothing but optimizer state: an error, no file.
+  state_dict::TensorDict optimizer_only;
+  optimizer_only.insert("w/exp_avg", torch::zeros({2}));
+  ASSERT_TRUE(state_dict::SaveFullCheckpoint(root, 10, optimizer_only).ok());
+  EXPECT_EQ(Ckpt("convert " + root + " --to-safetensors " + root + "/none.safetensors", &out),
+            1);
+  EXPECT_NE(out.find("ckpt: " + root + "/step_10 holds no model weights: its 1 entries are "
+                     "all optimizer state or the trainer's"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(access((root + "/none.safetensors").c_str(), F_OK), 0);
 }
 
 // verify used to stop at checksums: a MANIFEST whose piece offset moved by

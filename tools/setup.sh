@@ -18,11 +18,17 @@
 #   (libcudart, libcupti: loaded, never used, by CPU programs).
 #   --with-python  the wheel with all its dependencies (Python `import torch`,
 #                  the CUDA and NCCL libraries --config=cuda links against),
-#                  numpy and matplotlib: golden fixtures, the Python interop
-#                  tests, benchmarks' Python peers, tools/plot.py.
+#                  and PYTHON_EXTRAS below (numpy, matplotlib, safetensors):
+#                  golden fixtures, the Python interop tests (safetensors:
+#                  //state_dict:safetensors_test), benchmarks' Python peers,
+#                  tools/plot.py.
 set -euo pipefail
 
 readonly TORCH_VERSION=2.15.0
+# What --with-python installs beside torch. The stamp that records it is named
+# after this list, so adding or re-pinning one reinstalls on every machine
+# that set up the old list.
+readonly PYTHON_EXTRAS=(numpy matplotlib safetensors==0.8.0)
 readonly prefix="${TORCHFSDP_HOME:-${HOME:-/root}/.cache/torchfsdp-cpp}"
 readonly venv="$prefix/venv"
 
@@ -71,7 +77,8 @@ fi
 # What is in the venv is recorded in stamp files, so a set-up that is already
 # done costs no pip call.
 stamp_wheel="$venv/.torchfsdp-torch-$TORCH_VERSION"
-stamp_python="$venv/.torchfsdp-torch-$TORCH_VERSION-python"
+extras_id=$(printf '%s\n' "${PYTHON_EXTRAS[@]}" | sha256sum | cut -c1-12)
+stamp_python="$venv/.torchfsdp-torch-$TORCH_VERSION-python-$extras_id"
 need_wheel=0
 [[ -z "${TORCHFSDP_LIBTORCH:-}" && ! -e "$stamp_wheel" ]] && need_wheel=1
 need_python=0
@@ -89,8 +96,9 @@ fi
 pip=("$venv/bin/python3" -m pip install --quiet --disable-pip-version-check)
 
 if ((need_python)); then
-  echo "setup.sh: installing torch==$TORCH_VERSION with its dependencies, numpy and matplotlib into $venv" >&2
-  "${pip[@]}" "torch==$TORCH_VERSION" numpy matplotlib
+  echo "setup.sh: installing torch==$TORCH_VERSION with its dependencies, ${PYTHON_EXTRAS[*]} into $venv" >&2
+  "${pip[@]}" "torch==$TORCH_VERSION" "${PYTHON_EXTRAS[@]}"
+  rm -f "$venv"/.torchfsdp-torch-*-python*  # the stamps of earlier lists
   touch "$stamp_wheel" "$stamp_python"
 elif ((need_wheel)); then
   echo "setup.sh: installing the torch==$TORCH_VERSION wheel (LibTorch) into $venv" >&2
