@@ -85,6 +85,10 @@ absl::StatusOr<UnpickledArchive> ReadTorchArchive(const FileRegion& region,
 // caller allows (UnpickleObjects): the metadata of formats such as
 // torch.distributed.checkpoint's `.metadata`, which pickles dataclasses.
 struct PickledValue {
+  // Declared so that clang (tools/fuzz.sh) accepts `entries`: with
+  // libstdc++ 12 in C++20, the implicit constructor makes std::pair check a
+  // PickledValue that is not complete yet (gcc accepts either).
+  PickledValue() = default;
   enum class Kind { kNone, kBool, kInt, kFloat, kStr, kTuple, kList, kDict, kGlobal, kObject };
   Kind kind = Kind::kNone;
   bool b = false;
