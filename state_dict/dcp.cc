@@ -223,7 +223,11 @@ absl::StatusOr<ShardedStateDict> DcpCheckpoint::LoadResharded(
   std::map<std::string, const DcpEntry*> by_key;
   for (const DcpEntry& e : metadata_->entries) by_key[e.key] = &e;
   ShardedStateDict out;
-  for (const auto& [key, request] : requests) {
+  for (const auto& requested : requests) {
+    // Not a structured binding: clang before 16 (tools/fuzz.sh's clang-14)
+    // cannot capture one in the lambda below.
+    const std::string& key = requested.first;
+    const ShardRequest& request = requested.second;
     auto found = by_key.find(key);
     if (found == by_key.end()) {
       return absl::NotFoundError(absl::StrCat("DCP checkpoint ", dir_, " has no entry '",
@@ -240,19 +244,22 @@ absl::StatusOr<ShardedStateDict> DcpCheckpoint::LoadResharded(
           Dims(e.size), ", expected ", c10::toString(request.dtype), Dims(request.global_shape)));
     }
     const int64_t numel = Volume(e.size);
-    ShardedTensor result;
-    result.global_shape = e.size;
-    result.dtype = e.dtype;
-    std::vector<std::vector<FlatRange>> filled(request.ranges.size());
     for (const FlatRange& r : request.ranges) {
       if (r.offset < 0 || r.numel < 0 || r.end() > numel) {
         return absl::InvalidArgumentError(absl::StrCat(
             "request for '", absl::CEscape(key), "': range [", r.offset, ", ", r.end(),
             ") outside its ", numel, " elements"));
       }
-      result.pieces.push_back(
-          ShardPiece{r, at::empty({r.numel}, at::TensorOptions().dtype(e.dtype))});
     }
+    // The chunks the ranges need, and that they cover every requested
+    // element, from the metadata and each chunk's zip directory, before
+    // anything of the request's size is allocated: sizes in `.metadata` are
+    // claims, and a chunk claiming more elements than its archive's storage
+    // records hold (themselves checked against the file) is refused here.
+    // So a load's memory is bounded by the files' sizes.
+    const uint64_t element_size = c10::elementSize(e.dtype);
+    std::vector<std::pair<const DcpChunk*, internal::FileRegion>> needed;
+    std::vector<std::vector<FlatRange>> filled(request.ranges.size());
     for (const DcpChunk& chunk : e.chunks) {
       const auto [first, last] = FlatSpan(e.size, chunk);
       bool wanted = false;
@@ -261,31 +268,24 @@ absl::StatusOr<ShardedStateDict> DcpCheckpoint::LoadResharded(
       const DcpStorage& where = metadata_->storage.at(DcpIndex{e.key, chunk.offsets});
       internal::FileRegion region{absl::StrCat(dir_, "/", where.relative_path), where.offset,
                                   where.length};
-      auto archive = internal::ReadTorchArchive(region);
-      if (!archive.ok()) return archive.status();
-      if (!archive->value.isTensor()) {
-        return absl::DataLossError(absl::StrCat(region.Name(), ": the chunk of '",
-                                                absl::CEscape(key), "' is not a tensor"));
-      }
-      const at::Tensor data = archive->value.toTensor();
-      if (data.scalar_type() != e.dtype || data.sizes().vec() != chunk.sizes) {
+      auto directory = internal::ReadTorchArchiveDirectory(region);
+      if (!directory.ok()) return directory.status();
+      const uint64_t holds = internal::DeclaredRecordBytes(*directory).storages;
+      if (static_cast<uint64_t>(Volume(chunk.sizes)) > holds / element_size) {
         return absl::DataLossError(absl::StrCat(
             region.Name(), ": the chunk of '", absl::CEscape(key), "' at ", Dims(chunk.offsets),
-            " holds ", c10::toString(data.scalar_type()), Dims(data.sizes().vec()),
-            ", its metadata says ", c10::toString(e.dtype), Dims(chunk.sizes)));
+            " claims ", Dims(chunk.sizes), " of ", c10::toString(e.dtype),
+            ", more than its archive's ", holds, " bytes of storage hold"));
       }
-      const at::Tensor flat = data.contiguous().reshape({-1});
       ForEachRun(e.size, chunk, [&](const Run& run) {
         for (size_t i = 0; i < request.ranges.size(); ++i) {
           const FlatRange& r = request.ranges[i];
           const int64_t lo = std::max(r.offset, run.start);
           const int64_t hi = std::min(r.end(), run.start + run.length);
-          if (lo >= hi) continue;
-          result.pieces[i].data.narrow(0, lo - r.offset, hi - lo)
-              .copy_(flat.narrow(0, run.local + lo - run.start, hi - lo));
-          filled[i].push_back(FlatRange{lo, hi - lo});
+          if (lo < hi) filled[i].push_back(FlatRange{lo, hi - lo});
         }
       });
+      needed.emplace_back(&chunk, std::move(region));
     }
     for (size_t i = 0; i < request.ranges.size(); ++i) {
       std::sort(filled[i].begin(), filled[i].end(),
@@ -300,6 +300,40 @@ absl::StatusOr<ShardedStateDict> DcpCheckpoint::LoadResharded(
             "DCP checkpoint ", dir_, ": no chunk of '", absl::CEscape(key),
             "' holds flat element ", next, " (of ", numel, ")"));
       }
+    }
+
+    ShardedTensor result;
+    result.global_shape = e.size;
+    result.dtype = e.dtype;
+    for (const FlatRange& r : request.ranges) {
+      result.pieces.push_back(
+          ShardPiece{r, at::empty({r.numel}, at::TensorOptions().dtype(e.dtype))});
+    }
+    for (const auto& [chunk, region] : needed) {
+      auto archive = internal::ReadTorchArchive(region);
+      if (!archive.ok()) return archive.status();
+      if (!archive->value.isTensor()) {
+        return absl::DataLossError(absl::StrCat(region.Name(), ": the chunk of '",
+                                                absl::CEscape(key), "' is not a tensor"));
+      }
+      const at::Tensor data = archive->value.toTensor();
+      if (data.scalar_type() != e.dtype || data.sizes().vec() != chunk->sizes) {
+        return absl::DataLossError(absl::StrCat(
+            region.Name(), ": the chunk of '", absl::CEscape(key), "' at ", Dims(chunk->offsets),
+            " holds ", c10::toString(data.scalar_type()), Dims(data.sizes().vec()),
+            ", its metadata says ", c10::toString(e.dtype), Dims(chunk->sizes)));
+      }
+      const at::Tensor flat = data.contiguous().reshape({-1});
+      ForEachRun(e.size, *chunk, [&](const Run& run) {
+        for (size_t i = 0; i < request.ranges.size(); ++i) {
+          const FlatRange& r = request.ranges[i];
+          const int64_t lo = std::max(r.offset, run.start);
+          const int64_t hi = std::min(r.end(), run.start + run.length);
+          if (lo >= hi) continue;
+          result.pieces[i].data.narrow(0, lo - r.offset, hi - lo)
+              .copy_(flat.narrow(0, run.local + lo - run.start, hi - lo));
+        }
+      });
     }
     out.insert(key, std::move(result));
   }

@@ -3,8 +3,8 @@
 # `bazel test` (e.g. tools/test.sh --config=asan). The last line is
 # "N passed, N failed", counted from Bazel's own per-target results plus one
 # entry for fuzzing and one for the CUDA build: after the Bazel tests,
-# tools/fuzz.sh fuzzes the file loaders and the rendezvous client for 50 s
-# per target (150 s in all),
+# tools/fuzz.sh fuzzes the file loaders, the DCP reader and the rendezvous
+# client for 50 s per target (200 s in all),
 # and `bazel build --config=cuda //...` compiles and links every target
 # against LibTorch's CUDA libraries and NCCL (no GPU needed; nothing CUDA
 # runs here). Both are skipped when extra arguments are given: a configured

@@ -73,6 +73,42 @@ TEST(CorpusReplayTest, CheckpointCorpusAndRegressionsKeepTheOracles) {
   }
 }
 
+TEST(CorpusReplayTest, DcpCorpusAndRegressionsKeepTheOracles) {
+  const std::vector<fs::path> inputs = Inputs("dcp");
+  ASSERT_GE(inputs.size(), 4u) << "the dcp corpus is missing";
+  for (const fs::path& input : inputs) {
+    SCOPED_TRACE(input.string());
+    const std::string bytes = ReadAll(input);
+    RunDcpInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  }
+}
+
+// The project-made seeds as this build writes them (the committed ones go
+// stale when a writer changes): the template's own files, each of which
+// must load everything as saved, whatever the committed corpus holds.
+TEST(CorpusReplayTest, TemplateFilesLoadAsSaved) {
+  const fs::path dir = fs::path(std::getenv("TEST_TMPDIR")) / "fresh_seeds";
+  for (const char* target : {"torch_file", "checkpoint", "dcp"}) {
+    fs::create_directories(dir / target);
+  }
+  const absl::Status written = WriteProjectSeeds((dir / "torch_file").string(),
+                                                 (dir / "checkpoint").string(),
+                                                 (dir / "dcp").string());
+  ASSERT_TRUE(written.ok()) << written;
+  int replayed = 0;
+  for (const char* target : {"checkpoint", "dcp"}) {
+    for (const auto& entry : fs::directory_iterator(dir / target)) {
+      SCOPED_TRACE(entry.path().string());
+      const std::string bytes = ReadAll(entry.path());
+      const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+      if (std::string(target) == "dcp") RunDcpInput(data, bytes.size());
+      else RunCheckpointInput(data, bytes.size());
+      ++replayed;
+    }
+  }
+  EXPECT_EQ(replayed, 6 + kDcpFiles);
+}
+
 double ValueSum(const torch::Tensor& t) {
   torch::Tensor values = t.is_complex() ? torch::view_as_real(t) : t;
   return values.to(torch::kDouble).sum().item<double>();

@@ -13,7 +13,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "state_dict/checkpoint.h"
+#include "state_dict/dcp.h"
 #include "state_dict/internal/crc32c.h"
 #include "state_dict/manifest.h"
 #include "state_dict/pytorch_format.h"
@@ -188,6 +190,116 @@ bool SomeFileHoldsNoData(const Manifest& m) {
   return false;
 }
 
+// ---------------------------------------------------------------------------
+// DCP template.
+
+const char* const kDcpFileNames[kDcpFiles] = {".metadata", "__0_0.distcp", "__1_0.distcp"};
+
+struct DcpTemplate {
+  std::string contents[kDcpFiles];
+  TensorDict tensors;  // the full tensors, by flattened key
+  std::vector<std::pair<std::string, c10::IValue>> objects;
+};
+
+// Each tensor split evenly over the two ranks (EvenShardRange), so that the
+// pieces cut rows as FSDP's flat shards do: SaveDcpShard writes a partial
+// row, whole rows and a partial row as separate chunks.
+TensorDict DcpTemplateTensors() {
+  TensorDict full;
+  // 6 + 6 of rows of 4: rank 0 ends mid-row.
+  full.insert("model.layer.weight", torch::arange(12, torch::kFloat).reshape({3, 4}) / 7);
+  full.insert("model.layer.bias", torch::linspace(-1, 1, 5, torch::kDouble));
+  // 14 + 13 of a 3x3x3 block: a partial plane, whole rows, a partial row.
+  full.insert("model.cube", torch::arange(27, torch::kLong).reshape({3, 3, 3}) - 13);
+  full.insert("model.embed", torch::linspace(-3, 3, 15).to(torch::kBFloat16).reshape({5, 3}));
+  full.insert("model.mask", torch::tensor({true, false, true, true, false}));
+  full.insert("model.empty", torch::zeros({0, 3}));
+  full.insert("optim.state.layer.weight.step", torch::tensor(7.0, torch::kDouble));
+  return full;
+}
+
+DcpKeyPath DcpPathOf(const std::string& key) {
+  DcpKeyPath path;
+  size_t begin = 0;
+  while (true) {
+    const size_t dot = key.find('.', begin);
+    const std::string part = key.substr(begin, dot == std::string::npos ? dot : dot - begin);
+    if (!part.empty() && part.find_first_not_of("0123456789") == std::string::npos) {
+      path.emplace_back(static_cast<int64_t>(std::stoll(part)));
+    } else {
+      path.emplace_back(part);
+    }
+    if (dot == std::string::npos) return path;
+    begin = dot + 1;
+  }
+}
+
+const DcpTemplate& TemplateDcp() {
+  static const DcpTemplate* made = [] {
+    auto* t = new DcpTemplate;
+    t->tensors = DcpTemplateTensors();
+    t->objects = {
+        {"optim.param_groups.0.lr", c10::IValue(0.01)},
+        {"optim.param_groups.0.betas",
+         c10::IValue(c10::ivalue::Tuple::create({c10::IValue(0.9), c10::IValue(0.999)}))},
+    };
+    std::vector<DcpShard> shards(kWorldSize);
+    for (const auto& item : t->tensors) {
+      const torch::Tensor& full = item.value();
+      for (int r = 0; r < kWorldSize; ++r) {
+        // The 0-dim step is replicated, as FSDP's ranks each hold it; the
+        // commit keeps one copy.
+        const FlatRange range =
+            full.dim() == 0 ? FlatRange{0, 1} : EvenShardRange(full.numel(), kWorldSize, r);
+        std::vector<FlatRange> ranges;
+        if (range.numel > 0) ranges.push_back(range);
+        shards[static_cast<size_t>(r)].tensors.push_back(
+            DcpShard::Tensor{DcpPathOf(item.key()), ShardFullTensor(full, ranges)});
+      }
+    }
+    for (const auto& [key, value] : t->objects) {
+      shards[0].objects.push_back(DcpShard::Object{DcpPathOf(key), value});
+    }
+    const std::string dir = ScratchDirectory() + "/dcp_template";
+    for (int r = 0; r < kWorldSize; ++r) {
+      absl::Status status = SaveDcpShard(dir, r, shards[static_cast<size_t>(r)]);
+      if (!status.ok()) Violation("cannot save the template DCP shard: " + StatusText(status));
+    }
+    absl::Status status = CommitDcpCheckpoint(dir, kWorldSize);
+    if (!status.ok()) Violation("cannot commit the template DCP checkpoint: " + StatusText(status));
+    for (int i = 0; i < kDcpFiles; ++i) {
+      t->contents[i] = ReadBytesOrDie(dir + "/" + kDcpFileNames[i]);
+    }
+    return t;
+  }();
+  return *made;
+}
+
+// One LoadResharded request of `info`'s [offset, offset + numel).
+absl::StatusOr<ShardedStateDict> LoadRange(const DcpCheckpoint& ckpt,
+                                           const DcpCheckpoint::TensorInfo& info, int64_t offset,
+                                           int64_t numel) {
+  ShardRequest request;
+  request.global_shape = info.shape;
+  request.dtype = info.dtype;
+  request.ranges.push_back(FlatRange{offset, numel});
+  return ckpt.LoadResharded({{info.key, request}});
+}
+
+// The one piece a one-range load returns for `key`, checked to be the range
+// asked for; else a violation.
+const torch::Tensor& OnePiece(const ShardedStateDict& loaded, const std::string& key,
+                              FlatRange range, const std::string& results) {
+  const ShardedTensor* t = loaded.find(key);
+  if (t == nullptr || loaded.size() != 1 || t->pieces.size() != 1 ||
+      !(t->pieces[0].range == range) || t->pieces[0].data.dim() != 1 ||
+      t->pieces[0].data.numel() != range.numel) {
+    Violation(absl::StrCat("a load of '", key, "' [", range.offset, ", ", range.end(),
+                           ") returned other pieces than the range asked for", results));
+  }
+  return t->pieces[0].data;
+}
+
 }  // namespace
 
 void RunTorchFileInput(const uint8_t* data, size_t size) {
@@ -333,8 +445,86 @@ void RunCheckpointInput(const uint8_t* data, size_t size) {
   }
 }
 
+void RunDcpInput(const uint8_t* data, size_t size) {
+  if (size == 0) return;
+  const DcpTemplate& t = TemplateDcp();
+  const int file = data[0] % kDcpFiles;
+  const std::string dir = ScratchDirectory() + "/dcp_input";
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) Violation(absl::StrCat("harness cannot create ", dir, ": ", error.message()));
+  const std::string replacement(reinterpret_cast<const char*>(data) + 1, size - 1);
+  // The template's own bytes: everything must load as it was saved.
+  const bool pristine = replacement == t.contents[file];
+  for (int i = 0; i < kDcpFiles; ++i) {
+    const std::string& bytes = i == file ? replacement : t.contents[i];
+    WriteBytesOrDie(dir + "/" + kDcpFileNames[i], bytes.data(), bytes.size());
+  }
+  const std::string input = absl::StrCat("\n  (input replaced ", kDcpFileNames[file],
+                                         pristine ? " with its own bytes)" : ")");
+
+  auto ckpt = DcpCheckpoint::Open(dir);
+  if (!ckpt.ok()) {
+    if (pristine) Violation("the template DCP checkpoint does not open: " + StatusText(ckpt.status()) + input);
+    return;
+  }
+  const std::vector<DcpCheckpoint::TensorInfo> tensors = ckpt->tensors();
+  if (pristine) {
+    std::vector<std::string> keys;
+    for (const auto& info : tensors) keys.push_back(info.key);
+    if (keys != t.tensors.keys()) Violation("the template's tensors open as other keys" + input);
+  }
+  for (const DcpCheckpoint::TensorInfo& info : tensors) {
+    // Open checked that the size does not overflow.
+    int64_t numel = 1;
+    for (int64_t d : info.shape) numel *= d;
+    const int64_t half = numel / 2;
+    auto whole = LoadRange(*ckpt, info, 0, numel);
+    auto first = LoadRange(*ckpt, info, 0, half);
+    auto second = LoadRange(*ckpt, info, half, numel - half);
+    const std::string results = absl::StrCat(
+        "\n  tensor:      '", info.key, "' ", c10::toString(info.dtype), " [",
+        absl::StrJoin(info.shape, ", "), "]",
+        "\n  whole:       ", StatusText(whole.status()), "\n  first half:  ",
+        StatusText(first.status()), "\n  second half: ", StatusText(second.status()), input);
+    if (whole.ok() != (first.ok() && second.ok())) {
+      Violation("the whole load and the loads of its halves disagree:" + results);
+    }
+    if (pristine && !whole.ok()) Violation("a tensor of the template does not load:" + results);
+    if (!whole.ok()) continue;
+    const torch::Tensor& w = OnePiece(*whole, info.key, FlatRange{0, numel}, results);
+    const torch::Tensor& a = OnePiece(*first, info.key, FlatRange{0, half}, results);
+    const torch::Tensor& b = OnePiece(*second, info.key, FlatRange{half, numel - half}, results);
+    if (!BitwiseEqual(torch::cat({a, b}), w)) {
+      Violation("the halves concatenated differ from the whole:" + results);
+    }
+    if (pristine) {
+      const torch::Tensor* expected = t.tensors.find(info.key);
+      if (expected == nullptr || !BitwiseEqual(w, expected->reshape({-1})) ||
+          info.shape != expected->sizes().vec()) {
+        Violation("a tensor of the template loads with other values:" + results);
+      }
+    }
+  }
+  const std::vector<std::string> objects = ckpt->objects();
+  if (pristine && objects.size() != t.objects.size()) {
+    Violation(absl::StrCat("the template's ", t.objects.size(), " objects open as ",
+                           objects.size(), input));
+  }
+  for (size_t i = 0; i < objects.size(); ++i) {
+    auto value = ckpt->LoadObject(objects[i]);
+    if (!pristine) continue;
+    if (!value.ok() || objects[i] != t.objects[i].first || !(*value == t.objects[i].second)) {
+      Violation(absl::StrCat("the template's object '", t.objects[i].first, "' loads as '",
+                             objects[i], "': ", value.ok() ? c10::str(*value) : StatusText(value.status()),
+                             input));
+    }
+  }
+}
+
 absl::Status WriteProjectSeeds(const std::string& torch_file_dir,
-                               const std::string& checkpoint_dir) {
+                               const std::string& checkpoint_dir,
+                               const std::string& dcp_dir) {
   // A dict of every dtype, including views, a 0-dim and an empty tensor.
   TensorDict tensors;
   const torch::Tensor base = torch::arange(24, torch::kFloat).reshape({4, 6});
@@ -386,6 +576,16 @@ absl::Status WriteProjectSeeds(const std::string& torch_file_dir,
                                    fix ? "_fixed_checksum" : ""),
                       seed.data(), seed.size());
     }
+  }
+
+  // The template DCP directory's files as inputs of RunDcpInput.
+  const DcpTemplate& dcp = TemplateDcp();
+  for (int i = 0; i < kDcpFiles; ++i) {
+    std::string seed(1, static_cast<char>(i));
+    seed += dcp.contents[i];
+    // Named without the leading dot: "project_metadata", "project___0_0.distcp".
+    const std::string name = kDcpFileNames[i][0] == '.' ? kDcpFileNames[i] + 1 : kDcpFileNames[i];
+    WriteBytesOrDie(absl::StrCat(dcp_dir, "/project_", name), seed.data(), seed.size());
   }
   return absl::OkStatus();
 }

@@ -49,11 +49,32 @@ CheckpointInputLayout DecodeCheckpointSelector(uint8_t first_byte);
 // request needs to read (a file holding no data pieces).
 void RunCheckpointInput(const uint8_t* data, size_t size);
 
+// The files of the template DCP directory an input of RunDcpInput can
+// replace, by selector (first byte % kDcpFiles).
+constexpr int kDcpFiles = 3;  // .metadata, __0_0.distcp, __1_0.distcp
+
+// The input's first byte selects a file of a template torch.distributed.
+// checkpoint directory (2 ranks written with SaveDcpShard and
+// CommitDcpCheckpoint: flat pieces cutting rows, a 0-dim tensor, a bf16
+// tensor, an empty tensor, a pickled float and tuple; made once per process),
+// the rest of the input replaces that file; then DcpCheckpoint::Open, and
+// when it opens, for every tensor LoadResharded of the whole tensor (one
+// request of [0, numel)) and of each half as a request of its own, and
+// LoadObject of every object.
+// Oracle: the whole load succeeds exactly when both halves do (they read the
+// same chunks), and then the halves concatenated equal the whole bitwise;
+// when the input leaves the template's bytes unchanged, everything opens and
+// loads and equals the template's tensors (bitwise) and objects. Memory stays
+// bounded by the files' sizes (libFuzzer's -rss_limit_mb catches the rest).
+void RunDcpInput(const uint8_t* data, size_t size);
+
 // Writes the project-made seeds: SaveTensorDict / SaveIValue outputs into
-// `torch_file_dir`, and the template checkpoint's files (each prefixed by its
-// selector byte) into `checkpoint_dir`. Both directories must exist.
+// `torch_file_dir`, the template checkpoint's files into `checkpoint_dir`
+// and the template DCP directory's files into `dcp_dir` (each of the last
+// two prefixed by its selector byte). The directories must exist.
 absl::Status WriteProjectSeeds(const std::string& torch_file_dir,
-                               const std::string& checkpoint_dir);
+                               const std::string& checkpoint_dir,
+                               const std::string& dcp_dir);
 
 }  // namespace fuzz
 }  // namespace state_dict

@@ -12,9 +12,14 @@ sharing storage, every dtype, empty and 0-dim tensors) and the expectations
 //state_dict/fuzz:corpus_replay_test checks them against
 (state_dict/fuzz/corpus/python_seeds.txt); a few of them, prefixed with a
 selector byte, seed the checkpoint fuzzer (state_dict/fuzz/corpus/checkpoint/).
+For the dcp fuzzer it writes the `.metadata` and `__0_0.distcp` of a
+1-process torch.distributed.checkpoint save (`dcp.save(..., no_dist=True)`),
+prefixed with their selector bytes (state_dict/fuzz/corpus/dcp/).
 Then, unless --no-project-seeds, it runs //state_dict/fuzz:write_project_seeds
 (bazel) for the files the project itself writes (SaveTensorDict, SaveIValue,
-the fuzzer's template checkpoint). Rerunning it rewrites the same files.
+the fuzzers' template checkpoint and template DCP directory). Rerunning it
+rewrites the same files (the DCP save's random save id and temporary path in
+its StorageMeta are replaced by fixed ones).
 
 torch.save of 2.x writes records 1.13 did not (.format_version,
 .storage_alignment, byteorder, .data/serialization_id) and writes the
@@ -23,13 +28,18 @@ the py_* seeds, made by 2.15 since, carry them.
 """
 
 import argparse
+import dataclasses
 import io
 import os
+import pickle
 import subprocess
 import sys
+import tempfile
+import warnings
 import zipfile
 
 import torch
+import torch.distributed.checkpoint as dcp
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 CORPUS = os.path.join(ROOT, "state_dict", "fuzz", "corpus")
@@ -200,16 +210,52 @@ def write_checkpoint_seeds():
             f.write(bytes([selector]) + data)
 
 
+def write_dcp_seeds():
+    """A 1-process dcp.save (no process group) of a dict of a couple of
+    tensors and a float: its .metadata (selector byte 0 of the dcp fuzzer)
+    and its one data file (selector 1, standing in for __0_0.distcp)."""
+    torch.manual_seed(6)
+    sd = {
+        "weight": torch.randn(3, 4),
+        "bias": torch.arange(5, dtype=torch.int64),
+        "half": torch.linspace(-1, 1, 6).to(torch.bfloat16).reshape(2, 3),
+        "lr": 0.25,
+    }
+    with tempfile.TemporaryDirectory() as d:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "assuming ... a single process"
+            dcp.save(sd, checkpoint_id=d, no_dist=True)
+        metadata_path = os.path.join(d, ".metadata")
+        with open(metadata_path, "rb") as f:
+            metadata = pickle.load(f)
+        # The StorageMeta records the directory and a random save id: fixed
+        # ones keep the seed the same on every run. Dumped as
+        # FileSystemWriter.finish dumps it (pickle.dump, default protocol).
+        meta = metadata.storage_meta
+        metadata.storage_meta = dataclasses.replace(
+            meta, checkpoint_id=type(meta.checkpoint_id)("/checkpoints/py_dcp_save"),
+            save_id="00000000-0000-0000-0000-000000000000")
+        with open(metadata_path, "wb") as f:
+            pickle.dump(metadata, f)
+        for selector, name in ((0, ".metadata"), (1, "__0_0.distcp")):
+            with open(os.path.join(d, name), "rb") as f:
+                data = f.read()
+            out = os.path.join(CORPUS, "dcp", f"py_dcp_save_{name.lstrip('.')}.sel{selector}")
+            with open(out, "wb") as f:
+                f.write(bytes([selector]) + data)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-project-seeds", action="store_true",
                         help="only the Python-made seeds (no bazel run)")
     args = parser.parse_args()
-    for target in ("torch_file", "checkpoint"):
+    for target in ("torch_file", "checkpoint", "dcp"):
         os.makedirs(os.path.join(CORPUS, target), exist_ok=True)
     expectations = []
     write_python_seeds(expectations)
     write_checkpoint_seeds()
+    write_dcp_seeds()
     with open(os.path.join(CORPUS, "python_seeds.txt"), "w") as f:
         f.write("# Written by tools/fuzz/make_seed_corpus.py; checked by corpus_replay_test.\n")
         f.write("# <file> tensor <key> <dtype> <shape|-> <sum>   (a dict of tensors)\n")
@@ -218,7 +264,8 @@ def main():
     if not args.no_project_seeds:
         subprocess.run(
             ["bazel", "run", "//state_dict/fuzz:write_project_seeds", "--",
-             os.path.join(CORPUS, "torch_file"), os.path.join(CORPUS, "checkpoint")],
+             os.path.join(CORPUS, "torch_file"), os.path.join(CORPUS, "checkpoint"),
+             os.path.join(CORPUS, "dcp")],
             cwd=ROOT, check=True)
     print(f"seed corpus written under {os.path.relpath(CORPUS, ROOT)}")
 
