@@ -27,7 +27,7 @@
 //   fsdp_parity_cpu_offload        offload_params: the shard pinned on the
 //                                  CPU, same numbers as the fp32 reference
 //   fsdp_gloo_2_ranks_cuda         2 ranks (this binary re-executed through
-//                                  comm::launch) on the one GPU over Gloo
+//                                  launcher::launch) on the one GPU over Gloo
 //                                  with CUDA tensors: FULL_SHARD with real
 //                                  collectives against the unwrapped model
 //
@@ -85,12 +85,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "comm/collectives.h"
-#include "comm/launcher.h"
 #include "comm/process_group.h"
 #include "comm/work.h"
 #include "fsdp/flat_param.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "fsdp/wrap_policy.h"
+#include "launcher/launch.h"
 #include "trainer/data.h"
 #include "trainer/models.h"
 
@@ -760,7 +760,7 @@ constexpr double kTwoRankAtol = kFp32Atol;
 // trains itself on the whole batch. Prints one "RESULT ..." line (rank 0)
 // or the problems, and exits 0 when it matched.
 int RunGlooRank() {
-  comm::InitOptions init;  // gloo, env://: RANK, WORLD_SIZE, MASTER_* from comm::launch
+  comm::InitOptions init;  // gloo, env://: RANK, WORLD_SIZE, MASTER_* from launcher::launch
   init.timeout = kCollectiveTimeout;
   auto group = comm::init_process_group(init);
   if (!group.ok()) {
@@ -795,14 +795,14 @@ int RunGlooRank() {
   }
 }
 
-// Re-executes this binary as 2 ranks through comm::launch (as the trainer's
+// Re-executes this binary as 2 ranks through launcher::launch (as the trainer's
 // --nproc does) and collects their verdict.
 CheckResult CheckFsdpGlooTwoRanksCuda() {
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return Fail("cannot resolve /proc/self/exe to re-execute this binary");
   self[n] = '\0';
-  comm::LaunchOptions launch;
+  launcher::LaunchOptions launch;
   launch.nproc_per_node = 2;
   launch.command = {self, kGlooRankArg};
   if (DryRun()) launch.command.push_back(kDryRunArg);
@@ -823,8 +823,8 @@ CheckResult CheckFsdpGlooTwoRanksCuda() {
     std::lock_guard<std::mutex> lock(mu);
     lines.push_back("launch: " + message);
   };
-  auto result = comm::launch(launch);
-  if (!result.ok()) return Fail(absl::StrCat("comm::launch: ", result.status().message()));
+  auto result = launcher::launch(launch);
+  if (!result.ok()) return Fail(absl::StrCat("launcher::launch: ", result.status().message()));
   if (result->exit_code != 0 || result_line.empty()) {
     // The ranks' own words (their last lines), then the launcher's summary.
     std::vector<std::string> last;

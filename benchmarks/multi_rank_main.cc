@@ -8,7 +8,7 @@
 
 #include "comm/collectives.h"
 #include "comm/compute_layout.h"
-#include "comm/launcher.h"
+#include "launcher/launch.h"
 
 namespace benchmarks {
 namespace {
@@ -20,7 +20,7 @@ class SilentReporter : public benchmark::BenchmarkReporter {
 };
 
 int LaunchRanks(int argc, char** argv, const MultiRankBenchmark& spec) {
-  comm::LaunchOptions options;
+  launcher::LaunchOptions options;
   options.nproc_per_node = spec.world_size;
   // The ranks write to pipes; keep escape codes out of the report.
   options.command = {"/proc/self/exe", "--benchmark_color=false"};
@@ -34,7 +34,7 @@ int LaunchRanks(int argc, char** argv, const MultiRankBenchmark& spec) {
       std::fprintf(stderr, "[rank %d] %s\n", rank, line.c_str());
     }
   };
-  auto result = comm::launch(options);
+  auto result = launcher::launch(options);
   if (!result.ok()) {
     std::fprintf(stderr, "%s: %s\n", spec.name.c_str(),
                  std::string(result.status().message()).c_str());
@@ -59,7 +59,7 @@ int RunOnLocalRanks(int argc, char** argv, const MultiRankBenchmark& spec) {
     return 1;
   }
   if (group->rank() == 0) {
-    // Ranks started by comm::launch got OMP_NUM_THREADS from its layout.
+    // Ranks started by launcher::launch got OMP_NUM_THREADS from its layout.
     const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
     std::printf("%s: compute: %s\n", spec.name.c_str(),
                 comm::DescribeComputeLayout(local_world != nullptr ? std::atoi(local_world)

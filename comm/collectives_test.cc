@@ -11,8 +11,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "comm/launcher.h"
 #include "comm/testing/multiprocess.h"
+#include "launcher/launch.h"
 
 namespace comm {
 namespace {
@@ -128,7 +128,7 @@ TEST(Collectives, AsyncHandlesOverlapAndWaitInAnyOrder) {
 
 // Argument checks run before anything is sent: one process is enough.
 TEST(Collectives, BadArgumentsAreClearErrors) {
-  auto port = pick_free_port();
+  auto port = launcher::pick_free_port();
   ASSERT_TRUE(port.ok());
   InitOptions init;
   init.init_method = "tcp://127.0.0.1:" + std::to_string(*port);

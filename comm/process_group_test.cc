@@ -20,9 +20,9 @@
 #include <gtest/gtest.h>
 
 #include "comm/collectives.h"
-#include "comm/launcher.h"
 #include "comm/testing/hostile_peer.h"
 #include "comm/testing/multiprocess.h"
+#include "launcher/launch.h"
 
 namespace comm {
 namespace {
@@ -134,7 +134,7 @@ TEST_F(EnvTest, ExplicitArgumentsAreChecked) {
 }
 
 TEST_F(EnvTest, UnreachableMasterFailsWithinTimeout) {
-  auto port = pick_free_port();  // nobody listens there
+  auto port = launcher::pick_free_port();  // nobody listens there
   ASSERT_TRUE(port.ok());
   set_env(1, 2, *port);
   InitOptions options;
@@ -270,7 +270,7 @@ TEST(ProcessGroupOnRanks, FileAndTcpInitMethodsOnTwoRanks) {
 
     // tcp://HOST:PORT: rank 0 picks the port, the env world tells rank 1.
     at::Tensor port = at::zeros({1}, at::kLong);
-    if (env_world.rank() == 0) port[0] = *pick_free_port();
+    if (env_world.rank() == 0) port[0] = *launcher::pick_free_port();
     broadcast(env_world, port, 0).wait();
     InitOptions tcp_init;
     tcp_init.init_method = "tcp://127.0.0.1:" + std::to_string(port.item<int64_t>());

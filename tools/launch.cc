@@ -5,7 +5,7 @@
 //
 // Starts N local ranks of PROGRAM with RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and OMP_NUM_THREADS set (see
-// comm/launcher.h and comm/thread_layout.h; the layout is printed first),
+// launcher/launch.h and comm/thread_layout.h; the layout is printed first),
 // prefixes their output with "[rank K] ", and exits with the status of the
 // first rank that failed (128 + signal if it was killed, 124 on --timeout,
 // 2 on bad usage). With --max-restarts N a failed group is restarted (all
@@ -19,7 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/launcher.h"
+#include "launcher/flags.h"
+#include "launcher/launch.h"
 
 namespace {
 
@@ -38,16 +39,16 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   // --help only first: anywhere later it may be the program's own.
   if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
-    std::fputs(comm::launch_usage().c_str(), stdout);
+    std::fputs(launcher::launch_usage().c_str(), stdout);
     return 0;
   }
-  auto options = comm::parse_launch_args(args);
+  auto options = launcher::parse_launch_args(args);
   if (!options.ok()) {
     std::fprintf(stderr, "launch: %s (launch --help lists the flags)\n",
                  std::string(options.status().message()).c_str());
     return 2;
   }
-  auto layout = comm::thread_layout(*options);
+  auto layout = launcher::thread_layout(*options);
   if (!layout.ok()) {
     std::fprintf(stderr, "launch: %s\n",
                  std::string(layout.status().message()).c_str());
@@ -65,7 +66,7 @@ int main(int argc, char** argv) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &action, nullptr);
   options->stop_signal = &g_stop_signal;
 
-  auto result = comm::launch(*options);
+  auto result = launcher::launch(*options);
   if (!result.ok()) {
     std::fprintf(stderr, "launch: %s\n",
                  std::string(result.status().message()).c_str());

@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <functional>
 #include <limits>
 #include <utility>
 
@@ -11,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "launcher/flag_checks.h"
 
 namespace trainer {
 namespace {
@@ -24,34 +24,8 @@ std::string Exact(double d) {
   return buf;
 }
 
-// A CLI11 transform: `expected` returns what a refused value should have been
-// ("" when it takes the value, which it may rewrite into the spelling CLI11
-// converts). CLI11 words the error "--flag: 'value': expected ...", which
-// ParseOptions turns into "--flag='value': expected ...".
-CLI::Validator Check(std::function<std::string(std::string&)> expected) {
-  return CLI::Validator(
-      [expected](std::string& value) {
-        const std::string given = value, what = expected(value);
-        return what.empty() ? what : absl::StrCat("'", given, "': expected ", what);
-      },
-      "");
-}
-
-// --flag N, an integer in [min, max].
-template <typename Int>
-void AddInt(CLI::App& app, const std::string& flag, Int& out, const std::string& help,
-            int64_t min, int64_t max = std::numeric_limits<Int>::max()) {
-  const std::string range = max == std::numeric_limits<Int>::max()
-                                ? absl::StrCat("an integer >= ", min)
-                                : absl::StrCat("an integer in [", min, ", ", max, "]");
-  app.add_option(flag, out, help)->type_name("N")->transform(
-      Check([=](std::string& v) {
-        int64_t n = 0;
-        if (!absl::SimpleAtoi(v, &n) || n < min || n > max) return range;
-        v = std::to_string(n);  // CLI11 would read "010" as octal
-        return std::string();
-      }));
-}
+using launcher::add_integer;
+using launcher::checked;
 
 // --flag X, a finite number > 0 (>= 0 with `zero_ok`) and at most `max`.
 CLI::Option* AddNumber(CLI::App& app, const std::string& flag, double& out, bool zero_ok,
@@ -59,7 +33,7 @@ CLI::Option* AddNumber(CLI::App& app, const std::string& flag, double& out, bool
                        double max = std::numeric_limits<double>::max(),
                        const std::string& above_max = "") {
   return app.add_option(flag, out, help)->type_name("X")->transform(
-      Check([=](std::string& v) -> std::string {
+      checked([=](std::string& v) -> std::string {
         double d = 0;
         if (!absl::SimpleAtod(v, &d) || !std::isfinite(d)) return "a finite number";
         if (d < 0 || (!zero_ok && d == 0)) return zero_ok ? "a number >= 0" : "a number > 0";
@@ -77,7 +51,7 @@ void AddChoice(CLI::App& app, const std::string& flag, Enum& out,
   for (Enum c : choices) names.push_back(Name(c));
   const std::string list = absl::StrJoin(names, "|");
   app.add_option(flag, out, help)->type_name(list)->default_str(Name(out))->transform(
-      Check([=](std::string& v) {
+      checked([=](std::string& v) {
         for (Enum c : choices) {
           if (v == Name(c)) {
             v = std::to_string(static_cast<int>(c));  // what CLI11 converts to the enum
@@ -90,7 +64,7 @@ void AddChoice(CLI::App& app, const std::string& flag, Enum& out,
 
 // --flag (true) or --flag=true|false|1|0.
 void AddSwitch(CLI::App& app, const std::string& flag, bool& out, const std::string& help) {
-  app.add_flag(flag, out, help)->transform(Check([](std::string& v) {
+  app.add_flag(flag, out, help)->transform(checked([](std::string& v) {
     return v == "true" || v == "1" || v == "false" || v == "0"
                ? std::string()
                : std::string("true|false (or the bare flag for true)");
@@ -101,7 +75,7 @@ void AddSwitch(CLI::App& app, const std::string& flag, bool& out, const std::str
 void AddPath(CLI::App& app, const std::string& flag, std::string& out, const std::string& what,
              const std::string& help) {
   app.add_option(flag, out, help)->type_name(what == "a file path" ? "FILE" : "DIR")->transform(
-      Check([what](std::string& v) { return v.empty() ? what : std::string(); }));
+      checked([what](std::string& v) { return v.empty() ? what : std::string(); }));
 }
 
 // Every flag, writing into `o` (whose values are the defaults --help shows).
@@ -121,24 +95,24 @@ void DefineFlags(CLI::App& app, Options& o) {
             "decoder-only transformer, or an MLP over a window of --seq tokens");
   AddChoice(app, "--data", o.data, {DataKind::kText, DataKind::kSynthetic},
             "text: /usr/share/common-licenses, byte-level");
-  AddInt(app, "--steps", o.steps, "optimizer steps", 1);
-  AddInt(app, "--seed", o.seed, "seeds the model and every step's batch", 0);
-  AddInt(app, "--global-batch", o.global_batch, "sequences per step, split across ranks", 1);
+  add_integer(app, "--steps", o.steps, "optimizer steps", 1);
+  add_integer(app, "--seed", o.seed, "seeds the model and every step's batch", 0);
+  add_integer(app, "--global-batch", o.global_batch, "sequences per step, split across ranks", 1);
   AddNumber(app, "--lr", o.lr, /*zero_ok=*/false, "peak learning rate");
-  AddInt(app, "--nproc", o.nproc, "ranks to start through comm's launcher", 1, 1024);
-  AddInt(app, "--threads-per-rank", o.threads_per_rank,
-         "intra-op threads of each rank (0: OMP_NUM_THREADS if set, else cores / ranks)", 0,
-         4096);
+  add_integer(app, "--nproc", o.nproc, "ranks to start through the launcher", 1, 1024);
+  add_integer(app, "--threads-per-rank", o.threads_per_rank,
+              "intra-op threads of each rank (0: OMP_NUM_THREADS if set, else cores / ranks)", 0,
+              4096);
   AddNumber(app, "--timeout", o.timeout_s, /*zero_ok=*/false,
             "collective and rendezvous timeout: a rank waiting this long for a hung peer "
             "fails (default: the launcher's, else 600)",
             1e7, "a number of seconds in (0, 1e7]")
       ->type_name("SECONDS")
       ->default_str("");
-  AddInt(app, "--max-restarts", o.max_restarts,
-         "restart every rank after one fails, up to N times; resumes from --checkpoint-dir's "
-         "newest checkpoint",
-         0, 1000);
+  add_integer(app, "--max-restarts", o.max_restarts,
+              "restart every rank after one fails, up to N times; resumes from --checkpoint-dir's "
+              "newest checkpoint",
+              0, 1000);
   AddChoice(app, "--device", o.device, {Device::kCpu, Device::kCuda},
             "cuda: each rank on GPU LOCAL_RANK % count, NCCL for the model's collectives "
             "(a --config=cuda build on a machine with a GPU)");
@@ -160,7 +134,7 @@ void DefineFlags(CLI::App& app, Options& o) {
          "FSDP units: each transformer block, blocks of at least N parameters, or the root only")
       ->type_name("block|size:N|none")
       ->default_str(AutoWrapName(o))
-      ->transform(Check([](std::string& v) -> std::string {
+      ->transform(checked([](std::string& v) -> std::string {
         int64_t n = 0;
         if (v == "block" || v == "none") return "";
         if (!absl::StartsWith(v, "size:")) return "block|none|size:N";
@@ -177,29 +151,29 @@ void DefineFlags(CLI::App& app, Options& o) {
             {ActivationCheckpointing::kNone, ActivationCheckpointing::kBlock},
             "block: recompute each transformer block's activations in backward instead of "
             "keeping them");
-  AddInt(app, "--grad-accum", o.grad_accum, "micro-batches per optimizer step", 1);
+  add_integer(app, "--grad-accum", o.grad_accum, "micro-batches per optimizer step", 1);
   AddNumber(app, "--clip", o.clip, /*zero_ok=*/true, "max global gradient norm (0: off)");
   AddChoice(app, "--optimizer", o.optimizer,
             {OptimizerKind::kAdam, OptimizerKind::kAdamW, OptimizerKind::kSgd}, "optimizer");
   AddChoice(app, "--lr-schedule", o.lr_schedule, {LrSchedule::kConstant, LrSchedule::kCosine},
             "after the linear warmup");
-  AddInt(app, "--warmup-steps", o.warmup_steps, "steps of linear learning-rate warmup", 0);
-  AddInt(app, "--layers", o.layers, "transformer blocks", 1);
-  AddInt(app, "--dim", o.dim, "model width (the MLP's hidden width)", 1);
-  AddInt(app, "--heads", o.heads, "attention heads (a divisor of --dim)", 1);
-  AddInt(app, "--vocab", o.vocab, "vocabulary size (>= 256 with --data text)", 2);
-  AddInt(app, "--seq", o.seq, "tokens per sequence (the MLP's window)", 1);
+  add_integer(app, "--warmup-steps", o.warmup_steps, "steps of linear learning-rate warmup", 0);
+  add_integer(app, "--layers", o.layers, "transformer blocks", 1);
+  add_integer(app, "--dim", o.dim, "model width (the MLP's hidden width)", 1);
+  add_integer(app, "--heads", o.heads, "attention heads (a divisor of --dim)", 1);
+  add_integer(app, "--vocab", o.vocab, "vocabulary size (>= 256 with --data text)", 2);
+  add_integer(app, "--seq", o.seq, "tokens per sequence (the MLP's window)", 1);
   AddPath(app, "--checkpoint-dir", o.checkpoint_dir, "a directory path",
           "checkpoints go to DIR/step_<N>");
-  AddInt(app, "--checkpoint-every", o.checkpoint_every,
-         "steps between checkpoints (0: only at the end, with --checkpoint-dir)", 0);
+  add_integer(app, "--checkpoint-every", o.checkpoint_every,
+              "steps between checkpoints (0: only at the end, with --checkpoint-dir)", 0);
   AddChoice(app, "--checkpoint-format", o.checkpoint_format,
             {CheckpointFormat::kSharded, CheckpointFormat::kFull},
             "sharded: each rank writes its pieces; full: rank 0 writes model.pt");
-  AddInt(app, "--keep-last", o.keep_last,
-         "after each checkpoint, remove complete ones older than the newest N, and crash "
-         "debris (0: keep all)",
-         0);
+  add_integer(app, "--keep-last", o.keep_last,
+              "after each checkpoint, remove complete ones older than the newest N, and crash "
+              "debris (0: keep all)",
+              0);
   AddSwitch(app, "--async-checkpoint", o.async_checkpoint,
             "write checkpoints in the background while the next step runs (its optimizer step "
             "waits until the state is written)");
@@ -222,25 +196,13 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   Options options;
   CLI::App app;
   DefineFlags(app, options);
-  // CLI11 reads "--flag=" (nothing after '=') as a bare --flag, which would
-  // take the next argument as its value (or set a switch): refuse it.
-  for (const std::string& arg : args) {
-    const size_t eq = arg.find('=');
-    if (absl::StartsWith(arg, "--") && eq + 1 == arg.size() &&
-        app.get_option_no_throw(arg.substr(0, eq)) != nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(arg, "'': expected a value"));
-    }
-  }
+  if (absl::Status s = launcher::refuse_empty_values(app, args); !s.ok()) return s;
   try {
     app.parse(std::vector<std::string>(args.rbegin(), args.rend()));  // CLI11 reads last-first
-  } catch (const CLI::ValidationError& e) {  // "--flag: 'value': expected ..."
-    std::string what = e.what();
-    if (size_t at = what.find(": '"); at != std::string::npos) what.replace(at, 2, "=");
-    return absl::InvalidArgumentError(what);
   } catch (const CLI::ArgumentMismatch& e) {
     return absl::InvalidArgumentError(MissingValue(app, e.what()));
   } catch (const CLI::ParseError& e) {
-    return absl::InvalidArgumentError(e.what());
+    return launcher::flag_error(e);
   }
   if (const std::vector<std::string> extra = app.remaining(); !extra.empty()) {
     const std::string& arg = extra.front();

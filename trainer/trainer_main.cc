@@ -4,7 +4,8 @@
 //   * no RANK in the environment, --nproc 1: trains in this process, as the
 //     only rank of a 1-rank group (a FileStore rendezvous, no port);
 //   * no RANK, --nproc N > 1: starts N ranks of this same binary through
-//     comm's launcher (each with RANK/WORLD_SIZE/MASTER_* set) and waits;
+//     the launcher (launcher/launch.h; each with RANK/WORLD_SIZE/MASTER_* set)
+//     and waits;
 //   * RANK set (started by the above, //tools:launch or torchrun): joins the
 //     process group from the environment and trains as that rank.
 // Exit status: 0 on success, 2 on bad flags, 1 on any other error (which is
@@ -13,7 +14,7 @@
 // Faults: --timeout bounds every collective (a rank waiting for a hung peer
 // fails; the launcher names the hung rank when it was stopped by a signal);
 // --max-restarts N makes the launcher restart every rank after a failure,
-// and a restarted rank (TORCHELASTIC_RESTART_COUNT > 0, set by comm's
+// and a restarted rank (TORCHELASTIC_RESTART_COUNT > 0, set by our
 // launcher or torchrun) resumes from --checkpoint-dir's newest complete
 // checkpoint by itself. --max-restarts goes through the launcher even with
 // --nproc 1, so the one rank can be restarted.
@@ -37,10 +38,9 @@
 #include "absl/strings/str_cat.h"
 #include "c10/util/Exception.h"
 #include "comm/compute_layout.h"
-#include "comm/launcher.h"
 #include "comm/process_group.h"
 #include "comm/slurm.h"
-#include "comm/thread_layout.h"
+#include "launcher/launch.h"
 #include "state_dict/checkpoint.h"
 #include "trainer/options.h"
 #include "trainer/train.h"
@@ -62,7 +62,7 @@ int LaunchRanks(const trainer::Options& options) {
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return Fail(absl::InternalError("cannot resolve /proc/self/exe"));
   self[n] = '\0';
-  comm::LaunchOptions launch;
+  launcher::LaunchOptions launch;
   launch.nproc_per_node = options.nproc;
   launch.threads_per_rank = options.threads_per_rank;
   launch.max_restarts = options.max_restarts;
@@ -70,7 +70,7 @@ int LaunchRanks(const trainer::Options& options) {
     std::fprintf(stderr, "trainer: %s\n", message.c_str());
     std::fflush(stderr);
   };
-  auto layout = comm::thread_layout(launch);
+  auto layout = launcher::thread_layout(launch);
   if (!layout.ok()) return Fail(layout.status(), 2);
   if (!layout->warning.empty()) {
     std::fprintf(stderr, "trainer: warning: %s\n", layout->warning.c_str());
@@ -94,7 +94,7 @@ int LaunchRanks(const trainer::Options& options) {
     }
     std::fflush(out);
   };
-  auto result = comm::launch(launch);
+  auto result = launcher::launch(launch);
   if (!result.ok()) return Fail(result.status());
   if (result->exit_code != 0) {
     std::fprintf(stderr, "trainer: %s (exit status %d)\n", result->summary.c_str(),
@@ -124,11 +124,11 @@ absl::StatusOr<std::chrono::milliseconds> CollectiveTimeout(const trainer::Optio
     return std::chrono::milliseconds(
         std::max<int64_t>(1, static_cast<int64_t>(options.timeout_s * 1000)));
   }
-  if (const char* ms = std::getenv(comm::kCollectiveTimeoutVariable)) {
+  if (const char* ms = std::getenv(launcher::kCollectiveTimeoutVariable)) {
     int64_t value = 0;
     if (!absl::SimpleAtoi(ms, &value) || value <= 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          comm::kCollectiveTimeoutVariable, "='", ms,
+          launcher::kCollectiveTimeoutVariable, "='", ms,
           "': expected a positive number of milliseconds (set by the launcher)"));
     }
     return std::chrono::milliseconds(value);
@@ -140,7 +140,7 @@ absl::StatusOr<std::chrono::milliseconds> CollectiveTimeout(const trainer::Optio
 // newest checkpoint that verifies (damaged newer ones set aside), if the run
 // got to write one; before that, it starts over.
 absl::Status ResumeIfRestarted(trainer::Options& options, const comm::ProcessGroup& group) {
-  const char* count = std::getenv(comm::kRestartCountVariable);
+  const char* count = std::getenv(launcher::kRestartCountVariable);
   int64_t restart = 0;
   if (count == nullptr || !absl::SimpleAtoi(count, &restart) || restart <= 0 ||
       options.checkpoint_dir.empty() || options.resume) {

@@ -14,7 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/collectives.h"
-#include "comm/launcher.h"
+#include "launcher/launch.h"
 
 namespace comm {
 namespace testing {
@@ -84,7 +84,7 @@ int RunOnRanks(int world_size, const std::function<void(ProcessGroup&)>& body,
     ADD_FAILURE() << "comm::testing::RunOnRanks must be called from a TEST body";
     return -1;
   }
-  LaunchOptions launch_options;
+  launcher::LaunchOptions launch_options;
   launch_options.nproc_per_node = world_size;
   launch_options.timeout = options.timeout;
   launch_options.kill_grace = std::chrono::milliseconds(2000);
@@ -111,7 +111,7 @@ int RunOnRanks(int world_size, const std::function<void(ProcessGroup&)>& body,
     absl::StrAppend(&output, "[rank ", rank, is_stderr ? " err" : "", "] ",
                     line, "\n");
   };
-  auto result = launch(launch_options);
+  auto result = launcher::launch(launch_options);
   if (!result.ok()) {
     ADD_FAILURE() << "comm::testing: could not start the ranks: "
                   << result.status();

@@ -9,7 +9,7 @@
 //   }
 //
 // In the test process, RunOnRanks re-executes this binary (/proc/self/exe)
-// once per rank through comm::launch with --gtest_filter=<this test>, waits,
+// once per rank through launcher::launch with --gtest_filter=<this test>, waits,
 // and fails the test with every rank's output when any rank fails, crashes or
 // times out. In a rank (recognised by the variable COMM_TESTING_RANK_OF), it
 // initialises the world group from the environment, runs `body` (so EXPECT_*

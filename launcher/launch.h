@@ -1,5 +1,15 @@
 // Starts the local ranks of a distributed job, as torchrun does: the library
-// behind //tools:launch and comm/testing/multiprocess.h.
+// behind //tools:launch (its flags: launcher/flags.h), the trainer's --nproc
+// and comm/testing/multiprocess.h.
+//
+// PyTorch: torchrun (torch.distributed.run) and its elastic agent.
+//
+//   launcher::LaunchOptions options;
+//   options.nproc_per_node = 2;
+//   options.command = {"bazel-bin/trainer/trainer", "--steps=10"};
+//   absl::StatusOr<launcher::LaunchResult> result = launcher::launch(options);
+//   if (!result.ok()) return result.status();  // bad options: nothing started
+//   return result->exit_code;                  // 0, or the first failure's
 //
 // Each rank is a child process with RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, GROUP_RANK (node rank), MASTER_ADDR and MASTER_PORT set,
@@ -56,7 +66,7 @@
 #include "absl/status/statusor.h"
 #include "comm/thread_layout.h"
 
-namespace comm {
+namespace launcher {
 
 struct LaunchOptions {
   int nproc_per_node = 1;
@@ -104,7 +114,7 @@ struct RankExit {
   int pid = -1;
   int exit_code = -1;   // when exited normally
   int term_signal = 0;  // when killed by a signal
-  // True when comm ended this rank (another failed, timeout or stop).
+  // True when the launcher ended this rank (another failed, timeout or stop).
   bool ended_by_launcher = false;
 };
 
@@ -140,21 +150,9 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options);
 
 // The thread layout launch() gives the ranks of `options`; callers print it
 // (and its warning) before launching.
-absl::StatusOr<ThreadLayout> thread_layout(const LaunchOptions& options);
-
-// Parses the command line of //tools:launch (with CLI11):
-//   --nproc N [--nnodes M] [--node-rank K] [--master-addr A] [--master-port P]
-//   [--timeout SECONDS] [--collective-timeout SECONDS] [--max-restarts N]
-//   [--threads-per-rank T] [--] PROGRAM [ARGS...]
-// (also --flag=value). PROGRAM and everything after it are the program's,
-// untouched. `args` excludes argv[0]. A bad flag or value is an
-// InvalidArgument naming the flag, the value and what was expected.
-absl::StatusOr<LaunchOptions> parse_launch_args(const std::vector<std::string>& args);
-
-// The --help text of //tools:launch: every flag with its default.
-std::string launch_usage();
+absl::StatusOr<comm::ThreadLayout> thread_layout(const LaunchOptions& options);
 
 // A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0).
 absl::StatusOr<int> pick_free_port();
 
-}  // namespace comm
+}  // namespace launcher

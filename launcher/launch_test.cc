@@ -1,7 +1,7 @@
-// The launcher, through the library (comm::launch) and the command line
+// The launcher, through the library (launcher::launch) and the command line
 // (//tools:launch): environment, output prefixes, exit codes, ending the
 // other ranks, timeouts, and that no process outlives a launch.
-#include "comm/launcher.h"
+#include "launcher/launch.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -29,13 +29,15 @@
 #include <gtest/gtest.h>
 
 #include "comm/testing/hostile_peer.h"
+#include "launcher/flags.h"
 
-namespace comm {
+namespace launcher {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
 using Clock = std::chrono::steady_clock;
+using comm::testing::HostilePeer;
 
 std::string runfile(const std::string& path) {
   const char* dir = std::getenv("TEST_SRCDIR");
@@ -43,7 +45,7 @@ std::string runfile(const std::string& path) {
   return std::string(dir ? dir : ".") + "/" + (ws ? ws : "torchfsdp_cpp") + "/" + path;
 }
 
-std::string child_program() { return runfile("comm/testing/launch_test_child"); }
+std::string child_program() { return runfile("launcher/launch_test_child"); }
 
 std::string temp_dir() {
   std::string pattern = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/launchXXXXXX";
@@ -172,7 +174,7 @@ TEST(Launcher, RanksGetTheThreadLayoutAsOmpNumThreads) {
   auto result = launch(options);
   ASSERT_TRUE(result.ok()) << result.status();
   const std::string expected =
-      "OMP_NUM_THREADS=" + std::to_string(std::max(1, AvailableCores() / 2));
+      "OMP_NUM_THREADS=" + std::to_string(std::max(1, comm::AvailableCores() / 2));
   EXPECT_THAT(captured.out, ::testing::Contains("[rank 1] " + expected));
 
   Captured requested;
@@ -688,7 +690,6 @@ double SecondsSince(Clock::time_point start) {
 }
 
 TEST(LauncherRendezvous, Node0ThatIsNotALauncherIsNamed) {
-  using testing::HostilePeer;
   struct Case {
     HostilePeer::Behaviour behaviour;
     std::string says;
@@ -715,8 +716,8 @@ TEST(LauncherRendezvous, Node0ThatIsNotALauncherIsNamed) {
 }
 
 TEST(LauncherRendezvous, SilentNode0EndsWithinTheTimeout) {
-  for (auto behaviour : {testing::HostilePeer::Silent(), testing::HostilePeer::ListenOnly()}) {
-    testing::HostilePeer peer(behaviour);
+  for (auto behaviour : {HostilePeer::Silent(), HostilePeer::ListenOnly()}) {
+    HostilePeer peer(behaviour);
     const auto start = Clock::now();
     auto result = launch(NodeOptions(1, peer.port(), std::chrono::milliseconds(1500)));
     ASSERT_FALSE(result.ok());
@@ -802,4 +803,4 @@ TEST(LaunchTool, TimeoutFlagEndsHungRanks) {
 }
 
 }  // namespace
-}  // namespace comm
+}  // namespace launcher
