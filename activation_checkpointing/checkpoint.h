@@ -44,15 +44,12 @@
 
 #include <ATen/ATen.h>
 
-#include <cstddef>
-#include <functional>
-#include <memory>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "activation_checkpointing/internal/checkpoint_function.h"
+#include "module_call/tensor_function.h"
 
 namespace activation_checkpointing {
 
@@ -65,8 +62,12 @@ struct CheckpointOptions {
 
 template <typename Fn, typename... Args>
 auto checkpoint(const CheckpointOptions& options, Fn&& fn, Args&&... args) {
-  return internal::checkpoint_call(options.preserve_rng_state, internal::Declared(),
-                                   std::forward<Fn>(fn), std::forward<Args>(args)...);
+  using Out = module_call::tensor_function_output_t<Fn, Args...>;
+  std::vector<at::Tensor> inputs = module_call::tensor_arguments(args...);
+  module_call::TensorFunction region =
+      module_call::as_tensor_function(std::forward<Fn>(fn), std::forward<Args>(args)...);
+  return module_call::from_tensors<Out>(internal::run_checkpointed(
+      std::move(region), std::move(inputs), internal::Declared(), options.preserve_rng_state));
 }
 
 template <typename Fn, typename... Args,

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "activation_checkpointing/apply_activation_checkpointing.h"
-#include "fsdp/fully_sharded_data_parallel.h"
-#include "fsdp/wrap_policy.h"
+#include "module_call/call.h"
+#include "module_call/wrap_policy.h"
 
 namespace activation_checkpointing {
 namespace {
@@ -257,7 +257,7 @@ struct NetImpl : torch::nn::Module {
   }
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor h = in(x);
-    for (const auto& block : *blocks) h = fsdp::call(block->as<BlockImpl>(), h);
+    for (const auto& block : *blocks) h = module_call::call(block->as<BlockImpl>(), h);
     return out(h);
   }
   torch::nn::Linear in{nullptr}, out{nullptr};
@@ -286,7 +286,7 @@ TEST(ApplyActivationCheckpointing, ModuleListBlocksThroughFsdpCall) {
   Net reference;
   Net model;
   const auto names_before = Names(*model);
-  auto chosen = apply_activation_checkpointing(model, fsdp::module_type_auto_wrap_policy<BlockImpl>());
+  auto chosen = apply_activation_checkpointing(model, module_call::module_type_auto_wrap_policy<BlockImpl>());
   EXPECT_EQ(chosen, (std::vector<std::string>{"blocks.0", "blocks.1", "blocks.2"}));
   EXPECT_TRUE(is_checkpointed(*model->blocks[0]));
   EXPECT_FALSE(is_checkpointed(*model->in));
@@ -302,7 +302,7 @@ TEST(ApplyActivationCheckpointing, ActivationsAreNotKept) {
   // With every block checkpointed, the graph from the output back to the
   // input holds one recomputing node per block instead of each block's ops.
   Net model;
-  apply_activation_checkpointing(model, fsdp::module_type_auto_wrap_policy<BlockImpl>());
+  apply_activation_checkpointing(model, module_call::module_type_auto_wrap_policy<BlockImpl>());
   at::Tensor y = model(torch::randn({4, 6}));
   int checkpoint_nodes = 0, op_nodes = 0;
   std::vector<torch::autograd::Node*> todo = {y.grad_fn().get()};
@@ -330,15 +330,15 @@ TEST(ApplyActivationCheckpointing, SequentialChildrenBySizeThroughFsdpCall) {
   };
   auto reference = make();
   auto model = make();
-  auto chosen = apply_activation_checkpointing(model, fsdp::size_based_auto_wrap_policy(200));
+  auto chosen = apply_activation_checkpointing(model, module_call::size_based_auto_wrap_policy(200));
   EXPECT_EQ(chosen, (std::vector<std::string>{"0", "3"}));
   auto expected = TrainStepGrads(reference.ptr(), [&](at::Tensor x) { return reference->forward(x); });
-  auto actual = TrainStepGrads(model.ptr(), [&](at::Tensor x) { return fsdp::call(model, x); });
+  auto actual = TrainStepGrads(model.ptr(), [&](at::Tensor x) { return module_call::call(model, x); });
   for (const auto& [name, grad] : expected) ExpectBitwiseEqual(actual[name], grad, name);
 }
 
 TEST(ApplyActivationCheckpointing, CustomPolicyAndNestedModules) {
-  // Checkpoint the blocks and, inside them, fc1 (called through fsdp::call
+  // Checkpoint the blocks and, inside them, fc1 (called through module_call::call
   // from a block whose forward does so): regions nest.
   struct OuterImpl : torch::nn::Module {
     OuterImpl() {
@@ -347,7 +347,7 @@ TEST(ApplyActivationCheckpointing, CustomPolicyAndNestedModules) {
       fc = register_module("fc", torch::nn::Linear(8, 8));
     }
     at::Tensor forward(const at::Tensor& x) {
-      return fc(torch::relu(fsdp::call(inner, x))) + x;
+      return fc(torch::relu(module_call::call(inner, x))) + x;
     }
     torch::nn::Linear inner{nullptr}, fc{nullptr};
   };
@@ -357,15 +357,15 @@ TEST(ApplyActivationCheckpointing, CustomPolicyAndNestedModules) {
   ref_model[1]->as<torch::nn::LinearImpl>()->weight.data().copy_(model[1]->as<torch::nn::LinearImpl>()->weight);
   ref_model[1]->as<torch::nn::LinearImpl>()->bias.data().copy_(model[1]->as<torch::nn::LinearImpl>()->bias);
   auto chosen = apply_activation_checkpointing(
-      model, fsdp::custom_auto_wrap_policy([](const torch::nn::Module&, const std::string& fqn,
+      model, module_call::custom_auto_wrap_policy([](const torch::nn::Module&, const std::string& fqn,
                                               int64_t) { return fqn == "0" || fqn == "0.inner"; }));
   EXPECT_EQ(chosen, (std::vector<std::string>{"0.inner", "0"}));
   torch::manual_seed(2);
   at::Tensor x = torch::randn({3, 8}, torch::requires_grad());
-  fsdp::call(ref_model, x).sum().backward();
+  module_call::call(ref_model, x).sum().backward();
   at::Tensor expected_x = x.grad().clone();
   x.mutable_grad().reset();
-  fsdp::call(model, x).sum().backward();
+  module_call::call(model, x).sum().backward();
   ExpectBitwiseEqual(x.grad(), expected_x, "dx");
   for (const auto& p : ref_model->named_parameters()) {
     ExpectBitwiseEqual(model->named_parameters()[p.key()].grad(), p.value().grad(), p.key());
@@ -374,11 +374,11 @@ TEST(ApplyActivationCheckpointing, CustomPolicyAndNestedModules) {
 
 TEST(ApplyActivationCheckpointing, Errors) {
   Net model;
-  EXPECT_THAT(ErrorOf([&] { apply_activation_checkpointing(model, fsdp::AutoWrapPolicy()); }),
+  EXPECT_THAT(ErrorOf([&] { apply_activation_checkpointing(model, module_call::AutoWrapPolicy()); }),
               HasSubstr("policy is empty"));
   EXPECT_THAT(ErrorOf([&] {
                 apply_activation_checkpointing(std::shared_ptr<torch::nn::Module>(),
-                                               fsdp::size_based_auto_wrap_policy(1));
+                                               module_call::size_based_auto_wrap_policy(1));
               }),
               HasSubstr("model is null"));
 }

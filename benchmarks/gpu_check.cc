@@ -89,8 +89,9 @@
 #include "comm/work.h"
 #include "fsdp/flat_param.h"
 #include "fsdp/fully_sharded_data_parallel.h"
-#include "fsdp/wrap_policy.h"
 #include "launcher/launch.h"
+#include "module_call/call.h"
+#include "module_call/wrap_policy.h"
 #include "trainer/data.h"
 #include "trainer/models.h"
 
@@ -487,11 +488,11 @@ Run TrainFsdp(const comm::ProcessGroup& group, const FsdpVariant& variant,
               const AfterBackward& after_backward, Problems& problems) {
   auto model = BuildTransformer();  // built on the CPU; FSDP moves it to device_id
   model->set_block_runner([](int64_t, trainer::TransformerBlock& block, const torch::Tensor& x,
-                             const torch::Tensor& mask) { return fsdp::call(block, x, mask); });
+                             const torch::Tensor& mask) { return module_call::call(block, x, mask); });
   fsdp::FullyShardedDataParallel::Options options;
   options.process_group = group;
   options.sharding_strategy = fsdp::ShardingStrategy::kFullShard;
-  options.auto_wrap_policy = fsdp::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>();
+  options.auto_wrap_policy = module_call::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>();
   if (!DryRun()) options.device_id = g_device;
   options.use_orig_params = true;
   if (variant.bf16) {

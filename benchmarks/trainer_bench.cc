@@ -57,7 +57,8 @@
 #include "comm/process_group.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "fsdp/sharding_strategy.h"
-#include "fsdp/wrap_policy.h"
+#include "module_call/call.h"
+#include "module_call/wrap_policy.h"
 #include "trainer/json_log.h"
 #include "trainer/models.h"
 #include "trainer/train.h"
@@ -153,13 +154,13 @@ struct ForwardRetained {
 };
 
 void CheckpointBlocks(const std::shared_ptr<trainer::TransformerLM>& lm) {
-  // NoFSDP also calls its blocks through fsdp::call (a plain forward on a
+  // NoFSDP also calls its blocks through module_call::call (a plain forward on a
   // module that is not a unit), where checkpointed modules are run.
   lm->set_block_runner([](int64_t, trainer::TransformerBlock& block, const torch::Tensor& x,
-                         const torch::Tensor& mask) { return fsdp::call(block, x, mask); });
+                         const torch::Tensor& mask) { return module_call::call(block, x, mask); });
   const auto blocks = activation_checkpointing::apply_activation_checkpointing(
       std::static_pointer_cast<torch::nn::Module>(lm),
-      fsdp::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>());
+      module_call::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>());
   TORCH_CHECK(blocks.size() == static_cast<size_t>(kConfig.layers),
               "trainer_bench: checkpointed ", blocks.size(), " blocks, expected ", kConfig.layers);
 }
@@ -277,14 +278,14 @@ void BM_FSDP(benchmark::State& state, fsdp::ShardingStrategy strategy, bool chec
   const int64_t num_params = NumParams(*lm);
   if (checkpointing) CheckpointBlocks(lm);
   // The trainer's wrapping (train.cc WrapModel with its defaults): blocks
-  // are units called through fsdp::call from the block runner, the root is
+  // are units called through module_call::call from the block runner, the root is
   // entered through run(), and the optimizer sees the original parameters.
   lm->set_block_runner([](int64_t, trainer::TransformerBlock& block, const torch::Tensor& x,
-                          const torch::Tensor& mask) { return fsdp::call(block, x, mask); });
+                          const torch::Tensor& mask) { return module_call::call(block, x, mask); });
   fsdp::FullyShardedDataParallel::Options options;
   options.process_group = group;
   options.sharding_strategy = strategy;
-  options.auto_wrap_policy = fsdp::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>();
+  options.auto_wrap_policy = module_call::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>();
   options.backward_prefetch = fsdp::BackwardPrefetch::kBackwardPre;
   options.use_orig_params = true;
   // Typed as LanguageModel, as in the trainer: no single forward(), so the

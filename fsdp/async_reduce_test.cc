@@ -38,7 +38,7 @@ FullyShardedDataParallel::Options Wrapped(comm::ProcessGroup& pg, ShardingStrate
   options.process_group = pg;
   options.sharding_strategy = s;
   options.use_orig_params = true;
-  options.auto_wrap_policy = module_type_auto_wrap_policy<torch::nn::LinearImpl>();
+  options.auto_wrap_policy = module_call::module_type_auto_wrap_policy<torch::nn::LinearImpl>();
   return options;
 }
 
@@ -143,11 +143,11 @@ TEST(AsyncReduce, NoReductionInFlightWhenARecomputationIsDifferentiated) {
       torch::manual_seed(0);
       torch::nn::Sequential net(Probed(), Probed(), Probed(), torch::nn::Linear(64, 4));
       ASSERT_EQ(activation_checkpointing::apply_activation_checkpointing(
-                    net, module_type_auto_wrap_policy<ProbedImpl>())
+                    net, module_call::module_type_auto_wrap_policy<ProbedImpl>())
                     .size(),
                 3u);
       FullyShardedDataParallel::Options options = Wrapped(pg, strategy);
-      options.auto_wrap_policy = module_type_auto_wrap_policy<ProbedImpl>();
+      options.auto_wrap_policy = module_call::module_type_auto_wrap_policy<ProbedImpl>();
       FullyShardedDataParallel model(net, options);
       int probes = 0, pending = 0;
       for (int i = 0; i < 3; ++i) {

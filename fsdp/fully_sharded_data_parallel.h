@@ -3,7 +3,7 @@
 //
 //   fsdp::FullyShardedDataParallel::Options options;
 //   options.process_group = world;
-//   options.auto_wrap_policy = fsdp::module_type_auto_wrap_policy<BlockImpl>();
+//   options.auto_wrap_policy = module_call::module_type_auto_wrap_policy<BlockImpl>();
 //   fsdp::FullyShardedDataParallel model(MyModel(), options);
 //   torch::optim::Adam optim(model.parameters(), 1e-3);
 //   auto loss = loss_fn(model.forward(x), y);     // or model(x)
@@ -15,18 +15,17 @@
 // parameters that no deeper unit owns. Nothing is inserted into the module
 // tree: parameter and buffer names stay the user's (clean FQNs).
 //
-// Calling nested units. LibTorch has no forward hooks and a parent calls its
-// children through typed members, so FSDP cannot intercept those calls. A
-// nested unit must therefore be called through fsdp::call(child, args...),
-// which gathers its parameters, runs child->forward(args...), frees them
-// again (FULL_SHARD) and arms the backward hooks. For torch::nn::Sequential
-// (as root or unit) FSDP drives the children itself; for any other module the
-// parent's forward changes one line per call site:
+// Calling nested units. LibTorch has no forward hooks, so FSDP registers its
+// pre-/post-forward on every module it manages at the module call point
+// (module_call/call.h), and a nested unit must be called through it:
 //
-//   x = layer->forward(x);            becomes   x = fsdp::call(layer, x);
+//   x = layer->forward(x);            becomes   x = module_call::call(layer, x);
 //
-// fsdp::call on a module that is not a unit just calls forward; on a module
-// inside a unit whose parameters are sharded it is an error naming the unit.
+// which gathers the unit's parameters, runs layer->forward(x), frees them
+// again (FULL_SHARD) and arms the backward hooks. torch::nn::Sequential (as
+// root or unit) needs nothing: the call point drives its children. Calling a
+// module inside a unit whose parameters are sharded is an error naming the
+// unit.
 //
 // Runtime per iteration (as PyTorch's _runtime_utils): pre-forward gathers
 // a unit (and, with forward_prefetch, starts the next unit's all-gather in
@@ -40,8 +39,9 @@
 // whatever is still gathered and resets the per-iteration state.
 //
 // Bad input caught: a submodule of a sharded unit called through
-// fsdp::call; a unit called outside its root's forward; a second backward
-// through a graph whose backward already ran; a parameter shared by two
+// module_call::call; a unit called outside its root's forward or inside an
+// activation-checkpointed region; a second backward through a graph whose
+// backward already ran; a parameter shared by two
 // units; the seed's invalid option combinations. Not caught: calling a
 // submodule's forward() directly (LibTorch gives FSDP no hook; it then sees
 // 1-D shards and usually fails on shapes), and in-place writes to parameters
@@ -67,13 +67,13 @@
 #include <utility>
 #include <vector>
 
-#include "activation_checkpointing/internal/checkpoint_function.h"
 #include "comm/device_mesh.h"
 #include "comm/process_group.h"
 #include "fsdp/flat_param.h"
 #include "fsdp/mixed_precision.h"
 #include "fsdp/sharding_strategy.h"
-#include "fsdp/wrap_policy.h"
+#include "module_call/call.h"
+#include "module_call/wrap_policy.h"
 
 namespace fsdp {
 
@@ -126,7 +126,7 @@ class FullyShardedDataParallel {
     std::optional<comm::DeviceMesh> device_mesh;
     ShardingStrategy sharding_strategy = ShardingStrategy::kFullShard;
     CPUOffload cpu_offload;
-    AutoWrapPolicy auto_wrap_policy;
+    module_call::AutoWrapPolicy auto_wrap_policy;
     BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
     // param_dtype: gathered and computed in it (floating-point inputs of the
     // root and of units are cast to it); reduce_dtype: gradients reduced in
@@ -285,222 +285,25 @@ class FullyShardedDataParallel {
   torch::nn::SequentialImpl* root_sequential_ = nullptr;
 };
 
-// ---------------------------------------------------------------------------
-// The explicit call point for nested units (see the top of this file).
-// `module` is a ModuleHolder (Linear, MyBlock), a std::shared_ptr<Impl> or
-// an Impl* (what ModuleList's ptr->as<Impl>() gives).
-template <typename ModuleRef, typename... Args>
-auto call(ModuleRef&& module, Args&&... args);
-
-// ---------------------------------------------------------------------------
-// Implementation details of the templates above.
-namespace internal {
-
-// What the post-forward needs from the pre-forward.
-struct Frame {
-  std::shared_ptr<Runtime> rt;
-  int unit = -1;
-  bool root = false;
-};
-
-// Pre-forward for `module`: a unit (gather, prefetch), a module inside a
-// unit (checked to be gathered), or nothing.
-Frame pre_forward(torch::nn::Module& module);
-// Post-forward: reshard when the strategy says so and arm the pre-backward
-// hooks on `outputs`. `outputs_known` is false when the forward returned a
-// type FSDP cannot look into.
-void post_forward(const Frame& frame, const std::vector<at::Tensor>& outputs,
-                  bool outputs_known);
-// The forward threw: return the root to idle (and free what it gathered) so
-// the next iteration can start.
-void abort_forward(const Frame& frame) noexcept;
-// Calls abort_forward unless released (post-forward reached).
-class FrameGuard {
- public:
-  explicit FrameGuard(const Frame& frame) : frame_(frame) {}
-  ~FrameGuard() {
-    if (!released_) abort_forward(frame_);
-  }
-  FrameGuard(const FrameGuard&) = delete;
-  FrameGuard& operator=(const FrameGuard&) = delete;
-  void release() { released_ = true; }
-
- private:
-  const Frame& frame_;
-  bool released_ = false;
-};
-// Under mixed precision, the dtype floating-point inputs of `frame`'s unit
-// are cast to (nullopt: none).
-std::optional<c10::ScalarType> input_dtype(const Frame& frame);
-// Sequential semantics with unit logic per child.
-torch::nn::AnyValue sequential_forward(torch::nn::SequentialImpl& sequential,
-                                       std::vector<torch::nn::AnyValue> args);
-std::vector<at::Tensor> any_value_tensors(torch::nn::AnyValue& value, bool* known);
-
-template <typename T>
-bool collect_tensors(const T&, std::vector<at::Tensor>*) {
-  return false;
-}
-inline bool collect_tensors(const at::Tensor& t, std::vector<at::Tensor>* out) {
-  out->push_back(t);
-  return true;
-}
-inline bool collect_tensors(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>* out) {
-  out->insert(out->end(), ts.begin(), ts.end());
-  return true;
-}
-template <typename... Ts>
-bool collect_tensors(const std::tuple<Ts...>& tuple, std::vector<at::Tensor>* out) {
-  bool known = true;
-  std::apply([&](const auto&... elems) { ((known &= collect_tensors(elems, out)), ...); },
-             tuple);
-  return known;
-}
-template <typename A, typename B>
-bool collect_tensors(const std::pair<A, B>& pair, std::vector<at::Tensor>* out) {
-  const bool a = collect_tensors(pair.first, out);
-  const bool b = collect_tensors(pair.second, out);
-  return a && b;
-}
-
-template <typename T>
-T&& cast_input(T&& value, std::optional<c10::ScalarType>) {
-  return std::forward<T>(value);
-}
-inline at::Tensor cast_input(const at::Tensor& t, std::optional<c10::ScalarType> dtype) {
-  if (!dtype || !t.defined() || !t.is_floating_point()) return t;
-  return t.to(*dtype);
-}
-inline at::Tensor cast_input(at::Tensor& t, std::optional<c10::ScalarType> dtype) {
-  return cast_input(static_cast<const at::Tensor&>(t), dtype);
-}
-inline at::Tensor cast_input(at::Tensor&& t, std::optional<c10::ScalarType> dtype) {
-  return cast_input(static_cast<const at::Tensor&>(t), dtype);
-}
-
-template <typename T>
-torch::nn::Module& module_of(const std::shared_ptr<T>& m) {
-  return *m;
-}
-template <typename T>
-torch::nn::Module& module_of(const torch::nn::ModuleHolder<T>& m) {
-  return *m.ptr();
-}
-template <typename T>
-torch::nn::Module& module_of(T* m) {
-  return *m;
-}
-template <typename T>
-T& impl_of(const std::shared_ptr<T>& m) {
-  return *m;
-}
-template <typename T>
-T& impl_of(const torch::nn::ModuleHolder<T>& m) {
-  return *m.ptr();
-}
-template <typename T>
-T& impl_of(T* m) {
-  return *m;
-}
-
-// Before a checkpointed module inside `module`'s unit is recomputed in
-// backward: gather that unit (normally already done by its pre-backward)
-// and point the module tree at its unsharded views again (resharding
-// pointed it back at the shards).
-void before_recompute(torch::nn::Module& module);
-// After that recomputation, before its backward: finish the gradient
-// reductions still in flight (Runtime::finish_reductions_in_backward).
-void before_recompute_backward(torch::nn::Module& module);
-
-// impl.forward(args...) as a checkpointed region
-// (activation_checkpointing/apply_activation_checkpointing.h): the module's
-// parameters are declared, and FSDP prepares each recomputation.
-template <typename Impl, typename... Args>
-auto checkpointed_forward(Impl& impl, Args&&... args) {
-  using Out = std::decay_t<decltype(impl.forward(std::forward<Args>(args)...))>;
-  if constexpr (activation_checkpointing::internal::is_region_output<Out>::value) {
-    Impl* self = &impl;
-    activation_checkpointing::internal::Declared declared;
-    declared.params = [self] { return self->parameters(); };
-    declared.before_recompute = [self] { before_recompute(*self); };
-    declared.before_backward = [self] { before_recompute_backward(*self); };
-    declared.what = "activation checkpointing of module " + impl.name();
-    return activation_checkpointing::internal::checkpoint_call(
-        /*preserve_rng_state=*/true, std::move(declared),
-        [self](auto&&... a) { return self->forward(a...); }, std::forward<Args>(args)...);
-  } else {
-    TORCH_CHECK(false, "activation checkpointing of module ", impl.name(),
-                ": its forward returns a type a checkpointed region cannot return: expected "
-                "at::Tensor, std::vector<at::Tensor> or std::tuple of tensors");
-    return impl.forward(std::forward<Args>(args)...);
-  }
-}
-
-}  // namespace internal
-
-template <typename ModuleRef, typename... Args>
-auto call(ModuleRef&& module, Args&&... args) {
-  auto& impl = internal::impl_of(module);
-  using Impl = std::decay_t<decltype(impl)>;
-  internal::Frame frame = internal::pre_forward(internal::module_of(module));
-  internal::FrameGuard guard(frame);
-  const auto dtype = internal::input_dtype(frame);
-  if constexpr (std::is_same<Impl, torch::nn::SequentialImpl>::value) {
-    std::vector<torch::nn::AnyValue> values;
-    (values.emplace_back(internal::cast_input(std::forward<Args>(args), dtype)), ...);
-    torch::nn::AnyValue out = internal::sequential_forward(impl, std::move(values));
-    bool known = false;
-    std::vector<at::Tensor> tensors = internal::any_value_tensors(out, &known);
-    guard.release();
-    internal::post_forward(frame, tensors, known);
-    return out.get<at::Tensor>();
-  } else {
-    auto out = activation_checkpointing::internal::is_checkpointed(impl)
-                   ? internal::checkpointed_forward(impl, internal::cast_input(
-                                                              std::forward<Args>(args), dtype)...)
-                   : impl.forward(internal::cast_input(std::forward<Args>(args), dtype)...);
-    std::vector<at::Tensor> tensors;
-    const bool known = internal::collect_tensors(out, &tensors);
-    guard.release();
-    internal::post_forward(frame, tensors, known);
-    return out;
-  }
-}
-
 template <typename Fn>
 auto FullyShardedDataParallel::run(Fn&& fn) {
-  internal::Frame frame = internal::pre_forward(*module());
-  internal::FrameGuard guard(frame);
-  auto out = std::forward<Fn>(fn)();
-  std::vector<at::Tensor> tensors;
-  const bool known = internal::collect_tensors(out, &tensors);
-  guard.release();
-  internal::post_forward(frame, tensors, known);
-  return out;
+  module_call::ForwardCall call(*module());
+  return call.finish(std::forward<Fn>(fn)());
 }
 
 template <typename ReturnType, typename... Args>
 ReturnType FullyShardedDataParallel::forward(Args&&... args) {
-  internal::Frame frame = internal::pre_forward(*module());
-  internal::FrameGuard guard(frame);
-  const auto dtype = internal::input_dtype(frame);
   check_root_callable();
+  module_call::ForwardCall call(*module());
   torch::nn::AnyValue out = torch::nn::AnyValue(0);
   if (root_sequential_ != nullptr) {
     std::vector<torch::nn::AnyValue> values;
-    (values.emplace_back(internal::cast_input(std::forward<Args>(args), dtype)), ...);
-    out = internal::sequential_forward(*root_sequential_, std::move(values));
+    (values.emplace_back(call.argument(std::forward<Args>(args))), ...);
+    out = module_call::sequential_forward(*root_sequential_, std::move(values));
   } else {
-    out = root_any_.any_forward(internal::cast_input(std::forward<Args>(args), dtype)...);
+    out = root_any_.any_forward(call.argument(std::forward<Args>(args))...);
   }
-  bool known = false;
-  std::vector<at::Tensor> tensors = internal::any_value_tensors(out, &known);
-  if (!known) {
-    if (auto* typed = out.try_get<ReturnType>()) known = internal::collect_tensors(*typed, &tensors);
-  }
-  guard.release();
-  internal::post_forward(frame, tensors, known);
-  return out.get<ReturnType>();
+  return call.finish(out.get<ReturnType>());
 }
 
 }  // namespace fsdp

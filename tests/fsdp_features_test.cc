@@ -16,8 +16,10 @@
 #include "activation_checkpointing/apply_activation_checkpointing.h"
 #include "comm/device_mesh.h"
 #include "comm/testing/multiprocess.h"
-#include "functorch/module/named_member_accessor.h"
 #include "fsdp/fully_sharded_data_parallel.h"
+#include "functorch/module/named_member_accessor.h"
+#include "module_call/call.h"
+#include "module_call/wrap_policy.h"
 #include "state_dict/fsdp_state_dict.h"
 #include "tests/fsdp_test_models.h"
 #include "trainer/models.h"
@@ -43,7 +45,7 @@ FullyShardedDataParallel::Options BlockWrapped(comm::ProcessGroup& pg, ShardingS
   options.process_group = pg;
   options.sharding_strategy = s;
   options.use_orig_params = use_orig_params;
-  options.auto_wrap_policy = fsdp::module_type_auto_wrap_policy<BlockImpl>();
+  options.auto_wrap_policy = module_call::module_type_auto_wrap_policy<BlockImpl>();
   return options;
 }
 
@@ -152,18 +154,18 @@ TEST(FsdpFeatures, SummonFullParamsAndCleanNames) {
         }
         {
           auto options = BlockWrapped(pg, ShardingStrategy::kFullShard, false);
-          options.auto_wrap_policy = fsdp::custom_auto_wrap_policy(
+          options.auto_wrap_policy = module_call::custom_auto_wrap_policy(
               [](const torch::nn::Module&, const std::string& fqn, int64_t) {
                 return fqn == "blocks.1";
               });
           FullyShardedDataParallel custom(Net(), options);
           EXPECT_EQ(custom.fsdp_unit_names(), (std::vector<std::string>{"", "blocks.1"}));
           // The size policy never wraps the ModuleList itself.
-          options.auto_wrap_policy = fsdp::size_based_auto_wrap_policy(100);
+          options.auto_wrap_policy = module_call::size_based_auto_wrap_policy(100);
           FullyShardedDataParallel sized(Net(), options);
           EXPECT_EQ(sized.fsdp_unit_names(),
                     (std::vector<std::string>{"", "blocks.0", "blocks.1", "blocks.2"}));
-          EXPECT_THAT(ErrorOf([] { fsdp::size_based_auto_wrap_policy(0); }),
+          EXPECT_THAT(ErrorOf([] { module_call::size_based_auto_wrap_policy(0); }),
                       HasSubstr("min_num_params=0: expected >= 1"));
         }
         FullyShardedDataParallel model(Net(), BlockWrapped(pg, ShardingStrategy::kFullShard, false));
@@ -330,7 +332,7 @@ TEST(FsdpFeatures, OffloadIgnoredSyncAndDeferredInit) {
           FullyShardedDataParallel::Options options;
           options.hybrid_groups = *groups;
           options.sharding_strategy = ShardingStrategy::kHybridShard;
-          options.auto_wrap_policy = fsdp::module_type_auto_wrap_policy<BlockImpl>();
+          options.auto_wrap_policy = module_call::module_type_auto_wrap_policy<BlockImpl>();
           FullyShardedDataParallel model(Net(), options);
           train_full_batch(model, "hybrid_groups");
         }
@@ -428,12 +430,12 @@ TEST(FsdpFeatures, TrainerTransformerMatchesSingleProcess) {
           auto lm_model = build();
           lm_model->set_block_runner(
               [](int64_t, trainer::TransformerBlock& block, const at::Tensor& x,
-                 const at::Tensor& mask) { return fsdp::call(block, x, mask); });
+                 const at::Tensor& mask) { return module_call::call(block, x, mask); });
           FullyShardedDataParallel::Options options;
           options.process_group = pg;
           options.use_orig_params = orig;
           options.auto_wrap_policy =
-              fsdp::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>();
+              module_call::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>();
           FullyShardedDataParallel model(lm_model, options);
           EXPECT_EQ(model.fsdp_unit_names(),
                     (std::vector<std::string>{"", "blocks.0", "blocks.1"}));
@@ -466,16 +468,16 @@ TEST(FsdpFeatures, BadInputIsAClearError) {
       2,
       [](comm::ProcessGroup& pg) {
         {
-          // A submodule of a sharded unit called directly through fsdp::call.
+          // A submodule of a sharded unit called directly through module_call::call.
           Net net;
           FullyShardedDataParallel model(net, BlockWrapped(pg, ShardingStrategy::kFullShard, false));
           auto fc1 = net->blocks[0]->as<BlockImpl>()->fc1;
-          EXPECT_THAT(ErrorOf([&] { fsdp::call(fc1, torch::randn({2, kHidden})); }),
+          EXPECT_THAT(ErrorOf([&] { module_call::call(fc1, torch::randn({2, kHidden})); }),
                       HasSubstr("belongs to FSDP unit 'blocks.0' whose parameters are sharded; "
-                                "call 'blocks.0' through fsdp::call"));
+                                "call 'blocks.0' through module_call::call"));
           // A unit called outside the root's forward.
           EXPECT_THAT(ErrorOf([&] {
-                        fsdp::call(net->blocks[1]->as<BlockImpl>(), torch::randn({2, kHidden}));
+                        module_call::call(net->blocks[1]->as<BlockImpl>(), torch::randn({2, kHidden}));
                       }),
                       HasSubstr("called outside its root's forward"));
           // Backward twice through one graph.
@@ -578,7 +580,7 @@ TEST(FsdpFeatures, ActivationCheckpointingBitwiseEqualsUncheckpointed) {
                 Net net(/*num_blocks=*/4);
                 if (ckpt == 1) {
                   auto chosen = activation_checkpointing::apply_activation_checkpointing(
-                      net, fsdp::module_type_auto_wrap_policy<BlockImpl>());
+                      net, module_call::module_type_auto_wrap_policy<BlockImpl>());
                   ASSERT_EQ(chosen.size(), 4u);
                 }
                 FullyShardedDataParallel model(net, options);
@@ -631,7 +633,7 @@ TEST(FsdpFeatures, ActivationCheckpointingKeepsStateDictKeys) {
         for (bool orig : {false, true}) {
           Net plain_net, ckpt_net;
           activation_checkpointing::apply_activation_checkpointing(
-              ckpt_net, fsdp::module_type_auto_wrap_policy<BlockImpl>());
+              ckpt_net, module_call::module_type_auto_wrap_policy<BlockImpl>());
           std::vector<std::string> unwrapped;
           for (const auto& p : plain_net->named_parameters()) unwrapped.push_back(p.key());
           std::vector<std::string> ckpt_names;
@@ -664,13 +666,13 @@ TEST(FsdpFeatures, ActivationCheckpointingAroundUnitsIsAClearError) {
         // child of the root Sequential.
         torch::nn::Sequential outer(Net(), torch::nn::Linear(kOut, kOut));
         activation_checkpointing::apply_activation_checkpointing(
-            outer, fsdp::custom_auto_wrap_policy([](const torch::nn::Module&,
+            outer, module_call::custom_auto_wrap_policy([](const torch::nn::Module&,
                                                     const std::string& fqn,
                                                     int64_t) { return fqn == "0"; }));
         FullyShardedDataParallel model(outer, BlockWrapped(pg, ShardingStrategy::kFullShard, false));
         Batch b = LocalBatch(0, pg.rank(), pg.size());
         EXPECT_THAT(ErrorOf([&] { model(b.x); }),
-                    HasSubstr("fsdp::call(0.blocks.0)"));
+                    HasSubstr("module_call::call(0.blocks.0)"));
         EXPECT_THAT(ErrorOf([&] { model(b.x); }),
                     HasSubstr("runs inside an activation-checkpointed region"));
       },

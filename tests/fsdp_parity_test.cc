@@ -17,6 +17,7 @@
 #include "comm/device_mesh.h"
 #include "comm/testing/multiprocess.h"
 #include "fsdp/fully_sharded_data_parallel.h"
+#include "module_call/wrap_policy.h"
 #include "tests/fsdp_test_models.h"
 
 namespace fsdp_test {
@@ -78,8 +79,8 @@ void TrainAndCompare(Model model, FullyShardedDataParallel::Options options, con
     // (a module of the root unit).
     const auto chosen = activation_checkpointing::apply_activation_checkpointing(
         model, c.model == ModelKind::kModuleList
-                   ? fsdp::module_type_auto_wrap_policy<BlockImpl>()
-                   : fsdp::custom_auto_wrap_policy([](const torch::nn::Module&,
+                   ? module_call::module_type_auto_wrap_policy<BlockImpl>()
+                   : module_call::custom_auto_wrap_policy([](const torch::nn::Module&,
                                                       const std::string& fqn, int64_t) {
                        return fqn == "0" || fqn == "2" || fqn == "4";
                      }));
@@ -124,13 +125,13 @@ void RunCases(const std::vector<Case>& cases, FullyShardedDataParallel::Options 
     SCOPED_TRACE(Describe(c));
     if (c.model == ModelKind::kModuleList) {
       auto options = base;
-      options.auto_wrap_policy = fsdp::module_type_auto_wrap_policy<BlockImpl>();
+      options.auto_wrap_policy = module_call::module_type_auto_wrap_policy<BlockImpl>();
       TrainAndCompare(Net(), options, c, dp_rank, dp_world, list_reference);
     } else {
       auto options = base;
       // Wraps the 6x8 and 8x8 Linears (56 and 72 parameters); the root keeps
       // the last one (27).
-      options.auto_wrap_policy = fsdp::size_based_auto_wrap_policy(50);
+      options.auto_wrap_policy = module_call::size_based_auto_wrap_policy(50);
       TrainAndCompare(MakeSequential(), options, c, dp_rank, dp_world, seq_reference);
     }
     if (::testing::Test::HasFailure()) return;

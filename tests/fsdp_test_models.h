@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fsdp/fully_sharded_data_parallel.h"
+#include "module_call/call.h"
 
 namespace fsdp_test {
 
@@ -18,7 +19,7 @@ constexpr int64_t kHidden = 8;
 constexpr int64_t kOut = 3;
 constexpr int64_t kGlobalBatch = 8;
 
-// A residual block; its parent calls it through fsdp::call.
+// A residual block; its parent calls it through module_call::call.
 struct BlockImpl : torch::nn::Module {
   BlockImpl() {
     fc1 = register_module("fc1", torch::nn::Linear(kHidden, kHidden));
@@ -29,7 +30,7 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-// ModuleList-of-blocks model: the one line per call site is fsdp::call.
+// ModuleList-of-blocks model: the one line per call site is module_call::call.
 struct NetImpl : torch::nn::Module {
   explicit NetImpl(int num_blocks = 3) {
     torch::manual_seed(0);
@@ -40,7 +41,7 @@ struct NetImpl : torch::nn::Module {
   }
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor h = in(x);
-    for (const auto& block : *blocks) h = fsdp::call(block->as<BlockImpl>(), h);
+    for (const auto& block : *blocks) h = module_call::call(block->as<BlockImpl>(), h);
     return out(h);
   }
   torch::nn::Linear in{nullptr}, out{nullptr};

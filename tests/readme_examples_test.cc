@@ -9,13 +9,14 @@
 #include <vector>
 
 #include "comm/collectives.h"
-#include "comm/subgroups.h"
 #include "comm/process_group.h"
+#include "comm/subgroups.h"
 #include "comm/testing/multiprocess.h"
 #include "fsdp/fully_sharded_data_parallel.h"
-#include "fsdp/wrap_policy.h"
 #include "functorch/module/functional_call.h"
 #include "functorch/transforms/transforms.h"
+#include "module_call/call.h"
+#include "module_call/wrap_policy.h"
 #include "state_dict/checkpoint.h"
 #include "state_dict/fsdp_optim_state_dict.h"
 #include "state_dict/fsdp_state_dict.h"
@@ -140,7 +141,7 @@ struct NetImpl : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) {
     x = in(x);  // the root's own modules: as usual
     for (const auto& block : *blocks) {
-      x = fsdp::call(block->as<BlockImpl>(), x);  // was: block->as<BlockImpl>()->forward(x)
+      x = module_call::call(block->as<BlockImpl>(), x);  // was: block->as<BlockImpl>()->forward(x)
     }
     return out(x);
   }
@@ -154,7 +155,7 @@ TEST(ReadmeExamples, WrapOwnModelInFsdp) {
     torch::manual_seed(0);  // same initial weights on every rank
     fsdp::FullyShardedDataParallel::Options options;
     options.process_group = world;
-    options.auto_wrap_policy = fsdp::module_type_auto_wrap_policy<BlockImpl>();
+    options.auto_wrap_policy = module_call::module_type_auto_wrap_policy<BlockImpl>();
     fsdp::FullyShardedDataParallel model(Net(), options);
     EXPECT_EQ(model.fsdp_unit_names(),
               (std::vector<std::string>{"", "blocks.0", "blocks.1", "blocks.2", "blocks.3"}));
@@ -203,7 +204,7 @@ TEST(ReadmeExamples, ShardedFsdpCheckpoint) {
     auto options_for = [](const comm::ProcessGroup& pg) {
       fsdp::FullyShardedDataParallel::Options options;
       options.process_group = pg;
-      options.auto_wrap_policy = fsdp::module_type_auto_wrap_policy<BlockImpl>();
+      options.auto_wrap_policy = module_call::module_type_auto_wrap_policy<BlockImpl>();
       options.use_orig_params = true;
       return options;
     };

@@ -28,7 +28,8 @@
 #include "comm/device_mesh.h"
 #include "comm/slurm.h"
 #include "fsdp/fully_sharded_data_parallel.h"
-#include "fsdp/wrap_policy.h"
+#include "module_call/call.h"
+#include "module_call/wrap_policy.h"
 #include "state_dict/async_checkpoint.h"
 #include "state_dict/checkpoint.h"
 #include "state_dict/fsdp_optim_state_dict.h"
@@ -402,17 +403,17 @@ absl::StatusOr<Wrapped> WrapModel(const Options& o, std::shared_ptr<LanguageMode
     case AutoWrap::kBlock:
       // The MLP has no blocks: the policy finds nothing and the root is the
       // only unit.
-      options.auto_wrap_policy = fsdp::module_type_auto_wrap_policy<TransformerBlockImpl>();
+      options.auto_wrap_policy = module_call::module_type_auto_wrap_policy<TransformerBlockImpl>();
       break;
     case AutoWrap::kSize: {
       // size_based_auto_wrap_policy, limited to the blocks: a unit must be
-      // called through fsdp::call, and the blocks (TransformerLM's block
+      // called through module_call::call, and the blocks (TransformerLM's block
       // runner) are the only submodules called that way. Wrapping, say, a
       // block's fc1 would make the block's own forward() read fc1's 1-D
       // shard. Below the threshold a block stays in the root unit; the MLP
       // has no blocks, so it is always the root unit alone.
-      const fsdp::AutoWrapPolicy size = fsdp::size_based_auto_wrap_policy(o.auto_wrap_min_params);
-      options.auto_wrap_policy = fsdp::custom_auto_wrap_policy(
+      const module_call::AutoWrapPolicy size = module_call::size_based_auto_wrap_policy(o.auto_wrap_min_params);
+      options.auto_wrap_policy = module_call::custom_auto_wrap_policy(
           [size](const torch::nn::Module& module, const std::string& fqn, int64_t numel) {
             return dynamic_cast<const TransformerBlockImpl*>(&module) != nullptr &&
                    size.should_wrap(module, fqn, numel);
@@ -439,7 +440,7 @@ absl::StatusOr<Wrapped> WrapModel(const Options& o, std::shared_ptr<LanguageMode
   options.use_orig_params = true;
 
   if (o.activation_checkpointing == ActivationCheckpointing::kBlock) {
-    // Marks the blocks; fsdp::call (the block runner below) then runs each
+    // Marks the blocks; module_call::call (the block runner below) then runs each
     // one as a checkpointed region, its unit gathered again for the
     // recomputation in backward. The last block too, although its backward
     // runs right after the loss: leaving it unmarked (1/8 less recompute
@@ -447,7 +448,7 @@ absl::StatusOr<Wrapped> WrapModel(const Options& o, std::shared_ptr<LanguageMode
     // peak RSS (seq 512: FULL_SHARD 538 -> 557-568 MiB, SHARD_GRAD_OP
     // 604-607 -> 612 MiB), the allocator's layout being what changed.
     const auto blocks = activation_checkpointing::apply_activation_checkpointing(
-        model, fsdp::module_type_auto_wrap_policy<TransformerBlockImpl>());
+        model, module_call::module_type_auto_wrap_policy<TransformerBlockImpl>());
     if (blocks.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--activation-checkpointing=block: the ", Name(o.model),
@@ -456,11 +457,11 @@ absl::StatusOr<Wrapped> WrapModel(const Options& o, std::shared_ptr<LanguageMode
     }
   }
   if (auto* lm = dynamic_cast<TransformerLM*>(model.get())) {
-    // Every block call goes through the runner: fsdp::call gathers a
+    // Every block call goes through the runner: module_call::call gathers a
     // wrapped block before and reshards it after (a plain forward when the
     // block is not a unit, e.g. --auto-wrap=none).
     lm->set_block_runner([](int64_t, TransformerBlock& block, const torch::Tensor& x,
-                            const torch::Tensor& mask) { return fsdp::call(block, x, mask); });
+                            const torch::Tensor& mask) { return module_call::call(block, x, mask); });
   }
   // Typed as LanguageModel (no single forward): the root is entered
   // through run() around Loss().

@@ -15,11 +15,10 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/grad_mode.h>
-#include <torch/nn/module.h>
-
 #include <mutex>
-#include <unordered_map>
 #include <unordered_set>
+
+#include "module_call/forward_hooks.h"
 
 namespace activation_checkpointing {
 namespace internal {
@@ -28,20 +27,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::Node;
 using torch::autograd::variable_list;
-
-thread_local int forward_depth = 0;
-thread_local int recompute_depth = 0;
-
-class DepthScope {
- public:
-  explicit DepthScope(int* depth) : depth_(depth) { ++*depth_; }
-  ~DepthScope() { --*depth_; }
-  DepthScope(const DepthScope&) = delete;
-  DepthScope& operator=(const DepthScope&) = delete;
-
- private:
-  int* depth_;
-};
 
 // What the node keeps between forward and backward besides the saved inputs.
 struct RegionState : torch::CustomClassHolder {
@@ -123,7 +108,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     ctx->set_materialize_grads(false);
     variable_list outputs;
     {
-      DepthScope scope(&forward_depth);
+      module_call::RerunningRegion rerunning;
       outputs = state->region(inputs);
     }
     variable_list non_differentiable;
@@ -169,7 +154,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       at::AutoGradMode grad(true);
       if (state->declared.before_recompute) state->declared.before_recompute();
       first = at::sequence_number::peek();
-      DepthScope scope(&recompute_depth);
+      module_call::RerunningRegion rerunning;
       outputs = state->region(detached);
       if (state->declared.params) params = state->declared.params();
       last = at::sequence_number::peek();
@@ -222,16 +207,6 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   }
 };
 
-struct MarkedModules {
-  std::mutex mu;
-  std::unordered_map<const torch::nn::Module*, std::weak_ptr<torch::nn::Module>> modules;
-};
-
-MarkedModules& marked() {
-  static auto* registry = new MarkedModules();
-  return *registry;
-}
-
 }  // namespace
 
 std::vector<at::Tensor> run_checkpointed(Region region, std::vector<at::Tensor> inputs,
@@ -268,28 +243,6 @@ std::vector<at::Tensor> run_checkpointed(Region region, std::vector<at::Tensor> 
   std::vector<at::Tensor> all = std::move(inputs);
   all.insert(all.end(), params.begin(), params.end());
   return CheckpointFunction::apply(state, at::TensorList(all));
-}
-
-bool in_checkpointed_forward() { return forward_depth > 0; }
-bool in_recomputation() { return recompute_depth > 0; }
-
-void mark_checkpointed(const std::shared_ptr<torch::nn::Module>& module) {
-  TORCH_CHECK(module != nullptr, "apply_activation_checkpointing: module is null");
-  auto& registry = marked();
-  std::lock_guard<std::mutex> lock(registry.mu);
-  registry.modules[module.get()] = module;
-}
-
-bool is_checkpointed(const torch::nn::Module& module) {
-  auto& registry = marked();
-  std::lock_guard<std::mutex> lock(registry.mu);
-  auto it = registry.modules.find(&module);
-  if (it == registry.modules.end()) return false;
-  if (it->second.expired()) {
-    registry.modules.erase(it);
-    return false;
-  }
-  return true;
 }
 
 }  // namespace internal

@@ -2,7 +2,7 @@
 // sharding strategy, ignored modules and parameters, moving to device_id,
 // auto-wrap into units, deferred (meta-device) initialisation unit by unit,
 // sync_module_states, one FlatParamHandle per unit, and the post-backward
-// hooks and registry entries the runtime needs.
+// hooks, registry entries and module call point hooks the runtime needs.
 #include <ATen/ATen.h>
 
 #include <functional>
@@ -275,6 +275,7 @@ void Runtime::init() {
     });
   }
   for (const auto& item : owner_of_) Registry::get().add(item.first, shared_from_this());
+  register_forward_hooks();
 }
 
 }  // namespace internal

@@ -3,19 +3,20 @@
 // hooks on the outputs); pre-backward (gather again, kBackwardPre prefetch)
 // and post-backward (start the gradient reduction, reshard, kBackwardPost
 // prefetch); the reductions in flight; and the end-of-backward callback
-// (final_callback) queued on the autograd engine. Also the call points the
-// templates in fully_sharded_data_parallel.h enter through (pre_forward,
-// post_forward, sequential_forward).
+// (final_callback) queued on the autograd engine. They run from the hooks
+// register_forward_hooks puts on every managed module at the module call
+// point (module_call/forward_hooks.h) and on the units' outputs.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
 #include <exception>
+#include <unordered_set>
 
-#include "activation_checkpointing/internal/checkpoint_function.h"
 #include "fsdp/internal/comm_streams.h"
 #include "fsdp/internal/runtime_state.h"
+#include "module_call/forward_hooks.h"
 
 namespace fsdp {
 namespace internal {
@@ -65,11 +66,10 @@ void Runtime::prefetch(int unit) {
   note_unsharded();
 }
 
-Frame Runtime::unit_pre_forward(int index) {
+void Runtime::unit_pre_forward(int index) {
   Unit& unit = *units_[index];
-  TORCH_CHECK(!activation_checkpointing::internal::in_checkpointed_forward() &&
-                  !activation_checkpointing::internal::in_recomputation(),
-              "fsdp::call(", describe(unit.fqn), "): this FSDP unit runs inside an "
+  TORCH_CHECK(!module_call::in_rerunning_region(),
+              "module_call::call(", describe(unit.fqn), "): this FSDP unit runs inside an "
               "activation-checkpointed region, whose recomputation in backward would have "
               "to run the unit's forward again: checkpoint the FSDP units themselves (or "
               "modules inside them), not a module that contains units");
@@ -94,7 +94,7 @@ Frame Runtime::unit_pre_forward(int index) {
     forward_since_backward_ = true;
     current_order_.clear();
   } else {
-    TORCH_CHECK(state_ == TrainingState::kForward, "fsdp::call(", describe(unit.fqn),
+    TORCH_CHECK(state_ == TrainingState::kForward, "module_call::call(", describe(unit.fqn),
                 "): this FSDP unit was called outside its root's forward: call the "
                 "FullyShardedDataParallel object (forward or operator()) and let the "
                 "root module call its units");
@@ -113,11 +113,6 @@ Frame Runtime::unit_pre_forward(int index) {
   if (options_.forward_prefetch && forward_order_recorded_) {
     prefetch(next_in(forward_order_, index));
   }
-  Frame frame;
-  frame.rt = shared_from_this();
-  frame.unit = index;
-  frame.root = unit.is_root;
-  return frame;
 }
 
 void Runtime::unit_post_forward(int index, const std::vector<at::Tensor>& outputs,
@@ -139,7 +134,7 @@ void Runtime::unit_post_forward(int index, const std::vector<at::Tensor>& output
       });
       hooked = true;
     }
-    TORCH_CHECK(known || hooked || !resharded, "fsdp::call(", describe(unit.fqn),
+    TORCH_CHECK(known || hooked || !resharded, "module_call::call(", describe(unit.fqn),
                 "): the unit's forward returned a type FSDP cannot look into, so its "
                 "backward could not gather its parameters again: return at::Tensor, "
                 "std::vector<at::Tensor>, or a std::tuple/std::pair of those");
@@ -159,17 +154,15 @@ void Runtime::check_owner_gathered(const torch::nn::Module& module) {
   const Unit& unit = *units_[owner->second];
   if (!unit.handle || unit.handle->is_unsharded()) return;
   auto name = fqn_of_.find(&module);
-  TORCH_CHECK(false, "fsdp::call(", name == fqn_of_.end() ? module.name() : describe(name->second),
-              "): module ", module.name(), " belongs to FSDP unit ", unit_name(unit.fqn),
+  TORCH_CHECK(false, "module_call::call(",
+              name == fqn_of_.end() ? module.name() : describe(name->second), "): module ",
+              module.name(), " belongs to FSDP unit ", unit_name(unit.fqn),
               " whose parameters are sharded; call ", unit_name(unit.fqn),
-              " through fsdp::call (the root through FullyShardedDataParallel::forward)");
+              " through module_call::call (the root through FullyShardedDataParallel::forward)");
 }
 
-void Runtime::prepare_recompute(const torch::nn::Module& module) {
-  auto unit = unit_of_.find(&module);
-  if (unit == unit_of_.end()) unit = owner_of_.find(&module);
-  if (unit == owner_of_.end()) return;
-  auto& handle = units_[unit->second]->handle;
+void Runtime::prepare_recompute(int unit) {
+  auto& handle = units_[unit]->handle;
   if (!handle) return;
   // Normally a no-op: the unit's pre-backward (hooked on its outputs) ran
   // before backward reached anything inside it.
@@ -342,25 +335,10 @@ void Runtime::final_callback() {
   if (error) std::rethrow_exception(error);
 }
 
-// ---- call-point entry ------------------------------------------------------
-
-Frame pre_forward(torch::nn::Module& module) {
-  std::shared_ptr<Runtime> rt = Registry::get().find(&module);
-  if (!rt) return Frame();
-  auto unit = rt->unit_of_.find(&module);
-  if (unit != rt->unit_of_.end()) return rt->unit_pre_forward(unit->second);
-  rt->check_owner_gathered(module);
-  return Frame();
-}
-
-void post_forward(const Frame& frame, const std::vector<at::Tensor>& outputs, bool known) {
-  if (!frame.rt) return;
-  frame.rt->unit_post_forward(frame.unit, outputs, known);
-}
-
-void abort_forward(const Frame& frame) noexcept {
-  if (!frame.rt || !frame.root) return;
-  for (auto& unit : frame.rt->units_) {
+void Runtime::abort_forward() noexcept {
+  // The root's forward threw: free what it gathered and return to idle, so
+  // the next iteration can start.
+  for (auto& unit : units_) {
     if (!unit->handle) continue;
     try {
       unit->handle->reshard();
@@ -368,123 +346,51 @@ void abort_forward(const Frame& frame) noexcept {
       // Best effort while unwinding: the original error is what matters.
     }
   }
-  frame.rt->current_order_.clear();
-  frame.rt->state_ = TrainingState::kIdle;
+  current_order_.clear();
+  state_ = TrainingState::kIdle;
 }
 
-void before_recompute(torch::nn::Module& module) {
-  if (std::shared_ptr<Runtime> rt = Registry::get().find(&module)) rt->prepare_recompute(module);
-}
-
-void before_recompute_backward(torch::nn::Module& module) {
-  if (std::shared_ptr<Runtime> rt = Registry::get().find(&module)) {
-    rt->finish_reductions_in_backward();
-  }
-}
-
-std::optional<c10::ScalarType> input_dtype(const Frame& frame) {
-  if (!frame.rt) return std::nullopt;
-  return frame.rt->options_.mixed_precision.param_dtype;
-}
-
-std::vector<at::Tensor> any_value_tensors(torch::nn::AnyValue& value, bool* known) {
-  std::vector<at::Tensor> out;
-  *known = true;
-  if (auto* t = value.try_get<at::Tensor>()) {
-    collect_tensors(*t, &out);
-  } else if (auto* v = value.try_get<std::vector<at::Tensor>>()) {
-    collect_tensors(*v, &out);
-  } else if (auto* t2 = value.try_get<std::tuple<at::Tensor, at::Tensor>>()) {
-    collect_tensors(*t2, &out);
-  } else if (auto* t3 = value.try_get<std::tuple<at::Tensor, at::Tensor, at::Tensor>>()) {
-    collect_tensors(*t3, &out);
-  } else {
-    *known = false;
-  }
-  return out;
-}
-
-namespace {
-torch::nn::AnyValue any_forward(torch::nn::AnyModule& module,
-                                std::vector<torch::nn::AnyValue> args) {
-  torch::nn::AnyValue out = torch::nn::AnyValue(0);
-  switch (args.size()) {
-    case 0:
-      out = module.any_forward();
-      break;
-    case 1:
-      out = module.any_forward(std::move(args[0]));
-      break;
-    case 2:
-      out = module.any_forward(std::move(args[0]), std::move(args[1]));
-      break;
-    case 3:
-      out = module.any_forward(std::move(args[0]), std::move(args[1]), std::move(args[2]));
-      break;
-    default:
-      TORCH_CHECK(false, "fsdp: a torch::nn::Sequential driven by FSDP was called with ",
-                  args.size(), " arguments: expected at most 3");
-  }
-  return out;
-}
-
-// A Sequential child marked by apply_activation_checkpointing: tensors in,
-// one tensor out, as a checkpointed region.
-torch::nn::AnyValue checkpointed_any_forward(torch::nn::AnyModule& module,
-                                             std::vector<torch::nn::AnyValue> args) {
-  const std::string what = "activation checkpointing of Sequential child " + module.ptr()->name();
-  std::vector<at::Tensor> inputs;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const at::Tensor* t = args[i].try_get<at::Tensor>();
-    TORCH_CHECK(t != nullptr, what, ": argument ", i, " is not an at::Tensor: a checkpointed "
-                "Sequential child takes tensors");
-    inputs.push_back(*t);
-  }
-  activation_checkpointing::internal::Declared declared;
-  std::shared_ptr<torch::nn::Module> self = module.ptr();
-  declared.params = [self] { return self->parameters(); };
-  declared.before_recompute = [self] { before_recompute(*self); };
-  declared.before_backward = [self] { before_recompute_backward(*self); };
-  declared.what = what;
-  activation_checkpointing::internal::Region region =
-      [module, what](const std::vector<at::Tensor>& ins) mutable {
-        std::vector<torch::nn::AnyValue> values;
-        for (const auto& t : ins) values.emplace_back(t);
-        torch::nn::AnyValue out = any_forward(module, std::move(values));
-        const at::Tensor* t = out.try_get<at::Tensor>();
-        TORCH_CHECK(t != nullptr, what, ": its forward returned ", out.type_info().name(),
-                    ": a checkpointed Sequential child must return an at::Tensor");
-        return std::vector<at::Tensor>{*t};
+void Runtime::register_forward_hooks() {
+  std::weak_ptr<Runtime> weak = weak_from_this();
+  std::unordered_set<const torch::nn::Module*> hooked;
+  for (const ModulePtr& module : root_->modules(/*include_self=*/true)) {
+    auto owner = owner_of_.find(module.get());
+    if (owner == owner_of_.end() || !hooked.insert(module.get()).second) continue;
+    const int index = owner->second;
+    const Unit& unit = *units_[index];
+    const torch::nn::Module* m = module.get();
+    module_call::ForwardHooks hooks;
+    hooks.before_rerun = [weak, index] {
+      if (auto rt = weak.lock()) rt->prepare_recompute(index);
+    };
+    hooks.before_rerun_backward = [weak] {
+      if (auto rt = weak.lock()) rt->finish_reductions_in_backward();
+    };
+    if (unit.module != module) {
+      // A module inside a unit: only checked to be gathered.
+      hooks.pre_forward = [weak, m] {
+        if (auto rt = weak.lock()) rt->check_owner_gathered(*m);
       };
-  std::vector<at::Tensor> out = activation_checkpointing::internal::run_checkpointed(
-      std::move(region), std::move(inputs), std::move(declared), /*preserve_rng_state=*/true);
-  return torch::nn::AnyValue(out.at(0));
-}
-
-torch::nn::AnyValue call_any(torch::nn::AnyModule& module, std::vector<torch::nn::AnyValue> args) {
-  Frame frame = pre_forward(*module.ptr());
-  torch::nn::AnyValue out =
-      activation_checkpointing::internal::is_checkpointed(*module.ptr())
-          ? checkpointed_any_forward(module, std::move(args))
-          : any_forward(module, std::move(args));
-  bool known = false;
-  std::vector<at::Tensor> tensors = any_value_tensors(out, &known);
-  post_forward(frame, tensors, known);
-  return out;
-}
-}  // namespace
-
-torch::nn::AnyValue sequential_forward(torch::nn::SequentialImpl& sequential,
-                                       std::vector<torch::nn::AnyValue> args) {
-  TORCH_CHECK(!sequential.is_empty(), "fsdp: cannot call forward() on an empty Sequential");
-  auto it = sequential.begin();
-  torch::nn::AnyValue value = call_any(*it, std::move(args));
-  for (++it; it != sequential.end(); ++it) {
-    std::vector<torch::nn::AnyValue> next;
-    next.push_back(std::move(value));
-    value = call_any(*it, std::move(next));
+    } else {
+      hooks.pre_forward = [weak, index] {
+        if (auto rt = weak.lock()) rt->unit_pre_forward(index);
+      };
+      hooks.post_forward = [weak, index](const std::vector<at::Tensor>& outputs, bool known) {
+        if (auto rt = weak.lock()) rt->unit_post_forward(index, outputs, known);
+      };
+      if (unit.is_root) {
+        hooks.forward_failed = [weak] {
+          if (auto rt = weak.lock()) rt->abort_forward();
+        };
+      }
+      if (const auto dtype = options_.mixed_precision.param_dtype) {
+        hooks.map_tensor_argument = [dtype = *dtype](const at::Tensor& t) {
+          return t.defined() && t.is_floating_point() ? t.to(dtype) : t;
+        };
+      }
+    }
+    hook_handles_.push_back(module_call::register_forward_hooks(module, std::move(hooks)));
   }
-  return value;
 }
 
 }  // namespace internal

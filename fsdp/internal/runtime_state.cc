@@ -37,6 +37,7 @@ void Registry::remove(const torch::nn::Module* module, const Runtime* rt) {
 }
 
 Runtime::~Runtime() {
+  for (auto& handle : hook_handles_) handle.remove();
   for (const auto& item : owner_of_) Registry::get().remove(item.first, this);
 }
 

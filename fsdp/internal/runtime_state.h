@@ -31,6 +31,7 @@
 #include "comm/process_group.h"
 #include "fsdp/flat_param.h"
 #include "fsdp/fully_sharded_data_parallel.h"
+#include "module_call/forward_hooks.h"
 
 namespace fsdp {
 namespace internal {
@@ -54,7 +55,7 @@ struct Unit {
 enum class TrainingState { kIdle, kForward, kBackward };
 
 // Module -> the runtime that manages it (unit modules and every module a
-// unit owns), so fsdp::call can find its unit from a bare module reference.
+// unit owns), so a module is never wrapped twice.
 class Registry {
  public:
   static Registry& get();
@@ -81,12 +82,17 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   void init();
 
   // internal/runtime.cc
-  Frame unit_pre_forward(int unit);
+  // The hooks below, on every managed module at the module call point;
+  // removed again by the destructor.
+  void register_forward_hooks();
+  void unit_pre_forward(int unit);
   void unit_post_forward(int unit, const std::vector<at::Tensor>& outputs, bool known);
   void check_owner_gathered(const torch::nn::Module& module);
-  // A checkpointed module of one of this runtime's units is about to be
-  // recomputed in backward: gather its unit and use the unsharded views.
-  void prepare_recompute(const torch::nn::Module& module);
+  // The root's forward threw: free what it gathered, back to idle.
+  void abort_forward() noexcept;
+  // A checkpointed module of `unit` is about to be recomputed in backward:
+  // gather the unit and use its unsharded views.
+  void prepare_recompute(int unit);
   // ... and that recomputation is about to be differentiated: finish the
   // gradient reductions in flight, so their buffers are freed before the
   // unit's backward peaks.
@@ -133,6 +139,7 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   std::vector<int> forward_order_, backward_order_, current_order_;
   std::vector<int> summon_grad_units_;
   std::deque<int> pending_reductions_;
+  std::vector<module_call::HookHandle> hook_handles_;
   int64_t peak_unsharded_bytes_ = 0;
 
  private:

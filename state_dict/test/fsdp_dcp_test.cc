@@ -21,6 +21,7 @@
 #include "comm/collectives.h"
 #include "comm/testing/multiprocess.h"
 #include "fsdp/fully_sharded_data_parallel.h"
+#include "module_call/wrap_policy.h"
 #include "state_dict/dcp.h"
 #include "state_dict/fsdp_state_dict.h"
 #include "state_dict/pytorch_format.h"
@@ -113,7 +114,7 @@ torch::nn::Sequential MakeModel() {
 FullyShardedDataParallel::Options Opts(const comm::ProcessGroup& pg, bool flat, bool grad_op) {
   FullyShardedDataParallel::Options o;
   o.process_group = pg;
-  o.auto_wrap_policy = fsdp::module_type_auto_wrap_policy<torch::nn::LinearImpl>();
+  o.auto_wrap_policy = module_call::module_type_auto_wrap_policy<torch::nn::LinearImpl>();
   o.use_orig_params = !flat;
   if (grad_op) o.sharding_strategy = fsdp::ShardingStrategy::kShardGradOp;
   return o;

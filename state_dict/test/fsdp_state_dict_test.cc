@@ -19,6 +19,8 @@
 #include "comm/testing/multiprocess.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "functorch/module/named_member_accessor.h"
+#include "module_call/call.h"
+#include "module_call/wrap_policy.h"
 #include "state_dict/checkpoint.h"
 #include "state_dict/fsdp_optim_state_dict.h"
 #include "state_dict/fsdp_state_dict.h"
@@ -39,7 +41,7 @@ struct NetImpl : torch::nn::Module {
     scale = register_buffer("scale", torch::full({5}, 1.0 + seed / 10.0));
   }
   torch::Tensor forward(torch::Tensor x) {
-    return fsdp::call(b, torch::tanh(fsdp::call(a, x) * scale)) + 0.1 * c.sum();
+    return module_call::call(b, torch::tanh(module_call::call(a, x) * scale)) + 0.1 * c.sum();
   }
   torch::nn::Linear a{nullptr}, b{nullptr};
   torch::Tensor c, scale;
@@ -51,7 +53,7 @@ const bool kNetBound = functorch::RegisterModuleMembers<NetImpl>(
 FullyShardedDataParallel::Options Opts(const comm::ProcessGroup& pg) {
   FullyShardedDataParallel::Options o;
   o.process_group = pg;
-  o.auto_wrap_policy = fsdp::module_type_auto_wrap_policy<torch::nn::LinearImpl>();
+  o.auto_wrap_policy = module_call::module_type_auto_wrap_policy<torch::nn::LinearImpl>();
   o.use_orig_params = true;
   return o;
 }
@@ -704,7 +706,7 @@ TEST(FsdpStateDict, HybridShardCheckpointsLoadAnywhere) {
     ASSERT_TRUE(pair.ok()) << pair.status();
     for (int variant = 0; variant < 2; ++variant) {
       FullyShardedDataParallel::Options o;
-      o.auto_wrap_policy = fsdp::module_type_auto_wrap_policy<torch::nn::LinearImpl>();
+      o.auto_wrap_policy = module_call::module_type_auto_wrap_policy<torch::nn::LinearImpl>();
       o.use_orig_params = variant == 0;
       if (variant == 0) {
         o.sharding_strategy = fsdp::ShardingStrategy::kHybridShard;

@@ -1,13 +1,17 @@
-// Auto-wrap policies: which submodules of the wrapped model become their own
-// FSDP units (PyTorch's torch.distributed.fsdp.wrap).
+// Auto-wrap policies: which submodules of a model a feature takes (PyTorch's
+// torch.distributed.fsdp.wrap, which both FSDP and apply_activation_checkpointing
+// take as `auto_wrap_policy`). FSDP makes them units; activation
+// checkpointing checkpoints them.
 //
-// FullyShardedDataParallel walks the module tree bottom-up (post-order, in
-// registration order). For every submodule other than the root it asks the
-// policy whether to make it a unit, passing the number of parameters in its
-// subtree that no deeper unit (and no ignored module) has taken yet. A unit
-// owns those parameters as one flat parameter; the root unit owns whatever
-// is left. A parameter reachable from several modules counts once, for the
-// first module (registration order) that reaches it.
+//   options.auto_wrap_policy = module_call::module_type_auto_wrap_policy<BlockImpl>();
+//
+// The feature walks the module tree bottom-up (post-order, in registration
+// order). For every submodule other than the root it asks the policy whether
+// to take it, passing the number of parameters in its subtree that no deeper
+// chosen module (and, in FSDP, no ignored module) has taken yet. A chosen
+// module takes those parameters; the root keeps whatever is left. A parameter
+// reachable from several modules counts once, for the first module
+// (registration order) that reaches it.
 #pragma once
 
 #include <cstdint>
@@ -23,15 +27,15 @@ class Module;
 }  // namespace nn
 }  // namespace torch
 
-namespace fsdp {
+namespace module_call {
 
 struct AutoWrapPolicy {
   // `module`: the candidate; `fqn`: its name relative to the wrapped root;
-  // `nonwrapped_numel`: parameters in its subtree not owned by a deeper unit.
+  // `nonwrapped_numel`: parameters in its subtree no deeper chosen module took.
   using Predicate = std::function<bool(const torch::nn::Module& module,
                                        const std::string& fqn,
                                        int64_t nonwrapped_numel)>;
-  // Empty: no auto-wrapping (only the root is a unit).
+  // Empty: chooses nothing (FSDP: only the root is a unit).
   Predicate should_wrap;
 
   explicit operator bool() const { return static_cast<bool>(should_wrap); }
@@ -58,4 +62,4 @@ AutoWrapPolicy module_type_auto_wrap_policy() {
 // A user predicate (PyTorch's CustomPolicy / lambda_auto_wrap_policy).
 AutoWrapPolicy custom_auto_wrap_policy(AutoWrapPolicy::Predicate predicate);
 
-}  // namespace fsdp
+}  // namespace module_call

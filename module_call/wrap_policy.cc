@@ -1,4 +1,4 @@
-#include "fsdp/wrap_policy.h"
+#include "module_call/wrap_policy.h"
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/moduledict.h>
@@ -7,7 +7,7 @@
 #include <typeinfo>
 #include <utility>
 
-namespace fsdp {
+namespace module_call {
 
 AutoWrapPolicy size_based_auto_wrap_policy(int64_t min_num_params) {
   TORCH_CHECK(min_num_params >= 1, "size_based_auto_wrap_policy: min_num_params=",
@@ -47,4 +47,4 @@ AutoWrapPolicy custom_auto_wrap_policy(AutoWrapPolicy::Predicate predicate) {
   return policy;
 }
 
-}  // namespace fsdp
+}  // namespace module_call
