@@ -273,10 +273,22 @@ def outside(md):
     md.state_dict_metadata["model.w"].chunks[0].sizes = torch.Size([9, 7])
 def past_end(md):
     for k, v in md.storage_data.items():
-        v.offset = 1 << 40
+        if k.fqn == "model.w":
+            v.offset = 1 << 40
+            break
 def missing(md):
     del md.storage_data[next(iter(md.storage_data))]
+def overlap(md):
+    chunks = md.state_dict_metadata["model.w"].chunks
+    chunks[0].sizes = torch.Size([2, 7])  # [0, 0] now reaches into row 1
+def shared(md):
+    first = next(iter(md.storage_data.values()))
+    for v in md.storage_data.values():
+        if v.relative_path == first.relative_path:
+            v.offset, v.length = first.offset, first.length
 variant("escape", escape)
+variant("overlap", overlap)
+variant("shared", shared)
 variant("outside", outside)
 variant("past_end", past_end)
 variant("missing", missing)
@@ -290,7 +302,9 @@ print("OK")
   };
   for (const Case& c : {Case{"escape", "not a file of the checkpoint directory"},
                         Case{"outside", "lies outside 'model.w'"},
-                        Case{"missing", "has no storage record"}}) {
+                        Case{"missing", "has no storage record"},
+                        Case{"overlap", "of 'model.w' overlap"},
+                        Case{"shared", "share bytes"}}) {
     auto opened = DcpCheckpoint::Open(dir + "/" + c.name);
     ASSERT_FALSE(opened.ok()) << c.name;
     EXPECT_NE(opened.status().message().find(c.message), std::string::npos)
