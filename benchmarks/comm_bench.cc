@@ -5,7 +5,7 @@
 //   bazel run //benchmarks:comm_bench [-- --benchmark_filter=all_reduce]
 //
 // Started without RANK in the environment, the binary re-runs itself as 2
-// ranks through comm::launch; rank 0 prints the results, rank 1 only its
+// ranks through launcher::launch; rank 0 prints the results, rank 1 only its
 // errors. Both ranks register the same benchmarks with fixed iteration
 // counts, so they run every collective in lock-step.
 //

@@ -12,7 +12,7 @@
 //   bazel run //benchmarks:flat_param_bench
 //
 // Started without RANK in the environment, the binary re-runs itself as 2
-// ranks through comm::launch; rank 0 runs the one-process benchmarks and
+// ranks through launcher::launch; rank 0 runs the one-process benchmarks and
 // prints everything, rank 1 joins the collective ones. Collective benchmarks
 // use fixed iteration counts so both ranks stay in lock-step.
 #include <ATen/ATen.h>

@@ -8,7 +8,7 @@
 //   }
 //
 // Started without RANK in the environment, the binary re-runs itself as
-// `world_size` ranks through comm::launch, so `bazel run` alone is enough.
+// `world_size` ranks through launcher::launch, so `bazel run` alone is enough.
 // In a rank it joins the world group, registers the benchmarks (every rank
 // must register the same collective cases with fixed iteration counts, so
 // they stay in lock-step), and runs them: rank 0 reports through its
