@@ -277,7 +277,7 @@ void BM_FSDP(benchmark::State& state, fsdp::ShardingStrategy strategy, bool chec
   auto lm = BuildLM();
   const int64_t num_params = NumParams(*lm);
   if (checkpointing) CheckpointBlocks(lm);
-  // The trainer's wrapping (train.cc WrapModel with its defaults): blocks
+  // The trainer's wrapping (trainer/wrap.cc WrapModel with its defaults): blocks
   // are units called through module_call::call from the block runner, the root is
   // entered through run(), and the optimizer sees the original parameters.
   lm->set_block_runner([](int64_t, trainer::TransformerBlock& block, const torch::Tensor& x,

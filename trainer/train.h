@@ -1,32 +1,14 @@
 // The training loop of one rank: build the model and data from Options,
 // optionally resume, train, log and checkpoint.
 //
-// The model is always wrapped in fsdp::FullyShardedDataParallel over the
-// given group (one rank included: one code path), per --sharding,
-// --auto-wrap, --backward-prefetch, --mixed-precision and --cpu-offload,
-// with use_orig_params so the stock optimizers run per original parameter
-// (on this rank's part of it). Every rank computes the gradient of its B/W
-// rows and FSDP reduces (averages) the gradients in backward. Because the
-// global batch is split, not replicated, the loss sequence does not depend
-// on W.
-//
-// Checkpoints (--checkpoint-dir, --checkpoint-every) go through
-// state_dict/'s FSDP state-dict API. --checkpoint-format=sharded (the
-// default): every rank writes its pieces of each original parameter and of
-// its optimizer state (SHARDED model + optimizer state dicts, no gathering)
-// plus "trainer.step" / "trainer.seed" with rank 0's; rank 0 commits once all
-// are durable. --checkpoint-format=full: the FULL model and optimizer state
-// dicts are gathered onto rank 0, which writes one model.pt that Python's
-// torch.load opens ("model.<fqn>", "optim.<fqn>.<entry>", "trainer.step",
-// "trainer.seed"). --resume reads either format on any world size and
-// strategy (reshard on load). The batch of a step is a function of (seed,
-// step) and the model has no randomness in training (no dropout), so model
-// + optimizer + step is everything a resumed run needs to continue the
-// exact loss sequence.
+// The model is wrapped in FSDP as wrap.h says. Every rank computes the
+// gradient of its B/W rows and FSDP reduces (averages) the gradients in
+// backward. Because the global batch is split, not replicated, the loss
+// sequence does not depend on W. Checkpoints, resume and --async-checkpoint:
+// checkpointing.h.
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,14 +31,6 @@ struct TrainResult {
 // prints progress to stdout and writes --log-json.
 absl::StatusOr<TrainResult> Train(const Options& options,
                                   const comm::ProcessGroup& group);
-
-// The checkpoint to resume from, chosen once for the job: rank 0 takes the
-// newest under `dir` that verifies, setting damaged newer ones aside with a
-// message on stderr naming each, where it went and why
-// (state_dict::RecoverLatestCheckpoint); the other ranks wait for it and
-// then find the same one. Empty when there is none. Every rank calls it.
-absl::StatusOr<std::optional<std::string>> ChooseResumeCheckpoint(
-    const std::string& dir, const comm::ProcessGroup& group);
 
 // The device this process computes on for --device: the CPU, or CUDA GPU
 // LOCAL_RANK % (GPUs visible). For cuda, an Unimplemented error when this

@@ -41,7 +41,7 @@
 #include "comm/process_group.h"
 #include "comm/slurm.h"
 #include "launcher/launch.h"
-#include "state_dict/checkpoint.h"
+#include "trainer/checkpointing.h"
 #include "trainer/options.h"
 #include "trainer/train.h"
 

@@ -1,0 +1,79 @@
+// The trainer's checkpoints: their layout, save, resume and --async-checkpoint,
+// through state_dict/'s FSDP state-dict API. Every function here is called by
+// every rank; a failure on one rank stops all of them with a message naming it.
+//
+// Layout of D/step_<N> (--checkpoint-dir D):
+//   --checkpoint-format=sharded (the default): every rank writes its pieces of
+//   each original parameter and of its optimizer state (SHARDED model +
+//   optimizer state dicts, no gathering) plus "trainer.step" / "trainer.seed"
+//   with rank 0's; rank 0 commits once all are durable.
+//   --checkpoint-format=full: the FULL model and optimizer state dicts are
+//   gathered onto rank 0, which writes one model.pt that Python's torch.load
+//   opens ("model.<fqn>", "optim.<fqn>.<entry>", "trainer.step",
+//   "trainer.seed").
+// Either resumes on any world size and strategy (reshard on load). The batch
+// of a step is a function of (seed, step) and the model has no randomness in
+// training (no dropout), so model + optimizer + step is everything a resumed
+// run needs to continue the exact loss sequence.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <torch/optim/optimizer.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/process_group.h"
+#include "fsdp/fully_sharded_data_parallel.h"
+#include "state_dict/async_checkpoint.h"
+#include "trainer/options.h"
+
+namespace trainer {
+
+// The step training continues after. With --resume: the step of the
+// checkpoint (options.resume_from, else ChooseResumeCheckpoint's), whose
+// model and optimizer state are loaded into `model` and `optimizer`.
+// Without: 0, once --checkpoint-dir is known to hold no checkpoint
+// (checkpoints are never overwritten; caught now rather than at the first
+// save, after minutes of training).
+absl::StatusOr<int64_t> ResumeTrainer(const Options& options, const comm::ProcessGroup& group,
+                                      fsdp::FullyShardedDataParallel& model,
+                                      torch::optim::Optimizer& optimizer);
+
+// The checkpoint to resume from, chosen once for the job: rank 0 takes the
+// newest under `dir` that verifies, setting damaged newer ones aside with a
+// message on stderr naming each, where it went and why
+// (state_dict::RecoverLatestCheckpoint); the other ranks wait for it and
+// then find the same one. Empty when there is none.
+absl::StatusOr<std::optional<std::string>> ChooseResumeCheckpoint(
+    const std::string& dir, const comm::ProcessGroup& group);
+
+// --async-checkpoint: the save in flight; `step` is 0 when there is none.
+// Every rank records the step (a FULL save runs on rank 0 only), so all take
+// part in finishing it. The optimizer may change the state only after
+// saver.WaitUntilWritten().
+struct AsyncSave {
+  state_dict::AsyncCheckpointer saver;
+  int64_t step = 0;
+};
+
+// Writes the checkpoint of `step` in --checkpoint-format; a sharded one is
+// committed (made visible) by rank 0 once every rank's pieces are durable,
+// then --keep-last applies. With `async` (--async-checkpoint), the previous
+// async save is finished first, and this one is started on the live state and
+// finished later (FinishAsyncSave).
+absl::Status SaveTrainerCheckpoint(const Options& options, fsdp::FullyShardedDataParallel& model,
+                                   const torch::optim::Optimizer& optimizer,
+                                   const comm::ProcessGroup& group, int64_t step,
+                                   AsyncSave* async);
+
+// Finishes the async save in flight, if any: every rank's result agreed on
+// (a background failure surfaces here, on every rank), then the commit.
+// With `block` false it only polls: one all-reduce, and nothing more unless
+// every rank's write has finished.
+absl::Status FinishAsyncSave(const Options& options, const comm::ProcessGroup& group,
+                             AsyncSave& async, bool block);
+
+}  // namespace trainer
