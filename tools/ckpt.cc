@@ -129,7 +129,7 @@ bool StartsWith(const std::string& s, absl::string_view prefix) {
 // The model's weights among a FULL state dict's entries (see the top of the
 // file); `skipped` gets the number of the others.
 state_dict::TensorDict ModelWeights(const state_dict::TensorDict& full, size_t* skipped) {
-  // The trainer's FULL checkpoints prefix everything (train.cc).
+  // The trainer's FULL checkpoints prefix everything (trainer/checkpointing.cc).
   bool trainer_full = full.contains("trainer.step");
   for (const auto& item : full) {
     const std::string& key = item.key();
