@@ -98,6 +98,8 @@ def run(rank, kind, mode, d):
     msd, _ = get_state_dict(m, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
         torch.save({k: v.detach().clone() for k, v in msd.items()}, out)
+    # Every rank's collectives done before any tears its group down.
+    dist.barrier()
     dist.destroy_process_group()
 
 if __name__ == "__main__":
