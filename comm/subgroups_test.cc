@@ -1,6 +1,6 @@
 // Sub-groups, intra/inter-node groups and the 2-D mesh on 4 real ranks:
 // membership for every rank, hybrid all-reduce equal to the flat one, and
-// the shape errors of the seed (FSDP's _init_utils).
+// the shape errors of PyTorch (FSDP's _init_utils).
 #include "comm/subgroups.h"
 
 #include <ATen/ATen.h>
@@ -103,7 +103,7 @@ TEST(Subgroups, MembershipMeshAndHybridAllReduceOnFourRanks) {
     all_gather_into_tensor(hybrid->shard, rebuilt, shard).wait();
     EXPECT_TRUE(at::allclose(rebuilt, flat_avg));
 
-    // Shape errors, as the seed reports them.
+    // Shape errors, as PyTorch reports them.
     EXPECT_THAT(message(new_subgroups(world, 3).status()),
                 HasSubstr("The world size (4) must be divisible by 'group_size=3'"));
     EXPECT_THAT(message(new_subgroups(world, 8).status()),

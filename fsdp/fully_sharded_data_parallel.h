@@ -42,7 +42,7 @@
 // module_call::call; a unit called outside its root's forward or inside an
 // activation-checkpointed region; a second backward through a graph whose
 // backward already ran; a parameter shared by two
-// units; the seed's invalid option combinations. Not caught: calling a
+// units; PyTorch's invalid option combinations. Not caught: calling a
 // submodule's forward() directly (LibTorch gives FSDP no hook; it then sees
 // 1-D shards and usually fails on shapes), and in-place writes to parameters
 // outside summon_full_params (they land in this rank's shard).
@@ -114,7 +114,7 @@ struct SummonOptions {
 
 class FullyShardedDataParallel {
  public:
-  // The seed's __init__ arguments.
+  // PyTorch's __init__ arguments.
   struct Options {
     // The data-parallel group (required: LibTorch has no default group).
     // For HYBRID_SHARD pass hybrid_groups or device_mesh instead.

@@ -24,7 +24,7 @@ std::string py_list(const std::vector<std::string>& names) {
   return out.str();
 }
 
-// Merges the dicts; a key in more than one is the seed's ValueError.
+// Merges the dicts; a key in more than one is PyTorch's ValueError.
 NamedList merge(const ParameterAndBufferDicts& dicts) {
   NamedList merged;
   if (dicts.dicts().size() == 1) {

@@ -77,7 +77,7 @@ std::unique_ptr<ScopedTensorSwap> swap_state(
 void check_no_buffers(const torch::nn::Module& module, const char* api,
                       const char* alternative);
 
-// The seed's checks on an ensemble: at least one model, one training mode,
+// PyTorch's checks on an ensemble: at least one model, one training mode,
 // one class. `api` prefixes the messages.
 void check_ensemble(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
                     const char* api);

@@ -253,7 +253,7 @@ TEST(Golden, TiedEmbeddings) {
   y = functorch::functional_call(model, NamedTensors{{"embedding.weight", w}}, untied, tokens);
   expect_close(y, torch::matmul(w.index_select(0, tokens.flatten()).view({2, 3, 6}),
                                 model->decoder->weight.t()), "untied out");
-  // Both names given, same tensor: fine; different tensors: the seed's error.
+  // Both names given, same tensor: fine; different tensors: PyTorch's error.
   y = functorch::functional_call(model, NamedTensors{{"embedding.weight", w}, {"decoder.weight", w}}, tokens);
   expect_close(y, f.at("out.0"), "both names, one tensor");
   EXPECT_EQ(error_of([&] {

@@ -8,7 +8,7 @@
 namespace functorch {
 namespace {
 
-// The seed's construct_stacked_leaf: requires_grad must agree across models;
+// PyTorch's construct_stacked_leaf: requires_grad must agree across models;
 // if it is set, the result is a new leaf (detached) that requires grad.
 torch::Tensor construct_stacked_leaf(const std::vector<torch::Tensor>& tensors,
                                      const std::string& name) {

@@ -26,7 +26,7 @@
 //     test_aux_tensor,
 //     test_jvp_structure_mismatch (primals/tangents), test_strict_mode,
 //     test_nested_compositions (jvp of jvp, vmap of jvp, jvp of grad).
-// Also: every seed error of grad/grad_and_value, exceptions inside grad /
+// Also: every PyTorch error of grad/grad_and_value, exceptions inside grad /
 // vjp / jvp leave the DynamicLayer stack and grad modes clean.
 
 #include <ATen/functorch/DynamicLayer.h>
@@ -349,7 +349,7 @@ TEST_F(AutodiffTest, GradOfVjpAndVjpOfGrad) {
   EXPECT_TRUE(AllClose(std::get<0>(r.vjp_fn(y)), -x.sin() * y));
 }
 
-TEST_F(AutodiffTest, GradSeedErrors) {
+TEST_F(AutodiffTest, GradPyTorchErrors) {
   Tensor x = torch::randn({3});
   EXPECT_THROW_WITH(
       grad([](Tensor x) { return x.sin(); })(x),
@@ -395,7 +395,7 @@ TEST_F(AutodiffTest, ThrowingFunctionLeavesStackClean) {
   EXPECT_EQ(stack_depth(), 0u);
   EXPECT_TRUE(c10::GradMode::is_enabled());
   EXPECT_EQ(c10::AutogradState::get_tls_state().get_fw_grad_mode(), fw_grad_mode);
-  // A seed error (non-scalar output) thrown by grad itself also unwinds.
+  // A PyTorch error (non-scalar output) thrown by grad itself also unwinds.
   EXPECT_THROW(grad(sin_fn)(x), c10::Error);
   {
     torch::NoGradGuard no_grad;

@@ -24,7 +24,7 @@
 //              time and concatenate (same results, lower peak memory; with
 //              randomness=same every chunk replays the same RNG state).
 //
-// Errors (ValueError in Python; c10::Error here) keep the seed's wording:
+// Errors (ValueError in Python; c10::Error here) keep PyTorch's wording:
 // no inputs, in_dims incompatible with the inputs, in_dim for a non-tensor,
 // in_dim out of range, inconsistent batch sizes, no tensor to map over,
 // out_dims incompatible with the outputs, a non-tensor output with an int

@@ -283,7 +283,7 @@ TEST_F(VmapTest, ParseRandomness) {
                     "'different', or 'same'. Got sometimes");
 }
 
-// ---- seed errors (torch/_functorch/vmap.py wording) ----
+// ---- PyTorch's errors (torch/_functorch/vmap.py wording) ----
 
 TEST_F(VmapTest, ErrorInconsistentBatchSizes) {
   EXPECT_THROW_WITH(vmap(mul)(torch::randn({2, 3}), torch::randn({3, 3})),
