@@ -2,12 +2,14 @@
 # Sets up what is missing and runs the whole test suite. Extra arguments go to
 # `bazel test` (e.g. tools/test.sh --config=asan). The last line is
 # "N passed, N failed", counted from Bazel's own per-target results plus one
-# entry for fuzzing and one for the CUDA build: after the Bazel tests,
-# tools/fuzz.sh fuzzes the file loaders, the DCP reader and the rendezvous
+# entry each for the formatting check, fuzzing and the CUDA build: after the
+# Bazel tests, `tools/format.sh --check` checks that every .cc/.h file is as
+# clang-format 14 and .clang-format would write it (tools/format.sh formats
+# them), tools/fuzz.sh fuzzes the file loaders, the DCP reader and the rendezvous
 # client for 50 s per target (200 s in all),
 # and `bazel build --config=cuda //...` compiles and links every target
 # against LibTorch's CUDA libraries and NCCL (no GPU needed; nothing CUDA
-# runs here). Both are skipped when extra arguments are given: a configured
+# runs here). All three are skipped when extra arguments are given: a configured
 # run (--config=asan, a test filter) is a rerun of the Bazel tests, and the
 # fuzzers carry their own sanitizers.
 set -uo pipefail
@@ -26,6 +28,14 @@ if ((status != 0 && failed == 0)); then
   failed=1  # the build itself failed before any test ran
 fi
 if (($# == 0)); then
+  if tools/format.sh --check; then
+    echo "format: PASSED"
+    passed=$((passed + 1))
+  else
+    echo "format: FAILED"
+    failed=$((failed + 1))
+    ((status == 0)) && status=1
+  fi
   if tools/fuzz.sh --seconds 50; then
     echo "fuzz: PASSED"
     passed=$((passed + 1))
@@ -43,7 +53,7 @@ if (($# == 0)); then
     ((status == 0)) && status=1
   fi
 else
-  echo "fuzz, cuda build: skipped (extra arguments given to bazel test)"
+  echo "format, fuzz, cuda build: skipped (extra arguments given to bazel test)"
 fi
 echo "${passed} passed, ${failed} failed"
 exit "$status"
