@@ -32,7 +32,8 @@ std::vector<at::Tensor> run_checkpointed_module(const std::shared_ptr<torch::nn:
 std::vector<std::string> apply_activation_checkpointing(
     const std::shared_ptr<torch::nn::Module>& model, const module_call::AutoWrapPolicy& policy) {
   TORCH_CHECK(model != nullptr, "apply_activation_checkpointing: model is null");
-  TORCH_CHECK(static_cast<bool>(policy), "apply_activation_checkpointing: policy is empty: "
+  TORCH_CHECK(static_cast<bool>(policy),
+              "apply_activation_checkpointing: policy is empty: "
               "expected a policy that chooses modules, e.g. "
               "module_call::module_type_auto_wrap_policy<BlockImpl>()");
   // The same walk as FSDP's auto-wrap (fsdp/internal/init.cc): post-order,

@@ -57,8 +57,8 @@ std::vector<std::string> apply_activation_checkpointing(
 template <typename ModuleImpl>
 std::vector<std::string> apply_activation_checkpointing(
     const torch::nn::ModuleHolder<ModuleImpl>& model, const module_call::AutoWrapPolicy& policy) {
-  return apply_activation_checkpointing(
-      std::static_pointer_cast<torch::nn::Module>(model.ptr()), policy);
+  return apply_activation_checkpointing(std::static_pointer_cast<torch::nn::Module>(model.ptr()),
+                                        policy);
 }
 
 // Whether apply_activation_checkpointing chose `module`.

@@ -58,8 +58,8 @@ std::vector<at::Tensor> Grads(bool use_checkpoint, double p, CheckpointOptions o
     if (calls != nullptr) ++*calls;
     return Mlp(x, w1, w2, prob);
   };
-  at::Tensor y = use_checkpoint ? checkpoint(options, fn, w.x, w.w1, w.w2, p)
-                                : fn(w.x, w.w1, w.w2, p);
+  at::Tensor y =
+      use_checkpoint ? checkpoint(options, fn, w.x, w.w1, w.w2, p) : fn(w.x, w.w1, w.w2, p);
   // Random numbers drawn after the region: the recomputation must not
   // disturb the generator the rest of the step sees.
   at::Tensor noise = torch::rand({5, 8});
@@ -122,8 +122,7 @@ TEST(Checkpoint, NestedRegions) {
   };
   torch::manual_seed(5);
   plain(w.x, w.w1, w.w2).pow(2).sum().backward();
-  std::vector<at::Tensor> expected = {w.x.grad().clone(), w.w1.grad().clone(),
-                                      w.w2.grad().clone()};
+  std::vector<at::Tensor> expected = {w.x.grad().clone(), w.w1.grad().clone(), w.w2.grad().clone()};
   for (auto* t : {&w.x, &w.w1, &w.w2}) t->mutable_grad().reset();
   torch::manual_seed(5);
   checkpoint(nested, w.x, w.w1, w.w2).pow(2).sum().backward();
@@ -195,9 +194,8 @@ std::string ErrorOf(const std::function<void()>& fn) {
 TEST(CheckpointErrors, NoArgumentRequiresGrad) {
   Weights w = MakeWeights();
   at::Tensor x = w.x.detach();
-  std::string error = ErrorOf([&] {
-    checkpoint([&](const at::Tensor& in) { return in.matmul(w.w1); }, x);
-  });
+  std::string error =
+      ErrorOf([&] { checkpoint([&](const at::Tensor& in) { return in.matmul(w.w1); }, x); });
   EXPECT_THAT(error, HasSubstr("None of the inputs have requires_grad=True"));
 }
 
@@ -286,7 +284,8 @@ TEST(ApplyActivationCheckpointing, ModuleListBlocksThroughFsdpCall) {
   Net reference;
   Net model;
   const auto names_before = Names(*model);
-  auto chosen = apply_activation_checkpointing(model, module_call::module_type_auto_wrap_policy<BlockImpl>());
+  auto chosen =
+      apply_activation_checkpointing(model, module_call::module_type_auto_wrap_policy<BlockImpl>());
   EXPECT_EQ(chosen, (std::vector<std::string>{"blocks.0", "blocks.1", "blocks.2"}));
   EXPECT_TRUE(is_checkpointed(*model->blocks[0]));
   EXPECT_FALSE(is_checkpointed(*model->in));
@@ -330,10 +329,13 @@ TEST(ApplyActivationCheckpointing, SequentialChildrenBySizeThroughFsdpCall) {
   };
   auto reference = make();
   auto model = make();
-  auto chosen = apply_activation_checkpointing(model, module_call::size_based_auto_wrap_policy(200));
+  auto chosen =
+      apply_activation_checkpointing(model, module_call::size_based_auto_wrap_policy(200));
   EXPECT_EQ(chosen, (std::vector<std::string>{"0", "3"}));
-  auto expected = TrainStepGrads(reference.ptr(), [&](at::Tensor x) { return reference->forward(x); });
-  auto actual = TrainStepGrads(model.ptr(), [&](at::Tensor x) { return module_call::call(model, x); });
+  auto expected =
+      TrainStepGrads(reference.ptr(), [&](at::Tensor x) { return reference->forward(x); });
+  auto actual =
+      TrainStepGrads(model.ptr(), [&](at::Tensor x) { return module_call::call(model, x); });
   for (const auto& [name, grad] : expected) ExpectBitwiseEqual(actual[name], grad, name);
 }
 
@@ -354,10 +356,13 @@ TEST(ApplyActivationCheckpointing, CustomPolicyAndNestedModules) {
   auto reference = std::make_shared<OuterImpl>();
   auto model = torch::nn::Sequential(std::make_shared<OuterImpl>(), torch::nn::Linear(8, 1));
   auto ref_model = torch::nn::Sequential(reference, torch::nn::Linear(8, 1));
-  ref_model[1]->as<torch::nn::LinearImpl>()->weight.data().copy_(model[1]->as<torch::nn::LinearImpl>()->weight);
-  ref_model[1]->as<torch::nn::LinearImpl>()->bias.data().copy_(model[1]->as<torch::nn::LinearImpl>()->bias);
+  ref_model[1]->as<torch::nn::LinearImpl>()->weight.data().copy_(
+      model[1]->as<torch::nn::LinearImpl>()->weight);
+  ref_model[1]->as<torch::nn::LinearImpl>()->bias.data().copy_(
+      model[1]->as<torch::nn::LinearImpl>()->bias);
   auto chosen = apply_activation_checkpointing(
-      model, module_call::custom_auto_wrap_policy([](const torch::nn::Module&, const std::string& fqn,
+      model,
+      module_call::custom_auto_wrap_policy([](const torch::nn::Module&, const std::string& fqn,
                                               int64_t) { return fqn == "0" || fqn == "0.inner"; }));
   EXPECT_EQ(chosen, (std::vector<std::string>{"0.inner", "0"}));
   torch::manual_seed(2);
@@ -374,8 +379,9 @@ TEST(ApplyActivationCheckpointing, CustomPolicyAndNestedModules) {
 
 TEST(ApplyActivationCheckpointing, Errors) {
   Net model;
-  EXPECT_THAT(ErrorOf([&] { apply_activation_checkpointing(model, module_call::AutoWrapPolicy()); }),
-              HasSubstr("policy is empty"));
+  EXPECT_THAT(
+      ErrorOf([&] { apply_activation_checkpointing(model, module_call::AutoWrapPolicy()); }),
+      HasSubstr("policy is empty"));
   EXPECT_THAT(ErrorOf([&] {
                 apply_activation_checkpointing(std::shared_ptr<torch::nn::Module>(),
                                                module_call::size_based_auto_wrap_policy(1));

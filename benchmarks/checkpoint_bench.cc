@@ -40,8 +40,9 @@
 // RSS (VmHWM, reset through /proc/self/clear_refs) of one SaveFullCheckpoint
 // and one SaveShard, minus the RSS before, beside the largest tensor; the
 // same for one VerifyCheckpoint of the full checkpoint; and the same for a
-// whole-state copy as a check that the measurement sees allocations. The summary prints every throughput as a fraction of the
-// disk's, and the async loop cost as a fraction of a synchronous save.
+// whole-state copy as a check that the measurement sees allocations. The summary prints every
+// throughput as a fraction of the disk's, and the async loop cost as a fraction of a synchronous
+// save.
 #include <benchmark/benchmark.h>
 #include <fcntl.h>
 #include <time.h>
@@ -232,8 +233,7 @@ double WritePlainFile(bool early_writeback = true) {
   int fd = ::open(PlainFile().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   size_t writeback_started = 0;
   for (size_t done = 0; fd >= 0 && done < buffer.size();) {
-    ssize_t n = ::write(fd, buffer.data() + done,
-                        std::min(kDiskWriteChunk, buffer.size() - done));
+    ssize_t n = ::write(fd, buffer.data() + done, std::min(kDiskWriteChunk, buffer.size() - done));
     if (n <= 0) break;
     done += static_cast<size_t>(n);
     if (early_writeback && done - writeback_started >= (size_t{8} << 20)) {
@@ -332,8 +332,7 @@ std::string FreshCheckpoint(int world) {
 // mean time) gives each case a baseline taken in the same seconds.
 // `clear` runs first, untimed: it frees what the previous `read` returned.
 template <typename Clear, typename Read>
-void TimeColdReads(benchmark::State& state, const std::string& dir, Clear&& clear,
-                   Read&& read) {
+void TimeColdReads(benchmark::State& state, const std::string& dir, Clear&& clear, Read&& read) {
   // One untimed round first: the files were written just now (see
   // FreshCheckpoint), and the first cold reads after writing ~600 MB took
   // 1.5-5x as long as the later ones (the host still writing them back),
@@ -350,7 +349,8 @@ void TimeColdReads(benchmark::State& state, const std::string& dir, Clear&& clea
     DropDirectoryFromPageCache(dir);
     const auto start = std::chrono::steady_clock::now();
     read();
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     state.SetIterationTime(took);
     if (!plain_first) paired_s += ColdPlainReadSeconds();
   }
@@ -373,7 +373,8 @@ void BM_Load(benchmark::State& state) {
   static TensorDict destination;
   static std::map<int, std::vector<std::map<std::string, torch::Tensor>>> rank_destinations;
   if (into_state && world == 0 && destination.is_empty()) {
-    for (const auto& item : g_state) destination.insert(item.key(), torch::zeros_like(item.value()));
+    for (const auto& item : g_state)
+      destination.insert(item.key(), torch::zeros_like(item.value()));
   }
   if (into_state && world > 0 && rank_destinations[world].empty()) {
     for (int r = 0; r < world; ++r) {
@@ -386,8 +387,7 @@ void BM_Load(benchmark::State& state) {
     }
   }
   absl::StatusOr<TensorDict> loaded;
-  std::vector<absl::StatusOr<state_dict::ShardedStateDict>> rank_loaded(
-      static_cast<size_t>(world));
+  std::vector<absl::StatusOr<state_dict::ShardedStateDict>> rank_loaded(static_cast<size_t>(world));
   auto clear = [&] {
     loaded = TensorDict();
     for (auto& r : rank_loaded) r = state_dict::ShardedStateDict();
@@ -424,8 +424,9 @@ void BM_Load(benchmark::State& state) {
       }
     }
   }
-  state.SetLabel((world == 0 ? std::string("full") : "sharded/" + std::to_string(world) + " ranks") +
-                 (into_state ? ", copied into the state" : ""));
+  state.SetLabel(
+      (world == 0 ? std::string("full") : "sharded/" + std::to_string(world) + " ranks") +
+      (into_state ? ", copied into the state" : ""));
 }
 
 // torch.distributed.checkpoint (issue 25): the same shards saved as DCP
@@ -489,7 +490,8 @@ void BM_DcpLoad(benchmark::State& state) {
   std::vector<std::vector<std::pair<std::string, state_dict::ShardRequest>>> requests;
   for (int r = 0; r < world; ++r) {
     auto& mine = requests.emplace_back();
-    for (auto& [name, request] : RankRequests(r, world)) mine.emplace_back("model." + name, request);
+    for (auto& [name, request] : RankRequests(r, world))
+      mine.emplace_back("model." + name, request);
   }
   std::vector<absl::StatusOr<state_dict::ShardedStateDict>> loaded(static_cast<size_t>(world));
   auto clear = [&] {
@@ -512,7 +514,8 @@ void BM_DcpLoad(benchmark::State& state) {
 void BM_Verify(benchmark::State& state) {
   const int world = static_cast<int>(state.range(0));
   const std::string dir = FreshCheckpoint(world);
-  TimeColdReads(state, dir, [] {}, [&] { Check(state, state_dict::VerifyCheckpoint(dir)); });
+  TimeColdReads(
+      state, dir, [] {}, [&] { Check(state, state_dict::VerifyCheckpoint(dir)); });
   state.SetLabel(world == 0 ? "full" : "sharded/" + std::to_string(world) + " ranks");
 }
 
@@ -542,7 +545,8 @@ void BM_TrainLoop(benchmark::State& state) {
       if (mode == 3) {  // the state must not change before the save has written it
         const auto start = std::chrono::steady_clock::now();
         saver.WaitUntilWritten();
-        blocked_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        blocked_s +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       }
       optimizer.step();
       if (i != 0 || mode == 0) continue;
@@ -577,19 +581,54 @@ void BM_TrainLoop(benchmark::State& state) {
                              : "async save (in place)");
 }
 
-BENCHMARK(BM_DiskWrite)->Arg(0)->Arg(1)->Iterations(kIterations)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DiskWrite)
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(kIterations)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_DiskRead)->Iterations(kReadIterations)->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Save)->Arg(0)->Arg(1)->Arg(2)->Iterations(kIterations)->UseRealTime()
+BENCHMARK(BM_Save)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Iterations(kIterations)
+    ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Load)->ArgsProduct({{0, 1, 2}, {0, 1}})->Iterations(kReadIterations)->UseManualTime()
+BENCHMARK(BM_Load)
+    ->ArgsProduct({{0, 1, 2}, {0, 1}})
+    ->Iterations(kReadIterations)
+    ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_DcpSave)->Arg(2)->Iterations(kIterations)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_DcpLoad)->Arg(1)->Arg(2)->Iterations(kReadIterations)->UseManualTime()
+BENCHMARK(BM_DcpSave)
+    ->Arg(2)
+    ->Iterations(kIterations)
+    ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Verify)->Arg(0)->Arg(1)->Arg(2)->Iterations(kReadIterations)->UseManualTime()
+BENCHMARK(BM_DcpLoad)
+    ->Arg(1)
+    ->Arg(2)
+    ->Iterations(kReadIterations)
+    ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_TrainLoop)->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Arg(0)->Arg(1)->Arg(2)->Arg(3)
-    ->Iterations(kIterations)->UseRealTime()
+BENCHMARK(BM_Verify)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Iterations(kReadIterations)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_TrainLoop)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(3)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(3)
+    ->Iterations(kIterations)
+    ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
 // Console output plus the ratios the issue's goals are stated in.
@@ -620,8 +659,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
     ConsoleReporter::Finalize();
     const double dd_write = Rate("BM_DiskWrite/0"), write = Rate("BM_DiskWrite/1");
     const double read = Rate("BM_DiskRead");
-    std::printf("\nDisk: fsync'd write %.0f MB/s (%.0f MB/s as dd conv=fsync), cold read %.0f MB/s\n",
-                write / 1e6, dd_write / 1e6, read / 1e6);
+    std::printf(
+        "\nDisk: fsync'd write %.0f MB/s (%.0f MB/s as dd conv=fsync), cold read %.0f MB/s\n",
+        write / 1e6, dd_write / 1e6, read / 1e6);
     for (const auto& [name, rate] : rate_) {
       if (name.rfind("BM_Disk", 0) == 0) continue;
       const double disk = name.rfind("BM_Save", 0) == 0 ? write : read;
@@ -639,22 +679,25 @@ class RatioReporter : public benchmark::ConsoleReporter {
     const double async = Seconds("BM_TrainLoop/2/iterations:3/real_time");
     const double in_place = Seconds("BM_TrainLoop/3/iterations:3/real_time");
     if (none > 0 && sync > 0 && async > 0 && in_place > 0) {
-      std::printf("Training loop (4 steps, mean of 2 runs of each mode): no save %.3f s; sync "
-                  "save adds %.3f s; async save from a snapshot adds %.3f s = %.1f%%, in place "
-                  "%.3f s = %.1f%% of the synchronous save's cost\n",
-                  none, sync - none, async - none, 100 * (async - none) / (sync - none),
-                  in_place - none, 100 * (in_place - none) / (sync - none));
-      std::printf("Time the loop waits in the save calls: sync %.0f ms, snapshot %.0f ms, in "
-                  "place (until written) %.0f ms\n",
-                  blocked_["BM_TrainLoop/1/iterations:3/real_time"],
-                  blocked_["BM_TrainLoop/2/iterations:3/real_time"],
-                  blocked_["BM_TrainLoop/3/iterations:3/real_time"]);
-      std::printf("CPU time of the save itself: sync %.0f ms, async (writer thread) %.0f ms "
-                  "(snapshot) / %.0f ms (in place); the loop's 2 compute threads share the 2 "
-                  "cores with it\n",
-                  save_cpu_["BM_TrainLoop/1/iterations:3/real_time"],
-                  save_cpu_["BM_TrainLoop/2/iterations:3/real_time"],
-                  save_cpu_["BM_TrainLoop/3/iterations:3/real_time"]);
+      std::printf(
+          "Training loop (4 steps, mean of 2 runs of each mode): no save %.3f s; sync "
+          "save adds %.3f s; async save from a snapshot adds %.3f s = %.1f%%, in place "
+          "%.3f s = %.1f%% of the synchronous save's cost\n",
+          none, sync - none, async - none, 100 * (async - none) / (sync - none), in_place - none,
+          100 * (in_place - none) / (sync - none));
+      std::printf(
+          "Time the loop waits in the save calls: sync %.0f ms, snapshot %.0f ms, in "
+          "place (until written) %.0f ms\n",
+          blocked_["BM_TrainLoop/1/iterations:3/real_time"],
+          blocked_["BM_TrainLoop/2/iterations:3/real_time"],
+          blocked_["BM_TrainLoop/3/iterations:3/real_time"]);
+      std::printf(
+          "CPU time of the save itself: sync %.0f ms, async (writer thread) %.0f ms "
+          "(snapshot) / %.0f ms (in place); the loop's 2 compute threads share the 2 "
+          "cores with it\n",
+          save_cpu_["BM_TrainLoop/1/iterations:3/real_time"],
+          save_cpu_["BM_TrainLoop/2/iterations:3/real_time"],
+          save_cpu_["BM_TrainLoop/3/iterations:3/real_time"]);
     }
   }
 
@@ -693,9 +736,10 @@ int main(int argc, char** argv) {
   }
   g_state.insert("trainer.step", torch::tensor({int64_t{1000}}));
   for (const auto& item : g_state) g_state_bytes += item.value().nbytes();
-  std::printf("State: %zu tensors, %.1f MiB (model + AdamW exp_avg, exp_avg_sq); largest "
-              "tensor %.1f MiB; directory %s\n",
-              g_state.size(), g_state_bytes / 1048576.0, largest / 1048576.0, g_root.c_str());
+  std::printf(
+      "State: %zu tensors, %.1f MiB (model + AdamW exp_avg, exp_avg_sq); largest "
+      "tensor %.1f MiB; directory %s\n",
+      g_state.size(), g_state_bytes / 1048576.0, largest / 1048576.0, g_root.c_str());
 
   // Memory a save adds, first thing in the process (nothing freed yet that
   // the allocator could hand back to the save unseen).
@@ -721,10 +765,11 @@ int main(int argc, char** argv) {
     for (const auto& item : g_state) copies.push_back(item.value().clone());
   });
   copies.clear();
-  std::printf("Peak RSS added: SaveFullCheckpoint %.1f MiB, SaveShard (1 rank) %.1f MiB, "
-              "VerifyCheckpoint (full) %.1f MiB; largest tensor %.1f MiB; check: a full copy "
-              "of the state adds %.1f MiB\n",
-              full_added, shard_added, verify_added, largest / 1048576.0, copy_added);
+  std::printf(
+      "Peak RSS added: SaveFullCheckpoint %.1f MiB, SaveShard (1 rank) %.1f MiB, "
+      "VerifyCheckpoint (full) %.1f MiB; largest tensor %.1f MiB; check: a full copy "
+      "of the state adds %.1f MiB\n",
+      full_added, shard_added, verify_added, largest / 1048576.0, copy_added);
   RemoveTree(g_root + "/mem_full");
   RemoveTree(g_root + "/mem_shard");
 

@@ -139,8 +139,8 @@ Step raw_allreduce_slice_step(int64_t bytes) {
 // alike; the ratio comes from the same period.
 void run(benchmark::State& state, Op op) {
   const int64_t bytes = state.range(0);
-  std::vector<std::pair<std::string, Step>> variants = {
-      {"comm", comm_step(op, bytes)}, {"raw", raw_step(op, bytes)}};
+  std::vector<std::pair<std::string, Step>> variants = {{"comm", comm_step(op, bytes)},
+                                                        {"raw", raw_step(op, bytes)}};
   if (op == Op::kReduceScatter) {
     variants.push_back({"via_allreduce", raw_allreduce_slice_step(bytes)});
   }
@@ -153,8 +153,7 @@ void run(benchmark::State& state, Op op) {
       const size_t v = (k + static_cast<size_t>(i)) % variants.size();
       const auto start = std::chrono::steady_clock::now();
       variants[v].second();
-      seconds[v] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                        .count();
+      seconds[v] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     ++i;
   }
@@ -186,17 +185,16 @@ class RatioReporter : public benchmark::ConsoleReporter {
   void Finalize() override {
     ConsoleReporter::Finalize();
     std::printf("\nmedians of %d repetitions\n%-15s %9s %10s %10s %7s %10s %10s %10s\n",
-                kRepetitions, "op", "size", "comm us", "raw us", "ratio",
-                "comm GB/s", "raw GB/s", "alt us");
+                kRepetitions, "op", "size", "comm us", "raw us", "ratio", "comm GB/s", "raw GB/s",
+                "alt us");
     for (const auto& row : rows_) {
       auto get = [&](const char* key) {
         auto it = row.values.find(key);
         return it == row.values.end() ? 0.0 : it->second;
       };
-      std::printf("%-15s %5lld KiB %10.1f %10.1f %7.3f %10.3f %10.3f %10s\n",
-                  row.name.c_str(), static_cast<long long>(row.bytes >> 10),
-                  get("comm_us"), get("raw_us"), get("ratio"), get("comm_busbw_GB/s"),
-                  get("raw_busbw_GB/s"),
+      std::printf("%-15s %5lld KiB %10.1f %10.1f %7.3f %10.3f %10.3f %10s\n", row.name.c_str(),
+                  static_cast<long long>(row.bytes >> 10), get("comm_us"), get("raw_us"),
+                  get("ratio"), get("comm_busbw_GB/s"), get("raw_busbw_GB/s"),
                   row.values.count("via_allreduce_us")
                       ? std::to_string(static_cast<int>(get("via_allreduce_us"))).c_str()
                       : "-");
@@ -227,10 +225,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
 };
 
 void register_all() {
-  const std::vector<std::pair<const char*, Op>> ops = {
-      {"all_gather", Op::kAllGather},
-      {"reduce_scatter", Op::kReduceScatter},
-      {"all_reduce", Op::kAllReduce}};
+  const std::vector<std::pair<const char*, Op>> ops = {{"all_gather", Op::kAllGather},
+                                                       {"reduce_scatter", Op::kReduceScatter},
+                                                       {"all_reduce", Op::kAllReduce}};
   for (int64_t bytes = 1 << 10; bytes <= (int64_t{64} << 20); bytes *= 4) {
     // ~64 MiB per variant and repetition, at least 3 iterations.
     const int64_t iters = std::clamp<int64_t>((int64_t{64} << 20) / bytes, 3, 300);

@@ -83,8 +83,7 @@ void BM_UnflattenViews(benchmark::State& state) {
 // handle builds).
 void BM_UnflattenAutogradViews(benchmark::State& state) {
   std::vector<fsdp::FlatParamInfo> infos;
-  const at::Tensor flat =
-      fsdp::flatten_tensors(make_params(), kWorld, &infos).requires_grad_();
+  const at::Tensor flat = fsdp::flatten_tensors(make_params(), kWorld, &infos).requires_grad_();
   for (auto _ : state) benchmark::DoNotOptimize(fsdp::unflatten_views(flat, infos));
 }
 
@@ -173,25 +172,27 @@ class RatioReporter : public benchmark::ConsoleReporter {
       return v[v.size() / 2];
     };
     auto find = [&](const std::string& name) { return median(times_[name]); };
-    const double bare = find("BM_BareAllGatherPrealloc"), fresh = find("BM_BareAllGatherFreshOutput");
+    const double bare = find("BM_BareAllGatherPrealloc"),
+                 fresh = find("BM_BareAllGatherFreshOutput");
     const double handle = find("BM_HandleUnshardReshard"),
                  full = find("BM_HandleUnshardViewsReshard"),
                  no_cache = find("BM_HandleUnshardReshardNoCache");
     if (bare <= 0 || fresh <= 0) return;
-    std::printf("\nmedians over %d interleaved rounds of %d iterations (ms): bare %.1f, "
-                "bare+fresh output %.1f, handle %.1f, handle+views %.1f, handle no cache %.1f\n",
-                kRounds, kCollectiveIters, bare, fresh, handle, full, no_cache);
+    std::printf(
+        "\nmedians over %d interleaved rounds of %d iterations (ms): bare %.1f, "
+        "bare+fresh output %.1f, handle %.1f, handle+views %.1f, handle no cache %.1f\n",
+        kRounds, kCollectiveIters, bare, fresh, handle, full, no_cache);
     std::printf("calling-thread CPU per iteration (ms, median): bare %.3f, handle %.3f\n",
                 median(cpu_["BM_BareAllGatherPrealloc"]), median(cpu_["BM_HandleUnshardReshard"]));
-    std::printf("unshard+reshard / bare all-gather (preallocated output): %.3fx\n",
-                handle / bare);
+    std::printf("unshard+reshard / bare all-gather (preallocated output): %.3fx\n", handle / bare);
     std::printf("unshard+reshard / bare all-gather (output allocated per call): %.3fx\n",
                 handle / fresh);
     std::printf("unshard+views+reshard / bare all-gather (preallocated output): %.3fx\n",
                 full / bare);
-    std::printf("unshard+reshard, freed-storage cache off / bare all-gather "
-                "(preallocated output): %.3fx; / (output allocated per call): %.3fx\n",
-                no_cache / bare, no_cache / fresh);
+    std::printf(
+        "unshard+reshard, freed-storage cache off / bare all-gather "
+        "(preallocated output): %.3fx; / (output allocated per call): %.3fx\n",
+        no_cache / bare, no_cache / fresh);
   }
 
  private:
@@ -211,8 +212,7 @@ void register_all(bool local) {
   // (Google Benchmark's own random interleaving seeds from random_device,
   // which would order the two ranks differently.)
   for (int round = 0; round < kRounds; ++round) {
-    for (auto [name, fn] :
-         std::vector<std::pair<const char*, void (*)(benchmark::State&)>>{
+    for (auto [name, fn] : std::vector<std::pair<const char*, void (*)(benchmark::State&)>>{
              {"BM_BareAllGatherPrealloc", BM_BareAllGather},
              {"BM_HandleUnshardReshard", BM_HandleUnshardReshard},
              {"BM_BareAllGatherFreshOutput", BM_BareAllGatherFreshOutput},

@@ -213,8 +213,8 @@ void ExpectEqual(Problems& problems, const std::string& what, const torch::Tenso
   torch::Tensor a = actual.to(torch::kCPU);
   torch::Tensor e = expected.to(torch::kCPU);
   if (a.sizes() != e.sizes()) {
-    problems.Add(absl::StrCat(what, ": shape ", c10::str(a.sizes()), ", expected ",
-                              c10::str(e.sizes())));
+    problems.Add(
+        absl::StrCat(what, ": shape ", c10::str(a.sizes()), ", expected ", c10::str(e.sizes())));
     return;
   }
   if (a.scalar_type() != e.scalar_type()) {
@@ -288,13 +288,16 @@ CheckResult CheckNcclWorldOf1() {
   } catch (const c10::Error& e) {
     if (!absl::StrContains(e.what_without_backtrace(), "expected a CUDA tensor")) {
       problems.Add(absl::StrCat("all_reduce of a CPU tensor on backend nccl threw '",
-                                e.what_without_backtrace(), "': expected it to ask for a CUDA tensor"));
+                                e.what_without_backtrace(),
+                                "': expected it to ask for a CUDA tensor"));
     }
   }
   if (!problems.empty()) return Fail(problems.Joined());
-  return Pass(absl::StrCat(compared, " collectives (all_reduce sum/avg, all_gather_into_tensor, "
+  return Pass(absl::StrCat(compared,
+                           " collectives (all_reduce sum/avg, all_gather_into_tensor, "
                            "reduce_scatter_tensor, broadcast; float32, bfloat16, int64; ",
-                           kN, " elements) equal to the expected values exactly; a CPU "
+                           kN,
+                           " elements) equal to the expected values exactly; a CPU "
                            "tensor refused"));
 }
 
@@ -331,8 +334,9 @@ CheckResult CheckGlooCpuNcclCudaWorldOf1() {
   ExpectEqual(problems, "all_gather_into_tensor CUDA float32", cuda_gathered, cuda_expected);
   comm::barrier(group).wait();
   if (!problems.empty()) return Fail(problems.Joined());
-  return Pass("CPU (Gloo) and CUDA (NCCL) all_reduce sum in flight together, all_reduce avg, "
-              "all_gather_into_tensor on both: equal to the expected values exactly");
+  return Pass(
+      "CPU (Gloo) and CUDA (NCCL) all_reduce sum in flight together, all_reduce avg, "
+      "all_gather_into_tensor on both: equal to the expected values exactly");
 }
 
 // comm/work.h: on NCCL, wait_on_stream() makes the calling thread's current
@@ -348,15 +352,17 @@ CheckResult CheckNcclWorkStreamOrdered() {
     auto world = MakeWorldOf1("nccl");
     if (!world.ok()) return Fail(std::string(world.status().message()));
     constexpr int64_t kBig = int64_t{64} << 20;  // 64M floats, 256 MiB
-    torch::Tensor input = torch::arange(kBig, torch::TensorOptions().dtype(torch::kFloat).device(kCuda0));
+    torch::Tensor input =
+        torch::arange(kBig, torch::TensorOptions().dtype(torch::kFloat).device(kCuda0));
     for (int round = 0; round < 3; ++round) {
       torch::Tensor output = torch::full({kBig}, -1.0f, input.options());
       comm::Work work = comm::all_gather_into_tensor(world->group, output, input);
       if (!work.is_stream_ordered()) {
-        problems.Add("all_gather_into_tensor on backend nccl: Work::is_stream_ordered() is "
-                     "false: expected true for an NCCL collective (comm/work.h), so "
-                     "wait_on_stream() blocks the host and FSDP's NCCL communication does "
-                     "not overlap");
+        problems.Add(
+            "all_gather_into_tensor on backend nccl: Work::is_stream_ordered() is "
+            "false: expected true for an NCCL collective (comm/work.h), so "
+            "wait_on_stream() blocks the host and FSDP's NCCL communication does "
+            "not overlap");
       }
       work.wait_on_stream();
       // Queued on the current stream right after the wait: must see the gather.
@@ -390,9 +396,10 @@ CheckResult CheckNcclWorkStreamOrdered() {
     ExpectEqual(problems, "all_reduce CUDA on the mixed backend", cuda, torch::ones({16}));
   }
   if (!problems.empty()) return Fail(problems.Joined());
-  return Pass("3 rounds of a 256 MiB all-gather read on the current stream right after "
-              "wait_on_stream(): all saw the result; is_stream_ordered() true for NCCL, "
-              "false for Gloo");
+  return Pass(
+      "3 rounds of a 256 MiB all-gather read on the current stream right after "
+      "wait_on_stream(): all saw the result; is_stream_ordered() true for NCCL, "
+      "false for Gloo");
 }
 
 // ---------------------------------------------------------------------------
@@ -487,12 +494,14 @@ using AfterBackward =
 Run TrainFsdp(const comm::ProcessGroup& group, const FsdpVariant& variant,
               const AfterBackward& after_backward, Problems& problems) {
   auto model = BuildTransformer();  // built on the CPU; FSDP moves it to device_id
-  model->set_block_runner([](int64_t, trainer::TransformerBlock& block, const torch::Tensor& x,
-                             const torch::Tensor& mask) { return module_call::call(block, x, mask); });
+  model->set_block_runner(
+      [](int64_t, trainer::TransformerBlock& block, const torch::Tensor& x,
+         const torch::Tensor& mask) { return module_call::call(block, x, mask); });
   fsdp::FullyShardedDataParallel::Options options;
   options.process_group = group;
   options.sharding_strategy = fsdp::ShardingStrategy::kFullShard;
-  options.auto_wrap_policy = module_call::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>();
+  options.auto_wrap_policy =
+      module_call::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>();
   if (!DryRun()) options.device_id = g_device;
   options.use_orig_params = true;
   if (variant.bf16) {
@@ -505,7 +514,8 @@ Run TrainFsdp(const comm::ProcessGroup& group, const FsdpVariant& variant,
 
   const int units = static_cast<int>(fsdp_model.fsdp_unit_names().size());
   if (units != 1 + static_cast<int>(kModel.layers)) {
-    problems.Add(absl::StrCat("FSDP made ", units, " units (", absl::StrJoin(fsdp_model.fsdp_unit_names(), ", "),
+    problems.Add(absl::StrCat("FSDP made ", units, " units (",
+                              absl::StrJoin(fsdp_model.fsdp_unit_names(), ", "),
                               "): expected the root and one per block, ", 1 + kModel.layers));
   }
   // Where the shards live: cuda:0, or pinned CPU memory under offload.
@@ -517,8 +527,9 @@ Run TrainFsdp(const comm::ProcessGroup& group, const FsdpVariant& variant,
         problems.Add(absl::StrCat("cpu_offload: a unit's shard is on ", shard.device().str(),
                                   ": expected the CPU"));
       } else if (!DryRun() && !shard.is_pinned()) {
-        problems.Add("cpu_offload: a unit's shard is in pageable CPU memory: expected pinned "
-                     "(so its copies to the GPU are asynchronous)");
+        problems.Add(
+            "cpu_offload: a unit's shard is in pageable CPU memory: expected pinned "
+            "(so its copies to the GPU are asynchronous)");
       }
     } else if (shard.device() != g_device) {
       problems.Add(absl::StrCat("a unit's shard is on ", shard.device().str(), ": expected ",
@@ -559,8 +570,7 @@ struct Closeness {
 
 // Losses within rtol of the reference's, step by step.
 Closeness CompareLosses(Problems& problems, const std::vector<double>& actual,
-                        const std::vector<double>& expected, double rtol,
-                        const std::string& what) {
+                        const std::vector<double>& expected, double rtol, const std::string& what) {
   Closeness c;
   if (actual.size() != expected.size()) {
     problems.Add(absl::StrCat(what, ": ", actual.size(), " losses, expected ", expected.size()));
@@ -572,9 +582,10 @@ Closeness CompareLosses(Problems& problems, const std::vector<double>& actual,
     c.max_abs = std::max(c.max_abs, diff);
     c.max_rel = std::max(c.max_rel, rel);
     if (!std::isfinite(actual[i]) || rel > rtol) {
-      problems.Add(absl::StrFormat("%s: step %d loss %.9g, reference %.9g (relative difference "
-                                   "%.3g > %.3g)",
-                                   what, static_cast<int>(i), actual[i], expected[i], rel, rtol));
+      problems.Add(
+          absl::StrFormat("%s: step %d loss %.9g, reference %.9g (relative difference "
+                          "%.3g > %.3g)",
+                          what, static_cast<int>(i), actual[i], expected[i], rel, rtol));
     }
   }
   return c;
@@ -603,9 +614,10 @@ Closeness CompareParams(Problems& problems, const Params& actual, const Params& 
     c.max_abs = std::max(c.max_abs, max_abs);
     c.max_rel = std::max(c.max_rel, max_rel);
     if (!torch::allclose(got, want, rtol, atol)) {
-      problems.Add(absl::StrFormat("final parameters: %s differs from the reference by up to "
-                                   "%.3g (relative %.3g; tolerance rtol %.0e, atol %.0e)",
-                                   name, max_abs, max_rel, rtol, atol));
+      problems.Add(
+          absl::StrFormat("final parameters: %s differs from the reference by up to "
+                          "%.3g (relative %.3g; tolerance rtol %.0e, atol %.0e)",
+                          name, max_abs, max_rel, rtol, atol));
     }
   }
   if (actual.size() != expected.size()) {
@@ -646,9 +658,10 @@ CheckResult CheckFsdpParityFullShardFp32(const comm::ProcessGroup& group) {
   const Run fsdp = TrainFsdp(group, FsdpVariant{}, check_devices, problems);
   const Run& ref = Reference();
   if (!(ref.losses.back() < ref.losses.front())) {
-    problems.Add(absl::StrFormat("the unwrapped reference did not train (loss %.6f -> %.6f): "
-                                 "the parity would be vacuous",
-                                 ref.losses.front(), ref.losses.back()));
+    problems.Add(
+        absl::StrFormat("the unwrapped reference did not train (loss %.6f -> %.6f): "
+                        "the parity would be vacuous",
+                        ref.losses.front(), ref.losses.back()));
   }
   const Closeness loss = CompareLosses(problems, fsdp.losses, ref.losses, kFp32Rtol, "fp32");
   const Closeness params = CompareParams(problems, fsdp.params, ref.params, kFp32Rtol, kFp32Atol);
@@ -656,8 +669,8 @@ CheckResult CheckFsdpParityFullShardFp32(const comm::ProcessGroup& group) {
   return Pass(absl::StrFormat(
       "%d SGD steps, losses %.6f..%.6f: max loss difference %.3g (relative %.3g), final "
       "parameters max abs difference %.3g (tolerance rtol %.0e, atol %.0e)",
-      kSteps, fsdp.losses.front(), fsdp.losses.back(), loss.max_abs, loss.max_rel,
-      params.max_abs, kFp32Rtol, kFp32Atol));
+      kSteps, fsdp.losses.front(), fsdp.losses.back(), loss.max_abs, loss.max_rel, params.max_abs,
+      kFp32Rtol, kFp32Atol));
 }
 
 // bf16 parameters and compute, fp32 gradient reduction. There is no exact
@@ -730,8 +743,8 @@ CheckResult CheckFsdpParityCpuOffload(const comm::ProcessGroup& group) {
       }
     }
   };
-  const Run fsdp = TrainFsdp(group, FsdpVariant{false, /*cpu_offload=*/true}, check_offloaded,
-                             problems);
+  const Run fsdp =
+      TrainFsdp(group, FsdpVariant{false, /*cpu_offload=*/true}, check_offloaded, problems);
   const Run& ref = Reference();
   const Closeness loss = CompareLosses(problems, fsdp.losses, ref.losses, kFp32Rtol, "offload");
   const Closeness params = CompareParams(problems, fsdp.params, ref.params, kFp32Rtol, kFp32Atol);
@@ -782,11 +795,12 @@ int RunGlooRank() {
       return 1;
     }
     if (group->rank() == 0) {
-      std::printf("RESULT %d SGD steps on %d ranks (Gloo, %s tensors, half the batch each): "
-                  "max loss difference %.3g (relative %.3g, tolerance %.0e), final parameters "
-                  "max abs difference %.3g (tolerance rtol %.0e, atol %.0e)\n",
-                  kSteps, group->size(), DryRun() ? "CPU" : "CUDA", loss.max_abs, loss.max_rel, kTwoRankLossRtol,
-                  params.max_abs, kTwoRankRtol, kTwoRankAtol);
+      std::printf(
+          "RESULT %d SGD steps on %d ranks (Gloo, %s tensors, half the batch each): "
+          "max loss difference %.3g (relative %.3g, tolerance %.0e), final parameters "
+          "max abs difference %.3g (tolerance rtol %.0e, atol %.0e)\n",
+          kSteps, group->size(), DryRun() ? "CPU" : "CUDA", loss.max_abs, loss.max_rel,
+          kTwoRankLossRtol, params.max_abs, kTwoRankRtol, kTwoRankAtol);
       std::fflush(stdout);
     }
     return 0;
@@ -863,11 +877,10 @@ std::optional<std::string> WhyNotRun() {
   // GPU machine (a link that dropped it): say which case this is.
   void* torch_cuda = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD);
   if (torch_cuda != nullptr) dlclose(torch_cuda);
-  return absl::StrCat(
-      "no CUDA device (torch::cuda::device_count() is 0; LibTorch ", TORCH_VERSION,
-      ", libtorch_cuda.so ", torch_cuda != nullptr ? "loaded" : "NOT loaded",
-      "; CUDA_VISIBLE_DEVICES=", visible != nullptr ? absl::StrCat("'", visible, "'") : "unset",
-      ")");
+  return absl::StrCat("no CUDA device (torch::cuda::device_count() is 0; LibTorch ", TORCH_VERSION,
+                      ", libtorch_cuda.so ", torch_cuda != nullptr ? "loaded" : "NOT loaded",
+                      "; CUDA_VISIBLE_DEVICES=",
+                      visible != nullptr ? absl::StrCat("'", visible, "'") : "unset", ")");
 }
 
 }  // namespace
@@ -905,9 +918,10 @@ int main(int argc, char** argv) {
     std::printf("gpu_check: LibTorch %s, %d CUDA device(s)\n", TORCH_VERSION,
                 static_cast<int>(torch::cuda::device_count()));
   } else {
-    std::printf("gpu_check: LibTorch %s, %s: the FSDP checks on the CPU over Gloo (no NCCL, "
-                "no GPU: this checks the checks only)\n",
-                TORCH_VERSION, kDryRunArg);
+    std::printf(
+        "gpu_check: LibTorch %s, %s: the FSDP checks on the CPU over Gloo (no NCCL, "
+        "no GPU: this checks the checks only)\n",
+        TORCH_VERSION, kDryRunArg);
   }
   std::fflush(stdout);
 

@@ -115,9 +115,8 @@ struct CopyBuffers {
 
 void SetCopyCounters(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kCopyBytes));
-  state.counters["rd+wr/s"] = benchmark::Counter(2.0 * kCopyBytes,
-                                                 benchmark::Counter::kIsIterationInvariantRate,
-                                                 benchmark::Counter::kIs1024);
+  state.counters["rd+wr/s"] = benchmark::Counter(
+      2.0 * kCopyBytes, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1024);
 }
 
 void BM_Memcpy_1Thread(benchmark::State& state) {
@@ -316,9 +315,10 @@ void PrintSummary(const benchmarks::Results& results) {
                 peak_name.c_str());
     const double nominal = NominalPeakFlops();
     if (nominal > 0) {
-      std::printf("  = %.2f of the nominal AVX2-FMA peak %.1f GFLOP/s (%u cores x 32 FLOP/cycle "
-                  "at /proc/cpuinfo's clock; turbo can exceed it)\n",
-                  peak / nominal, nominal / 1e9, std::thread::hardware_concurrency());
+      std::printf(
+          "  = %.2f of the nominal AVX2-FMA peak %.1f GFLOP/s (%u cores x 32 FLOP/cycle "
+          "at /proc/cpuinfo's clock; turbo can exceed it)\n",
+          peak / nominal, nominal / 1e9, std::thread::hardware_concurrency());
     }
     for (const auto& [name, m] : results) {
       auto it = m.counters.find("FLOP/s");

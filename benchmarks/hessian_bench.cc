@@ -148,9 +148,9 @@ struct MatmulCall {
 };
 
 bool IsMatmulOp(const std::string& op) {
-  static const char* const kOps[] = {"aten::mm",    "aten::addmm", "aten::bmm",  "aten::baddbmm",
-                                     "aten::addbmm", "aten::mv",   "aten::addmv", "aten::dot",
-                                     "aten::vdot",  "aten::matmul", "aten::linear"};
+  static const char* const kOps[] = {"aten::mm",     "aten::addmm",  "aten::bmm",   "aten::baddbmm",
+                                     "aten::addbmm", "aten::mv",     "aten::addmv", "aten::dot",
+                                     "aten::vdot",   "aten::matmul", "aten::linear"};
   return std::find(std::begin(kOps), std::end(kOps), op) != std::end(kOps);
 }
 
@@ -232,10 +232,9 @@ void OnOpEnd(const at::RecordFunction&, at::ObserverContext* mark) {
 std::vector<MatmulCall> RecordMatmuls(const std::function<void()>& fn) {
   Recorder recorder;
   g_recorder = &recorder;
-  at::CallbackHandle handle = at::addGlobalCallback(
-      at::RecordFunctionCallback(OnOpStart, OnOpEnd)
-          .needsInputs(true)
-          .scopes({at::RecordScope::FUNCTION}));
+  at::CallbackHandle handle = at::addGlobalCallback(at::RecordFunctionCallback(OnOpStart, OnOpEnd)
+                                                        .needsInputs(true)
+                                                        .scopes({at::RecordScope::FUNCTION}));
   fn();
   at::removeCallback(handle);
   g_recorder = nullptr;
@@ -298,17 +297,28 @@ class Replay {
   void Run() const {
     for (const auto& [op, t] : steps_) {
       Tensor out;
-      if (op == "aten::mm") out = at::mm(t[0], t[1]);
-      else if (op == "aten::addmm") out = at::addmm(t[0], t[1], t[2]);
-      else if (op == "aten::bmm") out = at::bmm(t[0], t[1]);
-      else if (op == "aten::baddbmm") out = at::baddbmm(t[0], t[1], t[2]);
-      else if (op == "aten::addbmm") out = at::addbmm(t[0], t[1], t[2]);
-      else if (op == "aten::mv") out = at::mv(t[0], t[1]);
-      else if (op == "aten::addmv") out = at::addmv(t[0], t[1], t[2]);
-      else if (op == "aten::dot") out = at::dot(t[0], t[1]);
-      else if (op == "aten::vdot") out = at::vdot(t[0], t[1]);
-      else if (op == "aten::matmul") out = at::matmul(t[0], t[1]);
-      else out = at::linear(t[0], t[1], t.size() > 2 ? t[2] : Tensor());
+      if (op == "aten::mm")
+        out = at::mm(t[0], t[1]);
+      else if (op == "aten::addmm")
+        out = at::addmm(t[0], t[1], t[2]);
+      else if (op == "aten::bmm")
+        out = at::bmm(t[0], t[1]);
+      else if (op == "aten::baddbmm")
+        out = at::baddbmm(t[0], t[1], t[2]);
+      else if (op == "aten::addbmm")
+        out = at::addbmm(t[0], t[1], t[2]);
+      else if (op == "aten::mv")
+        out = at::mv(t[0], t[1]);
+      else if (op == "aten::addmv")
+        out = at::addmv(t[0], t[1], t[2]);
+      else if (op == "aten::dot")
+        out = at::dot(t[0], t[1]);
+      else if (op == "aten::vdot")
+        out = at::vdot(t[0], t[1]);
+      else if (op == "aten::matmul")
+        out = at::matmul(t[0], t[1]);
+      else
+        out = at::linear(t[0], t[1], t.size() > 2 ? t[2] : Tensor());
       benchmark::DoNotOptimize(out);
     }
   }
@@ -408,7 +418,8 @@ void PrintSummary(const benchmarks::Results& r) {
   for (const std::string name : {kBatched, kBatchedHessian, kLoop}) {
     if (ms(name) == 0) continue;
     std::printf("%-30s %9.2f ms  %6.1f GFLOP/s", name.c_str(), ms(name), gflops(name));
-    if (gflops(sgemm) > 0) std::printf("  = %.3f of sgemm 1024x512x512", gflops(name) / gflops(sgemm));
+    if (gflops(sgemm) > 0)
+      std::printf("  = %.3f of sgemm 1024x512x512", gflops(name) / gflops(sgemm));
     const std::string replay = "BM_MatmulReplay/" + name.substr(3);
     if (ms(replay) > 0) {
       std::printf("; its matmuls alone %.2f ms (%.0f %% of its time)", ms(replay),
@@ -447,15 +458,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   const double analytic = AnalyticFlops(kPoints);
-  std::printf("results agree (max |batched - loop| = %.3g); FLOPs per call, analytic 12 C x "
-              "%lld points = %.4g\n",
-              (h_batched - h_loop).abs().max().item<double>(), static_cast<long long>(kPoints),
-              analytic);
+  std::printf(
+      "results agree (max |batched - loop| = %.3g); FLOPs per call, analytic 12 C x "
+      "%lld points = %.4g\n",
+      (h_batched - h_loop).abs().max().item<double>(), static_cast<long long>(kPoints), analytic);
   for (const auto& [name, calls] :
        {std::make_pair(kBatched, &batched_calls), std::make_pair(kBatchedHessian, &hessian_calls),
         std::make_pair(kLoop, &loop_calls)}) {
-    std::printf("  %-28s observed matmul calls %.4g (%.3f x analytic; see the header comment)\n", name, TotalFlops(*calls),
-                TotalFlops(*calls) / analytic);
+    std::printf("  %-28s observed matmul calls %.4g (%.3f x analytic; see the header comment)\n",
+                name, TotalFlops(*calls), TotalFlops(*calls) / analytic);
   }
   PrintBreakdown(kBatched, batched_calls, 8);
   PrintBreakdown(kLoop, loop_calls, 5);

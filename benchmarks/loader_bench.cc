@@ -65,7 +65,8 @@ void Check(const absl::Status& status, const char* what) {
 }
 
 // Each file is made once per process, on the first run of its case.
-std::string File(const std::string& name, const std::function<absl::Status(const std::string&)>& write) {
+std::string File(const std::string& name,
+                 const std::function<absl::Status(const std::string&)>& write) {
   static std::map<std::string, std::string>* made = new std::map<std::string, std::string>;
   auto found = made->find(name);
   if (found != made->end()) return found->second;
@@ -127,8 +128,11 @@ void BM_ManyKeys(benchmark::State& state) {
   SetCounters(state, state.range(0), path);
 }
 BENCHMARK(BM_ManyKeys)
-    ->Arg(10000)->Arg(100000)->Arg(1000000)
-    ->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(10000)
+    ->Arg(100000)
+    ->Arg(1000000)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // The part of BM_ManyKeys no loader avoids: the c10 dict of N str keys a
 // load returns, built from strings already in memory, and destroyed. Its
@@ -136,7 +140,8 @@ BENCHMARK(BM_ManyKeys)
 // memory outgrowing the caches), which is what that growth is.
 void BM_DictFloor(benchmark::State& state) {
   std::vector<std::string> keys;
-  for (int64_t i = 0; i < state.range(0); ++i) keys.push_back("layer." + std::to_string(i) + ".weight");
+  for (int64_t i = 0; i < state.range(0); ++i)
+    keys.push_back("layer." + std::to_string(i) + ".weight");
   for (auto _ : state) {
     c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
     dict.reserve(static_cast<int64_t>(keys.size()));
@@ -148,8 +153,11 @@ void BM_DictFloor(benchmark::State& state) {
   state.counters["items"] = static_cast<double>(state.range(0));
 }
 BENCHMARK(BM_DictFloor)
-    ->Arg(10000)->Arg(100000)->Arg(1000000)
-    ->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(10000)
+    ->Arg(100000)
+    ->Arg(1000000)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_ManyRecords(benchmark::State& state) {
   const std::string path = ManyRecordsFile(state.range(0));
@@ -163,8 +171,11 @@ void BM_ManyRecords(benchmark::State& state) {
   SetCounters(state, state.range(0), path);
 }
 BENCHMARK(BM_ManyRecords)
-    ->Arg(1000)->Arg(10000)->Arg(100000)
-    ->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(1000)
+    ->Arg(10000)
+    ->Arg(100000)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_DeepNesting(benchmark::State& state) {
   const std::string path = DeepNestingFile(state.range(0));
@@ -175,8 +186,11 @@ void BM_DeepNesting(benchmark::State& state) {
   SetCounters(state, state.range(0) * kDepth, path);
 }
 BENCHMARK(BM_DeepNesting)
-    ->Arg(10)->Arg(100)->Arg(1000)
-    ->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(10)
+    ->Arg(100)
+    ->Arg(1000)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void Summary(const benchmarks::Results& results) {
   std::map<std::string, std::map<double, double>> per_item;  // case -> items -> ns/item

@@ -44,7 +44,8 @@ inline void UseAllCores(const char* binary) {
     std::fprintf(stderr, "%s: %s\n", binary, std::string(layout.status().message()).c_str());
     std::exit(2);
   }
-  if (!layout->warning.empty()) std::fprintf(stderr, "%s: warning: %s\n", binary, layout->warning.c_str());
+  if (!layout->warning.empty())
+    std::fprintf(stderr, "%s: warning: %s\n", binary, layout->warning.c_str());
   std::fprintf(stderr, "%s: compute: %s\n", binary, comm::DescribeComputeLayout(1).c_str());
 }
 
@@ -57,10 +58,10 @@ inline std::string BlasDescription() {
   auto threads = reinterpret_cast<IntFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
   auto corename = reinterpret_cast<StrFn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
   if (threads == nullptr || corename == nullptr) return "BLAS: not OpenBLAS";
-  std::string out = "OpenBLAS " + std::string(corename()) + " kernel, " +
-                    std::to_string(threads()) + " threads";
-  for (const char* name : {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
-                           "OMP_NUM_THREADS"}) {
+  std::string out =
+      "OpenBLAS " + std::string(corename()) + " kernel, " + std::to_string(threads()) + " threads";
+  for (const char* name :
+       {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"}) {
     const char* value = std::getenv(name);
     out += std::string(", ") + name + "=" + (value != nullptr ? value : "(unset)");
   }

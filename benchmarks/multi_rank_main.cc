@@ -61,10 +61,10 @@ int RunOnLocalRanks(int argc, char** argv, const MultiRankBenchmark& spec) {
   if (group->rank() == 0) {
     // Ranks started by launcher::launch got OMP_NUM_THREADS from its layout.
     const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
-    std::printf("%s: compute: %s\n", spec.name.c_str(),
-                comm::DescribeComputeLayout(local_world != nullptr ? std::atoi(local_world)
-                                                                   : group->size())
-                    .c_str());
+    std::printf(
+        "%s: compute: %s\n", spec.name.c_str(),
+        comm::DescribeComputeLayout(local_world != nullptr ? std::atoi(local_world) : group->size())
+            .c_str());
     std::fflush(stdout);
   }
   if (group->rank() != 0) {

@@ -157,12 +157,12 @@ void CheckpointBlocks(const std::shared_ptr<trainer::TransformerLM>& lm) {
   // NoFSDP also calls its blocks through module_call::call (a plain forward on a
   // module that is not a unit), where checkpointed modules are run.
   lm->set_block_runner([](int64_t, trainer::TransformerBlock& block, const torch::Tensor& x,
-                         const torch::Tensor& mask) { return module_call::call(block, x, mask); });
+                          const torch::Tensor& mask) { return module_call::call(block, x, mask); });
   const auto blocks = activation_checkpointing::apply_activation_checkpointing(
       std::static_pointer_cast<torch::nn::Module>(lm),
       module_call::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>());
-  TORCH_CHECK(blocks.size() == static_cast<size_t>(kConfig.layers),
-              "trainer_bench: checkpointed ", blocks.size(), " blocks, expected ", kConfig.layers);
+  TORCH_CHECK(blocks.size() == static_cast<size_t>(kConfig.layers), "trainer_bench: checkpointed ",
+              blocks.size(), " blocks, expected ", kConfig.layers);
 }
 
 // Peak RSS of every rank, in MiB; the max is what a machine must provision.
@@ -199,8 +199,9 @@ void Report(benchmark::State& state, const comm::ProcessGroup& group, int64_t nu
   // the measured sgemm peak it is the MFU.
   const double tokens = static_cast<double>(kRowsPerRank * kConfig.seq);
   state.counters["tokens_per_rank"] = tokens;
-  state.counters["model_FLOP/s_per_rank"] = benchmark::Counter(
-      6.0 * static_cast<double>(num_params) * tokens, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["model_FLOP/s_per_rank"] =
+      benchmark::Counter(6.0 * static_cast<double>(num_params) * tokens,
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // Peak RSS counts the set-up too (building the model, FSDP flattening it),
@@ -285,7 +286,8 @@ void BM_FSDP(benchmark::State& state, fsdp::ShardingStrategy strategy, bool chec
   fsdp::FullyShardedDataParallel::Options options;
   options.process_group = group;
   options.sharding_strategy = strategy;
-  options.auto_wrap_policy = module_call::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>();
+  options.auto_wrap_policy =
+      module_call::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>();
   options.backward_prefetch = fsdp::BackwardPrefetch::kBackwardPre;
   options.use_orig_params = true;
   // Typed as LanguageModel, as in the trainer: no single forward(), so the

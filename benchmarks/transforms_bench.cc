@@ -34,8 +34,8 @@ struct Mlp {
 
 // Loss of one example (x: [128], t: []), written for a single example as
 // per-sample code is written for vmap.
-Tensor example_loss(const Tensor& w1, const Tensor& b1, const Tensor& w2,
-                    const Tensor& b2, const Tensor& x, const Tensor& t) {
+Tensor example_loss(const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2,
+                    const Tensor& x, const Tensor& t) {
   Tensor h = F::linear(x, w1, b1).relu();
   Tensor logits = F::linear(h, w2, b2);
   return F::cross_entropy(logits.unsqueeze(0), t.unsqueeze(0));
@@ -43,9 +43,8 @@ Tensor example_loss(const Tensor& w1, const Tensor& b1, const Tensor& w2,
 
 void BM_PerSampleGrad_VmapGrad(benchmark::State& state) {
   Mlp m;
-  auto per_sample = functorch::vmap(
-      functorch::grad(example_loss, {0, 1, 2, 3}),
-      {std::nullopt, std::nullopt, std::nullopt, std::nullopt, 0, 0});
+  auto per_sample = functorch::vmap(functorch::grad(example_loss, {0, 1, 2, 3}),
+                                    {std::nullopt, std::nullopt, std::nullopt, std::nullopt, 0, 0});
   for (auto _ : state) {
     functorch::Tree grads = per_sample(m.w1, m.b1, m.w2, m.b2, m.x, m.t);
     benchmark::DoNotOptimize(grads);
@@ -55,13 +54,12 @@ BENCHMARK(BM_PerSampleGrad_VmapGrad)->Unit(benchmark::kMillisecond);
 
 void BM_PerSampleGrad_Loop(benchmark::State& state) {
   Mlp m;
-  std::vector<Tensor> params{m.w1.requires_grad_(), m.b1.requires_grad_(),
-                             m.w2.requires_grad_(), m.b2.requires_grad_()};
+  std::vector<Tensor> params{m.w1.requires_grad_(), m.b1.requires_grad_(), m.w2.requires_grad_(),
+                             m.b2.requires_grad_()};
   for (auto _ : state) {
     std::vector<std::vector<Tensor>> per_param(params.size());
     for (int64_t i = 0; i < m.x.size(0); ++i) {
-      Tensor loss = example_loss(params[0], params[1], params[2], params[3],
-                                 m.x[i], m.t[i]);
+      Tensor loss = example_loss(params[0], params[1], params[2], params[3], m.x[i], m.t[i]);
       auto grads = torch::autograd::grad({loss}, params);
       for (size_t k = 0; k < grads.size(); ++k) per_param[k].push_back(grads[k]);
     }
@@ -91,9 +89,9 @@ void BM_PerSampleGrad_OutputWriteFloor(benchmark::State& state) {
     }
     benchmark::DoNotOptimize(out);
   }
-  state.counters["GB/s"] = benchmark::Counter(
-      static_cast<double>(bytes) * static_cast<double>(state.iterations()),
-      benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["GB/s"] =
+      benchmark::Counter(static_cast<double>(bytes) * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_PerSampleGrad_OutputWriteFloor)->Unit(benchmark::kMillisecond);
 
@@ -153,8 +151,7 @@ void BM_BatchedJacobian_Loop(benchmark::State& state) {
       Tensor y = f(x);
       std::vector<Tensor> rows;
       for (int64_t r = 0; r < y.size(0); ++r) {
-        rows.push_back(
-            torch::autograd::grad({y[r]}, {x}, {}, /*retain_graph=*/true)[0]);
+        rows.push_back(torch::autograd::grad({y[r]}, {x}, {}, /*retain_graph=*/true)[0]);
       }
       jacobians.push_back(torch::stack(rows));
     }

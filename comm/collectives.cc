@@ -29,21 +29,24 @@ namespace {
 // around). Bool only travels (gather, broadcast).
 bool is_supported(at::ScalarType type) {
   switch (type) {
-    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
-    case at::kChar: case at::kByte: case at::kInt: case at::kLong:
-    case at::kBool:
-      return true;
-    default:
-      return false;
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kChar:
+    case at::kByte:
+    case at::kInt:
+    case at::kLong:
+    case at::kBool: return true;
+    default: return false;
   }
 }
 
-const internal::GroupState& member_state(const ProcessGroup& group,
-                                         const char* op) {
+const internal::GroupState& member_state(const ProcessGroup& group, const char* op) {
   const auto& state = group.state();
   TORCH_CHECK(state && state->pg, "comm::", op, ": this process (world rank ",
-              state ? state->global_rank : -1,
-              ") is not a member of group '", state ? state->name : "",
+              state ? state->global_rank : -1, ") is not a member of group '",
+              state ? state->name : "",
               "': expected a group returned to a member (is_member() true)");
   return *state;
 }
@@ -89,25 +92,23 @@ bool on_nccl(const internal::GroupState& state, const at::Tensor& t) {
   return state.backend == "nccl" || (state.backend == kGlooCpuNcclCuda && t.is_cuda());
 }
 
-void check_flat(const internal::GroupState& state, const char* op,
-                const char* arg, const at::Tensor& t) {
+void check_flat(const internal::GroupState& state, const char* op, const char* arg,
+                const at::Tensor& t) {
   TORCH_CHECK(t.defined(), "comm::", op, ": ", arg,
               " is undefined: expected a contiguous 1-D tensor");
   TORCH_CHECK(t.dim() == 1, "comm::", op, ": ", arg, " has shape ", t.sizes(),
               ": expected a 1-D (flat) tensor");
-  TORCH_CHECK(t.is_contiguous(), "comm::", op, ": ", arg,
-              " is not contiguous (stride ", t.strides(),
-              "): expected a contiguous tensor");
+  TORCH_CHECK(t.is_contiguous(), "comm::", op, ": ", arg, " is not contiguous (stride ",
+              t.strides(), "): expected a contiguous tensor");
   if (state.backend == "nccl") {
-    TORCH_CHECK(t.device().is_cuda(), "comm::", op, ": ", arg, " is on ",
-                t.device(), ": expected a CUDA tensor (backend nccl)");
+    TORCH_CHECK(t.device().is_cuda(), "comm::", op, ": ", arg, " is on ", t.device(),
+                ": expected a CUDA tensor (backend nccl)");
   } else {
-    TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "comm::", op,
-                ": ", arg, " is on ", t.device(),
-                ": expected a CPU or CUDA tensor (backend ", state.backend, ")");
+    TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "comm::", op, ": ", arg, " is on ",
+                t.device(), ": expected a CPU or CUDA tensor (backend ", state.backend, ")");
   }
-  TORCH_CHECK(is_supported(t.scalar_type()), "comm::", op, ": ", arg,
-              " has dtype ", t.scalar_type(),
+  TORCH_CHECK(is_supported(t.scalar_type()), "comm::", op, ": ", arg, " has dtype ",
+              t.scalar_type(),
               ": expected float32, float64, float16, bfloat16, bool or an "
               "integer type (int8, uint8, int32, int64)");
 }
@@ -115,8 +116,8 @@ void check_flat(const internal::GroupState& state, const char* op,
 void check_reducible(const char* op, const at::Tensor& t, ReduceOp reduce) {
   TORCH_CHECK(t.scalar_type() != at::kBool, "comm::", op,
               ": dtype Bool cannot be reduced: expected a numeric dtype");
-  TORCH_CHECK(reduce != ReduceOp::kAvg || at::isFloatingType(t.scalar_type()),
-              "comm::", op, ": ReduceOp avg on dtype ", t.scalar_type(),
+  TORCH_CHECK(reduce != ReduceOp::kAvg || at::isFloatingType(t.scalar_type()), "comm::", op,
+              ": ReduceOp avg on dtype ", t.scalar_type(),
               ": expected a floating-point dtype (an integer average would "
               "truncate)");
 }
@@ -132,9 +133,8 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 }
 
 Work make_work(const internal::GroupState& state, const char* op,
-               c10::intrusive_ptr<c10d::Work> work,
-               std::function<void()> finish, std::vector<at::Tensor> keep,
-               const char* detail_key = nullptr,
+               c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish,
+               std::vector<at::Tensor> keep, const char* detail_key = nullptr,
                const char* detail_text = nullptr, int detail_int = 0) {
   auto ws = std::make_shared<internal::WorkState>();
   ws->op = op;
@@ -160,13 +160,12 @@ Work all_gather_into_tensor(const ProcessGroup& group, const at::Tensor& output,
   const auto& state = member_state(group, kOp);
   check_flat(state, kOp, "input", input);
   check_flat(state, kOp, "output", output);
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "comm::", kOp,
-              ": output has dtype ", output.scalar_type(),
-              ": expected the input's dtype ", input.scalar_type());
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "comm::", kOp, ": output has dtype ",
+              output.scalar_type(), ": expected the input's dtype ", input.scalar_type());
   const int64_t n = input.numel();
-  TORCH_CHECK(output.numel() == n * state.size, "comm::", kOp,
-              ": output has ", output.numel(), " elements: expected group size ",
-              state.size, " x input's ", n, " = ", n * state.size);
+  TORCH_CHECK(output.numel() == n * state.size, "comm::", kOp, ": output has ", output.numel(),
+              " elements: expected group size ", state.size, " x input's ", n, " = ",
+              n * state.size);
   at::Tensor out = output;
   at::Tensor in = input;
   auto work = all_gather_base(*state.pg, out, in);
@@ -180,14 +179,12 @@ Work reduce_scatter_tensor(const ProcessGroup& group, const at::Tensor& output,
   check_flat(state, kOp, "input", input);
   check_flat(state, kOp, "output", output);
   check_reducible(kOp, input, op);
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "comm::", kOp,
-              ": output has dtype ", output.scalar_type(),
-              ": expected the input's dtype ", input.scalar_type());
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "comm::", kOp, ": output has dtype ",
+              output.scalar_type(), ": expected the input's dtype ", input.scalar_type());
   const int64_t n = output.numel();
   const int world = state.size;
-  TORCH_CHECK(input.numel() == n * world, "comm::", kOp, ": input has ",
-              input.numel(), " elements: expected group size ", world,
-              " x output's ", n, " = ", n * world,
+  TORCH_CHECK(input.numel() == n * world, "comm::", kOp, ": input has ", input.numel(),
+              " elements: expected group size ", world, " x output's ", n, " = ", n * world,
               " (pad the flat tensor to a multiple of the group size)");
   if (on_nccl(state, input)) {
     at::Tensor out = output;
@@ -195,8 +192,8 @@ Work reduce_scatter_tensor(const ProcessGroup& group, const at::Tensor& output,
     c10d::ReduceScatterOptions options;
     options.reduceOp = to_c10d(op);
     auto work = reduce_scatter_base(*state.pg, out, in, options);
-    return make_work(state, kOp, std::move(work), nullptr, {output, input},
-                     "op", reduce_op_name(op));
+    return make_work(state, kOp, std::move(work), nullptr, {output, input}, "op",
+                     reduce_op_name(op));
   }
   // Gloo: not c10d's reduce_scatter_single. On 2.15 its Work never reports
   // isCompleted() before wait() is called (a 4-rank poll in
@@ -235,12 +232,11 @@ Work reduce_scatter_tensor(const ProcessGroup& group, const at::Tensor& output,
       case ReduceOp::kMin: at::amin_out(out, chunks, 0); break;
     }
   };
-  return make_work(state, kOp, std::move(work), std::move(finish),
-                   {output, input}, "op", reduce_op_name(op));
+  return make_work(state, kOp, std::move(work), std::move(finish), {output, input}, "op",
+                   reduce_op_name(op));
 }
 
-Work all_reduce(const ProcessGroup& group, const at::Tensor& tensor,
-                ReduceOp op) {
+Work all_reduce(const ProcessGroup& group, const at::Tensor& tensor, ReduceOp op) {
   constexpr const char* kOp = "all_reduce";
   const auto& state = member_state(group, kOp);
   check_flat(state, kOp, "tensor", tensor);
@@ -249,8 +245,7 @@ Work all_reduce(const ProcessGroup& group, const at::Tensor& tensor,
   c10d::AllreduceOptions options;
   options.reduceOp = to_c10d(op);
   auto work = state.pg->allreduce(tensors, options);
-  return make_work(state, kOp, std::move(work), nullptr, {tensor}, "op",
-                   reduce_op_name(op));
+  return make_work(state, kOp, std::move(work), nullptr, {tensor}, "op", reduce_op_name(op));
 }
 
 Work broadcast(const ProcessGroup& group, const at::Tensor& tensor, int root) {
@@ -264,8 +259,7 @@ Work broadcast(const ProcessGroup& group, const at::Tensor& tensor, int root) {
   c10d::BroadcastOptions options;
   options.rootRank = root;
   auto work = state.pg->broadcast(tensors, options);
-  return make_work(state, kOp, std::move(work), nullptr, {tensor}, "root",
-                   nullptr, root);
+  return make_work(state, kOp, std::move(work), nullptr, {tensor}, "root", nullptr, root);
 }
 
 Work barrier(const ProcessGroup& group) {

@@ -37,8 +37,7 @@ Work reduce_scatter_tensor(const ProcessGroup& group, const at::Tensor& output,
                            const at::Tensor& input, ReduceOp op = ReduceOp::kSum);
 
 // In place: tensor = op over all ranks of tensor.
-Work all_reduce(const ProcessGroup& group, const at::Tensor& tensor,
-                ReduceOp op = ReduceOp::kSum);
+Work all_reduce(const ProcessGroup& group, const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
 
 // In place: every rank's tensor becomes root's. `root` is a rank *within
 // `group`* (0 <= root < group.size()), not a world rank.

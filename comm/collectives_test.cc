@@ -22,9 +22,7 @@ using ::testing::HasSubstr;
 // Rank r's input of n elements. Small integers and halves: exact in bfloat16,
 // so every dtype has an exact reference.
 at::Tensor input_of(int rank, int64_t n, at::ScalarType dtype) {
-  return (at::arange(n, at::kDouble) * (rank % 2 ? -1 : 1) + rank * 1.5 -
-          (n % 5))
-      .to(dtype);
+  return (at::arange(n, at::kDouble) * (rank % 2 ? -1 : 1) + rank * 1.5 - (n % 5)).to(dtype);
 }
 
 at::Tensor reduce_reference(const std::vector<at::Tensor>& per_rank, ReduceOp op) {
@@ -38,14 +36,13 @@ at::Tensor reduce_reference(const std::vector<at::Tensor>& per_rank, ReduceOp op
   return {};
 }
 
-void expect_close(const at::Tensor& actual, const at::Tensor& expected,
-                  const std::string& what) {
+void expect_close(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
   ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
   // Sums of small integers and halves are exact; averages over 3 ranks are
   // rounded once (bfloat16 keeps 8 bits).
   const double tol = actual.scalar_type() == at::kBFloat16 ? 1e-2
                      : actual.scalar_type() == at::kFloat  ? 1e-6
-                                                            : 1e-12;
+                                                           : 1e-12;
   EXPECT_TRUE(at::allclose(actual.to(at::kDouble), expected.to(at::kDouble), tol, tol))
       << what << "\nactual:   " << actual << "\nexpected: " << expected;
 }
@@ -55,9 +52,8 @@ void check_all_collectives(ProcessGroup& pg) {
   const int rank = pg.rank();
   for (at::ScalarType dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
     for (int64_t n : {1, 5, 7}) {  // shards of odd length; totals world*n
-      const std::string where = std::string(c10::toString(dtype)) +
-                                " n=" + std::to_string(n) + " world=" +
-                                std::to_string(world);
+      const std::string where = std::string(c10::toString(dtype)) + " n=" + std::to_string(n) +
+                                " world=" + std::to_string(world);
       std::vector<at::Tensor> inputs;
       for (int r = 0; r < world; ++r) inputs.push_back(input_of(r, n, dtype));
 
@@ -147,9 +143,13 @@ TEST(Collectives, BadArgumentsAreClearErrors) {
     return "<no error>";
   };
   const at::Tensor v = at::ones({4});
-  EXPECT_THAT(message([&] { all_reduce(*pg, at::ones({2, 2})); }),
+  EXPECT_THAT(message([&] {
+                all_reduce(*pg, at::ones({2, 2}));
+              }),
               HasSubstr("tensor has shape [2, 2]: expected a 1-D"));
-  EXPECT_THAT(message([&] { all_reduce(*pg, at::ones({4, 2}).select(1, 0)); }),
+  EXPECT_THAT(message([&] {
+                all_reduce(*pg, at::ones({4, 2}).select(1, 0));
+              }),
               HasSubstr("tensor is not contiguous"));
   EXPECT_THAT(message([&] { all_gather_into_tensor(*pg, at::empty({5}), v); }),
               HasSubstr("output has 5 elements: expected group size 1 x input's 4 = 4"));

@@ -80,8 +80,7 @@ std::string DescribeComputeLayout(int local_ranks) {
   const int cores = AvailableCores();
   return absl::StrCat(local_ranks, local_ranks == 1 ? " rank x " : " ranks x ", threads,
                       threads == 1 ? " thread" : " threads", " on ", cores,
-                      cores == 1 ? " core" : " cores", "; BLAS: ", DescribeBlas(),
-                      "; allocator: ",
+                      cores == 1 ? " core" : " cores", "; BLAS: ", DescribeBlas(), "; allocator: ",
                       MappedLibrary("libtcmalloc").empty() ? "glibc malloc" : "tcmalloc");
 }
 

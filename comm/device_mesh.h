@@ -20,8 +20,7 @@ class DeviceMesh {
   // order over `shape`; empty means 0, 1, ..., world.size()-1. Errors: a
   // non-positive dimension, product(shape) != world size, `ranks` not a
   // permutation of the world's ranks.
-  static absl::StatusOr<DeviceMesh> create(const ProcessGroup& world,
-                                           std::vector<int64_t> shape,
+  static absl::StatusOr<DeviceMesh> create(const ProcessGroup& world, std::vector<int64_t> shape,
                                            std::vector<int> ranks = {});
 
   int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
@@ -51,8 +50,7 @@ struct HybridShardGroups {
 // A (replicate_size x shard_size) mesh over the world, ranks in order, so
 // shard groups are consecutive ranks (a node) and replicate groups are
 // strided. Errors when replicate_size * shard_size != world size.
-absl::StatusOr<DeviceMesh> init_hybrid_shard_mesh(const ProcessGroup& world,
-                                                  int64_t replicate_size,
+absl::StatusOr<DeviceMesh> init_hybrid_shard_mesh(const ProcessGroup& world, int64_t replicate_size,
                                                   int64_t shard_size);
 
 // shard = mesh dim 1, replicate = mesh dim 0 (as FSDP does). Error unless
@@ -62,8 +60,7 @@ absl::StatusOr<HybridShardGroups> hybrid_shard_groups(const DeviceMesh& mesh);
 // Checks a user-supplied (shard, replicate) pair: the caller is a member of
 // both, shard.size() * replicate.size() == world.size(), and the two groups
 // share exactly the calling rank.
-absl::Status validate_hybrid_shard_groups(const ProcessGroup& shard,
-                                          const ProcessGroup& replicate,
+absl::Status validate_hybrid_shard_groups(const ProcessGroup& shard, const ProcessGroup& replicate,
                                           const ProcessGroup& world);
 
 }  // namespace comm

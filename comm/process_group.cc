@@ -26,8 +26,7 @@
 
 namespace comm {
 
-ProcessGroup::ProcessGroup()
-    : state_(std::make_shared<internal::GroupState>()) {}
+ProcessGroup::ProcessGroup() : state_(std::make_shared<internal::GroupState>()) {}
 
 ProcessGroup::ProcessGroup(std::shared_ptr<internal::GroupState> state)
     : state_(std::move(state)) {}
@@ -35,18 +34,12 @@ ProcessGroup::ProcessGroup(std::shared_ptr<internal::GroupState> state)
 int ProcessGroup::rank() const { return state_->rank; }
 int ProcessGroup::size() const { return state_->size; }
 bool ProcessGroup::is_member() const { return state_->pg.defined(); }
-const std::vector<int>& ProcessGroup::global_ranks() const {
-  return state_->global_ranks;
-}
+const std::vector<int>& ProcessGroup::global_ranks() const { return state_->global_ranks; }
 int ProcessGroup::global_rank() const { return state_->global_rank; }
 const std::string& ProcessGroup::backend() const { return state_->backend; }
-std::chrono::milliseconds ProcessGroup::timeout() const {
-  return state_->timeout;
-}
+std::chrono::milliseconds ProcessGroup::timeout() const { return state_->timeout; }
 const std::string& ProcessGroup::name() const { return state_->name; }
-c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroup::c10d_group() const {
-  return state_->pg;
-}
+c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroup::c10d_group() const { return state_->pg; }
 
 namespace {
 
@@ -59,21 +52,21 @@ std::string describe(const std::exception& e) {
   return e.what();
 }
 
-absl::StatusOr<int> int_from_env(const char* name, bool required,
-                                 int fallback, const std::string& expected) {
+absl::StatusOr<int> int_from_env(const char* name, bool required, int fallback,
+                                 const std::string& expected) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') {
     if (required) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "environment variable ", name, " is not set: expected ", expected,
-          " (set by //tools:launch or torchrun, or pass it explicitly)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("environment variable ", name, " is not set: expected ", expected,
+                       " (set by //tools:launch or torchrun, or pass it explicitly)"));
     }
     return fallback;
   }
   int parsed = 0;
   if (!absl::SimpleAtoi(value, &parsed)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "environment variable ", name, "='", value, "': expected ", expected));
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment variable ", name, "='", value, "': expected ", expected));
   }
   return parsed;
 }
@@ -98,8 +91,7 @@ struct Rendezvous {
       add;
 };
 
-std::function<absl::StatusOr<int64_t>(const std::string&, int64_t,
-                                      std::chrono::milliseconds)>
+std::function<absl::StatusOr<int64_t>(const std::string&, int64_t, std::chrono::milliseconds)>
 c10d_add(const c10::intrusive_ptr<c10d::Store>& store) {
   return [store](const std::string& key, int64_t delta,
                  std::chrono::milliseconds) -> absl::StatusOr<int64_t> {
@@ -131,9 +123,9 @@ absl::StatusOr<StoreServer> store_server_from_env() {
                               "a restart count >= 0 (torchrun sets it)");
   if (!attempt.ok()) return attempt.status();
   if (*attempt < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "environment variable TORCHELASTIC_RESTART_COUNT=", *attempt,
-        ": expected a restart count >= 0 (torchrun sets it)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment variable TORCHELASTIC_RESTART_COUNT=", *attempt,
+                     ": expected a restart count >= 0 (torchrun sets it)"));
   }
   server.agent = true;
   server.key_prefix = absl::StrCat("/worker/attempt_", *attempt);
@@ -145,14 +137,13 @@ absl::StatusOr<StoreServer> store_server_from_env() {
 // rank connects with comm's own client (internal/store_client.h): c10d's
 // trusts the lengths a peer sends and has no deadline in its handshake, so
 // whatever listens on MASTER_PORT could abort or hang the rank.
-absl::StatusOr<Rendezvous> connect_tcp(const std::string& host, int port,
-                                       int rank, int world_size,
+absl::StatusOr<Rendezvous> connect_tcp(const std::string& host, int port, int rank, int world_size,
                                        std::chrono::milliseconds timeout,
                                        const std::string& port_source,
                                        const StoreServer& server = {}) {
   if (port <= 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        port_source, "=", port, ": expected a TCP port in [1, 65535]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(port_source, "=", port, ": expected a TCP port in [1, 65535]"));
   }
   const std::string address = absl::StrCat(host, ":", port);
   if (server.agent || rank != 0) {
@@ -163,28 +154,27 @@ absl::StatusOr<Rendezvous> connect_tcp(const std::string& host, int port,
     auto client = internal::StoreClient::Connect(client_options);
     if (!client.ok()) {
       const std::string whom =
-          server.agent ? absl::StrCat("could not reach torchrun's store at ", address,
-                                      " (TORCHELASTIC_USE_AGENT_STORE=True, ", port_source, ")")
-                       : absl::StrCat("could not join the rendezvous at ", address, " (",
-                                      port_source, ": is it right, and is rank 0 of ",
-                                      world_size, " running?)");
-      return absl::Status(client.status().code(), absl::StrCat("rank ", rank, " ", whom, ": ",
-                                                               client.status().message()));
+          server.agent
+              ? absl::StrCat("could not reach torchrun's store at ", address,
+                             " (TORCHELASTIC_USE_AGENT_STORE=True, ", port_source, ")")
+              : absl::StrCat("could not join the rendezvous at ", address, " (", port_source,
+                             ": is it right, and is rank 0 of ", world_size, " running?)");
+      return absl::Status(client.status().code(),
+                          absl::StrCat("rank ", rank, " ", whom, ": ", client.status().message()));
     }
     c10::intrusive_ptr<internal::StoreClient> ours = *client;
     if (!server.agent) {
-      return Rendezvous{ours, absl::StrCat("tcp://", address), host,
-                        [ours](const std::string& key, int64_t delta,
-                               std::chrono::milliseconds budget) {
-                          return ours->TryAdd(key, delta, budget);
-                        }};
+      return Rendezvous{
+          ours, absl::StrCat("tcp://", address), host,
+          [ours](const std::string& key, int64_t delta, std::chrono::milliseconds budget) {
+            return ours->TryAdd(key, delta, budget);
+          }};
     }
     const std::string prefix = server.key_prefix;
     return Rendezvous{
         c10::make_intrusive<c10d::PrefixStore>(prefix, ours),
         absl::StrCat("tcp://", address, " (torchrun's agent store, ", prefix, ")"), host,
-        [ours, prefix](const std::string& key, int64_t delta,
-                       std::chrono::milliseconds budget) {
+        [ours, prefix](const std::string& key, int64_t delta, std::chrono::milliseconds budget) {
           // As c10d::PrefixStore joins them.
           return ours->TryAdd(prefix + "/" + key, delta, budget);
         }};
@@ -202,15 +192,15 @@ absl::StatusOr<Rendezvous> connect_tcp(const std::string& host, int port,
     const std::string why = describe(e);
     if (absl::StrContains(why, "listen") || absl::StrContains(why, "in use") ||
         absl::StrContains(why, "bind")) {
-      return absl::UnavailableError(absl::StrCat(
-          "rank 0 could not serve the rendezvous store on port ", port,
-          " (MASTER_ADDR:MASTER_PORT=", address,
-          "): is the port already in use? c10d said: ", why));
+      return absl::UnavailableError(
+          absl::StrCat("rank 0 could not serve the rendezvous store on port ", port,
+                       " (MASTER_ADDR:MASTER_PORT=", address,
+                       "): is the port already in use? c10d said: ", why));
     }
-    return absl::DeadlineExceededError(absl::StrCat(
-        "rank 0 could not complete the rendezvous at ", address, " within ",
-        timeout.count(), " ms (are all ", world_size,
-        " ranks started, with this MASTER_ADDR/MASTER_PORT?). c10d said: ", why));
+    return absl::DeadlineExceededError(
+        absl::StrCat("rank 0 could not complete the rendezvous at ", address, " within ",
+                     timeout.count(), " ms (are all ", world_size,
+                     " ranks started, with this MASTER_ADDR/MASTER_PORT?). c10d said: ", why));
   }
 }
 
@@ -235,9 +225,8 @@ absl::Status wait_for_all_ranks(const Rendezvous& rendezvous, int world_size,
   while (*arrived < world_size) {
     if (std::chrono::steady_clock::now() > deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "only ", *arrived, " of WORLD_SIZE=", world_size,
-          " ranks reached the rendezvous at ", where, " within ",
-          timeout.count(), " ms: expected all of them (did every rank start?)"));
+          "only ", *arrived, " of WORLD_SIZE=", world_size, " ranks reached the rendezvous at ",
+          where, " within ", timeout.count(), " ms: expected all of them (did every rank start?)"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     arrived = rendezvous.add(key, 0, left());
@@ -256,40 +245,34 @@ absl::StatusOr<RankEnvironment> read_rank_environment() {
   auto world = int_from_env("WORLD_SIZE", true, 0, "a positive integer");
   if (!world.ok()) return world.status();
   if (*world <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "environment variable WORLD_SIZE='", *world,
-        "': expected a positive integer"));
+    return absl::InvalidArgumentError(absl::StrCat("environment variable WORLD_SIZE='", *world,
+                                                   "': expected a positive integer"));
   }
   env.world_size = *world;
-  const std::string rank_range =
-      absl::StrCat("an integer in [0, WORLD_SIZE=", env.world_size, ")");
+  const std::string rank_range = absl::StrCat("an integer in [0, WORLD_SIZE=", env.world_size, ")");
   auto rank = int_from_env("RANK", true, 0, rank_range);
   if (!rank.ok()) return rank.status();
   if (*rank < 0 || *rank >= env.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "environment variable RANK='", *rank, "': expected ", rank_range));
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment variable RANK='", *rank, "': expected ", rank_range));
   }
   env.rank = *rank;
-  auto local_world =
-      int_from_env("LOCAL_WORLD_SIZE", false, env.world_size,
-                   "a positive integer dividing WORLD_SIZE");
+  auto local_world = int_from_env("LOCAL_WORLD_SIZE", false, env.world_size,
+                                  "a positive integer dividing WORLD_SIZE");
   if (!local_world.ok()) return local_world.status();
   if (*local_world <= 0 || env.world_size % *local_world != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "environment variable LOCAL_WORLD_SIZE='", *local_world,
-        "': expected a positive integer dividing WORLD_SIZE=",
-        env.world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment variable LOCAL_WORLD_SIZE='", *local_world,
+                     "': expected a positive integer dividing WORLD_SIZE=", env.world_size));
   }
   env.local_world_size = *local_world;
-  const std::string local_range = absl::StrCat(
-      "an integer in [0, LOCAL_WORLD_SIZE=", env.local_world_size, ")");
-  auto local_rank = int_from_env("LOCAL_RANK", false,
-                                 env.rank % env.local_world_size, local_range);
+  const std::string local_range =
+      absl::StrCat("an integer in [0, LOCAL_WORLD_SIZE=", env.local_world_size, ")");
+  auto local_rank = int_from_env("LOCAL_RANK", false, env.rank % env.local_world_size, local_range);
   if (!local_rank.ok()) return local_rank.status();
   if (*local_rank < 0 || *local_rank >= env.local_world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "environment variable LOCAL_RANK='", *local_rank, "': expected ",
-        local_range));
+    return absl::InvalidArgumentError(absl::StrCat("environment variable LOCAL_RANK='", *local_rank,
+                                                   "': expected ", local_range));
   }
   env.local_rank = *local_rank;
   const char* addr = std::getenv("MASTER_ADDR");
@@ -299,13 +282,11 @@ absl::StatusOr<RankEnvironment> read_rank_environment() {
         "or address of rank 0 (e.g. 127.0.0.1)");
   }
   env.master_addr = addr;
-  auto port = int_from_env("MASTER_PORT", true, 0,
-                           "a TCP port in [1, 65535]");
+  auto port = int_from_env("MASTER_PORT", true, 0, "a TCP port in [1, 65535]");
   if (!port.ok()) return port.status();
   if (*port <= 0 || *port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "environment variable MASTER_PORT='", *port,
-        "': expected a TCP port in [1, 65535]"));
+    return absl::InvalidArgumentError(absl::StrCat("environment variable MASTER_PORT='", *port,
+                                                   "': expected a TCP port in [1, 65535]"));
   }
   env.master_port = *port;
   return env;
@@ -314,28 +295,28 @@ absl::StatusOr<RankEnvironment> read_rank_environment() {
 namespace internal {
 
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_backend_group(
-    const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store,
-    int rank, int size, std::chrono::milliseconds timeout,
-    const std::string& master_addr) {
+    const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    std::chrono::milliseconds timeout, const std::string& master_addr) {
   const bool mixed = backend == kGlooCpuNcclCuda;
   const bool with_gloo = backend == "gloo" || mixed;
   const bool with_nccl = backend == "nccl" || mixed;
   if (with_nccl) {
 #ifndef TORCHFSDP_CUDA
-    return absl::UnimplementedError(absl::StrCat(
-        "backend '", backend, "' is not available in this build: it was compiled "
-        "without CUDA (build with --config=cuda against a CUDA LibTorch, "
-        "such as the torch wheel, to get ProcessGroupNCCL); use backend "
-        "'gloo' (CPU tensors)"));
+    return absl::UnimplementedError(
+        absl::StrCat("backend '", backend,
+                     "' is not available in this build: it was compiled "
+                     "without CUDA (build with --config=cuda against a CUDA LibTorch, "
+                     "such as the torch wheel, to get ProcessGroupNCCL); use backend "
+                     "'gloo' (CPU tensors)"));
 #else
     if (auto devices = internal::cuda_device_count(); !devices.ok()) {
       return devices.status();
     }
 #endif
   } else if (!with_gloo) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "backend '", backend, "': expected 'gloo', or in CUDA builds 'nccl' or '",
-        kGlooCpuNcclCuda, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("backend '", backend, "': expected 'gloo', or in CUDA builds 'nccl' or '",
+                     kGlooCpuNcclCuda, "'"));
   }
   if (!store) return c10::intrusive_ptr<c10d::ProcessGroup>();  // probe only
   try {
@@ -349,41 +330,34 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_backend_group(
       // as in torch.distributed.
       const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
       if (ifname != nullptr && *ifname != '\0') {
-        options->devices.push_back(
-            c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
       } else if (!master_addr.empty() && is_loopback(master_addr)) {
-        options->devices.push_back(
-            c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
       } else {
-        options->devices.push_back(
-            c10d::ProcessGroupGloo::createDefaultDevice());
+        options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
       }
-      auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size,
-                                                              options);
-      group->setBackend(c10::DeviceType::CPU,
-                        c10d::ProcessGroup::BackendType::GLOO, gloo);
+      auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+      group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
 #ifdef TORCHFSDP_CUDA
       // As torch.distributed's "gloo": CUDA tensors go through Gloo too.
       if (!with_nccl) {
-        group->setBackend(c10::DeviceType::CUDA,
-                          c10d::ProcessGroup::BackendType::GLOO, gloo);
+        group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
       }
 #endif
       group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
     }
 #ifdef TORCHFSDP_CUDA
     if (with_nccl) {
-      group->setBackend(c10::DeviceType::CUDA,
-                        c10d::ProcessGroup::BackendType::NCCL,
+      group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL,
                         internal::make_nccl_backend(store, rank, size, timeout));
       group->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
     }
 #endif
     return group;
   } catch (const std::exception& e) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "rank ", rank, " of ", size, " could not connect the ", backend,
-        " group within ", timeout.count(), " ms: ", describe(e)));
+    return absl::DeadlineExceededError(
+        absl::StrCat("rank ", rank, " of ", size, " could not connect the ", backend,
+                     " group within ", timeout.count(), " ms: ", describe(e)));
   }
 }
 
@@ -391,18 +365,16 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_backend_group(
 
 absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options) {
   if (options.timeout.count() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "timeout=", options.timeout.count(), " ms: expected a positive duration"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout=", options.timeout.count(), " ms: expected a positive duration"));
   }
   if (options.backend != "gloo") {
     // Fail before any rendezvous, so every rank reports it at once.
-    auto probe = internal::make_backend_group(options.backend, {}, 0, 1,
-                                              options.timeout, "");
+    auto probe = internal::make_backend_group(options.backend, {}, 0, 1, options.timeout, "");
     if (!probe.ok()) return probe.status();
   }
   const std::chrono::milliseconds rendezvous_timeout =
-      options.rendezvous_timeout.count() > 0 ? options.rendezvous_timeout
-                                             : options.timeout;
+      options.rendezvous_timeout.count() > 0 ? options.rendezvous_timeout : options.timeout;
   int rank = options.rank;
   int world_size = options.world_size;
   const bool env_method = options.init_method == "env://";
@@ -424,13 +396,12 @@ absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options) {
     }
   }
   if (world_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "world_size=", world_size, ": expected a positive integer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size=", world_size, ": expected a positive integer"));
   }
   if (rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank=", rank, ": expected an integer in [0, world_size=", world_size,
-        ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank=", rank, ": expected an integer in [0, world_size=", world_size, ")"));
   }
 
   absl::StatusOr<Rendezvous> rendezvous;
@@ -438,37 +409,37 @@ absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options) {
   if (env_method) {
     auto slurm = slurm_rank_environment();
     if (!slurm.ok()) return slurm.status();
-    const char* addr = slurm->has_value() ? (*slurm)->master_addr.c_str() : std::getenv("MASTER_ADDR");
+    const char* addr =
+        slurm->has_value() ? (*slurm)->master_addr.c_str() : std::getenv("MASTER_ADDR");
     if (addr == nullptr || *addr == '\0') {
       return absl::InvalidArgumentError(
           "environment variable MASTER_ADDR is not set: expected the host "
           "name or address of rank 0 (e.g. 127.0.0.1)");
     }
-    absl::StatusOr<int> port = slurm->has_value()
-                                   ? absl::StatusOr<int>((*slurm)->master_port)
-                                   : int_from_env("MASTER_PORT", true, 0, "a TCP port in [1, 65535]");
+    absl::StatusOr<int> port =
+        slurm->has_value() ? absl::StatusOr<int>((*slurm)->master_port)
+                           : int_from_env("MASTER_PORT", true, 0, "a TCP port in [1, 65535]");
     if (!port.ok()) return port.status();
     auto server = store_server_from_env();
     if (!server.ok()) return server.status();
-    rendezvous = connect_tcp(addr, *port, rank, world_size, rendezvous_timeout,
-                             "MASTER_PORT", *server);
+    rendezvous =
+        connect_tcp(addr, *port, rank, world_size, rendezvous_timeout, "MASTER_PORT", *server);
   } else if (absl::StartsWith(method, "tcp://")) {
     const std::string host_port = method.substr(6);
     const auto colon = host_port.rfind(':');
     int port = 0;
     if (colon == std::string::npos || colon == 0 ||
         !absl::SimpleAtoi(host_port.substr(colon + 1), &port)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "init_method='", method, "': expected tcp://HOST:PORT"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("init_method='", method, "': expected tcp://HOST:PORT"));
     }
-    rendezvous = connect_tcp(host_port.substr(0, colon), port, rank,
-                             world_size, rendezvous_timeout,
+    rendezvous = connect_tcp(host_port.substr(0, colon), port, rank, world_size, rendezvous_timeout,
                              "init_method port");
   } else if (absl::StartsWith(method, "file://")) {
     const std::string path = method.substr(7);
     if (path.empty() || path[0] != '/') {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "init_method='", method, "': expected file:///ABSOLUTE/PATH"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("init_method='", method, "': expected file:///ABSOLUTE/PATH"));
     }
     try {
       c10::intrusive_ptr<c10d::Store> store =
@@ -476,20 +447,18 @@ absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options) {
       store->setTimeout(rendezvous_timeout);
       rendezvous = Rendezvous{store, method, "", c10d_add(store)};
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat(
-          "cannot open the FileStore at '", path, "': ", describe(e)));
+      return absl::UnavailableError(
+          absl::StrCat("cannot open the FileStore at '", path, "': ", describe(e)));
     }
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "init_method='", method,
-        "': expected 'env://', 'tcp://HOST:PORT' or 'file:///PATH'"));
+        "init_method='", method, "': expected 'env://', 'tcp://HOST:PORT' or 'file:///PATH'"));
   }
   if (!rendezvous.ok()) return rendezvous.status();
   // Wait (up to the rendezvous timeout) until every rank has reached the
   // store, so Gloo's own connection step, bounded by the collective timeout,
   // does not also absorb the ranks' start-up skew.
-  if (absl::Status arrived =
-          wait_for_all_ranks(*rendezvous, world_size, rendezvous_timeout);
+  if (absl::Status arrived = wait_for_all_ranks(*rendezvous, world_size, rendezvous_timeout);
       !arrived.ok()) {
     return arrived;
   }
@@ -507,14 +476,12 @@ absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options) {
   state->rendezvous = rendezvous->description;
   state->master_addr = rendezvous->master_addr;
   auto group = internal::make_backend_group(
-      options.backend,
-      c10::make_intrusive<c10d::PrefixStore>(state->name + "/",
-                                             rendezvous->store),
+      options.backend, c10::make_intrusive<c10d::PrefixStore>(state->name + "/", rendezvous->store),
       rank, world_size, options.timeout, rendezvous->master_addr);
   if (!group.ok()) {
-    return absl::Status(group.status().code(),
-                        absl::StrCat(group.status().message(), " (rendezvous ",
-                                     rendezvous->description, ")"));
+    return absl::Status(
+        group.status().code(),
+        absl::StrCat(group.status().message(), " (rendezvous ", rendezvous->description, ")"));
   }
   state->pg = *group;
   return ProcessGroup(std::move(state));

@@ -33,8 +33,7 @@ struct GroupState;
 
 // torch.distributed's default (30 minutes). Tests and the launcher pass
 // shorter ones.
-inline constexpr std::chrono::milliseconds kDefaultTimeout =
-    std::chrono::minutes(30);
+inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(30);
 
 // The backend torch.distributed picks by default on a CUDA machine: CPU
 // tensors through Gloo, CUDA tensors through NCCL, in one group (what a

@@ -41,9 +41,8 @@ class EnvTest : public ::testing::Test {
   void TearDown() override {
     for (const char* name : kNames) unsetenv(name);
   }
-  static constexpr const char* kNames[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                           "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                                           "MASTER_PORT"};
+  static constexpr const char* kNames[] = {
+      "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
   void set_env(int rank, int world, int port) {
     setenv("RANK", std::to_string(rank).c_str(), 1);
     setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
@@ -164,12 +163,12 @@ TEST_F(EnvTest, HostileMasterPortIsAClearErrorWithinTheTimeout) {
     std::string says;
   };
   std::vector<Case> cases;
-  cases.push_back({HostilePeer::Garbage(std::string(64, '\xff')),
-                   absl::StatusCode::kDataLoss, "answered the ping with 0xffffffff"});
+  cases.push_back({HostilePeer::Garbage(std::string(64, '\xff')), absl::StatusCode::kDataLoss,
+                   "answered the ping with 0xffffffff"});
   cases.push_back({HostilePeer::Silent(), absl::StatusCode::kDeadlineExceeded,
                    "did not answer the handshake (validate and ping) within 2000 ms"});
   cases.push_back({HostilePeer::Scripted([](const StoreRequest& request) {
-                     if (request.query == 4) return Answer(HostilePeer::I64(2));  // add
+                     if (request.query == 4) return Answer(HostilePeer::I64(2));   // add
                      if (request.query == 6) return Answer(std::string(1, '\0'));  // wait
                      if (request.query == 3) return Answer(HostilePeer::U64(~uint64_t{0}));
                      return PeerAction();  // set: no reply
@@ -185,8 +184,8 @@ TEST_F(EnvTest, HostileMasterPortIsAClearErrorWithinTheTimeout) {
     auto status = init_process_group(options).status();
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     EXPECT_EQ(status.code(), c.code) << status;
-    EXPECT_THAT(message(status), HasSubstr("rendezvous peer 127.0.0.1:" +
-                                           std::to_string(peer.port())));
+    EXPECT_THAT(message(status),
+                HasSubstr("rendezvous peer 127.0.0.1:" + std::to_string(peer.port())));
     EXPECT_THAT(message(status), HasSubstr(c.says));
     EXPECT_LT(seconds, 2.0 + 1.5) << status;
   }

@@ -44,9 +44,8 @@ bool is_slurm_task() {
 
 absl::StatusOr<std::string> first_slurm_host(absl::string_view hostlist) {
   const auto invalid = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Slurm hostlist '", hostlist, "': ", why,
-                     " (expected e.g. node[01-04,07],gpu1)"));
+    return absl::InvalidArgumentError(absl::StrCat("Slurm hostlist '", hostlist, "': ", why,
+                                                   " (expected e.g. node[01-04,07],gpu1)"));
   };
   std::string host;
   size_t i = 0;
@@ -118,8 +117,8 @@ absl::StatusOr<std::optional<RankEnvironment>> slurm_rank_environment() {
   if (const char* port = env_or_null("MASTER_PORT")) {
     if (!absl::SimpleAtoi(port, &env.master_port) || env.master_port <= 0 ||
         env.master_port > 65535) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "environment variable MASTER_PORT='", port, "': expected a TCP port in [1, 65535]"));
+      return absl::InvalidArgumentError(absl::StrCat("environment variable MASTER_PORT='", port,
+                                                     "': expected a TCP port in [1, 65535]"));
     }
   }
   return std::optional<RankEnvironment>(env);

@@ -11,9 +11,9 @@ namespace {
 
 TEST(FirstSlurmHost, TakesTheFirstHostOfEachForm) {
   const std::map<std::string, std::string> cases = {
-      {"gnode[10,20,25,37]", "gnode10"}, {"node[07-09,12],gpu1", "node07"},
+      {"gnode[10,20,25,37]", "gnode10"},   {"node[07-09,12],gpu1", "node07"},
       {"rack[1-2]-n[01-04]", "rack1-n01"}, {"login1,login2", "login1"},
-      {"127.0.0.1", "127.0.0.1"},       {"n[003]", "n003"}};
+      {"127.0.0.1", "127.0.0.1"},          {"n[003]", "n003"}};
   for (const auto& [list, want] : cases) {
     auto host = first_slurm_host(list);
     ASSERT_TRUE(host.ok()) << list << ": " << host.status();
@@ -22,8 +22,7 @@ TEST(FirstSlurmHost, TakesTheFirstHostOfEachForm) {
   for (const char* bad : {"", "node[01-04", "node]1[", "n[]", ",x"}) {
     auto host = first_slurm_host(bad);
     EXPECT_TRUE(absl::IsInvalidArgument(host.status())) << bad;
-    EXPECT_NE(host.status().message().find("Slurm hostlist '"), std::string::npos)
-        << host.status();
+    EXPECT_NE(host.status().message().find("Slurm hostlist '"), std::string::npos) << host.status();
   }
 }
 

@@ -12,13 +12,12 @@
 
 namespace comm {
 
-absl::StatusOr<ProcessGroup> new_group(const ProcessGroup& parent,
-                                       const std::vector<int>& ranks) {
+absl::StatusOr<ProcessGroup> new_group(const ProcessGroup& parent, const std::vector<int>& ranks) {
   const auto& p = parent.state();
   if (!p || !p->pg) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "new_group: this process is not a member of the parent group '",
-        p ? p->name : "", "': expected every member of the parent to call it, "
+        "new_group: this process is not a member of the parent group '", p ? p->name : "",
+        "': expected every member of the parent to call it, "
         "and only them"));
   }
   if (ranks.empty()) {
@@ -30,13 +29,12 @@ absl::StatusOr<ProcessGroup> new_group(const ProcessGroup& parent,
     if (r < 0 || r >= p->size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "new_group: ranks [", absl::StrJoin(ranks, ", "), "] contains ", r,
-          ": expected ranks of the parent group '", p->name, "' in [0, ",
-          p->size, ")"));
+          ": expected ranks of the parent group '", p->name, "' in [0, ", p->size, ")"));
     }
     if (!seen.insert(r).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "new_group: ranks [", absl::StrJoin(ranks, ", "), "] lists ", r,
-          " twice: expected distinct ranks"));
+      return absl::InvalidArgumentError(absl::StrCat("new_group: ranks [",
+                                                     absl::StrJoin(ranks, ", "), "] lists ", r,
+                                                     " twice: expected distinct ranks"));
     }
   }
   auto state = std::make_shared<internal::GroupState>();
@@ -55,37 +53,32 @@ absl::StatusOr<ProcessGroup> new_group(const ProcessGroup& parent,
     if (ranks[i] == p->rank) state->rank = i;
   }
   if (state->rank >= 0) {
-    auto store = c10::make_intrusive<c10d::PrefixStore>(state->name + "/",
-                                                        p->root_store);
-    auto pg = internal::make_backend_group(p->backend, store, state->rank,
-                                           state->size, p->timeout, p->master_addr);
+    auto store = c10::make_intrusive<c10d::PrefixStore>(state->name + "/", p->root_store);
+    auto pg = internal::make_backend_group(p->backend, store, state->rank, state->size, p->timeout,
+                                           p->master_addr);
     if (!pg.ok()) {
       return absl::Status(pg.status().code(),
-                          absl::StrCat("new_group [", absl::StrJoin(ranks, ", "),
-                                       "] ('", state->name, "'): ",
-                                       pg.status().message()));
+                          absl::StrCat("new_group [", absl::StrJoin(ranks, ", "), "] ('",
+                                       state->name, "'): ", pg.status().message()));
     }
     state->pg = *pg;
   }
   return ProcessGroup(std::move(state));
 }
 
-absl::StatusOr<ProcessGroup> new_subgroups(const ProcessGroup& parent,
-                                           int group_size) {
+absl::StatusOr<ProcessGroup> new_subgroups(const ProcessGroup& parent, int group_size) {
   const int world = parent.size();
   if (group_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "The arg 'group_size' (", group_size, ") must be positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("The arg 'group_size' (", group_size, ") must be positive"));
   }
   if (group_size > world) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("The arg 'group_size' (", group_size,
-                     ") must not exceed the world size (", world, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "The arg 'group_size' (", group_size, ") must not exceed the world size (", world, ")"));
   }
   if (world % group_size != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("The world size (", world,
-                     ") must be divisible by 'group_size=", group_size, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "The world size (", world, ") must be divisible by 'group_size=", group_size, "'"));
   }
   ProcessGroup mine;
   for (int first = 0; first < world; first += group_size) {
@@ -103,9 +96,10 @@ absl::StatusOr<IntraInterNodeGroups> init_intra_and_inter_node_groups(
   const int world = global_group.size();
   if (num_devices_per_node <= 0 || world % num_devices_per_node != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "init_intra_and_inter_node_groups: num_devices_per_node=",
-        num_devices_per_node, ": expected a positive divisor of the world "
-        "size ", world, " (every node has the same number of ranks)"));
+        "init_intra_and_inter_node_groups: num_devices_per_node=", num_devices_per_node,
+        ": expected a positive divisor of the world "
+        "size ",
+        world, " (every node has the same number of ranks)"));
   }
   IntraInterNodeGroups groups;
   auto intra = new_subgroups(global_group, num_devices_per_node);

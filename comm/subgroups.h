@@ -19,15 +19,13 @@ namespace comm {
 // Callers not listed get a non-member ProcessGroup (is_member() false).
 // Errors: parent not joined by this process, empty list, a rank outside
 // [0, parent.size()), a duplicate.
-absl::StatusOr<ProcessGroup> new_group(const ProcessGroup& parent,
-                                       const std::vector<int>& ranks);
+absl::StatusOr<ProcessGroup> new_group(const ProcessGroup& parent, const std::vector<int>& ranks);
 
 // Splits `parent` into consecutive groups of `group_size` ranks
 // ([0..g-1], [g..2g-1], ...) and returns the one containing this process.
 // Errors as torch.distributed.new_subgroups: group_size <= 0, larger than the
 // parent, or not dividing its size.
-absl::StatusOr<ProcessGroup> new_subgroups(const ProcessGroup& parent,
-                                           int group_size);
+absl::StatusOr<ProcessGroup> new_subgroups(const ProcessGroup& parent, int group_size);
 
 struct IntraInterNodeGroups {
   // The ranks on this process's node: [node*n, node*n + n).

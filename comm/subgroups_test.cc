@@ -45,8 +45,7 @@ TEST(Subgroups, MembershipMeshAndHybridAllReduceOnFourRanks) {
     } else {
       at::Tensor t = at::ones({1});
       EXPECT_THROW(all_reduce(*odd, t), c10::Error);
-      EXPECT_EQ(new_group(*odd, {0}).status().code(),
-                absl::StatusCode::kFailedPrecondition);
+      EXPECT_EQ(new_group(*odd, {0}).status().code(), absl::StatusCode::kFailedPrecondition);
     }
 
     // Intra/inter-node groups for nodes of 2 ranks: [0,1] [2,3] / [0,2] [1,3].
@@ -79,8 +78,7 @@ TEST(Subgroups, MembershipMeshAndHybridAllReduceOnFourRanks) {
     ASSERT_TRUE(custom.ok()) << custom.status();
     auto row = custom->get_group(1);
     ASSERT_TRUE(row.ok());
-    EXPECT_THAT(row->global_ranks(),
-                rank >= 2 ? ElementsAre(3, 2) : ElementsAre(1, 0));
+    EXPECT_THAT(row->global_ranks(), rank >= 2 ? ElementsAre(3, 2) : ElementsAre(1, 0));
     EXPECT_FALSE(custom->get_group(2).ok());
 
     // Hybrid all-reduce (reduce-scatter in the shard group, all-reduce of the

@@ -21,18 +21,14 @@ const char* SourceText(ThreadLayout::Source source) {
   return "?";
 }
 
-const char* Plural(int n, const char* one, const char* many) {
-  return n == 1 ? one : many;
-}
+const char* Plural(int n, const char* one, const char* many) { return n == 1 ? one : many; }
 
 }  // namespace
 
 std::string ThreadLayout::ToString() const {
-  return absl::StrCat(local_ranks, Plural(local_ranks, " rank x ", " ranks x "),
-                      threads_per_rank,
-                      Plural(threads_per_rank, " thread", " threads"), " on ",
-                      cores, Plural(cores, " core", " cores"), " (",
-                      SourceText(source), ")");
+  return absl::StrCat(local_ranks, Plural(local_ranks, " rank x ", " ranks x "), threads_per_rank,
+                      Plural(threads_per_rank, " thread", " threads"), " on ", cores,
+                      Plural(cores, " core", " cores"), " (", SourceText(source), ")");
 }
 
 int AvailableCores() {
@@ -45,12 +41,11 @@ int AvailableCores() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-absl::StatusOr<ThreadLayout> PlanThreadLayout(int local_ranks,
-                                              int requested_threads,
+absl::StatusOr<ThreadLayout> PlanThreadLayout(int local_ranks, int requested_threads,
                                               const char* omp_num_threads) {
   if (local_ranks < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "local ranks = ", local_ranks, ": expected a positive integer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("local ranks = ", local_ranks, ": expected a positive integer"));
   }
   if (requested_threads < 0) {
     return absl::InvalidArgumentError(
@@ -67,8 +62,7 @@ absl::StatusOr<ThreadLayout> PlanThreadLayout(int local_ranks,
     int threads = 0;
     if (!absl::SimpleAtoi(omp_num_threads, &threads) || threads < 1) {
       return absl::InvalidArgumentError(
-          absl::StrCat("OMP_NUM_THREADS='", omp_num_threads,
-                       "': expected a positive integer"));
+          absl::StrCat("OMP_NUM_THREADS='", omp_num_threads, "': expected a positive integer"));
     }
     layout.threads_per_rank = threads;
     layout.source = ThreadLayout::Source::kEnvironment;
@@ -79,12 +73,11 @@ absl::StatusOr<ThreadLayout> PlanThreadLayout(int local_ranks,
   // beyond each rank's share of the cores are this plan's to warn about.
   const int share = std::max(1, layout.cores / layout.local_ranks);
   if (layout.threads_per_rank > share) {
-    layout.warning = absl::StrCat(
-        "oversubscribed: ", layout.local_ranks, " local ranks x ",
-        layout.threads_per_rank, " threads (", SourceText(layout.source),
-        ") = ", layout.local_ranks * layout.threads_per_rank,
-        " threads on ", layout.cores, " cores; at most ", share,
-        " threads per rank would fit");
+    layout.warning =
+        absl::StrCat("oversubscribed: ", layout.local_ranks, " local ranks x ",
+                     layout.threads_per_rank, " threads (", SourceText(layout.source),
+                     ") = ", layout.local_ranks * layout.threads_per_rank, " threads on ",
+                     layout.cores, " cores; at most ", share, " threads per rank would fit");
   }
   return layout;
 }

@@ -43,8 +43,7 @@ int AvailableCores();
 // environment's OMP_NUM_THREADS, or nullptr when unset. A request or an
 // OMP_NUM_THREADS that is not a positive integer is InvalidArgument naming
 // it; `local_ranks` < 1 likewise.
-absl::StatusOr<ThreadLayout> PlanThreadLayout(int local_ranks,
-                                              int requested_threads,
+absl::StatusOr<ThreadLayout> PlanThreadLayout(int local_ranks, int requested_threads,
                                               const char* omp_num_threads);
 
 }  // namespace comm

@@ -10,12 +10,9 @@
 
 namespace comm {
 
-Work::Work() : state_(std::make_shared<internal::WorkState>()) {
-  state_->done = true;
-}
+Work::Work() : state_(std::make_shared<internal::WorkState>()) { state_->done = true; }
 
-Work::Work(std::shared_ptr<internal::WorkState> state)
-    : state_(std::move(state)) {}
+Work::Work(std::shared_ptr<internal::WorkState> state) : state_(std::move(state)) {}
 
 void Work::wait() { wait(state_->default_timeout); }
 
@@ -29,8 +26,8 @@ void record_failure(internal::WorkState& state, const std::exception& e,
   const std::string why = c10_error ? c10_error->what_without_backtrace() : e.what();
   try {
     std::ostringstream what;
-    what << state.op << " on group '" << state.group_name << "' (rank " << state.rank
-         << " of " << state.size << ")";
+    what << state.op << " on group '" << state.group_name << "' (rank " << state.rank << " of "
+         << state.size << ")";
     if (state.detail_key != nullptr) {
       what << " " << state.detail_key << "=";
       if (state.detail_text != nullptr) {
@@ -55,8 +52,8 @@ void finish_waiting(internal::WorkState& state) {
 }  // namespace
 
 void Work::wait(std::chrono::milliseconds timeout) {
-  TORCH_CHECK(timeout.count() > 0, "comm::Work::wait: timeout=",
-              timeout.count(), " ms: expected a positive duration");
+  TORCH_CHECK(timeout.count() > 0, "comm::Work::wait: timeout=", timeout.count(),
+              " ms: expected a positive duration");
   std::lock_guard<std::mutex> lock(state_->mutex);
   if (!state_->done) {
     try {
@@ -87,9 +84,9 @@ void Work::wait_on_stream() {
       if (state_->work) state_->work->wait();
       if (state_->finish) state_->finish();
     } catch (const std::exception& e) {
-      record_failure(*state_, e, "ordered on the current stream; the group's watchdog enforces " +
-                                     std::to_string(state_->default_timeout.count()) +
-                                     " ms");
+      record_failure(*state_, e,
+                     "ordered on the current stream; the group's watchdog enforces " +
+                         std::to_string(state_->default_timeout.count()) + " ms");
     }
     // The tensors stay referenced by ProcessGroupNCCL's own bookkeeping until
     // the GPU is done with them, so ours may go.

@@ -64,8 +64,7 @@ TEST(AsyncReduce, GradsAreFinalWhenBackwardReturns) {
       auto params = model.module()->named_parameters();
       for (const auto& item : ref->named_parameters()) {
         ASSERT_TRUE(params[item.key()].grad().defined()) << item.key();
-        EXPECT_TRUE(torch::allclose(params[item.key()].grad(), item.value().grad() / 2, 1e-5,
-                                    1e-6))
+        EXPECT_TRUE(torch::allclose(params[item.key()].grad(), item.value().grad() / 2, 1e-5, 1e-6))
             << item.key();
       }
     }

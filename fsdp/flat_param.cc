@@ -123,12 +123,10 @@ void free_storage(const at::Tensor& t) {
 // storage was created with.
 void allocate_storage(const at::Tensor& t) {
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  const size_t nbytes =
-      static_cast<size_t>(t.numel()) * static_cast<size_t>(t.element_size());
+  const size_t nbytes = static_cast<size_t>(t.numel()) * static_cast<size_t>(t.element_size());
   if (storage->nbytes() == nbytes) return;
-  TORCH_INTERNAL_ASSERT(storage->nbytes() == 0,
-                        "FlatParamHandle: storage holds ", storage->nbytes(),
-                        " bytes, expected 0 or ", nbytes);
+  TORCH_INTERNAL_ASSERT(storage->nbytes() == 0, "FlatParamHandle: storage holds ",
+                        storage->nbytes(), " bytes, expected 0 or ", nbytes);
   at::DataPtr data = FreedStorageCache::get().take(nbytes, t.device());
   if (data.get() == nullptr) data = storage->allocator()->allocate(nbytes);
   storage->set_data_ptr_noswap(std::move(data));
@@ -168,27 +166,24 @@ class LambdaPostHook : public torch::autograd::FunctionPostHook {
 
 }  // namespace
 
-at::Tensor flatten_tensors(const std::vector<at::Tensor>& tensors,
-                           int64_t pad_to_multiple,
+at::Tensor flatten_tensors(const std::vector<at::Tensor>& tensors, int64_t pad_to_multiple,
                            std::vector<FlatParamInfo>* infos) {
   TORCH_CHECK(!tensors.empty(), "flatten_tensors: `tensors` is empty: expected ",
               "at least one tensor");
-  TORCH_CHECK(pad_to_multiple >= 1, "flatten_tensors: pad_to_multiple=",
-              pad_to_multiple, ": expected >= 1");
+  TORCH_CHECK(pad_to_multiple >= 1, "flatten_tensors: pad_to_multiple=", pad_to_multiple,
+              ": expected >= 1");
   const auto dtype = tensors[0].scalar_type();
   const auto device = tensors[0].device();
   int64_t total = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
     TORCH_CHECK(t.defined(), "flatten_tensors: tensor ", i, " is undefined");
-    TORCH_CHECK(t.scalar_type() == dtype && t.device() == device,
-                "flatten_tensors: tensor ", i, " is ", t.scalar_type(), " on ",
-                t.device(), ": expected ", dtype, " on ", device,
+    TORCH_CHECK(t.scalar_type() == dtype && t.device() == device, "flatten_tensors: tensor ", i,
+                " is ", t.scalar_type(), " on ", t.device(), ": expected ", dtype, " on ", device,
                 " like tensor 0 (must flatten tensors with uniform dtype)");
     total += t.numel();
   }
-  const int64_t padded =
-      (total + pad_to_multiple - 1) / pad_to_multiple * pad_to_multiple;
+  const int64_t padded = (total + pad_to_multiple - 1) / pad_to_multiple * pad_to_multiple;
   at::NoGradGuard no_grad;
   at::Tensor flat = at::empty({padded}, tensors[0].options());
   if (infos != nullptr) infos->clear();
@@ -220,9 +215,8 @@ std::vector<at::Tensor> unflatten_views(const at::Tensor& flat,
   views.reserve(infos.size());
   for (const auto& info : infos) {
     TORCH_CHECK(info.offset >= 0 && info.offset + info.numel <= flat.numel(),
-                "unflatten_views: parameter '", info.fqn, "' spans [",
-                info.offset, ", ", info.offset + info.numel,
-                "): expected it inside the flat tensor's ", flat.numel(),
+                "unflatten_views: parameter '", info.fqn, "' spans [", info.offset, ", ",
+                info.offset + info.numel, "): expected it inside the flat tensor's ", flat.numel(),
                 " elements");
     views.push_back(flat.narrow(0, info.offset, info.numel).view(info.shape));
   }
@@ -234,12 +228,11 @@ int64_t cached_unsharded_bytes() { return FreedStorageCache::get().cached_bytes(
 void release_cached_unsharded_memory() { FreedStorageCache::get().release(); }
 
 double gradient_predivide_factor(int64_t world_size) {
-  TORCH_CHECK(world_size >= 1, "gradient_predivide_factor: world_size=",
-              world_size, ": expected >= 1");
+  TORCH_CHECK(world_size >= 1, "gradient_predivide_factor: world_size=", world_size,
+              ": expected >= 1");
   int64_t factor = 1;
-  while (world_size % factor == 0 &&
-         static_cast<double>(world_size) / static_cast<double>(factor) >
-             static_cast<double>(factor)) {
+  while (world_size % factor == 0 && static_cast<double>(world_size) / static_cast<double>(factor) >
+                                         static_cast<double>(factor)) {
     factor *= 2;
   }
   return static_cast<double>(factor);
@@ -249,8 +242,7 @@ double gradient_predivide_factor(int64_t world_size) {
 
 FlatParamHandle::FlatParamHandle(std::shared_ptr<torch::nn::Module> module,
                                  const std::vector<std::string>& param_fqns,
-                                 comm::ProcessGroup shard_group,
-                                 FlatParamOptions options,
+                                 comm::ProcessGroup shard_group, FlatParamOptions options,
                                  comm::ProcessGroup replicate_group)
     : module_(std::move(module)),
       shard_group_(std::move(shard_group)),
@@ -258,21 +250,17 @@ FlatParamHandle::FlatParamHandle(std::shared_ptr<torch::nn::Module> module,
       options_(std::move(options)) {
   TORCH_CHECK(module_ != nullptr, "FlatParamHandle: module is null");
   const auto strategy = options_.sharding_strategy;
-  TORCH_CHECK(shard_group_.is_member(), "FlatParamHandle: shard_group '",
-              shard_group_.name(), "' (size ", shard_group_.size(),
-              "): expected the calling rank to be a member");
+  TORCH_CHECK(shard_group_.is_member(), "FlatParamHandle: shard_group '", shard_group_.name(),
+              "' (size ", shard_group_.size(), "): expected the calling rank to be a member");
   int64_t data_parallel_world = shard_group_.size();
   if (is_hybrid(strategy)) {
-    TORCH_CHECK(replicate_group_.is_member(), "FlatParamHandle: ",
-                sharding_strategy_name(strategy),
-                " needs a replicate_group the calling rank is a member of; got ",
-                "one of size ", replicate_group_.size(),
-                " (see comm::hybrid_shard_groups)");
+    TORCH_CHECK(replicate_group_.is_member(), "FlatParamHandle: ", sharding_strategy_name(strategy),
+                " needs a replicate_group the calling rank is a member of; got ", "one of size ",
+                replicate_group_.size(), " (see comm::hybrid_shard_groups)");
     data_parallel_world *= replicate_group_.size();
   } else {
-    TORCH_CHECK(replicate_group_.size() == 0, "FlatParamHandle: replicate_group",
-                " of size ", replicate_group_.size(), " given with ",
-                sharding_strategy_name(strategy),
+    TORCH_CHECK(replicate_group_.size() == 0, "FlatParamHandle: replicate_group", " of size ",
+                replicate_group_.size(), " given with ", sharding_strategy_name(strategy),
                 ": expected none (only HYBRID_SHARD and _HYBRID_SHARD_ZERO2 "
                 "replicate)");
   }
@@ -281,8 +269,7 @@ FlatParamHandle::FlatParamHandle(std::shared_ptr<torch::nn::Module> module,
     shard_rank_ = shard_group_.rank();
   }
   predivide_factor_ = gradient_predivide_factor(data_parallel_world);
-  postdivide_factor_ =
-      static_cast<double>(data_parallel_world) / predivide_factor_;
+  postdivide_factor_ = static_cast<double>(data_parallel_world) / predivide_factor_;
   accessor_ = std::make_unique<functorch::NamedMemberAccessor>(module_);
   init_flat_param(param_fqns);
 }
@@ -308,11 +295,10 @@ void FlatParamHandle::init_flat_param(const std::vector<std::string>& param_fqns
   std::unordered_map<const c10::TensorImpl*, size_t> index_of;
   std::unordered_set<std::string> listed;
   for (const auto& fqn : param_fqns) {
-    TORCH_CHECK(listed.insert(fqn).second, "FlatParamHandle: param_fqns lists '",
-                fqn, "' twice: expected each name once");
+    TORCH_CHECK(listed.insert(fqn).second, "FlatParamHandle: param_fqns lists '", fqn,
+                "' twice: expected each name once");
     const at::Tensor* param = named.find(fqn);
-    TORCH_CHECK(param != nullptr && param->defined(),
-                "FlatParamHandle: param_fqns contains '", fqn,
+    TORCH_CHECK(param != nullptr && param->defined(), "FlatParamHandle: param_fqns contains '", fqn,
                 "', which is not a parameter of the module: expected a name "
                 "from module->named_parameters()");
     const c10::TensorImpl* impl = param->unsafeGetTensorImpl();
@@ -321,25 +307,24 @@ void FlatParamHandle::init_flat_param(const std::vector<std::string>& param_fqns
       infos_[found->second].alias_fqns.push_back(fqn);
       continue;
     }
-    TORCH_CHECK(at::isFloatingType(param->scalar_type()),
-                "FlatParamHandle: parameter '", fqn, "' has dtype ",
-                param->scalar_type(), ": expected a floating-point dtype");
+    TORCH_CHECK(at::isFloatingType(param->scalar_type()), "FlatParamHandle: parameter '", fqn,
+                "' has dtype ", param->scalar_type(), ": expected a floating-point dtype");
     if (!orig_params_.empty()) {
       const at::Tensor& first = orig_params_.front();
       TORCH_CHECK(param->scalar_type() == first.scalar_type(),
                   "FlatParamHandle: must flatten tensors with uniform dtype but "
-                  "got ", first.scalar_type(), " ('", infos_.front().fqn,
-                  "') and ", param->scalar_type(), " ('", fqn, "')");
+                  "got ",
+                  first.scalar_type(), " ('", infos_.front().fqn, "') and ", param->scalar_type(),
+                  " ('", fqn, "')");
       TORCH_CHECK(param->device() == first.device(),
                   "FlatParamHandle: must flatten tensors on the same device but "
-                  "got ", first.device(), " ('", infos_.front().fqn, "') and ",
-                  param->device(), " ('", fqn, "')");
-      TORCH_CHECK(options_.use_orig_params ||
-                      param->requires_grad() == first.requires_grad(),
+                  "got ",
+                  first.device(), " ('", infos_.front().fqn, "') and ", param->device(), " ('", fqn,
+                  "')");
+      TORCH_CHECK(options_.use_orig_params || param->requires_grad() == first.requires_grad(),
                   "FlatParamHandle: must flatten tensors with uniform "
                   "`requires_grad` when `use_orig_params=False`, but '",
-                  infos_.front().fqn, "' has requires_grad=",
-                  first.requires_grad(), " and '", fqn,
+                  infos_.front().fqn, "' has requires_grad=", first.requires_grad(), " and '", fqn,
                   "' has requires_grad=", param->requires_grad(),
                   ": for use_orig_params=False each FSDP unit must manage "
                   "parameters that are all frozen or all non-frozen (freeze whole "
@@ -415,8 +400,7 @@ void FlatParamHandle::init_flat_param(const std::vector<std::string>& param_fqns
   // kNoShard in full precision on the shard's device computes on the shard
   // itself: the unsharded parameter is an alias of its storage.
   unsharded_is_shard_ = !uses_sharding(options_.sharding_strategy) &&
-                        compute_dtype_ == param_dtype_ &&
-                        flat_param_.device() == compute_device_;
+                        compute_dtype_ == param_dtype_ && flat_param_.device() == compute_device_;
   if (unsharded_is_shard_) {
     unsharded_ = flat_param_.variable_data();
   } else {
@@ -456,8 +440,9 @@ void FlatParamHandle::unshard(bool async, UnshardOptions options) {
   if (state_ != State::kSharded) {
     TORCH_CHECK(full_precision == active_full_precision_,
                 "FlatParamHandle::unshard: already unsharded with "
-                "full_precision=", active_full_precision_,
-                "; got full_precision=", full_precision, ": reshard() first");
+                "full_precision=",
+                active_full_precision_, "; got full_precision=", full_precision,
+                ": reshard() first");
     if (!async) wait_for_unshard();
     return;
   }
@@ -589,8 +574,7 @@ void FlatParamHandle::reshard(bool writeback) {
     at::NoGradGuard no_grad;
     // Through variable_data(): a plain write to the leaf's memory (the
     // optimizer-facing views of the originals share it and see it).
-    flat_param_.variable_data().copy_(
-        data.narrow(0, shard_rank_ * shard_numel_, shard_numel_));
+    flat_param_.variable_data().copy_(data.narrow(0, shard_rank_ * shard_numel_, shard_numel_));
   }
   if (!aliases_shard) free_storage(data);
   unsharded_views_.clear();
@@ -675,8 +659,8 @@ bool FlatParamHandle::start_reduce_grad() {
     }
   } else if (uses_sharding(options_.sharding_strategy)) {
     pending.shard_grad = at::empty({shard_numel_}, grad.options());
-    pending.work = comm::reduce_scatter_tensor(shard_group_, pending.shard_grad, grad,
-                                               comm::ReduceOp::kSum);
+    pending.work =
+        comm::reduce_scatter_tensor(shard_group_, pending.shard_grad, grad, comm::ReduceOp::kSum);
   } else {
     pending.work = comm::all_reduce(shard_group_, grad, comm::ReduceOp::kSum);
     pending.shard_grad = grad;
@@ -807,15 +791,15 @@ void FlatParamHandle::finalize_reduce_grad() {
 
 void FlatParamHandle::accumulate_shard_grad(at::Tensor shard_grad) {
   at::NoGradGuard no_grad;
-  if (options_.use_orig_params && flat_param_.grad().defined() &&
-      orig_grads_were_cleared()) {
+  if (options_.use_orig_params && flat_param_.grad().defined() && orig_grads_were_cleared()) {
     flat_param_.mutable_grad().reset();
   }
   at::Tensor& accumulated = flat_param_.mutable_grad();
   if (accumulated.defined()) {
     TORCH_CHECK(accumulated.sizes() == shard_grad.sizes(),
                 "FlatParamHandle::reduce_grad: the shard's existing .grad has "
-                "shape ", accumulated.sizes(), ": expected ", shard_grad.sizes());
+                "shape ",
+                accumulated.sizes(), ": expected ", shard_grad.sizes());
     accumulated.add_(shard_grad);
   } else {
     // Own memory: shard_grad may still alias the taken unsharded gradient
@@ -827,10 +811,9 @@ void FlatParamHandle::accumulate_shard_grad(at::Tensor shard_grad) {
 
 void FlatParamHandle::register_post_backward_hook(std::function<void()> hook) {
   TORCH_CHECK(any_requires_grad_, "FlatParamHandle::register_post_backward_hook: ",
-              "no parameter of this unit requires grad (",
-              join_names(infos_.front()), ", ...): there is no backward to hook");
-  TORCH_CHECK(hook != nullptr, "FlatParamHandle::register_post_backward_hook: ",
-              "hook is empty");
+              "no parameter of this unit requires grad (", join_names(infos_.front()),
+              ", ...): there is no backward to hook");
+  TORCH_CHECK(hook != nullptr, "FlatParamHandle::register_post_backward_hook: ", "hook is empty");
   // The tensor holds its AccumulateGrad node only weakly; keep it alive so
   // the hook survives between iterations.
   if (!grad_accumulator_) grad_accumulator_ = torch::autograd::impl::grad_accumulator(unsharded_);

@@ -111,8 +111,7 @@ struct FlatParamInfo {
 // (>= 1). All tensors must share dtype and device; the result does not
 // require grad. `infos` (optional) receives shape/stride/numel/offset per
 // tensor (names left empty).
-at::Tensor flatten_tensors(const std::vector<at::Tensor>& tensors,
-                           int64_t pad_to_multiple = 1,
+at::Tensor flatten_tensors(const std::vector<at::Tensor>& tensors, int64_t pad_to_multiple = 1,
                            std::vector<FlatParamInfo>* infos = nullptr);
 
 // Views of `flat` (1-D) shaped as `infos` describe: no copy. If `flat`
@@ -182,8 +181,8 @@ class FlatParamHandle {
   // dtypes/devices, mixed requires_grad without use_orig_params, a missing
   // or superfluous replicate group, a caller not in the groups.
   FlatParamHandle(std::shared_ptr<torch::nn::Module> module,
-                  const std::vector<std::string>& param_fqns,
-                  comm::ProcessGroup shard_group, FlatParamOptions options = {},
+                  const std::vector<std::string>& param_fqns, comm::ProcessGroup shard_group,
+                  FlatParamOptions options = {},
                   comm::ProcessGroup replicate_group = comm::ProcessGroup());
   ~FlatParamHandle();
   FlatParamHandle(const FlatParamHandle&) = delete;
@@ -394,8 +393,8 @@ class FlatParamHandle {
   comm::Work pending_gather_;
   std::vector<at::Tensor> unsharded_views_;
   // std::shared_ptr<Node> up to about 2.12, c10::intrusive_ptr<Node> since.
-  decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()))
-      grad_accumulator_;
+  decltype(torch::autograd::impl::grad_accumulator(
+      std::declval<const at::Tensor&>())) grad_accumulator_;
 
   // A gradient reduction started by start_reduce_grad() and not finished.
   // stage: 0 none, 1 first collective (reduce-scatter / all-reduce) in

@@ -28,15 +28,13 @@ using ::testing::HasSubstr;
 // 3 -> 4 -> 3: 12 + 4 + 12 + 3 = 31 parameters, odd, so 2 and 4 ranks pad.
 torch::nn::Sequential MakeMlp() {
   torch::manual_seed(0);
-  return torch::nn::Sequential(torch::nn::Linear(3, 4), torch::nn::Tanh(),
-                               torch::nn::Linear(4, 3));
+  return torch::nn::Sequential(torch::nn::Linear(3, 4), torch::nn::Tanh(), torch::nn::Linear(4, 3));
 }
 
 // 4 -> 4 -> 4 with the second layer's weight tied to the first's.
 torch::nn::Sequential MakeTied() {
   torch::manual_seed(1);
-  torch::nn::Sequential seq(torch::nn::Linear(4, 4), torch::nn::Tanh(),
-                            torch::nn::Linear(4, 4));
+  torch::nn::Sequential seq(torch::nn::Linear(4, 4), torch::nn::Tanh(), torch::nn::Linear(4, 4));
   functorch::NamedMemberAccessor accessor(seq);
   accessor.set_tensor("2.weight", accessor.get_tensor("0.weight"));
   return seq;
@@ -69,8 +67,8 @@ at::Tensor Loss(const at::Tensor& out) { return out.to(at::kFloat).pow(2).sum();
 // `inputs`, divided by `divisor`: the average over ranks of what each rank's
 // module would compute on its own input.
 template <typename Make>
-at::Tensor ReferenceFlatGrad(Make make, const std::vector<at::Tensor>& inputs,
-                             double divisor, int64_t pad_to) {
+at::Tensor ReferenceFlatGrad(Make make, const std::vector<at::Tensor>& inputs, double divisor,
+                             int64_t pad_to) {
   auto model = make();
   for (const auto& x : inputs) Loss(model->forward(x)).backward();
   std::vector<at::Tensor> grads;
@@ -102,8 +100,7 @@ TEST(FlattenTensors, RoundTripIsBitExactAndPadded) {
   auto views = unflatten_views(flat, infos);
   for (size_t i = 0; i < tensors.size(); ++i) {
     EXPECT_TRUE(torch::equal(views[i], tensors[i])) << "tensor " << i;
-    EXPECT_EQ(views[i].data_ptr(),
-              static_cast<char*>(flat.data_ptr()) + infos[i].offset * 4)
+    EXPECT_EQ(views[i].data_ptr(), static_cast<char*>(flat.data_ptr()) + infos[i].offset * 4)
         << "views must alias the flat tensor, not copy";
   }
 }
@@ -135,8 +132,8 @@ TEST(GradientPredivideFactor, MatchesPyTorch) {
 // gradients -- for each strategy that takes a single group.
 void CheckShardUnshardAndGrads(comm::ProcessGroup& pg) {
   const int world = pg.size();
-  for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
-                        ShardingStrategy::kNoShard}) {
+  for (auto strategy :
+       {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard}) {
     SCOPED_TRACE(sharding_strategy_name(strategy));
     const bool sharded = uses_sharding(strategy);
     const int64_t shards = sharded ? world : 1;
@@ -175,8 +172,7 @@ void CheckShardUnshardAndGrads(comm::ProcessGroup& pg) {
     EXPECT_TRUE(torch::equal(handle.unsharded_flat_param().detach(), ref_flat));
     handle.use_unsharded_views();
     for (const auto& item : reference->named_parameters()) {
-      EXPECT_TRUE(torch::equal(model->named_parameters()[item.key()], item.value()))
-          << item.key();
+      EXPECT_TRUE(torch::equal(model->named_parameters()[item.key()], item.value())) << item.key();
     }
     // Views, not copies: each parameter points into the gathered buffer.
     for (const auto& info : infos) {
@@ -219,7 +215,8 @@ void CheckShardUnshardAndGrads(comm::ProcessGroup& pg) {
         ShardOf(ReferenceFlatGrad(MakeMlp, inputs, world, shards), rank, shards);
     ASSERT_TRUE(handle.flat_param().grad().defined());
     EXPECT_TRUE(torch::allclose(handle.flat_param().grad(), expected, 1e-5, 1e-6))
-        << handle.flat_param().grad() << "\nexpected\n" << expected;
+        << handle.flat_param().grad() << "\nexpected\n"
+        << expected;
 
     // A second iteration accumulates into the sharded gradient.
     handle.unshard();
@@ -310,10 +307,10 @@ TEST(FlatParamHandle, TwoUnitsPrefetchAndReduce) {
         flatten_tensors({params["0.weight"].grad(), params["0.bias"].grad()}, 2) / 2;
     const at::Tensor inner_flat =
         flatten_tensors({params["2.weight"].grad(), params["2.bias"].grad()}, 2) / 2;
-    EXPECT_TRUE(torch::allclose(outer.flat_param().grad(), ShardOf(outer_flat, pg.rank(), 2),
-                                1e-5, 1e-6));
-    EXPECT_TRUE(torch::allclose(inner.flat_param().grad(), ShardOf(inner_flat, pg.rank(), 2),
-                                1e-5, 1e-6));
+    EXPECT_TRUE(
+        torch::allclose(outer.flat_param().grad(), ShardOf(outer_flat, pg.rank(), 2), 1e-5, 1e-6));
+    EXPECT_TRUE(
+        torch::allclose(inner.flat_param().grad(), ShardOf(inner_flat, pg.rank(), 2), 1e-5, 1e-6));
   });
 }
 
@@ -343,8 +340,7 @@ TEST(FlatParamHandle, TiedParametersAreStoredOnce) {
     handle.reshard();
     // Both uses of the tied weight contribute to its one gradient.
     std::vector<at::Tensor> inputs{RankInput(0, 4), RankInput(1, 4)};
-    const at::Tensor expected =
-        ShardOf(ReferenceFlatGrad(MakeTied, inputs, 2, 2), pg.rank(), 2);
+    const at::Tensor expected = ShardOf(ReferenceFlatGrad(MakeTied, inputs, 2, 2), pg.rank(), 2);
     EXPECT_TRUE(torch::allclose(handle.flat_param().grad(), expected, 1e-5, 1e-6));
     // After reshard both names are the (same) original tensor again.
     params = model->named_parameters();
@@ -390,10 +386,10 @@ TEST(FlatParamHandle, MixedPrecisionDtypes) {
       const at::Tensor grad = handle.flat_param().grad();
       EXPECT_EQ(grad.scalar_type(), keep_low ? at::kBFloat16 : at::kFloat);
       std::vector<at::Tensor> inputs{RankInput(0, 3), RankInput(1, 3)};
-      const at::Tensor expected =
-          ShardOf(ReferenceFlatGrad(MakeMlp, inputs, 2, 2), pg.rank(), 2);
+      const at::Tensor expected = ShardOf(ReferenceFlatGrad(MakeMlp, inputs, 2, 2), pg.rank(), 2);
       EXPECT_TRUE(torch::allclose(grad.to(at::kFloat), expected, 5e-2, 5e-2))
-          << grad << "\nexpected\n" << expected;
+          << grad << "\nexpected\n"
+          << expected;
     }
 
     // Reduction in float16 with predivide: only the division is observable.
@@ -457,8 +453,7 @@ TEST(FlatParamHandle, UseOrigParamsViewsAndOptimizer) {
       sgd.zero_grad();
       handle.unshard();
       handle.use_unsharded_views();
-      EXPECT_EQ(model[0]->as<torch::nn::Linear>()->weight.sizes(),
-                (std::vector<int64_t>{4, 3}));
+      EXPECT_EQ(model[0]->as<torch::nn::Linear>()->weight.sizes(), (std::vector<int64_t>{4, 3}));
       EXPECT_TRUE(torch::allclose(model->forward(RankInput(0, 3)),
                                   reference->forward(RankInput(0, 3)), 1e-5, 1e-6));
       Loss(model->forward(RankInput(pg.rank(), 3, step))).backward();
@@ -471,9 +466,9 @@ TEST(FlatParamHandle, UseOrigParamsViewsAndOptimizer) {
           continue;
         }
         ASSERT_TRUE(orig.grad().defined()) << infos[i].fqn;
-        EXPECT_TRUE(torch::equal(orig.grad(), handle.flat_param().grad().narrow(
-                                                  0, infos[i].offset_in_shard,
-                                                  infos[i].numel_in_shard)));
+        EXPECT_TRUE(
+            torch::equal(orig.grad(), handle.flat_param().grad().narrow(0, infos[i].offset_in_shard,
+                                                                        infos[i].numel_in_shard)));
       }
       sgd.step();
       // The same step on the unwrapped reference (frozen bias untouched).
@@ -487,8 +482,8 @@ TEST(FlatParamHandle, UseOrigParamsViewsAndOptimizer) {
     }
     // The optimizer's in-place updates reached the flat shard.
     const at::Tensor ref_flat = flatten_tensors(UniqueParams(*reference), 2);
-    EXPECT_TRUE(torch::allclose(handle.flat_param().detach(), ShardOf(ref_flat, pg.rank(), 2),
-                                1e-5, 1e-6));
+    EXPECT_TRUE(
+        torch::allclose(handle.flat_param().detach(), ShardOf(ref_flat, pg.rank(), 2), 1e-5, 1e-6));
   });
 }
 
@@ -674,11 +669,10 @@ TEST(FlatParamHandle, AsyncReduceIsBitIdenticalToBlocking) {
     auto groups_4x1 = comm::hybrid_shard_groups(*mesh_4x1);
     ASSERT_TRUE(groups_4x1.ok()) << groups_4x1.status();
     for (int variant = 0; variant < 5; ++variant) {
-      const ShardingStrategy strategy =
-          variant == 0   ? ShardingStrategy::kFullShard
-          : variant == 1 ? ShardingStrategy::kShardGradOp
-          : variant == 2 ? ShardingStrategy::kNoShard
-                         : ShardingStrategy::kHybridShard;
+      const ShardingStrategy strategy = variant == 0   ? ShardingStrategy::kFullShard
+                                        : variant == 1 ? ShardingStrategy::kShardGradOp
+                                        : variant == 2 ? ShardingStrategy::kNoShard
+                                                       : ShardingStrategy::kHybridShard;
       const bool one_rank_shards = variant == 4;
       for (bool mixed : {false, true}) {
         SCOPED_TRACE(std::string(sharding_strategy_name(strategy)) +
@@ -743,7 +737,8 @@ TEST(FlatParamHandle, AsyncReduceIsBitIdenticalToBlocking) {
           FlatParamHandle& a = pair == &b_inner ? a_inner : a_outer;
           ASSERT_TRUE(a.flat_param().grad().defined());
           EXPECT_TRUE(torch::equal(a.flat_param().grad(), b.flat_param().grad()))
-              << a.flat_param().grad() << "\nvs blocking\n" << b.flat_param().grad();
+              << a.flat_param().grad() << "\nvs blocking\n"
+              << b.flat_param().grad();
           if (mixed) {
             for (size_t i = 0; i < a.orig_params().size(); ++i) {
               EXPECT_TRUE(torch::equal(a.orig_params()[i].grad(), b.orig_params()[i].grad()));

@@ -40,7 +40,8 @@ torch::OrderedDict<std::string, at::Tensor> FullyShardedDataParallel::named_buff
   torch::OrderedDict<std::string, at::Tensor> out;
   std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& item : rt_->root_->named_buffers()) {
-    if (seen.insert(item.value().unsafeGetTensorImpl()).second) out.insert(item.key(), item.value());
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second)
+      out.insert(item.key(), item.value());
   }
   return out;
 }
@@ -74,8 +75,8 @@ FullyShardedDataParallel::FullParamsGuard FullyShardedDataParallel::summon_full_
   return FullParamsGuard(rt_, options);
 }
 
-FullyShardedDataParallel::FullParamsGuard::FullParamsGuard(
-    std::shared_ptr<internal::Runtime> rt, SummonOptions options)
+FullyShardedDataParallel::FullParamsGuard::FullParamsGuard(std::shared_ptr<internal::Runtime> rt,
+                                                           SummonOptions options)
     : rt_(std::move(rt)), options_(options) {
   rt_->summon(options_);
 }

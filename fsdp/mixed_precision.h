@@ -29,8 +29,7 @@ struct MixedPrecision {
   bool keep_low_precision_grads = false;
 
   bool enabled() const {
-    return param_dtype.has_value() || reduce_dtype.has_value() ||
-           buffer_dtype.has_value();
+    return param_dtype.has_value() || reduce_dtype.has_value() || buffer_dtype.has_value();
   }
 };
 

@@ -39,9 +39,8 @@ CLI::Validator integer_in(int64_t min, int64_t max, bool unbounded);
 // --flag N into `out`: an integer in [min, max] (max: Int's largest unless
 // given).
 template <typename Int>
-CLI::Option* add_integer(CLI::App& app, const std::string& flag, Int& out,
-                         const std::string& help, int64_t min,
-                         int64_t max = std::numeric_limits<Int>::max()) {
+CLI::Option* add_integer(CLI::App& app, const std::string& flag, Int& out, const std::string& help,
+                         int64_t min, int64_t max = std::numeric_limits<Int>::max()) {
   return app.add_option(flag, out, help)
       ->type_name("N")
       ->transform(integer_in(min, max, max == std::numeric_limits<Int>::max()));

@@ -46,9 +46,8 @@ std::string errno_text(int err) { return std::strerror(err); }
 
 // Builds "KEY=VALUE" strings for the child: inherited environment, minus
 // `unset`, with `overrides` applied.
-std::vector<std::string> child_environment(
-    const std::map<std::string, std::string>& overrides,
-    const std::vector<std::string>& unset) {
+std::vector<std::string> child_environment(const std::map<std::string, std::string>& overrides,
+                                           const std::vector<std::string>& unset) {
   std::vector<std::string> result;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string entry = *e;
@@ -75,8 +74,8 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
 absl::StatusOr<std::string> resolve_program(const std::string& program) {
   if (program.find('/') != std::string::npos) {
     if (access(program.c_str(), X_OK) != 0) {
-      return absl::NotFoundError(absl::StrCat(
-          "program '", program, "' is not executable: ", errno_text(errno)));
+      return absl::NotFoundError(
+          absl::StrCat("program '", program, "' is not executable: ", errno_text(errno)));
     }
     return program;
   }
@@ -86,14 +85,13 @@ absl::StatusOr<std::string> resolve_program(const std::string& program) {
     std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", program);
     if (access(candidate.c_str(), X_OK) == 0) return candidate;
   }
-  return absl::NotFoundError(
-      absl::StrCat("program '", program, "' was not found in PATH=", dirs));
+  return absl::NotFoundError(absl::StrCat("program '", program, "' was not found in PATH=", dirs));
 }
 
 // Reads what is available on `fd`, emits complete lines (the last non-empty
 // one also to `last_line`, when given); returns false at EOF.
-bool drain(const LaunchOptions& options, int rank, bool is_stderr, int fd,
-           std::string& partial, std::string* last_line) {
+bool drain(const LaunchOptions& options, int rank, bool is_stderr, int fd, std::string& partial,
+           std::string* last_line) {
   char buffer[4096];
   ssize_t got = read(fd, buffer, sizeof buffer);
   if (got < 0 && (errno == EINTR || errno == EAGAIN)) return true;
@@ -132,8 +130,7 @@ int shell_status(int status) {
 absl::StatusOr<int> pick_free_port() {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("pick_free_port: socket(): ", errno_text(errno)));
+    return absl::UnavailableError(absl::StrCat("pick_free_port: socket(): ", errno_text(errno)));
   }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -144,8 +141,8 @@ absl::StatusOr<int> pick_free_port() {
       getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     const int err = errno;
     close(fd);
-    return absl::UnavailableError(absl::StrCat(
-        "pick_free_port: cannot bind 127.0.0.1:0: ", errno_text(err)));
+    return absl::UnavailableError(
+        absl::StrCat("pick_free_port: cannot bind 127.0.0.1:0: ", errno_text(err)));
   }
   close(fd);
   return static_cast<int>(ntohs(addr.sin_port));
@@ -199,16 +196,16 @@ static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
     child.rank = options.node_rank * nproc + local;
     int out_pipe[2], err_pipe[2];
     if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
-      spawn_error = absl::ResourceExhaustedError(
-          absl::StrCat("pipe(): ", errno_text(errno)));
+      spawn_error = absl::ResourceExhaustedError(absl::StrCat("pipe(): ", errno_text(errno)));
       break;
     }
     const pid_t pid = fork();
     if (pid < 0) {
-      spawn_error = absl::ResourceExhaustedError(
-          absl::StrCat("fork(): ", errno_text(errno)));
-      close(out_pipe[0]); close(out_pipe[1]);
-      close(err_pipe[0]); close(err_pipe[1]);
+      spawn_error = absl::ResourceExhaustedError(absl::StrCat("fork(): ", errno_text(errno)));
+      close(out_pipe[0]);
+      close(out_pipe[1]);
+      close(err_pipe[0]);
+      close(err_pipe[1]);
       break;
     }
     if (pid == 0) {
@@ -261,8 +258,10 @@ static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
     for (const auto& c : children) {
       if (c.reaped || c.stop_signal == 0) continue;
       result.hung_ranks.push_back(c.rank);
-      const auto tenths = std::chrono::duration_cast<std::chrono::milliseconds>(
-                              Clock::now() - c.stopped_at).count() / 100;
+      const auto tenths =
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - c.stopped_at)
+              .count() /
+          100;
       absl::StrAppend(&text, "rank ", c.rank, " (pid ", c.pid, ") hung (stopped by signal ",
                       c.stop_signal, " (", strsignal(c.stop_signal), ") ", tenths / 10, ".",
                       tenths % 10, " s before and never continued); ");
@@ -297,8 +296,7 @@ static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
         Child& c = children[owners[k].first];
         const bool is_err = owners[k].second;
         int& fd = is_err ? c.err_fd : c.out_fd;
-        if (!drain(options, c.rank, is_err, fd,
-                   is_err ? c.err_partial : c.out_partial,
+        if (!drain(options, c.rank, is_err, fd, is_err ? c.err_partial : c.out_partial,
                    is_err ? &c.last_err_line : nullptr)) {
           close(fd);
           fd = -1;
@@ -336,8 +334,7 @@ static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
           // still in its stderr pipe before quoting it.
           pollfd pending{c.err_fd, POLLIN, 0};
           while (c.err_fd >= 0 && poll(&pending, 1, 0) > 0) {
-            if (!drain(options, c.rank, true, c.err_fd, c.err_partial,
-                       &c.last_err_line)) {
+            if (!drain(options, c.rank, true, c.err_fd, c.err_partial, &c.last_err_line)) {
               close(c.err_fd);
               c.err_fd = -1;
             }
@@ -349,8 +346,7 @@ static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
                                         describe_status(status), " first");
           if (!hung.empty()) absl::StrAppend(&result.summary, ", waiting for it");
           if (!c.last_err_line.empty()) {
-            absl::StrAppend(&result.summary, " (its last error line: \"",
-                            c.last_err_line, "\")");
+            absl::StrAppend(&result.summary, " (its last error line: \"", c.last_err_line, "\")");
           }
           absl::StrAppend(&result.summary, "; ended the other ranks");
           if (hooks != nullptr) hooks->on_failure(result.exit_code, result.summary);
@@ -370,8 +366,7 @@ static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
     for (auto& c : children) all_reaped = all_reaped && (c.pid < 0 || c.reaped);
     bool all_closed = true;
     for (auto& c : children) all_closed = all_closed && c.out_fd < 0 && c.err_fd < 0;
-    if (all_reaped && (all_closed || (ending && Clock::now() - term_sent >
-                                                    options.kill_grace))) {
+    if (all_reaped && (all_closed || (ending && Clock::now() - term_sent > options.kill_grace))) {
       break;
     }
     if (all_reaped && !ending) {
@@ -399,8 +394,7 @@ static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
       result.timed_out = true;
       result.exit_code = 124;
       result.summary = absl::StrCat(describe_hung(), "timeout: ranks still running after ",
-                                    options.timeout.count(),
-                                    " ms were ended");
+                                    options.timeout.count(), " ms were ended");
       ending = true;
       term_sent = Clock::now();
       for (int j = 0; j < nproc; ++j) {
@@ -408,12 +402,11 @@ static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
       }
       end_all(SIGTERM);
     }
-    if (!ending && options.stop_signal != nullptr &&
-        options.stop_signal->load() != 0) {
+    if (!ending && options.stop_signal != nullptr && options.stop_signal->load() != 0) {
       const int sig = options.stop_signal->load();
       result.exit_code = 128 + sig;
-      result.summary = absl::StrCat("launcher received signal ", sig, " (",
-                                    strsignal(sig), "); ended the ranks");
+      result.summary = absl::StrCat("launcher received signal ", sig, " (", strsignal(sig),
+                                    "); ended the ranks");
       ending = true;
       term_sent = Clock::now();
       for (int j = 0; j < nproc; ++j) {
@@ -471,44 +464,41 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& given) {
     };
   }
   if (options.nproc_per_node <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--nproc=", options.nproc_per_node, ": expected a positive integer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nproc=", options.nproc_per_node, ": expected a positive integer"));
   }
   if (options.nnodes <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--nnodes=", options.nnodes, ": expected a positive integer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nnodes=", options.nnodes, ": expected a positive integer"));
   }
   if (options.node_rank < 0 || options.node_rank >= options.nnodes) {
     return absl::InvalidArgumentError(
         absl::StrCat("--node-rank=", options.node_rank,
-                     ": expected an integer in [0, --nnodes=", options.nnodes,
-                     ")"));
+                     ": expected an integer in [0, --nnodes=", options.nnodes, ")"));
   }
   if (options.master_port < 0 || options.master_port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--master-port=", options.master_port,
-        ": expected a TCP port in [1, 65535] (or 0 to pick a free one)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--master-port=", options.master_port,
+                     ": expected a TCP port in [1, 65535] (or 0 to pick a free one)"));
   }
   if (options.master_port == 0 && options.nnodes > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--master-port is unset with --nnodes=", options.nnodes,
-        ": expected an explicit port every node agrees on"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--master-port is unset with --nnodes=", options.nnodes,
+                     ": expected an explicit port every node agrees on"));
   }
   if (options.command.empty()) {
-    return absl::InvalidArgumentError(
-        "no program to launch: expected `-- PROGRAM [ARGS...]`");
+    return absl::InvalidArgumentError("no program to launch: expected `-- PROGRAM [ARGS...]`");
   }
   if (options.max_restarts < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max-restarts=", options.max_restarts, ": expected an integer >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-restarts=", options.max_restarts, ": expected an integer >= 0"));
   }
   auto program = resolve_program(options.command[0]);
   if (!program.ok()) return program.status();
   auto layout = thread_layout(options);
   if (!layout.ok()) return layout.status();
-  const Clock::time_point deadline = options.timeout.count() > 0
-                                         ? Clock::now() + options.timeout
-                                         : Clock::time_point::max();
+  const Clock::time_point deadline =
+      options.timeout.count() > 0 ? Clock::now() + options.timeout : Clock::time_point::max();
   if (options.nnodes > 1 && options.max_restarts > 0) {
     return internal::launch_elastic_nodes(
         options,
@@ -532,14 +522,14 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& given) {
     if (result->exit_code == 0 || result->timed_out || stopped) return result;
     if (attempt >= options.max_restarts) {
       if (options.max_restarts > 0) {
-        absl::StrAppend(&result->summary, "; no restart left (--max-restarts=",
-                        options.max_restarts, " used)");
+        absl::StrAppend(&result->summary,
+                        "; no restart left (--max-restarts=", options.max_restarts, " used)");
       }
       return result;
     }
     causes.push_back(result->summary);
-    options.on_event(absl::StrCat("restart ", attempt + 1, " of ", options.max_restarts,
-                                  ": ", result->summary));
+    options.on_event(
+        absl::StrCat("restart ", attempt + 1, " of ", options.max_restarts, ": ", result->summary));
   }
 }
 

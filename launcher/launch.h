@@ -101,8 +101,7 @@ struct LaunchOptions {
   // Receives every output line of every rank (without the newline). Unset:
   // "[rank K] line" goes to this process's stdout or stderr, matching the
   // stream the rank wrote to.
-  std::function<void(int rank, bool is_stderr, const std::string& line)>
-      on_line;
+  std::function<void(int rank, bool is_stderr, const std::string& line)> on_line;
   // Polled while waiting: when it becomes non-zero (e.g. set by a SIGINT
   // handler to the signal number), the ranks are ended and launch() returns
   // with exit_code 128 + that value.
@@ -110,7 +109,7 @@ struct LaunchOptions {
 };
 
 struct RankExit {
-  int rank = -1;        // global rank
+  int rank = -1;  // global rank
   int pid = -1;
   int exit_code = -1;   // when exited normally
   int term_signal = 0;  // when killed by a signal

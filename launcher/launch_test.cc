@@ -48,7 +48,9 @@ std::string runfile(const std::string& path) {
 std::string child_program() { return runfile("launcher/launch_test_child"); }
 
 std::string temp_dir() {
-  std::string pattern = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/launchXXXXXX";
+  std::string pattern =
+      std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") +
+      "/launchXXXXXX";
   return mkdtemp(pattern.data());
 }
 
@@ -145,11 +147,9 @@ TEST(Launcher, FailingRankEndsOthersAndItsStatusPropagates) {
   const std::string dir = temp_dir();
   const auto start = Clock::now();
   auto result = launch(options_for(
-      3, {"--fail-rank", "1", "--fail-code", "7", "--pid-dir", dir,
-          "--spawn-grandchild"},
+      3, {"--fail-rank", "1", "--fail-code", "7", "--pid-dir", dir, "--spawn-grandchild"},
       &captured));
-  const double seconds =
-      std::chrono::duration<double>(Clock::now() - start).count();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->exit_code, 7);
   ASSERT_TRUE(result->first_failed_rank.has_value());
@@ -206,8 +206,8 @@ TEST(Launcher, KilledRankReportsSignalStatus) {
 TEST(Launcher, RankIgnoringSigtermIsKilledAfterGrace) {
   Captured captured;
   const auto start = Clock::now();
-  auto result = launch(options_for(
-      2, {"--fail-rank", "1", "--fail-code", "3", "--ignore-sigterm"}, &captured));
+  auto result = launch(
+      options_for(2, {"--fail-rank", "1", "--fail-code", "3", "--ignore-sigterm"}, &captured));
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->exit_code, 3);
   EXPECT_EQ(result->ranks[0].term_signal, SIGKILL);
@@ -242,8 +242,7 @@ TEST(Launcher, StoppedRankIsNamedAsTheOneThatHung) {
   EXPECT_EQ(result->exit_code, 1) << result->summary;
   EXPECT_EQ(result->hung_ranks, std::vector<int>{1});
   EXPECT_THAT(result->summary, HasSubstr("rank 1 (pid "));
-  EXPECT_THAT(result->summary,
-              HasSubstr(") hung (stopped by signal " + std::to_string(SIGSTOP)));
+  EXPECT_THAT(result->summary, HasSubstr(") hung (stopped by signal " + std::to_string(SIGSTOP)));
   EXPECT_THAT(result->summary, HasSubstr("timed out"));
   // The rank that failed first is one of the waiting ones.
   ASSERT_TRUE(result->first_failed_rank.has_value());
@@ -273,8 +272,9 @@ TEST(Launcher, FailedGroupIsRestartedWithAFreshRendezvous) {
   Captured captured;
   std::vector<std::string> events;
   const std::string dir = temp_dir();
-  auto options = options_for(3, {"--print-env", "--fail-rank", "1", "--fail-code", "7",
-                                 "--fail-until-restart", "2", "--pid-dir", dir},
+  auto options = options_for(3,
+                             {"--print-env", "--fail-rank", "1", "--fail-code", "7",
+                              "--fail-until-restart", "2", "--pid-dir", dir},
                              &captured);
   options.max_restarts = 3;
   options.on_event = [&](const std::string& message) { events.push_back(message); };
@@ -305,8 +305,7 @@ TEST(Launcher, FailedGroupIsRestartedWithAFreshRendezvous) {
 
 TEST(Launcher, GivesUpWhenRestartsAreUsedUp) {
   Captured captured;
-  auto options = options_for(2, {"--kill-self-rank", "0", "--fail-until-restart", "5"},
-                             &captured);
+  auto options = options_for(2, {"--kill-self-rank", "0", "--fail-until-restart", "5"}, &captured);
   options.max_restarts = 1;
   options.on_event = [](const std::string&) {};
   auto result = launch(options);
@@ -335,8 +334,7 @@ TEST(Launcher, BadOptionsAreErrors) {
   EXPECT_THAT(std::string(launch(options).status().message()), HasSubstr("--nproc=0"));
   options.nproc_per_node = 2;
   options.nnodes = 2;
-  EXPECT_THAT(std::string(launch(options).status().message()),
-              HasSubstr("--master-port is unset"));
+  EXPECT_THAT(std::string(launch(options).status().message()), HasSubstr("--master-port is unset"));
   options.nnodes = 1;
   options.node_rank = 1;
   EXPECT_THAT(std::string(launch(options).status().message()), HasSubstr("--node-rank=1"));
@@ -352,8 +350,8 @@ TEST(Launcher, BadOptionsAreErrors) {
 
 TEST(Launcher, ParsesCommandLine) {
   auto options = parse_launch_args({"--nproc", "4", "--nnodes=2", "--node-rank", "1",
-                                    "--master-addr", "10.0.0.1", "--master-port",
-                                    "1234", "--timeout", "2.5", "--", "prog", "--x"});
+                                    "--master-addr", "10.0.0.1", "--master-port", "1234",
+                                    "--timeout", "2.5", "--", "prog", "--x"});
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->nproc_per_node, 4);
   EXPECT_EQ(options->nnodes, 2);
@@ -366,25 +364,24 @@ TEST(Launcher, ParsesCommandLine) {
               HasSubstr("--nproc='x'"));
   EXPECT_THAT(std::string(parse_launch_args({"--", "p"}).status().message()),
               HasSubstr("--nproc is missing"));
-  EXPECT_THAT(std::string(parse_launch_args({"--nproc", "2", "--bogus", "1", "--", "p"})
-                              .status()
-                              .message()),
-              HasSubstr("unknown flag --bogus"));
+  EXPECT_THAT(
+      std::string(
+          parse_launch_args({"--nproc", "2", "--bogus", "1", "--", "p"}).status().message()),
+      HasSubstr("unknown flag --bogus"));
   EXPECT_THAT(std::string(parse_launch_args({"--nproc", "2"}).status().message()),
               HasSubstr("no program"));
-  auto elastic = parse_launch_args({"--nproc", "2", "--collective-timeout", "1.5",
-                                    "--max-restarts=3", "--", "prog"});
+  auto elastic = parse_launch_args(
+      {"--nproc", "2", "--collective-timeout", "1.5", "--max-restarts=3", "--", "prog"});
   ASSERT_TRUE(elastic.ok()) << elastic.status();
   EXPECT_EQ(elastic->collective_timeout.count(), 1500);
   EXPECT_EQ(elastic->max_restarts, 3);
   EXPECT_EQ(elastic->timeout.count(), 0);
-  EXPECT_THAT(std::string(parse_launch_args({"--nproc", "2", "--collective-timeout", "0",
-                                             "--", "p"})
-                              .status()
-                              .message()),
-              HasSubstr("--collective-timeout='0'"));
-  EXPECT_THAT(std::string(parse_launch_args({"--nproc", "2", "--max-restarts", "-1",
-                                             "--", "p"})
+  EXPECT_THAT(
+      std::string(parse_launch_args({"--nproc", "2", "--collective-timeout", "0", "--", "p"})
+                      .status()
+                      .message()),
+      HasSubstr("--collective-timeout='0'"));
+  EXPECT_THAT(std::string(parse_launch_args({"--nproc", "2", "--max-restarts", "-1", "--", "p"})
                               .status()
                               .message()),
               HasSubstr("--max-restarts='-1'"));
@@ -414,9 +411,9 @@ TEST(Launcher, CommandLineDetails) {
             "--master-addr='': expected a value");
   EXPECT_THAT(message({"--nproc", "2", "--help", "--", "p"}), HasSubstr("unknown flag --help"));
   const std::string usage = launch_usage();
-  for (const char* flag : {"--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port",
-                           "--timeout", "--collective-timeout", "--max-restarts",
-                           "--threads-per-rank", "--help"}) {
+  for (const char* flag :
+       {"--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--timeout",
+        "--collective-timeout", "--max-restarts", "--threads-per-rank", "--help"}) {
     EXPECT_THAT(usage, HasSubstr(flag));
   }
   EXPECT_THAT(usage, HasSubstr("PROGRAM [ARGS...] follow the flags"));
@@ -469,7 +466,8 @@ ToolRun run_tool(const std::vector<std::string>& args, const std::string& pid_di
   }
   if (tool_signal != 0) {
     const auto deadline = Clock::now() + std::chrono::seconds(10);
-    while (Clock::now() < deadline && read_pids(pid_dir, nproc).size() < static_cast<size_t>(nproc)) {
+    while (Clock::now() < deadline &&
+           read_pids(pid_dir, nproc).size() < static_cast<size_t>(nproc)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     kill(pid, tool_signal);
@@ -484,8 +482,8 @@ ToolRun run_tool(const std::vector<std::string>& args, const std::string& pid_di
 }
 
 TEST(LaunchTool, ExitCodePropagatesAndFirstFailureIsReported) {
-  auto run = run_tool({"--nproc", "2", "--", child_program(), "--fail-rank", "1",
-                       "--fail-code", "5"});
+  auto run =
+      run_tool({"--nproc", "2", "--", child_program(), "--fail-rank", "1", "--fail-code", "5"});
   EXPECT_EQ(run.status, 5) << run.output;
   EXPECT_THAT(run.output, HasSubstr("[rank 1] rank 1 failing with 5"));
   EXPECT_THAT(run.output, HasSubstr("launch: rank 1 (pid"));
@@ -509,9 +507,9 @@ TEST(LaunchTool, HelpAndUsageErrors) {
 TEST(LaunchTool, KillingOneRankEndsAllWithinSecondsAndLeavesNoProcess) {
   const std::string dir = temp_dir();
   const auto start = Clock::now();
-  auto run = run_tool({"--nproc", "3", "--", child_program(), "--sleep", "--pid-dir",
-                       dir, "--spawn-grandchild"},
-                      dir, /*kill_rank=*/2);
+  auto run = run_tool(
+      {"--nproc", "3", "--", child_program(), "--sleep", "--pid-dir", dir, "--spawn-grandchild"},
+      dir, /*kill_rank=*/2);
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_EQ(run.status, 128 + SIGKILL) << run.output;
   EXPECT_THAT(run.output, HasSubstr("rank 2"));
@@ -527,8 +525,8 @@ TEST(LaunchTool, KillingOneRankEndsAllWithinSecondsAndLeavesNoProcess) {
 
 TEST(LaunchTool, SigtermToLauncherEndsRanks) {
   const std::string dir = temp_dir();
-  auto run = run_tool({"--nproc", "2", "--", child_program(), "--sleep", "--pid-dir", dir},
-                      dir, -1, SIGTERM, 2);
+  auto run = run_tool({"--nproc", "2", "--", child_program(), "--sleep", "--pid-dir", dir}, dir, -1,
+                      SIGTERM, 2);
   EXPECT_EQ(run.status, 128 + SIGTERM) << run.output;
   EXPECT_THAT(run.output, HasSubstr("launcher received signal 15"));
   const auto pids = read_pids(dir, 2);
@@ -538,8 +536,8 @@ TEST(LaunchTool, SigtermToLauncherEndsRanks) {
 
 TEST(LaunchTool, RanksDieWithAKilledLauncher) {
   const std::string dir = temp_dir();
-  auto run = run_tool({"--nproc", "2", "--", child_program(), "--sleep", "--pid-dir", dir},
-                      dir, -1, SIGKILL, 2);
+  auto run = run_tool({"--nproc", "2", "--", child_program(), "--sleep", "--pid-dir", dir}, dir, -1,
+                      SIGKILL, 2);
   EXPECT_EQ(run.status, 128 + SIGKILL);
   // PR_SET_PDEATHSIG: the kernel kills the ranks when the launcher dies.
   // Their parent is gone, so they are reaped by a subreaper/init, not us.
@@ -555,8 +553,8 @@ TEST(LaunchTool, RanksDieWithAKilledLauncher) {
 }
 
 TEST(LaunchTool, MaxRestartsRestartsAndLogsTheCause) {
-  auto run = run_tool({"--nproc", "2", "--max-restarts", "2", "--", child_program(),
-                       "--fail-rank", "0", "--fail-code", "6", "--fail-until-restart", "1"});
+  auto run = run_tool({"--nproc", "2", "--max-restarts", "2", "--", child_program(), "--fail-rank",
+                       "0", "--fail-code", "6", "--fail-until-restart", "1"});
   EXPECT_EQ(run.status, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("launch: restart 1 of 2: rank 0 (pid "));
   EXPECT_THAT(run.output, HasSubstr("exited with status 6"));
@@ -578,9 +576,17 @@ ToolRun wait_tool(pid_t pid, const std::string& out_path) {
 
 std::vector<std::string> node_args(int node, int port, int max_restarts,
                                    std::vector<std::string> child_args) {
-  std::vector<std::string> args = {"--nproc", "1", "--nnodes", "2", "--node-rank",
-                                   std::to_string(node), "--master-port", std::to_string(port),
-                                   "--max-restarts", std::to_string(max_restarts), "--",
+  std::vector<std::string> args = {"--nproc",
+                                   "1",
+                                   "--nnodes",
+                                   "2",
+                                   "--node-rank",
+                                   std::to_string(node),
+                                   "--master-port",
+                                   std::to_string(port),
+                                   "--max-restarts",
+                                   std::to_string(max_restarts),
+                                   "--",
                                    child_program()};
   args.insert(args.end(), child_args.begin(), child_args.end());
   return args;
@@ -602,8 +608,8 @@ std::vector<std::string> lines_with(const std::string& text, const std::string& 
 TEST(LaunchTool, MultiNodeRestartsEveryNode) {
   const int port = pick_free_port().value();
   const std::string dir = temp_dir();
-  const std::vector<std::string> child = {"--print-env", "--fail-rank", "1", "--fail-code",
-                                          "5", "--fail-until-restart", "1"};
+  const std::vector<std::string> child = {"--print-env", "--fail-rank",          "1", "--fail-code",
+                                          "5",           "--fail-until-restart", "1"};
   const pid_t node1 = start_tool(node_args(1, port, 2, child), dir + "/node1");
   const pid_t node0 = start_tool(node_args(0, port, 2, child), dir + "/node0");
   const ToolRun run0 = wait_tool(node0, dir + "/node0");
@@ -631,7 +637,7 @@ TEST(LaunchTool, MultiNodeRestartsEveryNode) {
 TEST(LaunchTool, MultiNodeGivesUpTogetherWithTheReason) {
   const int port = pick_free_port().value();
   const std::string dir = temp_dir();
-  const std::vector<std::string> child = {"--fail-rank", "0", "--fail-code", "6",
+  const std::vector<std::string> child = {"--fail-rank",          "0", "--fail-code", "6",
                                           "--fail-until-restart", "9"};
   const pid_t node1 = start_tool(node_args(1, port, 1, child), dir + "/node1");
   const pid_t node0 = start_tool(node_args(0, port, 1, child), dir + "/node0");
@@ -641,8 +647,7 @@ TEST(LaunchTool, MultiNodeGivesUpTogetherWithTheReason) {
     EXPECT_EQ(run->status, 6) << run->output;
     EXPECT_THAT(run->output, HasSubstr("restart 1 of 1 (all 2 nodes): node 0: rank 0"))
         << run->output;
-    EXPECT_THAT(run->output, HasSubstr("no restart left (--max-restarts=1 used)"))
-        << run->output;
+    EXPECT_THAT(run->output, HasSubstr("no restart left (--max-restarts=1 used)")) << run->output;
   }
 }
 
@@ -651,10 +656,10 @@ TEST(LaunchTool, MultiNodeGivesUpTogetherWithTheReason) {
 TEST(LaunchTool, MultiNodeLauncherLossEndsTheJob) {
   const int port = pick_free_port().value();
   const std::string dir = temp_dir();
-  const pid_t node1 = start_tool(node_args(1, port, 3, {"--sleep", "--pid-dir", dir}),
-                                 dir + "/node1");
-  const pid_t node0 = start_tool(node_args(0, port, 3, {"--sleep", "--pid-dir", dir}),
-                                 dir + "/node0");
+  const pid_t node1 =
+      start_tool(node_args(1, port, 3, {"--sleep", "--pid-dir", dir}), dir + "/node1");
+  const pid_t node0 =
+      start_tool(node_args(0, port, 3, {"--sleep", "--pid-dir", dir}), dir + "/node0");
   const auto deadline = Clock::now() + std::chrono::seconds(20);
   while (Clock::now() < deadline && read_pids(dir, 2).size() < 2) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -708,9 +713,9 @@ TEST(LauncherRendezvous, Node0ThatIsNotALauncherIsNamed) {
     auto result = launch(NodeOptions(1, peer.port(), std::chrono::seconds(20)));
     ASSERT_FALSE(result.ok());
     EXPECT_EQ(result.status().code(), absl::StatusCode::kDataLoss) << result.status();
-    EXPECT_THAT(std::string(result.status().message()),
-                HasSubstr("node 0's launcher at 127.0.0.1:" + std::to_string(peer.port()) +
-                          " " + c.says));
+    EXPECT_THAT(
+        std::string(result.status().message()),
+        HasSubstr("node 0's launcher at 127.0.0.1:" + std::to_string(peer.port()) + " " + c.says));
     EXPECT_LT(SecondsSince(start), 5.0);
   }
 }
@@ -768,8 +773,8 @@ TEST(LauncherRendezvous, StrangersAtNode0AreTurnedAwayByName) {
   EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded) << result.status();
   const std::string expected = "sent 'GET / HTTP/1.1\\r': expected 'NODE k', k in [1, --nnodes=2)";
   EXPECT_THAT(std::string(result.status().message()),
-              HasSubstr("only 1 of --nnodes=2 launchers reached 127.0.0.1:" +
-                        std::to_string(port) + "; turned away: a connection from 127.0.0.1:"));
+              HasSubstr("only 1 of --nnodes=2 launchers reached 127.0.0.1:" + std::to_string(port) +
+                        "; turned away: a connection from 127.0.0.1:"));
   EXPECT_THAT(std::string(result.status().message()), HasSubstr(expected));
   EXPECT_LT(SecondsSince(start), 2.5 + 1.5);
   std::lock_guard<std::mutex> lock(mutex);
@@ -780,16 +785,14 @@ TEST(LauncherRendezvous, StrangersAtNode0AreTurnedAwayByName) {
 TEST(LauncherRendezvous, MalformedMessageFromANodeIsNamed) {
   const int port = pick_free_port().value();
   const auto start = Clock::now();
-  auto node0 = std::async(std::launch::async, [&] {
-    return launch(NodeOptions(0, port, std::chrono::seconds(20)));
-  });
+  auto node0 = std::async(std::launch::async,
+                          [&] { return launch(NodeOptions(0, port, std::chrono::seconds(20))); });
   const int fake = ConnectAndSend(port, "NODE 1\nJOIN zero\n");
   auto result = node0.get();
   if (fake >= 0) close(fake);
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kDataLoss) << result.status();
-  EXPECT_THAT(std::string(result.status().message()),
-              HasSubstr("node 1's launcher at 127.0.0.1:"));
+  EXPECT_THAT(std::string(result.status().message()), HasSubstr("node 1's launcher at 127.0.0.1:"));
   EXPECT_THAT(std::string(result.status().message()),
               HasSubstr(" sent 'JOIN zero': expected JOIN r, OVER r or FAIL r CODE SUMMARY "
                         "before attempt 0"));

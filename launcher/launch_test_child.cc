@@ -29,26 +29,39 @@ int main(int argc, char** argv) {
   const int rank = rank_text ? std::atoi(rank_text) : -1;
   bool print_env = false, spawn = false, ignore_term = false, sleep = false;
   bool write_closed_pipe = false;
-  int fail_rank = -1, fail_code = 0, kill_rank = -1, fail_until_restart = -1,
-      hang_rank = -1;
+  int fail_rank = -1, fail_code = 0, kill_rank = -1, fail_until_restart = -1, hang_rank = -1;
   const char* restart_text = std::getenv("TORCHELASTIC_RESTART_COUNT");
   const int restart = restart_text ? std::atoi(restart_text) : -1;
   std::string pid_dir;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (a == "--print-env") print_env = true;
-    else if (a == "--fail-rank") fail_rank = std::atoi(next().c_str());
-    else if (a == "--fail-code") fail_code = std::atoi(next().c_str());
-    else if (a == "--kill-self-rank") kill_rank = std::atoi(next().c_str());
-    else if (a == "--pid-dir") pid_dir = next();
-    else if (a == "--spawn-grandchild") spawn = true;
-    else if (a == "--ignore-sigterm") ignore_term = true;
-    else if (a == "--sleep") sleep = true;
-    else if (a == "--write-closed-pipe") write_closed_pipe = true;
-    else if (a == "--fail-until-restart") fail_until_restart = std::atoi(next().c_str());
-    else if (a == "--hang-rank") hang_rank = std::atoi(next().c_str());
-    else { std::fprintf(stderr, "unknown flag %s\n", a.c_str()); return 64; }
+    if (a == "--print-env")
+      print_env = true;
+    else if (a == "--fail-rank")
+      fail_rank = std::atoi(next().c_str());
+    else if (a == "--fail-code")
+      fail_code = std::atoi(next().c_str());
+    else if (a == "--kill-self-rank")
+      kill_rank = std::atoi(next().c_str());
+    else if (a == "--pid-dir")
+      pid_dir = next();
+    else if (a == "--spawn-grandchild")
+      spawn = true;
+    else if (a == "--ignore-sigterm")
+      ignore_term = true;
+    else if (a == "--sleep")
+      sleep = true;
+    else if (a == "--write-closed-pipe")
+      write_closed_pipe = true;
+    else if (a == "--fail-until-restart")
+      fail_until_restart = std::atoi(next().c_str());
+    else if (a == "--hang-rank")
+      hang_rank = std::atoi(next().c_str());
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
+      return 64;
+    }
   }
   if (ignore_term) signal(SIGTERM, SIG_IGN);
   if (write_closed_pipe) {
@@ -62,10 +75,9 @@ int main(int argc, char** argv) {
     return 4;
   }
   if (print_env) {
-    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                             "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
-                             "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-                             "COMM_COLLECTIVE_TIMEOUT_MS"}) {
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                             "MASTER_PORT", "OMP_NUM_THREADS", "TORCHELASTIC_RESTART_COUNT",
+                             "TORCHELASTIC_MAX_RESTARTS", "COMM_COLLECTIVE_TIMEOUT_MS"}) {
       const char* v = std::getenv(name);
       std::printf("%s=%s\n", name, v ? v : "<unset>");
     }

@@ -70,17 +70,15 @@ namespace {
 torch::nn::AnyValue any_forward(torch::nn::AnyModule& module,
                                 std::vector<torch::nn::AnyValue> args) {
   switch (args.size()) {
-    case 0:
-      return module.any_forward();
-    case 1:
-      return module.any_forward(std::move(args[0]));
-    case 2:
-      return module.any_forward(std::move(args[0]), std::move(args[1]));
-    case 3:
-      return module.any_forward(std::move(args[0]), std::move(args[1]), std::move(args[2]));
+    case 0: return module.any_forward();
+    case 1: return module.any_forward(std::move(args[0]));
+    case 2: return module.any_forward(std::move(args[0]), std::move(args[1]));
+    case 3: return module.any_forward(std::move(args[0]), std::move(args[1]), std::move(args[2]));
     default:
-      TORCH_CHECK(false, "module_call: a torch::nn::Sequential driven through the call point was "
-                  "called with ", args.size(), " arguments: expected at most 3");
+      TORCH_CHECK(false,
+                  "module_call: a torch::nn::Sequential driven through the call point was "
+                  "called with ",
+                  args.size(), " arguments: expected at most 3");
   }
 }
 
@@ -92,7 +90,8 @@ torch::nn::AnyValue region_any_forward(ForwardCall& point, torch::nn::AnyModule&
   std::vector<at::Tensor> inputs;
   for (size_t i = 0; i < args.size(); ++i) {
     const at::Tensor* t = args[i].try_get<at::Tensor>();
-    TORCH_CHECK(t != nullptr, what, ": argument ", i, " is not an at::Tensor: such a child "
+    TORCH_CHECK(t != nullptr, what, ": argument ", i,
+                " is not an at::Tensor: such a child "
                 "takes tensors");
     inputs.push_back(*t);
   }

@@ -108,8 +108,7 @@ inline bool collect_tensors(const std::vector<at::Tensor>& ts, std::vector<at::T
 template <typename... Ts>
 bool collect_tensors(const std::tuple<Ts...>& tuple, std::vector<at::Tensor>* out) {
   bool known = true;
-  std::apply([&](const auto&... elems) { ((known &= collect_tensors(elems, out)), ...); },
-             tuple);
+  std::apply([&](const auto&... elems) { ((known &= collect_tensors(elems, out)), ...); }, tuple);
   return known;
 }
 template <typename A, typename B>
@@ -139,11 +138,12 @@ auto region_forward(ForwardCall& point, Impl& impl, Args&&... args) {
   if constexpr (is_tensor_output<Out>::value) {
     std::vector<at::Tensor> inputs = tensor_arguments(args...);
     Impl* self = &impl;
-    TensorFunction forward = as_tensor_function(
-        [self](auto&&... a) { return self->forward(a...); }, std::forward<Args>(args)...);
+    TensorFunction forward = as_tensor_function([self](auto&&... a) { return self->forward(a...); },
+                                                std::forward<Args>(args)...);
     return from_tensors<Out>(point.run_region(std::move(forward), std::move(inputs)));
   } else {
-    TORCH_CHECK(false, "module_call::call(", impl.name(), "): the module runs as a region that "
+    TORCH_CHECK(false, "module_call::call(", impl.name(),
+                "): the module runs as a region that "
                 "reruns (activation checkpointing), and its forward returns a type such a "
                 "region cannot return: expected at::Tensor, std::vector<at::Tensor> or "
                 "std::tuple of tensors");
@@ -171,9 +171,10 @@ auto call(ModuleRef&& module, Args&&... args) {
     (values.emplace_back(point.argument(std::forward<Args>(args))), ...);
     return point.finish(sequential_forward(impl, std::move(values)).template get<at::Tensor>());
   } else {
-    auto out = point.runs_as_region()
-                   ? internal::region_forward(point, impl, point.argument(std::forward<Args>(args))...)
-                   : impl.forward(point.argument(std::forward<Args>(args))...);
+    auto out =
+        point.runs_as_region()
+            ? internal::region_forward(point, impl, point.argument(std::forward<Args>(args))...)
+            : impl.forward(point.argument(std::forward<Args>(args))...);
     return point.finish(std::move(out));
   }
 }

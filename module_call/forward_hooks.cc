@@ -63,7 +63,8 @@ HookHandle register_forward_hooks(const std::shared_ptr<torch::nn::Module>& modu
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   const uint64_t id = r.next_id++;
-  r.update(module, [&](internal::ModuleHooks& all) { all.forward.emplace_back(id, std::move(hooks)); });
+  r.update(module,
+           [&](internal::ModuleHooks& all) { all.forward.emplace_back(id, std::move(hooks)); });
   return HookHandle(module.get(), id);
 }
 

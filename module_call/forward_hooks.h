@@ -74,8 +74,7 @@ class HookHandle {
   void remove();
 
  private:
-  friend HookHandle register_forward_hooks(const std::shared_ptr<torch::nn::Module>&,
-                                           ForwardHooks);
+  friend HookHandle register_forward_hooks(const std::shared_ptr<torch::nn::Module>&, ForwardHooks);
   HookHandle(const torch::nn::Module* module, uint64_t id) : module_(module), id_(id) {}
   const torch::nn::Module* module_ = nullptr;
   uint64_t id_ = 0;
@@ -89,9 +88,9 @@ HookHandle register_forward_hooks(const std::shared_ptr<torch::nn::Module>& modu
 // so that it can run again in backward (activation checkpointing). It must
 // call the module's before_rerun hooks (run_before_rerun_hooks) before each
 // rerun and its before_rerun_backward hooks before differentiating it.
-using RegionRunner = std::function<std::vector<at::Tensor>(
-    const std::shared_ptr<torch::nn::Module>& module, TensorFunction forward,
-    std::vector<at::Tensor> inputs)>;
+using RegionRunner =
+    std::function<std::vector<at::Tensor>(const std::shared_ptr<torch::nn::Module>& module,
+                                          TensorFunction forward, std::vector<at::Tensor> inputs)>;
 
 // At most one per module: setting it again replaces it. Error when `module`
 // is null.

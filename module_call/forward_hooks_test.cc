@@ -75,7 +75,8 @@ TEST(ForwardHooks, ForwardFailedForThoseWhosePreForwardRan) {
 TEST(ForwardHooks, RemovedHooksNoLongerRun) {
   torch::nn::Identity identity;
   std::vector<std::string> log;
-  module_call::HookHandle a = module_call::register_forward_hooks(identity.ptr(), Logging(&log, "a"));
+  module_call::HookHandle a =
+      module_call::register_forward_hooks(identity.ptr(), Logging(&log, "a"));
   module_call::register_forward_hooks(identity.ptr(), Logging(&log, "b"));
   a.remove();
   a.remove();  // idempotent
@@ -140,12 +141,12 @@ TEST(RegionRunner, ForwardOfMixedArguments) {
   };
   auto scale = std::make_shared<ScaleImpl>();
   std::vector<int64_t> seen_inputs;
-  module_call::set_region_runner(scale, [&](const std::shared_ptr<torch::nn::Module>&,
-                                            module_call::TensorFunction forward,
-                                            std::vector<at::Tensor> inputs) {
-    seen_inputs.push_back(static_cast<int64_t>(inputs.size()));
-    return forward(inputs);
-  });
+  module_call::set_region_runner(
+      scale, [&](const std::shared_ptr<torch::nn::Module>&, module_call::TensorFunction forward,
+                 std::vector<at::Tensor> inputs) {
+        seen_inputs.push_back(static_cast<int64_t>(inputs.size()));
+        return forward(inputs);
+      });
   auto [a, b] = module_call::call(scale, torch::ones({1}), 3.0, torch::zeros({1}));
   EXPECT_EQ(a.item<double>(), 3.0);
   EXPECT_EQ(b.item<double>(), 3.0);

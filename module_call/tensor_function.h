@@ -25,7 +25,8 @@
 
 namespace module_call {
 
-using TensorFunction = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& inputs)>;
+using TensorFunction =
+    std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& inputs)>;
 
 template <typename T>
 struct is_tensor : std::is_same<std::decay_t<T>, at::Tensor> {};
@@ -132,8 +133,10 @@ TensorFunction as_tensor_function(Fn&& fn, Args&&... args) {
                 "std::vector<at::Tensor> or std::tuple<at::Tensor, ...>");
   using Stored = std::tuple<internal::stored_t<Args>...>;
   auto stored = std::make_shared<Stored>(internal::store(std::forward<Args>(args))...);
-  return [fn = std::decay_t<Fn>(std::forward<Fn>(fn)), stored](const std::vector<at::Tensor>& ins) mutable {
-    return to_tensors(internal::invoke<Args...>(fn, *stored, ins, std::index_sequence_for<Args...>()));
+  return [fn = std::decay_t<Fn>(std::forward<Fn>(fn)),
+          stored](const std::vector<at::Tensor>& ins) mutable {
+    return to_tensors(
+        internal::invoke<Args...>(fn, *stored, ins, std::index_sequence_for<Args...>()));
   };
 }
 

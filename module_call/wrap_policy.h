@@ -32,8 +32,7 @@ namespace module_call {
 struct AutoWrapPolicy {
   // `module`: the candidate; `fqn`: its name relative to the wrapped root;
   // `nonwrapped_numel`: parameters in its subtree no deeper chosen module took.
-  using Predicate = std::function<bool(const torch::nn::Module& module,
-                                       const std::string& fqn,
+  using Predicate = std::function<bool(const torch::nn::Module& module, const std::string& fqn,
                                        int64_t nonwrapped_numel)>;
   // Empty: chooses nothing (FSDP: only the root is a unit).
   Predicate should_wrap;

@@ -12,8 +12,10 @@ namespace state_dict {
 AsyncCheckpointer::~AsyncCheckpointer() {
   absl::Status status = Wait();
   if (!status.ok()) {
-    std::fprintf(stderr, "state_dict::AsyncCheckpointer: background save failed and "
-                         "nobody called Wait(): %s\n", status.ToString().c_str());
+    std::fprintf(stderr,
+                 "state_dict::AsyncCheckpointer: background save failed and "
+                 "nobody called Wait(): %s\n",
+                 status.ToString().c_str());
   }
 }
 
@@ -62,8 +64,8 @@ absl::Status AsyncCheckpointer::StartInPlace(
 absl::Status AsyncCheckpointer::SaveFullInPlace(const std::string& root, int64_t step,
                                                 const TensorDict& state,
                                                 std::function<absl::Status()> then) {
-  return StartInPlace(state.values(), [root, step, state, then = std::move(then)](
-                                          const internal::LiveTensors& live) {
+  return StartInPlace(state.values(), [root, step, state,
+                                       then = std::move(then)](const internal::LiveTensors& live) {
     absl::Status status = internal::SaveFullCheckpoint(root, step, state, &live);
     if (status.ok() && then) status = then();
     return status;
@@ -76,10 +78,10 @@ absl::Status AsyncCheckpointer::SaveShardInPlace(const std::string& root, int64_
   for (const auto& item : shard) {
     for (const ShardPiece& piece : item.value().pieces) pieces.push_back(piece.data);
   }
-  return StartInPlace(pieces, [root, step, rank, world_size, shard](
-                                  const internal::LiveTensors& live) {
-    return internal::SaveShard(root, step, rank, world_size, shard, &live);
-  });
+  return StartInPlace(pieces,
+                      [root, step, rank, world_size, shard](const internal::LiveTensors& live) {
+                        return internal::SaveShard(root, step, rank, world_size, shard, &live);
+                      });
 }
 
 absl::Status AsyncCheckpointer::Start(std::function<absl::Status()> write) {

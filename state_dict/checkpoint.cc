@@ -36,16 +36,6 @@ void SetAfterFileWrittenHookForTesting(std::function<void(const std::string&)> h
   AfterFileWrittenHook() = std::move(hook);
 }
 
-namespace {
-std::function<void(const std::string&)>& BeforeRemoveHook() {
-  static auto* hook = new std::function<void(const std::string&)>();
-  return *hook;
-}
-}  // namespace
-
-void SetBeforeRemoveHookForTesting(std::function<void(const std::string&)> hook) {
-  BeforeRemoveHook() = std::move(hook);
-}
 }  // namespace internal
 
 namespace {
@@ -75,8 +65,8 @@ absl::Status WriteCheckpointFile(const std::string& path, absl::string_view byte
 // Streams `tensors` into the data file `path` and records its size and
 // checksums in `file`, whose entries with data are in `tensors`' order
 // (data-less "-" entries are skipped); then runs the test hook.
-absl::Status WriteDataFile(const std::string& path, const TensorDict& tensors,
-                           ManifestFile& file, const internal::LiveTensors* live) {
+absl::Status WriteDataFile(const std::string& path, const TensorDict& tensors, ManifestFile& file,
+                           const internal::LiveTensors* live) {
   auto written = internal::WriteTensorDict(tensors, path, live);
   if (!written.ok()) return written.status();
   file.bytes = written->bytes;
@@ -95,21 +85,20 @@ absl::Status WriteDataFile(const std::string& path, const TensorDict& tensors,
 }
 
 absl::Status CheckName(const std::string& name) {
-  if (name.empty() || name == kNoData ||
-      std::any_of(name.begin(), name.end(), [](char c) {
+  if (name.empty() || name == kNoData || std::any_of(name.begin(), name.end(), [](char c) {
         return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '#';
       })) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor name '", name, "' cannot be checkpointed (empty, or contains "
-        "whitespace or '#')"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor name '", name,
+                                                   "' cannot be checkpointed (empty, or contains "
+                                                   "whitespace or '#')"));
   }
   return absl::OkStatus();
 }
 
 absl::Status PrepareStepDirectory(const std::string& step_dir) {
   if (internal::PathExists(step_dir + "/" + kManifestFileName)) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "checkpoint ", step_dir, " is already complete; refusing to overwrite it"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("checkpoint ", step_dir, " is already complete; refusing to overwrite it"));
   }
   return internal::CreateDirectories(step_dir);
 }
@@ -163,18 +152,18 @@ absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
     // Before anything is sized by it: a world size is only as believable as
     // the files listed for it.
     if (m.files.size() != static_cast<size_t>(m.world_size)) {
-      return bad(absl::StrCat("lists ", m.files.size(), " files for a world of size ",
-                              m.world_size, ": expected one file per rank"));
+      return bad(absl::StrCat("lists ", m.files.size(), " files for a world of size ", m.world_size,
+                              ": expected one file per rank"));
     }
     std::vector<int> seen(static_cast<size_t>(m.world_size), 0);
     for (const ManifestFile& f : m.files) {
       if (f.rank >= m.world_size) {
-        return bad(absl::StrCat("file ", f.name, " is for rank ", f.rank,
-                                " but the world size is ", m.world_size));
+        return bad(absl::StrCat("file ", f.name, " is for rank ", f.rank, " but the world size is ",
+                                m.world_size));
       }
       if (f.name != RankFileName(f.rank)) {
-        return bad(absl::StrCat("rank ", f.rank, "'s file is named ", f.name,
-                                ", expected ", RankFileName(f.rank)));
+        return bad(absl::StrCat("rank ", f.rank, "'s file is named ", f.name, ", expected ",
+                                RankFileName(f.rank)));
       }
       ++seen[static_cast<size_t>(f.rank)];
     }
@@ -205,12 +194,13 @@ absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
       absl::Status status = CheckName(t.name);
       if (!status.ok()) return bad(absl::StrCat(where, ": ", status.message()));
       const int64_t numel = CheckedNumel(t.global_shape);
-      if (numel < 0) return bad(absl::StrCat(where, ": shape ", Shape(t.global_shape),
-                                             " has more elements than int64 holds"));
+      if (numel < 0)
+        return bad(absl::StrCat(where, ": shape ", Shape(t.global_shape),
+                                " has more elements than int64 holds"));
       const FlatRange& r = t.range;
       if (r.offset < 0 || r.numel < 0 || r.offset > numel - r.numel) {
-        return bad(absl::StrCat(where, ": its piece of ", r.numel, " elements at offset ",
-                                r.offset, " lies outside its ", numel, " elements (shape ",
+        return bad(absl::StrCat(where, ": its piece of ", r.numel, " elements at offset ", r.offset,
+                                " lies outside its ", numel, " elements (shape ",
                                 Shape(t.global_shape), ")"));
       }
       // The entries the savers write: a full file holds each tensor whole
@@ -226,8 +216,8 @@ absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
         well_formed = IsPieceKey(t.key, t.name);
       }
       if (!well_formed) {
-        return bad(absl::StrCat(where, ": key '", t.key, "' with piece [", r.offset, ", ",
-                                r.end(), ") is not an entry the checkpoint writer makes"));
+        return bad(absl::StrCat(where, ": key '", t.key, "' with piece [", r.offset, ", ", r.end(),
+                                ") is not an entry the checkpoint writer makes"));
       }
       if (!no_data && !keys.insert(t.key).second) {
         return bad(absl::StrCat("file ", f.name, " lists key '", t.key, "' twice"));
@@ -238,18 +228,19 @@ absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
                                   static_cast<uint64_t>(c10::elementSize(t.dtype)), &piece_bytes) ||
            __builtin_add_overflow(claimed_bytes, piece_bytes, &claimed_bytes) ||
            claimed_bytes > capacity)) {
-        return bad(absl::StrCat("file ", f.name, " of ", f.bytes, " bytes cannot hold its tensors: ",
-                                where, " brings the data listed for it past ", capacity,
-                                " bytes (", kMaxDeflateExpansion, " times its size, deflate's "
-                                "maximum expansion) with ", r.numel, " elements of ",
-                                c10::toString(t.dtype)));
+        return bad(absl::StrCat(
+            "file ", f.name, " of ", f.bytes, " bytes cannot hold its tensors: ", where,
+            " brings the data listed for it past ", capacity, " bytes (", kMaxDeflateExpansion,
+            " times its size, deflate's "
+            "maximum expansion) with ",
+            r.numel, " elements of ", c10::toString(t.dtype)));
       }
       auto inserted = globals.emplace(t.name, Global{&t, {}});
       const ManifestTensor& first = *inserted.first->second.first;
       if (first.global_shape != t.global_shape || first.dtype != t.dtype) {
-        return bad(absl::StrCat(where, " is ", Shape(t.global_shape), " ",
-                                c10::toString(t.dtype), ", an earlier entry says ",
-                                Shape(first.global_shape), " ", c10::toString(first.dtype)));
+        return bad(absl::StrCat(where, " is ", Shape(t.global_shape), " ", c10::toString(t.dtype),
+                                ", an earlier entry says ", Shape(first.global_shape), " ",
+                                c10::toString(first.dtype)));
       }
       if (!no_data && r.numel > 0) inserted.first->second.pieces.push_back(r);
     }
@@ -265,28 +256,29 @@ absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
     int64_t covered = 0;  // elements [0, covered) are held by some piece
     for (const FlatRange& r : pieces) {
       if (r.offset > covered) {
-        return bad(absl::StrCat("tensor '", entry.first, "': no file holds elements [",
-                                covered, ", ", r.offset, ")"));
+        return bad(absl::StrCat("tensor '", entry.first, "': no file holds elements [", covered,
+                                ", ", r.offset, ")"));
       }
       covered = std::max(covered, r.end());
     }
     if (covered != numel) {
-      return bad(absl::StrCat("tensor '", entry.first, "': no file holds elements [",
-                              covered, ", ", numel, ") of its ", numel));
+      return bad(absl::StrCat("tensor '", entry.first, "': no file holds elements [", covered, ", ",
+                              numel, ") of its ", numel));
     }
   }
   for (const ManifestFile& f : m.files) {
     struct stat st;
     const std::string path = step_dir + "/" + f.name;
     if (::stat(path.c_str(), &st) != 0) {
-      return absl::NotFoundError(absl::StrCat(
-          "missing file ", path, " (rank ", f.rank, " of ", m.world_size,
-          "): the checkpoint cannot be loaded without it"));
+      return absl::NotFoundError(absl::StrCat("missing file ", path, " (rank ", f.rank, " of ",
+                                              m.world_size,
+                                              "): the checkpoint cannot be loaded without it"));
     }
     if (static_cast<uint64_t>(st.st_size) != f.bytes) {
-      return absl::DataLossError(absl::StrCat(
-          "file ", path, " is ", static_cast<uint64_t>(st.st_size) < f.bytes ? "truncated" : "too long",
-          ": ", st.st_size, " bytes, the manifest records ", f.bytes));
+      return absl::DataLossError(
+          absl::StrCat("file ", path, " is ",
+                       static_cast<uint64_t>(st.st_size) < f.bytes ? "truncated" : "too long", ": ",
+                       st.st_size, " bytes, the manifest records ", f.bytes));
     }
   }
   return absl::OkStatus();
@@ -303,20 +295,20 @@ absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
 // CRC-32C assembled from the records' and the bytes between them
 // (internal::ReadChecksummedTensorDict). Verify and every load run this same
 // function, so they accept and reject the same files.
-absl::StatusOr<TensorDict> ReadVerifiedFile(
-    const std::string& step_dir, CheckpointKind kind, const ManifestFile& f,
-    internal::TensorData data = internal::TensorData::kRead,
-    const std::set<std::string>& keep = {}) {
+absl::StatusOr<TensorDict> ReadVerifiedFile(const std::string& step_dir, CheckpointKind kind,
+                                            const ManifestFile& f,
+                                            internal::TensorData data = internal::TensorData::kRead,
+                                            const std::set<std::string>& keep = {}) {
   const std::string path = step_dir + "/" + f.name;
   auto size_mismatch = [&](uint64_t bytes) {
-    return absl::DataLossError(absl::StrCat(
-        "file ", path, " is ", bytes < f.bytes ? "truncated" : "too long",
-        ": ", bytes, " bytes, the manifest records ", f.bytes));
+    return absl::DataLossError(absl::StrCat("file ", path, " is ",
+                                            bytes < f.bytes ? "truncated" : "too long", ": ", bytes,
+                                            " bytes, the manifest records ", f.bytes));
   };
   auto checksum_mismatch = [&](uint32_t crc, absl::string_view culprit) {
-    return absl::DataLossError(absl::StrFormat(
-        "checksum mismatch in file %s: crc32c %08x, the manifest records %08x; %s",
-        path, crc, f.crc32c, culprit));
+    return absl::DataLossError(
+        absl::StrFormat("checksum mismatch in file %s: crc32c %08x, the manifest records %08x; %s",
+                        path, crc, f.crc32c, culprit));
   };
   auto file = internal::ReadChecksummedTensorDict(path, data, keep);
   if (!file.ok()) {
@@ -342,32 +334,31 @@ absl::StatusOr<TensorDict> ReadVerifiedFile(
   auto check_tensor = [&](const ManifestTensor& t) -> absl::Status {
     const torch::Tensor* found = tensors.find(t.key);
     if (found == nullptr) {
-      return absl::DataLossError(absl::StrCat(
-          "file ", path, " lacks tensor '", t.name, "' (key '", t.key, "')"));
+      return absl::DataLossError(
+          absl::StrCat("file ", path, " lacks tensor '", t.name, "' (key '", t.key, "')"));
     }
     if (found->scalar_type() != t.dtype) {
-      return absl::DataLossError(absl::StrCat(
-          "file ", path, ": tensor '", t.name, "' is ",
-          c10::toString(found->scalar_type()), ", the manifest records ",
-          c10::toString(t.dtype)));
+      return absl::DataLossError(absl::StrCat("file ", path, ": tensor '", t.name, "' is ",
+                                              c10::toString(found->scalar_type()),
+                                              ", the manifest records ", c10::toString(t.dtype)));
     }
     const std::vector<int64_t> want =
         kind == CheckpointKind::kFull ? t.global_shape : std::vector<int64_t>{t.range.numel};
     if (found->sizes().vec() != want) {
-      return absl::DataLossError(absl::StrCat(
-          "file ", path, ": tensor '", t.name, "' has shape ",
-          Shape(found->sizes().vec()), ", the manifest records ", Shape(want)));
+      return absl::DataLossError(absl::StrCat("file ", path, ": tensor '", t.name, "' has shape ",
+                                              Shape(found->sizes().vec()),
+                                              ", the manifest records ", Shape(want)));
     }
-    const std::optional<uint32_t> tensor_crc =
-        internal::TensorCrc32c(file->record_crc32c, *found);
+    const std::optional<uint32_t> tensor_crc = internal::TensorCrc32c(file->record_crc32c, *found);
     if (!tensor_crc.has_value()) {  // ReadChecksummedTensorDict keeps what this needs
       return absl::InternalError(absl::StrCat("file ", path, ": tensor '", t.name,
                                               "' was read without the data its checksum needs"));
     }
     if (*tensor_crc != t.crc32c) {
-      return absl::DataLossError(absl::StrFormat(
-          "checksum mismatch in file %s: tensor '%s' has crc32c %08x, the manifest "
-          "records %08x", path, t.name, *tensor_crc, t.crc32c));
+      return absl::DataLossError(
+          absl::StrFormat("checksum mismatch in file %s: tensor '%s' has crc32c %08x, the manifest "
+                          "records %08x",
+                          path, t.name, *tensor_crc, t.crc32c));
     }
     return absl::OkStatus();
   };
@@ -389,9 +380,8 @@ absl::StatusOr<TensorDict> ReadVerifiedFile(
     if (!status.ok()) return status;
   }
   if (stored != tensors.size()) {
-    return absl::DataLossError(absl::StrCat(
-        "file ", path, " holds ", tensors.size(),
-        " tensors, the manifest lists ", stored));
+    return absl::DataLossError(absl::StrCat("file ", path, " holds ", tensors.size(),
+                                            " tensors, the manifest lists ", stored));
   }
   return std::move(file->loaded.tensors);
 }
@@ -465,13 +455,12 @@ std::string StepDirectory(const std::string& root, int64_t step) {
   return absl::StrCat(root, "/step_", step);
 }
 
-absl::Status SaveFullCheckpoint(const std::string& root, int64_t step,
-                                const TensorDict& state) {
+absl::Status SaveFullCheckpoint(const std::string& root, int64_t step, const TensorDict& state) {
   return internal::SaveFullCheckpoint(root, step, state, nullptr);
 }
 
-absl::Status SaveShard(const std::string& root, int64_t step, int rank,
-                       int world_size, const ShardedStateDict& shard) {
+absl::Status SaveShard(const std::string& root, int64_t step, int rank, int world_size,
+                       const ShardedStateDict& shard) {
   return internal::SaveShard(root, step, rank, world_size, shard, nullptr);
 }
 
@@ -486,8 +475,7 @@ absl::Status SaveFullCheckpoint(const std::string& root, int64_t step, const Ten
     absl::Status status = CheckName(item.key());
     if (!status.ok()) return status;
     if (!item.value().defined()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", item.key(), "' is undefined"));
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", item.key(), "' is undefined"));
     }
     ManifestTensor t;
     t.key = t.name = item.key();
@@ -511,8 +499,8 @@ absl::Status SaveFullCheckpoint(const std::string& root, int64_t step, const Ten
 absl::Status SaveShard(const std::string& root, int64_t step, int rank, int world_size,
                        const ShardedStateDict& shard, const LiveTensors* live) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, " is not in a world of size ", world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is not in a world of size ", world_size));
   }
   const std::string dir = StepDirectory(root, step);
   ManifestFile file;
@@ -561,8 +549,7 @@ absl::Status SaveShard(const std::string& root, int64_t step, int rank, int worl
 
 }  // namespace internal
 
-absl::Status CommitShardedCheckpoint(const std::string& root, int64_t step,
-                                     int world_size) {
+absl::Status CommitShardedCheckpoint(const std::string& root, int64_t step, int world_size) {
   const std::string dir = StepDirectory(root, step);
   Manifest m;
   m.kind = CheckpointKind::kSharded;
@@ -574,36 +561,35 @@ absl::Status CommitShardedCheckpoint(const std::string& root, int64_t step,
     const std::string meta_path = dir + "/" + RankMetaName(r);
     auto text = internal::ReadFile(meta_path);
     if (!text.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot commit ", dir, ": rank ", r, " has not finished its shard (",
-          text.status().message(), ")"));
+      return absl::FailedPreconditionError(absl::StrCat("cannot commit ", dir, ": rank ", r,
+                                                        " has not finished its shard (",
+                                                        text.status().message(), ")"));
     }
     auto meta = ParseManifest(*text, meta_path);
     if (!meta.ok()) return meta.status();
     if (meta->step != step || meta->world_size != world_size || meta->files.size() != 1 ||
         meta->files[0].rank != r) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "cannot commit ", dir, ": ", meta_path, " is for step ", meta->step,
-          ", world size ", meta->world_size, "; expected step ", step,
-          ", world size ", world_size, ", rank ", r));
+          "cannot commit ", dir, ": ", meta_path, " is for step ", meta->step, ", world size ",
+          meta->world_size, "; expected step ", step, ", world size ", world_size, ", rank ", r));
     }
     struct stat st;
     const std::string data_path = dir + "/" + meta->files[0].name;
     if (::stat(data_path.c_str(), &st) != 0 ||
         static_cast<uint64_t>(st.st_size) != meta->files[0].bytes) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot commit ", dir, ": ", data_path, " is missing or not the size ",
-          meta_path, " records"));
+      return absl::FailedPreconditionError(absl::StrCat("cannot commit ", dir, ": ", data_path,
+                                                        " is missing or not the size ", meta_path,
+                                                        " records"));
     }
     for (const ManifestTensor& t : meta->files[0].tensors) {
       auto inserted = globals.emplace(t.name, std::make_pair(t.global_shape, t.dtype));
       if (!inserted.second && (inserted.first->second.first != t.global_shape ||
                                inserted.first->second.second != t.dtype)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "cannot commit ", dir, ": rank ", r, " records tensor '", t.name,
-            "' as ", Shape(t.global_shape), " ", c10::toString(t.dtype),
-            ", an earlier rank as ", Shape(inserted.first->second.first), " ",
-            c10::toString(inserted.first->second.second)));
+        return absl::FailedPreconditionError(
+            absl::StrCat("cannot commit ", dir, ": rank ", r, " records tensor '", t.name, "' as ",
+                         Shape(t.global_shape), " ", c10::toString(t.dtype),
+                         ", an earlier rank as ", Shape(inserted.first->second.first), " ",
+                         c10::toString(inserted.first->second.second)));
       }
     }
     m.files.push_back(std::move(meta->files[0]));
@@ -623,9 +609,8 @@ absl::Status CommitShardedCheckpoint(const std::string& root, int64_t step,
   for (int r = 0; r < world_size; ++r) {
     const std::string meta_path = dir + "/" + RankMetaName(r);
     if (::unlink(meta_path.c_str()) != 0 && errno != ENOENT) {
-      return absl::InternalError(absl::StrCat(
-          "checkpoint ", dir, " is committed, but removing ", meta_path,
-          " failed: ", std::strerror(errno)));
+      return absl::InternalError(absl::StrCat("checkpoint ", dir, " is committed, but removing ",
+                                              meta_path, " failed: ", std::strerror(errno)));
     }
   }
   return internal::FsyncDirectory(dir);
@@ -646,199 +631,12 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& step_dir) {
   auto text = internal::ReadFile(path);
   if (!text.ok()) {
     if (absl::IsNotFound(text.status())) {
-      return absl::NotFoundError(absl::StrCat(
-          step_dir, " is not a complete checkpoint: it has no ", kManifestFileName));
+      return absl::NotFoundError(
+          absl::StrCat(step_dir, " is not a complete checkpoint: it has no ", kManifestFileName));
     }
     return text.status();
   }
   return ParseManifest(*text, path);
-}
-
-absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& root) {
-  auto names = internal::ListDirectory(root);
-  if (!names.ok()) return names.status();
-  std::vector<std::pair<int64_t, std::string>> steps;
-  for (const std::string& name : *names) {
-    int64_t step;
-    if (!absl::StartsWith(name, "step_") || !absl::SimpleAtoi(name.substr(5), &step)) continue;
-    const std::string dir = root + "/" + name;
-    auto m = ReadManifest(dir);
-    if (!m.ok()) {
-      // A newer format is a complete checkpoint this build cannot read;
-      // silently falling back to an older one would lose progress.
-      if (absl::IsFailedPrecondition(m.status())) return m.status();
-      continue;  // interrupted save: no (complete) manifest
-    }
-    if (m->step != step) continue;
-    steps.emplace_back(step, dir);
-  }
-  std::sort(steps.begin(), steps.end());
-  std::vector<std::string> out;
-  for (auto& s : steps) out.push_back(std::move(s.second));
-  return out;
-}
-
-namespace {
-
-constexpr char kRemovingPrefix[] = ".removing.";
-
-absl::Status ErrnoError(const std::string& what, const std::string& path) {
-  return absl::InternalError(absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
-}
-
-void BeforeRemove(const std::string& path) {
-  if (internal::BeforeRemoveHook()) internal::BeforeRemoveHook()(path);
-}
-
-// rm -r of a directory no reader looks at any more (already renamed away).
-absl::Status RemoveTree(const std::string& path) {
-  auto names = internal::ListDirectory(path);
-  if (!names.ok()) return names.status();
-  for (const std::string& name : *names) {
-    const std::string child = path + "/" + name;
-    struct stat st;
-    if (::lstat(child.c_str(), &st) != 0) return ErrnoError("lstat", child);
-    if (S_ISDIR(st.st_mode)) {
-      if (auto s = RemoveTree(child); !s.ok()) return s;
-      continue;
-    }
-    BeforeRemove(child);
-    if (::unlink(child.c_str()) != 0) return ErrnoError("unlink", child);
-  }
-  BeforeRemove(path);
-  if (::rmdir(path.c_str()) != 0) return ErrnoError("rmdir", path);
-  return absl::OkStatus();
-}
-
-// Renames `root`/`name` out of sight (durably), then deletes it.
-absl::Status RemoveStepDirectory(const std::string& root, const std::string& name) {
-  const std::string from = root + "/" + name;
-  const std::string to = absl::StrCat(root, "/", kRemovingPrefix, name);
-  if (internal::PathExists(to)) {  // debris of an earlier interrupted removal
-    if (auto s = RemoveTree(to); !s.ok()) return s;
-  }
-  BeforeRemove(from);
-  if (::rename(from.c_str(), to.c_str()) != 0) return ErrnoError("rename", from);
-  if (auto s = internal::FsyncDirectory(root); !s.ok()) return s;
-  return RemoveTree(to);
-}
-
-}  // namespace
-
-absl::StatusOr<PruneReport> PruneCheckpoints(const std::string& root, int keep_last) {
-  if (keep_last < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "keep_last=", keep_last, ": expected at least 1 (the newest complete checkpoint "
-        "is never removed)"));
-  }
-  auto names = internal::ListDirectory(root);
-  if (!names.ok()) return names.status();
-  std::vector<std::pair<int64_t, std::string>> complete, torn;
-  std::vector<std::string> removing;
-  for (const std::string& name : *names) {
-    if (absl::StartsWith(name, kRemovingPrefix)) {
-      removing.push_back(name);
-      continue;
-    }
-    int64_t step;
-    if (!absl::StartsWith(name, "step_") || !absl::SimpleAtoi(name.substr(5), &step)) continue;
-    auto m = ReadManifest(root + "/" + name);
-    if (m.ok() && m->step == step) {
-      complete.emplace_back(step, name);
-    } else if (absl::IsNotFound(m.status())) {
-      torn.emplace_back(step, name);
-    } else if (absl::IsFailedPrecondition(m.status())) {
-      return m.status();  // a newer format: nothing here is ours to judge
-    }
-  }
-  std::sort(complete.begin(), complete.end());
-  std::sort(torn.begin(), torn.end());
-  std::sort(removing.begin(), removing.end());
-  PruneReport report;
-  for (const std::string& name : removing) {
-    if (auto s = RemoveTree(root + "/" + name); !s.ok()) return s;
-    report.torn.push_back(root + "/" + name);
-  }
-  if (complete.empty()) return report;  // a first save may be in progress
-  const int64_t newest = complete.back().first;
-  const size_t doomed = complete.size() > static_cast<size_t>(keep_last)
-                            ? complete.size() - static_cast<size_t>(keep_last)
-                            : 0;
-  for (size_t i = 0; i < doomed; ++i) {
-    if (auto s = RemoveStepDirectory(root, complete[i].second); !s.ok()) return s;
-    report.removed.push_back(root + "/" + complete[i].second);
-  }
-  for (const auto& [step, name] : torn) {
-    if (step >= newest) continue;
-    if (auto s = RemoveStepDirectory(root, name); !s.ok()) return s;
-    report.torn.push_back(root + "/" + name);
-  }
-  return report;
-}
-
-namespace {
-
-constexpr char kDamagedPrefix[] = ".damaged.";
-
-// Renames root/name to the first free ".damaged.<name>[.<k>]", durably.
-absl::StatusOr<std::string> SetAside(const std::string& root, const std::string& name) {
-  const std::string from = root + "/" + name;
-  std::string to = absl::StrCat(root, "/", kDamagedPrefix, name);
-  for (int k = 1; internal::PathExists(to); ++k) {
-    to = absl::StrCat(root, "/", kDamagedPrefix, name, ".", k);
-  }
-  if (::rename(from.c_str(), to.c_str()) != 0) return ErrnoError("rename", from);
-  if (auto s = internal::FsyncDirectory(root); !s.ok()) return s;
-  return to;
-}
-
-// Whether `status` says a checkpoint's bytes are wrong (rather than that it
-// cannot be judged here).
-bool IsDamage(const absl::Status& status) {
-  return absl::IsDataLoss(status) || absl::IsNotFound(status);
-}
-
-}  // namespace
-
-absl::StatusOr<RecoveredCheckpoint> RecoverLatestCheckpoint(const std::string& root) {
-  RecoveredCheckpoint out;
-  // A root that does not exist yet is a job killed before its first save.
-  if (!internal::PathExists(root)) return out;
-  auto names = internal::ListDirectory(root);
-  if (!names.ok()) return names.status();
-  std::vector<std::pair<int64_t, std::string>> steps;
-  for (const std::string& name : *names) {
-    int64_t step;
-    if (absl::StartsWith(name, "step_") && absl::SimpleAtoi(name.substr(5), &step)) {
-      steps.emplace_back(step, name);
-    }
-  }
-  std::sort(steps.rbegin(), steps.rend());
-  for (const auto& [step, name] : steps) {
-    const std::string dir = root + "/" + name;
-    auto manifest = ReadManifest(dir);
-    absl::Status status = manifest.status();
-    if (absl::IsNotFound(status)) continue;  // an interrupted save
-    if (status.ok()) status = VerifyCheckpoint(dir);
-    if (status.ok()) {
-      out.step_dir = dir;
-      return out;
-    }
-    if (!IsDamage(status)) return status;
-    auto moved = SetAside(root, name);
-    if (!moved.ok()) return moved.status();
-    out.set_aside.push_back(SetAsideCheckpoint{dir, *moved, status});
-  }
-  return out;
-}
-
-absl::StatusOr<std::string> LatestCheckpoint(const std::string& root) {
-  auto all = ListCheckpoints(root);
-  if (!all.ok()) return all.status();
-  if (all->empty()) {
-    return absl::NotFoundError(absl::StrCat("no complete checkpoint under ", root));
-  }
-  return all->back();
 }
 
 absl::Status VerifyCheckpoint(const std::string& step_dir) {
@@ -933,9 +731,8 @@ absl::StatusOr<ShardedStateDict> LoadResharded(
         if (t.global_shape != request.second.global_shape || t.dtype != request.second.dtype) {
           return absl::InvalidArgumentError(absl::StrCat(
               "tensor '", name, "' in ", step_dir, "/", m->files[fi].name, " is ",
-              Shape(t.global_shape), " ", c10::toString(t.dtype),
-              ", the model expects ", Shape(request.second.global_shape), " ",
-              c10::toString(request.second.dtype)));
+              Shape(t.global_shape), " ", c10::toString(t.dtype), ", the model expects ",
+              Shape(request.second.global_shape), " ", c10::toString(request.second.dtype)));
         }
         for (const FlatRange& want : request.second.ranges) {
           if (t.key != kNoData && want.numel > 0 && t.range.offset < want.end() &&
@@ -946,8 +743,8 @@ absl::StatusOr<ShardedStateDict> LoadResharded(
       }
     }
     if (!found) {
-      return absl::NotFoundError(absl::StrCat(
-          "tensor '", name, "' is not in checkpoint ", step_dir));
+      return absl::NotFoundError(
+          absl::StrCat("tensor '", name, "' is not in checkpoint ", step_dir));
     }
   }
   std::map<size_t, TensorDict> contents;
@@ -985,15 +782,14 @@ absl::StatusOr<ShardedStateDict> LoadResharded(
   return out;
 }
 
-absl::StatusOr<TensorDict> LoadLocalShard(const std::string& step_dir, int rank,
-                                          int world_size) {
+absl::StatusOr<TensorDict> LoadLocalShard(const std::string& step_dir, int rank, int world_size) {
   auto m = ReadCheckedManifest(step_dir);
   if (!m.ok()) return m.status();
   if (m->kind != CheckpointKind::kSharded || m->world_size != world_size) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", step_dir, " is ", CheckpointKindName(m->kind), " with world size ",
-        m->world_size, "; a local shard needs a sharded checkpoint of world size ",
-        world_size, " (use LoadResharded to change world size)"));
+        m->world_size, "; a local shard needs a sharded checkpoint of world size ", world_size,
+        " (use LoadResharded to change world size)"));
   }
   for (const ManifestFile& f : m->files) {
     if (f.rank == rank) return ReadVerifiedFile(step_dir, m->kind, f);

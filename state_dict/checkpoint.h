@@ -17,9 +17,9 @@
 // entries are consistent (file names, keys, shapes, dtypes, and every
 // tensor's pieces covering it), file sizes and CRC-32C
 // checksums, each tensor's dtype, shape and checksum — and errors name the
-// file and the tensor. VerifyCheckpoint runs the same checks on every file. Nothing is loaded into a model here; the returned
-// dicts go to LoadModuleStateDict (module_state.h) or FSDP, which check them
-// against the model before copying.
+// file and the tensor. VerifyCheckpoint runs the same checks on every file. Nothing is loaded into
+// a model here; the returned dicts go to LoadModuleStateDict (module_state.h) or FSDP, which check
+// them against the model before copying.
 //
 // Loaded tensors share the checkpoint file's pages, copy-on-write (a private
 // mapping, as torch.load(mmap=True)): a load reads each byte once, to
@@ -36,8 +36,8 @@
 // all ranks returned (the caller's barrier) — one rank calls
 // CommitShardedCheckpoint, which gathers the ranks' .meta files into the
 // MANIFEST and then removes them (nothing reads them after the commit; the
-// MANIFEST records and checksums everything). A sharded checkpoint written by N ranks loads on any M ranks
-// through LoadResharded.
+// MANIFEST records and checksums everything). A sharded checkpoint written by N ranks loads on any
+// M ranks through LoadResharded.
 #pragma once
 
 #include <cstdint>
@@ -61,23 +61,21 @@ std::string StepDirectory(const std::string& root, int64_t step);
 // FULL checkpoint: `state` goes to model.pt in PyTorch's format (Python's
 // torch.load opens it as a dict with the same names). AlreadyExists when the
 // step already has a complete checkpoint (never overwritten in place).
-absl::Status SaveFullCheckpoint(const std::string& root, int64_t step,
-                                const TensorDict& state);
+absl::Status SaveFullCheckpoint(const std::string& root, int64_t step, const TensorDict& state);
 
 // SHARDED checkpoint, one rank's part: writes rank_<rank>.pt (a dict of the
 // rank's pieces; a tensor's first piece is keyed by its name, later ones
 // "<name>#<k>") and then rank_<rank>.meta. Every rank should list every
 // tensor (with no pieces where it holds none) so that shapes and dtypes are
 // recorded for all. Only commit when every rank's SaveShard succeeded.
-absl::Status SaveShard(const std::string& root, int64_t step, int rank,
-                       int world_size, const ShardedStateDict& shard);
+absl::Status SaveShard(const std::string& root, int64_t step, int rank, int world_size,
+                       const ShardedStateDict& shard);
 
 // After every rank's SaveShard returned: checks all `world_size` ranks'
 // files are there and agree on step, world size and global shapes/dtypes,
-// and that the pieces cover every tensor (what a load will check), then writes the MANIFEST, which makes the checkpoint visible, and
-// removes the .meta files.
-absl::Status CommitShardedCheckpoint(const std::string& root, int64_t step,
-                                     int world_size);
+// and that the pieces cover every tensor (what a load will check), then writes the MANIFEST, which
+// makes the checkpoint visible, and removes the .meta files.
+absl::Status CommitShardedCheckpoint(const std::string& root, int64_t step, int world_size);
 
 // SaveShard for every rank in turn, then CommitShardedCheckpoint (one process
 // holding all ranks' shards: tests, tools).
@@ -121,7 +119,7 @@ struct SetAsideCheckpoint {
 };
 
 struct RecoveredCheckpoint {
-  std::optional<std::string> step_dir;  // the newest that verifies; none left: empty
+  std::optional<std::string> step_dir;        // the newest that verifies; none left: empty
   std::vector<SetAsideCheckpoint> set_aside;  // newest first
 };
 
@@ -170,12 +168,10 @@ absl::StatusOr<TensorDict> LoadFullStateDict(const std::string& step_dir);
 // read, and each is verified first). Errors: an unknown name, a shape or dtype differing
 // from the request, a missing rank file, a checksum failure.
 absl::StatusOr<ShardedStateDict> LoadResharded(
-    const std::string& step_dir,
-    const std::vector<std::pair<std::string, ShardRequest>>& requests);
+    const std::string& step_dir, const std::vector<std::pair<std::string, ShardRequest>>& requests);
 
 // LOCAL: the raw contents of rank `rank`'s file (as SaveShard wrote it),
 // only if the checkpoint was written by `world_size` ranks.
-absl::StatusOr<TensorDict> LoadLocalShard(const std::string& step_dir,
-                                          int rank, int world_size);
+absl::StatusOr<TensorDict> LoadLocalShard(const std::string& step_dir, int rank, int world_size);
 
 }  // namespace state_dict

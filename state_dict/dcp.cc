@@ -11,10 +11,10 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "state_dict/internal/dcp_metadata.h"
+#include "state_dict/archive/dcp_metadata.h"
 #include "state_dict/internal/file_io.h"
 #include "state_dict/internal/tensor_dict_io.h"
-#include "state_dict/internal/unpickler.h"
+#include "state_dict/archive/torch_archive_reader.h"
 
 namespace state_dict {
 namespace {
@@ -178,9 +178,9 @@ std::string FlatKey(const DcpKeyPath& path) {
 absl::StatusOr<DcpCheckpoint> DcpCheckpoint::Open(const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/", kMetadataFile);
   if (!internal::PathExists(path)) {
-    return absl::NotFoundError(absl::StrCat(
-        dir, " is not a torch.distributed.checkpoint directory: it has no ", kMetadataFile,
-        " (an interrupted save, or not a DCP checkpoint)"));
+    return absl::NotFoundError(
+        absl::StrCat(dir, " is not a torch.distributed.checkpoint directory: it has no ",
+                     kMetadataFile, " (an interrupted save, or not a DCP checkpoint)"));
   }
   auto bytes = internal::ReadFile(path);
   if (!bytes.ok()) return bytes.status();
@@ -196,12 +196,11 @@ absl::StatusOr<DcpCheckpoint> DcpCheckpoint::Open(const std::string& dir) {
       if (!e.size.empty() && Volume(c.sizes) > 0) boxes.push_back(&c);
     }
     if (e.size.empty() && e.chunks.size() > 1) {
-      return absl::DataLossError(absl::StrCat(path, ": the 0-dim '", absl::CEscape(e.key),
-                                              "' has ", e.chunks.size(), " chunks"));
+      return absl::DataLossError(absl::StrCat(path, ": the 0-dim '", absl::CEscape(e.key), "' has ",
+                                              e.chunks.size(), " chunks"));
     }
-    std::sort(boxes.begin(), boxes.end(), [](const DcpChunk* a, const DcpChunk* b) {
-      return a->offsets[0] < b->offsets[0];
-    });
+    std::sort(boxes.begin(), boxes.end(),
+              [](const DcpChunk* a, const DcpChunk* b) { return a->offsets[0] < b->offsets[0]; });
     std::vector<const DcpChunk*> open;  // chunks whose rows reach the current one
     for (const DcpChunk* box : boxes) {
       open.erase(std::remove_if(open.begin(), open.end(),
@@ -212,8 +211,8 @@ absl::StatusOr<DcpCheckpoint> DcpCheckpoint::Open(const std::string& dir) {
       for (const DcpChunk* o : open) {
         if (BoxesOverlap(*o, *box)) {
           return absl::DataLossError(absl::StrCat(path, ": chunks at ", Dims(o->offsets), " and ",
-                                                  Dims(box->offsets), " of '",
-                                                  absl::CEscape(e.key), "' overlap"));
+                                                  Dims(box->offsets), " of '", absl::CEscape(e.key),
+                                                  "' overlap"));
         }
       }
       open.push_back(box);
@@ -230,9 +229,9 @@ absl::StatusOr<DcpCheckpoint> DcpCheckpoint::Open(const std::string& dir) {
     std::sort(list.begin(), list.end());
     for (size_t i = 1; i < list.size(); ++i) {
       if (list[i].first < list[i - 1].first + list[i - 1].second) {
-        return absl::DataLossError(absl::StrCat(
-            path, ": items in ", absl::CEscape(file), " share bytes (at ", list[i - 1].first,
-            " and ", list[i].first, ")"));
+        return absl::DataLossError(absl::StrCat(path, ": items in ", absl::CEscape(file),
+                                                " share bytes (at ", list[i - 1].first, " and ",
+                                                list[i].first, ")"));
       }
     }
   }
@@ -267,13 +266,13 @@ absl::StatusOr<ShardedStateDict> DcpCheckpoint::LoadResharded(
     const ShardRequest& request = requested.second;
     auto found = by_key.find(key);
     if (found == by_key.end()) {
-      return absl::NotFoundError(absl::StrCat("DCP checkpoint ", dir_, " has no entry '",
-                                              absl::CEscape(key), "'"));
+      return absl::NotFoundError(
+          absl::StrCat("DCP checkpoint ", dir_, " has no entry '", absl::CEscape(key), "'"));
     }
     const DcpEntry& e = *found->second;
     if (e.is_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("DCP checkpoint ", dir_, ": '",
-                                                     absl::CEscape(key), "' is not a tensor"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("DCP checkpoint ", dir_, ": '", absl::CEscape(key), "' is not a tensor"));
     }
     if (e.size != request.global_shape || e.dtype != request.dtype) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -283,9 +282,9 @@ absl::StatusOr<ShardedStateDict> DcpCheckpoint::LoadResharded(
     const int64_t numel = Volume(e.size);
     for (const FlatRange& r : request.ranges) {
       if (r.offset < 0 || r.numel < 0 || r.end() > numel) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "request for '", absl::CEscape(key), "': range [", r.offset, ", ", r.end(),
-            ") outside its ", numel, " elements"));
+        return absl::InvalidArgumentError(absl::StrCat("request for '", absl::CEscape(key),
+                                                       "': range [", r.offset, ", ", r.end(),
+                                                       ") outside its ", numel, " elements"));
       }
     }
     // The chunks the ranges need, and that they cover every requested
@@ -333,9 +332,9 @@ absl::StatusOr<ShardedStateDict> DcpCheckpoint::LoadResharded(
         next = std::max(next, f.end());
       }
       if (next < request.ranges[i].end()) {
-        return absl::DataLossError(absl::StrCat(
-            "DCP checkpoint ", dir_, ": no chunk of '", absl::CEscape(key),
-            "' holds flat element ", next, " (of ", numel, ")"));
+        return absl::DataLossError(absl::StrCat("DCP checkpoint ", dir_, ": no chunk of '",
+                                                absl::CEscape(key), "' holds flat element ", next,
+                                                " (of ", numel, ")"));
       }
     }
 
@@ -367,7 +366,8 @@ absl::StatusOr<ShardedStateDict> DcpCheckpoint::LoadResharded(
           const int64_t lo = std::max(r.offset, run.start);
           const int64_t hi = std::min(r.end(), run.start + run.length);
           if (lo >= hi) continue;
-          result.pieces[i].data.narrow(0, lo - r.offset, hi - lo)
+          result.pieces[i]
+              .data.narrow(0, lo - r.offset, hi - lo)
               .copy_(flat.narrow(0, run.local + lo - run.start, hi - lo));
         }
       });
@@ -381,8 +381,8 @@ absl::StatusOr<c10::IValue> DcpCheckpoint::LoadObject(const std::string& key) co
   for (const DcpEntry& e : metadata_->entries) {
     if (e.key != key) continue;
     if (!e.is_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("DCP checkpoint ", dir_, ": '",
-                                                     absl::CEscape(key), "' is a tensor"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("DCP checkpoint ", dir_, ": '", absl::CEscape(key), "' is a tensor"));
     }
     const DcpStorage& where = metadata_->storage.at(DcpIndex{key, std::nullopt});
     auto archive = internal::ReadTorchArchive(internal::FileRegion{
@@ -408,9 +408,8 @@ absl::Status SaveDcpShard(const std::string& dir, int rank, const DcpShard& shar
     entry.key = FlatKey(t.path);
     if (auto s = ValidateShardedTensor(entry.key, t.tensor); !s.ok()) return s;
     if (!internal::DcpDtypeName(t.tensor.dtype).has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat("'", entry.key, "' is ",
-                                                     c10::toString(t.tensor.dtype),
-                                                     ", which DCP cannot name"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", entry.key, "' is ", c10::toString(t.tensor.dtype), ", which DCP cannot name"));
     }
     entry.dtype = t.tensor.dtype;
     entry.size = t.tensor.global_shape;
@@ -419,7 +418,10 @@ absl::Status SaveDcpShard(const std::string& dir, int rank, const DcpShard& shar
       for (DcpChunk& box : FlatRangeToBoxes(entry.size, piece.range)) {
         const int64_t n = Volume(box.sizes);
         const at::Tensor data = piece.data.narrow(0, at - piece.range.offset, n)
-                                    .to(at::kCPU).contiguous().reshape(box.sizes).clone();
+                                    .to(at::kCPU)
+                                    .contiguous()
+                                    .reshape(box.sizes)
+                                    .clone();
         at += n;
         const uint64_t offset = (*file)->bytes();
         if (auto s = internal::AppendTorchSave(data, **file); !s.ok()) return s;
@@ -457,9 +459,9 @@ absl::Status CommitDcpCheckpoint(const std::string& dir, int world_size) {
     const std::string path = PartFile(dir, rank);
     auto bytes = internal::ReadFile(path);
     if (!bytes.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot commit DCP checkpoint ", dir, ": rank ", rank, " has not saved its shard (",
-          bytes.status().message(), ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot commit DCP checkpoint ", dir, ": rank ", rank,
+                       " has not saved its shard (", bytes.status().message(), ")"));
     }
     auto part = internal::ParseDcpMetadata(path, *bytes);
     if (!part.ok()) return part.status();
@@ -487,7 +489,8 @@ absl::Status CommitDcpCheckpoint(const std::string& dir, int world_size) {
         // first is kept, as Python's DCP deduplicates them.
         bool duplicate = false;
         for (const DcpChunk& have : m.chunks) {
-          if (have.offsets == c.offsets && have.sizes == c.sizes) duplicate = true;
+          if (have.offsets == c.offsets && have.sizes == c.sizes)
+            duplicate = true;
           else if (BoxesOverlap(have, c)) {
             return absl::InvalidArgumentError(absl::StrCat(
                 "cannot commit DCP checkpoint ", dir, ": pieces of '", absl::CEscape(e.key),
@@ -513,7 +516,7 @@ absl::Status CommitDcpCheckpoint(const std::string& dir, int world_size) {
   }
   merged.version = "1.0.0";
   if (auto s = internal::WriteFileAtomically(absl::StrCat(dir, "/", kMetadataFile),
-                                   internal::SerializeDcpMetadata(merged));
+                                             internal::SerializeDcpMetadata(merged));
       !s.ok()) {
     return s;
   }

@@ -33,15 +33,13 @@ absl::StatusOr<c10::ScalarType> ParseDtype(const std::string& name) {
 class Line {
  public:
   Line(const std::string& source, int number, absl::string_view text)
-      : source_(source), number_(number),
-        words_(absl::StrSplit(text, ' ', absl::SkipEmpty())) {}
+      : source_(source), number_(number), words_(absl::StrSplit(text, ' ', absl::SkipEmpty())) {}
 
   size_t size() const { return words_.size(); }
   const std::string& word(size_t i) const { return words_[i]; }
 
   absl::Status Error(absl::string_view what) const {
-    return absl::DataLossError(
-        absl::StrCat("manifest ", source_, " line ", number_, ": ", what));
+    return absl::DataLossError(absl::StrCat("manifest ", source_, " line ", number_, ": ", what));
   }
 
   // Expects words_[i] == label and returns words_[i + 1].
@@ -85,19 +83,17 @@ const char* CheckpointKindName(CheckpointKind kind) {
 }
 
 std::string FormatManifest(const Manifest& m) {
-  std::string out = absl::StrCat(kMagic, " ", m.format_version, "\nkind ",
-                                 CheckpointKindName(m.kind), "\nstep ", m.step,
-                                 "\nworld_size ", m.world_size, "\n");
+  std::string out =
+      absl::StrCat(kMagic, " ", m.format_version, "\nkind ", CheckpointKindName(m.kind), "\nstep ",
+                   m.step, "\nworld_size ", m.world_size, "\n");
   for (const ManifestFile& f : m.files) {
-    absl::StrAppend(&out, "file ", f.name, " rank ", f.rank, " bytes ", f.bytes,
-                    " crc32c ", absl::Hex(f.crc32c, absl::kZeroPad8), " tensors ",
-                    f.tensors.size(), "\n");
+    absl::StrAppend(&out, "file ", f.name, " rank ", f.rank, " bytes ", f.bytes, " crc32c ",
+                    absl::Hex(f.crc32c, absl::kZeroPad8), " tensors ", f.tensors.size(), "\n");
     for (const ManifestTensor& t : f.tensors) {
-      absl::StrAppend(&out, "tensor ", t.key, " name ", t.name, " dtype ",
-                      c10::toString(t.dtype), " shape ",
-                      t.global_shape.empty() ? "-" : absl::StrJoin(t.global_shape, ","),
-                      " offset ", t.range.offset, " numel ", t.range.numel,
-                      " crc32c ", absl::Hex(t.crc32c, absl::kZeroPad8), "\n");
+      absl::StrAppend(&out, "tensor ", t.key, " name ", t.name, " dtype ", c10::toString(t.dtype),
+                      " shape ", t.global_shape.empty() ? "-" : absl::StrJoin(t.global_shape, ","),
+                      " offset ", t.range.offset, " numel ", t.range.numel, " crc32c ",
+                      absl::Hex(t.crc32c, absl::kZeroPad8), "\n");
     }
   }
   if (m.format_version >= 2) {
@@ -109,16 +105,14 @@ std::string FormatManifest(const Manifest& m) {
   return out;
 }
 
-absl::StatusOr<Manifest> ParseManifest(const std::string& text,
-                                       const std::string& source) {
+absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& source) {
   std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
   // A complete manifest ends with "end\n" or "end crc32c <hex>\n" (so the
   // split's last piece is "").
   if (lines.size() < 2 || lines.back() != "" ||
-      !(lines[lines.size() - 2] == "end" ||
-        absl::StartsWith(lines[lines.size() - 2], "end "))) {
-    return absl::DataLossError(absl::StrCat(
-        "manifest ", source, " is incomplete (no final 'end' line)"));
+      !(lines[lines.size() - 2] == "end" || absl::StartsWith(lines[lines.size() - 2], "end "))) {
+    return absl::DataLossError(
+        absl::StrCat("manifest ", source, " is incomplete (no final 'end' line)"));
   }
   const absl::string_view end_line = lines[lines.size() - 2];
   const size_t covered = text.size() - end_line.size() - 1;  // bytes before "end"
@@ -132,10 +126,10 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text,
     int64_t version;
     STATE_DICT_ASSIGN_OR_RETURN(version, header.IntField(0, kMagic));
     if (version > kCheckpointFormatVersion) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "manifest ", source, " has format version ", version,
-          ", newer than this build reads (up to ", kCheckpointFormatVersion,
-          "); use a newer build"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("manifest ", source, " has format version ", version,
+                       ", newer than this build reads (up to ", kCheckpointFormatVersion,
+                       "); use a newer build"));
     }
     if (version < 1) return header.Error("format version must be >= 1");
     m.format_version = static_cast<int>(version);
@@ -154,8 +148,10 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text,
       const uint32_t actual = internal::Crc32c(text.data(), covered);
       if (actual != recorded) {
         return absl::DataLossError(absl::StrCat(
-            "manifest ", source, " is damaged: its ", covered, " bytes before the 'end' line have "
-            "crc32c ", absl::Hex(actual, absl::kZeroPad8), ", the manifest records ",
+            "manifest ", source, " is damaged: its ", covered,
+            " bytes before the 'end' line have "
+            "crc32c ",
+            absl::Hex(actual, absl::kZeroPad8), ", the manifest records ",
             absl::Hex(recorded, absl::kZeroPad8), " (edited or corrupted after it was written)"));
       }
     }
@@ -230,8 +226,8 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text,
     }
   }
   if (remaining_tensors != 0) {
-    return absl::DataLossError(absl::StrCat(
-        "manifest ", source, ": last file lists too few tensors"));
+    return absl::DataLossError(
+        absl::StrCat("manifest ", source, ": last file lists too few tensors"));
   }
   return m;
 }

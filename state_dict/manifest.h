@@ -48,7 +48,7 @@ struct ManifestTensor {
   std::string name;  // FQN of the original tensor
   c10::ScalarType dtype = c10::ScalarType::Float;
   std::vector<int64_t> global_shape;
-  FlatRange range;   // the piece of the flattened original; full: all of it
+  FlatRange range;  // the piece of the flattened original; full: all of it
   uint32_t crc32c = 0;
 };
 
@@ -75,8 +75,7 @@ std::string FormatManifest(const Manifest& manifest);
 // checksum does not match its bytes is damaged (both DataLoss); a newer
 // format version is FailedPrecondition. Memory spent is bounded by the
 // text's size: no number written in it is used to size anything.
-absl::StatusOr<Manifest> ParseManifest(const std::string& text,
-                                       const std::string& source);
+absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& source);
 
 const char* CheckpointKindName(CheckpointKind kind);
 

@@ -20,7 +20,7 @@ TensorDict ModuleStateDict(const torch::nn::Module& module);
 // returned naming the tensor, the value found and the value expected; only
 // when all checks pass are tensors copied, so an error leaves `module`
 // untouched.
-absl::Status LoadModuleStateDict(torch::nn::Module& module,
-                                 const TensorDict& state, bool strict = true);
+absl::Status LoadModuleStateDict(torch::nn::Module& module, const TensorDict& state,
+                                 bool strict = true);
 
 }  // namespace state_dict

@@ -39,9 +39,7 @@ absl::StatusOr<Kind> KindOf(const torch::optim::Optimizer& optimizer) {
 
 // The key LibTorch's optimizers use for a parameter in state() (2.x: the
 // parameter's TensorImpl, no longer its address printed as a string).
-void* StateKey(const torch::Tensor& param) {
-  return param.unsafeGetTensorImpl();
-}
+void* StateKey(const torch::Tensor& param) { return param.unsafeGetTensorImpl(); }
 
 std::string Shape(const torch::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
@@ -54,8 +52,8 @@ torch::Tensor StepTensor(int64_t step) {
 template <typename Options>
 void ExportAdamOptions(const Options& o, torch::OrderedDict<std::string, c10::IValue>* out) {
   out->insert("lr", o.lr());
-  out->insert("betas", c10::ivalue::Tuple::create({std::get<0>(o.betas()),
-                                                   std::get<1>(o.betas())}));
+  out->insert("betas",
+              c10::ivalue::Tuple::create({std::get<0>(o.betas()), std::get<1>(o.betas())}));
   out->insert("eps", o.eps());
   out->insert("weight_decay", o.weight_decay());
   out->insert("amsgrad", o.amsgrad());
@@ -76,15 +74,14 @@ TensorDict ExportAdamState(const ParamState& s) {
 
 absl::Status OptionError(size_t group, const std::string& key, const c10::IValue& v,
                          absl::string_view expected) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "param_groups[", group, "]['", key, "'] is ", v.tagKind(), ", expected ", expected));
+  return absl::InvalidArgumentError(absl::StrCat("param_groups[", group, "]['", key, "'] is ",
+                                                 v.tagKind(), ", expected ", expected));
 }
 
 absl::StatusOr<double> GetDouble(const OptimParamGroup& g, size_t index, const std::string& key) {
   const c10::IValue* v = g.options.find(key);
   if (v == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("param_groups[", index, "] lacks '", key, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("param_groups[", index, "] lacks '", key, "'"));
   }
   if (v->isDouble()) return v->toDouble();
   if (v->isInt()) return static_cast<double>(v->toInt());
@@ -94,8 +91,7 @@ absl::StatusOr<double> GetDouble(const OptimParamGroup& g, size_t index, const s
 absl::StatusOr<bool> GetBool(const OptimParamGroup& g, size_t index, const std::string& key) {
   const c10::IValue* v = g.options.find(key);
   if (v == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("param_groups[", index, "] lacks '", key, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("param_groups[", index, "] lacks '", key, "'"));
   }
   if (v->isBool()) return v->toBool();
   return OptionError(index, key, *v, "a bool");
@@ -125,9 +121,10 @@ absl::Status CheckPythonOnlyOptions(const OptimParamGroup& g, size_t index) {
     if (v == nullptr || v->isNone()) continue;
     if (!v->isBool()) return OptionError(index, key, *v, "a bool");
     if (v->toBool()) {
-      return absl::UnimplementedError(absl::StrCat(
-          "param_groups[", index, "]['", key, "'] is True; LibTorch's optimizers "
-          "have no such option, so this state cannot be loaded faithfully"));
+      return absl::UnimplementedError(
+          absl::StrCat("param_groups[", index, "]['", key,
+                       "'] is True; LibTorch's optimizers "
+                       "have no such option, so this state cannot be loaded faithfully"));
     }
   }
   return absl::OkStatus();
@@ -180,13 +177,12 @@ absl::StatusOr<torch::Tensor> ReadStateTensor(const TensorDict& s, int64_t id,
                                               const torch::Tensor& param) {
   const torch::Tensor* t = s.find(entry);
   if (t == nullptr || !t->defined()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("state[", id, "] lacks '", entry, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("state[", id, "] lacks '", entry, "'"));
   }
   if (t->sizes() != param.sizes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "state[", id, "]['", entry, "'] has shape ", Shape(*t),
-        ", parameter ", id, " has shape ", Shape(param)));
+    return absl::InvalidArgumentError(absl::StrCat("state[", id, "]['", entry, "'] has shape ",
+                                                   Shape(*t), ", parameter ", id, " has shape ",
+                                                   Shape(param)));
   }
   return t->detach().to(param.options(), /*non_blocking=*/false, /*copy=*/true);
 }
@@ -199,8 +195,8 @@ absl::StatusOr<int64_t> ReadStep(const TensorDict& s, int64_t id) {
   }
   const double step = t->item<double>();
   if (step < 0 || step != static_cast<double>(static_cast<int64_t>(step))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "state[", id, "]['step'] is ", step, ", expected a non-negative integer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("state[", id, "]['step'] is ", step, ", expected a non-negative integer"));
   }
   return static_cast<int64_t>(step);
 }
@@ -245,8 +241,7 @@ std::string ParamKeyString(const ParamKey& key) {
   return absl::StrCat("'", std::get<std::string>(key), "'");
 }
 
-absl::StatusOr<OptimStateDict> ExportOptimizerState(
-    const torch::optim::Optimizer& optimizer) {
+absl::StatusOr<OptimStateDict> ExportOptimizerState(const torch::optim::Optimizer& optimizer) {
   Kind kind;
   STATE_DICT_ASSIGN_OR_RETURN(kind, KindOf(optimizer));
   OptimStateDict out;
@@ -290,8 +285,7 @@ absl::StatusOr<OptimStateDict> ExportOptimizerState(
   return out;
 }
 
-absl::Status ImportOptimizerState(torch::optim::Optimizer& optimizer,
-                                  const OptimStateDict& state) {
+absl::Status ImportOptimizerState(torch::optim::Optimizer& optimizer, const OptimStateDict& state) {
   Kind kind;
   STATE_DICT_ASSIGN_OR_RETURN(kind, KindOf(optimizer));
   if (state.key_type != OptimStateKeyType::kParamId) {
@@ -301,9 +295,9 @@ absl::Status ImportOptimizerState(torch::optim::Optimizer& optimizer,
   }
   auto& groups = optimizer.param_groups();
   if (state.param_groups.size() != groups.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "loaded state dict has ", state.param_groups.size(),
-        " parameter groups, the optimizer has ", groups.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("loaded state dict has ", state.param_groups.size(),
+                     " parameter groups, the optimizer has ", groups.size()));
   }
   // Parameters by native ID, and the set of IDs of each optimizer group.
   std::vector<torch::Tensor> params;
@@ -324,30 +318,33 @@ absl::Status ImportOptimizerState(torch::optim::Optimizer& optimizer,
       for (const ParamKey& key : state.param_groups[s].params) {
         const int64_t* id = std::get_if<int64_t>(&key);
         if (id == nullptr) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "param_groups[", s, "] lists parameter ", ParamKeyString(key),
-              " by name in an ID-keyed state dict"));
+          return absl::InvalidArgumentError(absl::StrCat("param_groups[", s, "] lists parameter ",
+                                                         ParamKeyString(key),
+                                                         " by name in an ID-keyed state dict"));
         }
         ids.insert(*id);
       }
       if (ids == group_ids[g] && ids.size() == state.param_groups[s].params.size()) match = s;
     }
     if (match == state.param_groups.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the optimizer's parameter group ", g, " (parameter IDs ",
-          absl::StrJoin(group_ids[g], ", "),
-          ") matches no saved parameter group; loaded state dict contains a "
-          "parameter group that doesn't match the size of optimizer's group"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the optimizer's parameter group ", g, " (parameter IDs ",
+                       absl::StrJoin(group_ids[g], ", "),
+                       ") matches no saved parameter group; loaded state dict contains a "
+                       "parameter group that doesn't match the size of optimizer's group"));
     }
     const OptimParamGroup& saved = state.param_groups[match];
     absl::Status status = CheckPythonOnlyOptions(saved, match);
     if (!status.ok()) return status;
     if (kind == Kind::kAdam) {
-      STATE_DICT_ASSIGN_OR_RETURN(new_options[g], ReadAdamOptions<AdamOptions>(groups[g].options(), saved, match));
+      STATE_DICT_ASSIGN_OR_RETURN(new_options[g],
+                                  ReadAdamOptions<AdamOptions>(groups[g].options(), saved, match));
     } else if (kind == Kind::kAdamW) {
-      STATE_DICT_ASSIGN_OR_RETURN(new_options[g], ReadAdamOptions<AdamWOptions>(groups[g].options(), saved, match));
+      STATE_DICT_ASSIGN_OR_RETURN(new_options[g],
+                                  ReadAdamOptions<AdamWOptions>(groups[g].options(), saved, match));
     } else {
-      STATE_DICT_ASSIGN_OR_RETURN(new_options[g], ReadSgdOptions(groups[g].options(), saved, match));
+      STATE_DICT_ASSIGN_OR_RETURN(new_options[g],
+                                  ReadSgdOptions(groups[g].options(), saved, match));
     }
   }
   std::vector<const torch::optim::OptimizerOptions*> options_of(params.size());
@@ -359,14 +356,14 @@ absl::Status ImportOptimizerState(torch::optim::Optimizer& optimizer,
   for (const auto& entry : state.state) {
     const int64_t* id_ptr = std::get_if<int64_t>(&entry.first);
     if (id_ptr == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "state key ", ParamKeyString(entry.first), " is a name in an ID-keyed state dict"));
+      return absl::InvalidArgumentError(absl::StrCat("state key ", ParamKeyString(entry.first),
+                                                     " is a name in an ID-keyed state dict"));
     }
     const int64_t id = *id_ptr;
     if (id < 0 || id >= static_cast<int64_t>(params.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "state has parameter ID ", id, "; the optimizer has IDs 0..",
-          static_cast<int64_t>(params.size()) - 1));
+      return absl::InvalidArgumentError(absl::StrCat("state has parameter ID ", id,
+                                                     "; the optimizer has IDs 0..",
+                                                     static_cast<int64_t>(params.size()) - 1));
     }
     if (!seen.insert(id).second) {
       return absl::InvalidArgumentError(absl::StrCat("state lists parameter ID ", id, " twice"));
@@ -375,11 +372,13 @@ absl::Status ImportOptimizerState(torch::optim::Optimizer& optimizer,
     const auto& options = *options_of[static_cast<size_t>(id)];
     std::unique_ptr<torch::optim::OptimizerParamState> s;
     if (kind == Kind::kAdam) {
-      STATE_DICT_ASSIGN_OR_RETURN(s, (ReadAdamState<AdamParamState>(
-                               entry.second, id, param, static_cast<const AdamOptions&>(options))));
+      STATE_DICT_ASSIGN_OR_RETURN(
+          s, (ReadAdamState<AdamParamState>(entry.second, id, param,
+                                            static_cast<const AdamOptions&>(options))));
     } else if (kind == Kind::kAdamW) {
-      STATE_DICT_ASSIGN_OR_RETURN(s, (ReadAdamState<AdamWParamState>(
-                               entry.second, id, param, static_cast<const AdamWOptions&>(options))));
+      STATE_DICT_ASSIGN_OR_RETURN(
+          s, (ReadAdamState<AdamWParamState>(entry.second, id, param,
+                                             static_cast<const AdamWOptions&>(options))));
     } else {
       auto sgd = std::make_unique<SGDParamState>();
       if (entry.second.contains("momentum_buffer")) {
@@ -409,9 +408,9 @@ absl::StatusOr<std::vector<std::string>> OptimizerParamNames(
     for (const torch::Tensor& p : optimizer.param_groups()[g].params()) {
       auto it = names.find(p.unsafeGetTensorImpl());
       if (it == names.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "parameter ID ", out.size(), " (group ", g, ", shape ", Shape(p),
-            ") of the optimizer is not a parameter of the model"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter ID ", out.size(), " (group ", g, ", shape ", Shape(p),
+                         ") of the optimizer is not a parameter of the model"));
       }
       out.push_back(it->second);
     }
@@ -419,14 +418,14 @@ absl::StatusOr<std::vector<std::string>> OptimizerParamNames(
   return out;
 }
 
-absl::StatusOr<OptimStateDict> RekeyOptimStateDict(
-    const OptimStateDict& state, OptimStateKeyType key_type,
-    const std::vector<std::string>& param_names) {
+absl::StatusOr<OptimStateDict> RekeyOptimStateDict(const OptimStateDict& state,
+                                                   OptimStateKeyType key_type,
+                                                   const std::vector<std::string>& param_names) {
   std::map<std::string, int64_t> ids;
   for (size_t i = 0; i < param_names.size(); ++i) {
     if (!ids.emplace(param_names[i], static_cast<int64_t>(i)).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter name '", param_names[i], "' appears twice in the ID -> name list"));
+      return absl::InvalidArgumentError(absl::StrCat("parameter name '", param_names[i],
+                                                     "' appears twice in the ID -> name list"));
     }
   }
   auto rekey = [&](const ParamKey& key) -> absl::StatusOr<ParamKey> {
@@ -434,17 +433,17 @@ absl::StatusOr<OptimStateDict> RekeyOptimStateDict(
       if (const std::string* name = std::get_if<std::string>(&key)) return ParamKey(*name);
       const int64_t id = std::get<int64_t>(key);
       if (id < 0 || id >= static_cast<int64_t>(param_names.size())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "parameter ID ", id, " has no name (", param_names.size(), " parameters)"));
+        return absl::InvalidArgumentError(absl::StrCat("parameter ID ", id, " has no name (",
+                                                       param_names.size(), " parameters)"));
       }
       return ParamKey(param_names[static_cast<size_t>(id)]);
     }
     if (const int64_t* id = std::get_if<int64_t>(&key)) return ParamKey(*id);
     auto it = ids.find(std::get<std::string>(key));
     if (it == ids.end()) {
-      return absl::NotFoundError(absl::StrCat(
-          "unknown parameter name '", std::get<std::string>(key),
-          "': the optimizer has no parameter of that name"));
+      return absl::NotFoundError(absl::StrCat("unknown parameter name '",
+                                              std::get<std::string>(key),
+                                              "': the optimizer has no parameter of that name"));
     }
     return ParamKey(it->second);
   };
@@ -475,8 +474,8 @@ absl::StatusOr<OptimStateDict> RekeyOptimStateDict(
 
 c10::IValue OptimStateDictToIValue(const OptimStateDict& state) {
   const bool by_id = state.key_type == OptimStateKeyType::kParamId;
-  const c10::TypePtr key_type = by_id ? c10::TypePtr(c10::IntType::get())
-                                      : c10::TypePtr(c10::StringType::get());
+  const c10::TypePtr key_type =
+      by_id ? c10::TypePtr(c10::IntType::get()) : c10::TypePtr(c10::StringType::get());
   c10::impl::GenericDict per_param(key_type, c10::AnyType::get());
   for (const auto& entry : state.state) {
     c10::impl::GenericDict tensors(c10::StringType::get(), c10::AnyType::get());
@@ -518,8 +517,7 @@ absl::StatusOr<OptimStateDict> OptimStateDictFromIValue(const c10::IValue& value
                                        ? OptimStateKeyType::kParamId
                                        : OptimStateKeyType::kParamName;
     if (key_type_known && type != out.key_type) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": mixes parameter IDs and names"));
+      return absl::InvalidArgumentError(absl::StrCat(where, ": mixes parameter IDs and names"));
     }
     out.key_type = type;
     key_type_known = true;
@@ -542,11 +540,12 @@ absl::StatusOr<OptimStateDict> OptimStateDictFromIValue(const c10::IValue& value
       if (v.isTensor()) {
         tensors.insert(name, v.toTensor());
       } else if (name == "step" && (v.isInt() || v.isDouble())) {
-        tensors.insert(name, torch::tensor(v.isInt() ? static_cast<double>(v.toInt())
-                                                     : v.toDouble(), torch::kFloat));
+        tensors.insert(name,
+                       torch::tensor(v.isInt() ? static_cast<double>(v.toInt()) : v.toDouble(),
+                                     torch::kFloat));
       } else {
-        return bad(absl::StrCat("state[", ParamKeyString(key), "]['", name, "'] is ",
-                                v.tagKind(), ", expected a tensor"));
+        return bad(absl::StrCat("state[", ParamKeyString(key), "]['", name, "'] is ", v.tagKind(),
+                                ", expected a tensor"));
       }
     }
     out.state.emplace_back(std::move(key), std::move(tensors));

@@ -64,8 +64,7 @@ struct OptimStateDict {
 // The state of an Adam, AdamW or SGD optimizer, ID-keyed. Tensors share
 // storage with the optimizer's (like Python's state_dict()); save or clone
 // them before the optimizer steps again. Unimplemented for other optimizers.
-absl::StatusOr<OptimStateDict> ExportOptimizerState(
-    const torch::optim::Optimizer& optimizer);
+absl::StatusOr<OptimStateDict> ExportOptimizerState(const torch::optim::Optimizer& optimizer);
 
 // Python's optimizer.load_state_dict for a plain optimizer (what
 // optim_state_dict_to_load returns when no FSDP is involved). `state` must be
@@ -78,8 +77,7 @@ absl::StatusOr<OptimStateDict> ExportOptimizerState(
 // replaced. Python-only options that LibTorch lacks are accepted when they
 // are off ("maximize", "capturable", "differentiable", "fused" false;
 // "foreach" any) and rejected otherwise; other unknown keys are ignored.
-absl::Status ImportOptimizerState(torch::optim::Optimizer& optimizer,
-                                  const OptimStateDict& state);
+absl::Status ImportOptimizerState(torch::optim::Optimizer& optimizer, const OptimStateDict& state);
 
 // The FQN of each optimizer parameter in ID order, looked up in `model`'s
 // named_parameters(). Error if a parameter is not the model's.
@@ -90,9 +88,9 @@ absl::StatusOr<std::vector<std::string>> OptimizerParamNames(
 // `param_names[id]` = FQN of parameter `id` of the optimizer the result is
 // for (see OptimizerParamNames; FSDP supplies its own list). Unknown names or
 // IDs are errors naming them. Rekeying to the current type is a copy.
-absl::StatusOr<OptimStateDict> RekeyOptimStateDict(
-    const OptimStateDict& state, OptimStateKeyType key_type,
-    const std::vector<std::string>& param_names);
+absl::StatusOr<OptimStateDict> RekeyOptimStateDict(const OptimStateDict& state,
+                                                   OptimStateKeyType key_type,
+                                                   const std::vector<std::string>& param_names);
 
 // Python's layout as an IValue (str keys for names, int keys for IDs), ready
 // for SaveIValue (pytorch_format.h) and torch.load; and back, accepting what

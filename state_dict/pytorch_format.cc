@@ -12,7 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "state_dict/internal/file_io.h"
 #include "state_dict/internal/torch_zip_writer.h"
-#include "state_dict/internal/unpickler.h"
+#include "state_dict/archive/torch_archive_reader.h"
 
 namespace state_dict {
 
@@ -43,8 +43,8 @@ absl::StatusOr<Pickled> Pickle(const c10::IValue& value, absl::string_view what,
     pickler.stop();
     out.records = pickler.tensorData();
   } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot serialise ", what, " for ", path, ": ",
-                                                   e.what_without_backtrace()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot serialise ", what, " for ", path, ": ", e.what_without_backtrace()));
   }
   return out;
 }
@@ -126,16 +126,16 @@ absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
   auto unchanged = [&](const std::string& key, const at::Tensor& t) {
     auto recorded = live->versions.find(t.unsafeGetTensorImpl());
     if (recorded == live->versions.end()) {
-      return absl::InternalError(absl::StrCat("saving ", path, ": tensor '", key,
-                                              "' has no version recorded"));
+      return absl::InternalError(
+          absl::StrCat("saving ", path, ": tensor '", key, "' has no version recorded"));
     }
     const int64_t now = static_cast<int64_t>(t._version());
     if (now == recorded->second) return absl::OkStatus();
-    return absl::DataLossError(absl::StrCat(
-        "cannot save ", path, ": tensor '", key,
-        "' was changed in place while it was being saved (version ", recorded->second,
-        " when the save was asked for, now ", now,
-        "); leave the state unchanged until the save has written it"));
+    return absl::DataLossError(
+        absl::StrCat("cannot save ", path, ": tensor '", key,
+                     "' was changed in place while it was being saved (version ", recorded->second,
+                     " when the save was asked for, now ", now,
+                     "); leave the state unchanged until the save has written it"));
   };
   // The data.pkl program, pickled from stand-ins (see MetadataOnlyTensor).
   c10::Dict<std::string, at::Tensor> stand_ins;
@@ -143,14 +143,15 @@ absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
   std::map<const c10::StorageImpl*, size_t> index_of_storage;
   for (const auto& item : tensors) {
     if (!item.value().defined()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot save tensor '", item.key(), "' to ", path, ": it is undefined"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot save tensor '", item.key(), "' to ", path, ": it is undefined"));
     }
     if (item.value().layout() != c10::kStrided || item.value().is_quantized()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "cannot save tensor '", item.key(), "' to ", path, ": only dense tensors are "
-          "supported, it has layout ", c10::str(item.value().layout()),
-          item.value().is_quantized() ? " (quantized)" : ""));
+          "cannot save tensor '", item.key(), "' to ", path,
+          ": only dense tensors are "
+          "supported, it has layout ",
+          c10::str(item.value().layout()), item.value().is_quantized() ? " (quantized)" : ""));
     }
     at::Tensor stand_in = MetadataOnlyTensor(item.value());
     index_of_storage.emplace(stand_in.storage().unsafeGetStorageImpl(), sources.size());
@@ -213,21 +214,19 @@ namespace {
 absl::StatusOr<LoadedTensorDict> ToTensorDict(const std::string& path,
                                               internal::UnpickledArchive archive) {
   if (!archive.value.isGenericDict()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": expected a dict of tensors, found ",
-        archive.value.tagKind()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": expected a dict of tensors, found ", archive.value.tagKind()));
   }
   LoadedTensorDict out;
   for (const auto& entry : archive.value.toGenericDict()) {
     if (!entry.key().isString()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": expected string keys, found ", entry.key().tagKind()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": expected string keys, found ", entry.key().tagKind()));
     }
     const std::string& name = entry.key().toStringRef();
     if (!entry.value().isTensor()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          path, ": entry '", name, "' is a ", entry.value().tagKind(),
-          ", expected a tensor"));
+          path, ": entry '", name, "' is a ", entry.value().tagKind(), ", expected a tensor"));
     }
     out.tensors.insert(name, entry.value().toTensor());
   }
@@ -252,8 +251,9 @@ absl::StatusOr<LoadedTensorDict> LoadTensorDict(const std::string& path,
 
 namespace internal {
 
-absl::StatusOr<ChecksummedTensorDict> ReadChecksummedTensorDict(
-    const std::string& path, TensorData data, const std::set<std::string>& keep) {
+absl::StatusOr<ChecksummedTensorDict> ReadChecksummedTensorDict(const std::string& path,
+                                                                TensorData data,
+                                                                const std::set<std::string>& keep) {
   auto archive = ReadTorchArchiveInOnePass(path, data, keep);
   if (!archive.ok()) return archive.status();
   auto loaded = ToTensorDict(path, std::move(archive->archive));

@@ -10,7 +10,7 @@
 // nn.Module.load_state_dict accepts it). Loading accepts both a plain dict and
 // the collections.OrderedDict (with its `_metadata`) that state_dict() returns,
 // which LibTorch 1.13's torch::pickle_load rejects (see
-// internal/unpickler.h for why and how).
+// archive/pickle_vm.h for why and how).
 #pragma once
 
 #include <cstdint>
@@ -47,8 +47,8 @@ absl::Status SaveTensorDict(const TensorDict& tensors, const std::string& path);
 
 // What WriteTensorDict wrote, checksummed on the fly while writing.
 struct WrittenTensorDict {
-  uint64_t bytes = 0;    // size of the file
-  uint32_t crc32c = 0;   // CRC-32C of the whole file
+  uint64_t bytes = 0;   // size of the file
+  uint32_t crc32c = 0;  // CRC-32C of the whole file
   // CRC-32C of each tensor's contiguous data, in the dict's order.
   std::vector<uint32_t> tensor_crc32c;
 };

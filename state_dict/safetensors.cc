@@ -89,8 +89,7 @@ const Dtype* ByName(absl::string_view name) {
 std::string Quote(absl::string_view s) {
   constexpr size_t kMaxShown = 200;
   if (s.size() <= kMaxShown) return absl::StrCat("'", absl::CHexEscape(s), "'");
-  return absl::StrCat("'", absl::CHexEscape(s.substr(0, kMaxShown)), "'... (", s.size(),
-                      " bytes)");
+  return absl::StrCat("'", absl::CHexEscape(s.substr(0, kMaxShown)), "'... (", s.size(), " bytes)");
 }
 
 bool IsValidUtf8(absl::string_view s) {
@@ -205,8 +204,9 @@ class HeaderParser {
     if (in_ == In::kOffsets) {
       HeaderTensor& t = current();
       if (t.offsets_seen == 2) {
-        return Fail(absl::StrCat(TensorWhat(), ": data_offsets has more than two entries; "
-                                               "expected [begin, end]"));
+        return Fail(absl::StrCat(TensorWhat(),
+                                 ": data_offsets has more than two entries; "
+                                 "expected [begin, end]"));
       }
       t.offsets[t.offsets_seen++] = value;
       return true;
@@ -225,8 +225,7 @@ class HeaderParser {
   bool number_float(json::number_float_t, const json::string_t& text) {
     if (in_ == In::kShape || in_ == In::kOffsets) {
       return Fail(absl::StrCat(TensorWhat(), ": ", in_ == In::kShape ? "shape" : "data_offsets",
-                               " entry ", text,
-                               " is not an integer from 0 to 2^64 - 1"));
+                               " entry ", text, " is not an integer from 0 to 2^64 - 1"));
     }
     return Unexpected(absl::StrCat("the number ", text));
   }
@@ -242,36 +241,30 @@ class HeaderParser {
         if (dtype == nullptr) {
           const bool packed = std::find(std::begin(kPackedDtypes), std::end(kPackedDtypes),
                                         value) != std::end(kPackedDtypes);
-          return Fail(absl::StrCat(
-              TensorWhat(), ": dtype ", Quote(value),
-              packed ? " (packed, less than a byte an element) is not supported"
-                     : " is not a safetensors dtype",
-              "; expected one of ", DtypeNames()));
+          return Fail(absl::StrCat(TensorWhat(), ": dtype ", Quote(value),
+                                   packed
+                                       ? " (packed, less than a byte an element) is not supported"
+                                       : " is not a safetensors dtype",
+                                   "; expected one of ", DtypeNames()));
         }
         current().dtype = dtype;
         expect_ = Expect::kNothing;
         return true;
       }
-      default:
-        return Unexpected(absl::StrCat("the string ", Quote(value)));
+      default: return Unexpected(absl::StrCat("the string ", Quote(value)));
     }
   }
 
   bool start_object(std::size_t) {
     switch (expect_) {
-      case Expect::kRoot:
-        in_ = In::kRoot;
-        break;
-      case Expect::kMetadataObject:
-        in_ = In::kMetadata;
-        break;
+      case Expect::kRoot: in_ = In::kRoot; break;
+      case Expect::kMetadataObject: in_ = In::kMetadata; break;
       case Expect::kTensorObject:
         in_ = In::kTensor;
         header_.tensors.emplace_back();
         header_.tensors.back().name = std::move(name_);
         break;
-      default:
-        return Unexpected("an object");
+      default: return Unexpected("an object");
     }
     expect_ = Expect::kNothing;
     return true;
@@ -308,7 +301,7 @@ class HeaderParser {
         }
         if (*seen) return Fail(absl::StrCat(TensorWhat(), ": the field ", key, " appears twice"));
         *seen = true;
-        expect_ = key == "dtype" ? Expect::kDtype
+        expect_ = key == "dtype"   ? Expect::kDtype
                   : key == "shape" ? Expect::kShape
                                    : Expect::kOffsets;
         return true;
@@ -320,24 +313,19 @@ class HeaderParser {
 
   bool end_object() {
     switch (in_) {
-      case In::kRoot:
-        in_ = In::kDone;
-        return true;
-      case In::kMetadata:
-        in_ = In::kRoot;
-        return true;
+      case In::kRoot: in_ = In::kDone; return true;
+      case In::kMetadata: in_ = In::kRoot; return true;
       case In::kTensor: {
         const HeaderTensor& t = current();
-        for (const auto& [seen, field] : {std::pair{t.has_dtype, "dtype"},
-                                          std::pair{t.has_shape, "shape"},
-                                          std::pair{t.has_offsets, "data_offsets"}}) {
+        for (const auto& [seen, field] :
+             {std::pair{t.has_dtype, "dtype"}, std::pair{t.has_shape, "shape"},
+              std::pair{t.has_offsets, "data_offsets"}}) {
           if (!seen) return Fail(absl::StrCat(TensorWhat(), ": no ", field, " field"));
         }
         in_ = In::kRoot;
         return true;
       }
-      default:
-        return Fail("unexpected end of an object");
+      default: return Fail("unexpected end of an object");
     }
   }
 
@@ -376,7 +364,14 @@ class HeaderParser {
  private:
   // What the next value is for (set by a key, or at the start).
   enum class Expect {
-    kNothing, kRoot, kMetadataObject, kMetadataString, kTensorObject, kDtype, kShape, kOffsets
+    kNothing,
+    kRoot,
+    kMetadataObject,
+    kMetadataString,
+    kTensorObject,
+    kDtype,
+    kShape,
+    kOffsets
   };
   // The innermost object or array the parse is in.
   enum class In { kTop, kRoot, kMetadata, kTensor, kShape, kOffsets, kDone };
@@ -384,8 +379,8 @@ class HeaderParser {
   HeaderTensor& current() { return header_.tensors.back(); }
 
   std::string TensorWhat() {
-    return absl::StrCat("tensor ", Quote(expect_ == Expect::kTensorObject ? name_
-                                                                          : current().name));
+    return absl::StrCat("tensor ",
+                        Quote(expect_ == Expect::kTensorObject ? name_ : current().name));
   }
 
   bool Fail(std::string message) {
@@ -396,8 +391,7 @@ class HeaderParser {
   // `what` where the format has no place for it.
   bool Unexpected(const std::string& what) {
     switch (expect_) {
-      case Expect::kRoot:
-        return Fail(absl::StrCat("the header is ", what, ", not a JSON object"));
+      case Expect::kRoot: return Fail(absl::StrCat("the header is ", what, ", not a JSON object"));
       case Expect::kMetadataObject:
         return Fail(absl::StrCat("__metadata__ is ", what, "; expected an object of strings"));
       case Expect::kMetadataString:
@@ -409,17 +403,17 @@ class HeaderParser {
       case Expect::kDtype:
         return Fail(absl::StrCat(TensorWhat(), ": dtype is ", what, "; expected a string"));
       case Expect::kShape:
-        return Fail(absl::StrCat(TensorWhat(), ": shape is ", what,
-                                 "; expected an array of integers"));
+        return Fail(
+            absl::StrCat(TensorWhat(), ": shape is ", what, "; expected an array of integers"));
       case Expect::kOffsets:
-        return Fail(absl::StrCat(TensorWhat(), ": data_offsets is ", what,
-                                 "; expected [begin, end]"));
-      case Expect::kNothing:
-        break;
+        return Fail(
+            absl::StrCat(TensorWhat(), ": data_offsets is ", what, "; expected [begin, end]"));
+      case Expect::kNothing: break;
     }
     if (in_ == In::kShape || in_ == In::kOffsets) {
       return Fail(absl::StrCat(TensorWhat(), ": ", in_ == In::kShape ? "shape" : "data_offsets",
-                               " holds ", what, "; expected integers (the header nests no "
+                               " holds ", what,
+                               "; expected integers (the header nests no "
                                "deeper than its three levels)"));
     }
     return Fail(absl::StrCat("unexpected ", what));
@@ -451,8 +445,8 @@ class Fd {
 };
 
 // Reads exactly `size` bytes at `offset`; a file that ends first is DataLoss.
-absl::Status ReadAt(int fd, const std::string& path, uint64_t offset, void* out,
-                    uint64_t size, absl::string_view what) {
+absl::Status ReadAt(int fd, const std::string& path, uint64_t offset, void* out, uint64_t size,
+                    absl::string_view what) {
   char* p = static_cast<char*>(out);
   while (size > 0) {
     const size_t chunk = static_cast<size_t>(std::min<uint64_t>(size, uint64_t{1} << 30));
@@ -541,8 +535,10 @@ absl::Status CheckLayout(const std::string& path, const Header& header, uint64_t
     previous = &t;
   }
   if (covered != data_bytes) {
-    return bad(absl::StrCat(data_bytes - covered, " bytes after the last tensor (the tensors "
-                            "end at byte ", covered, " of the data, which holds ", data_bytes,
+    return bad(absl::StrCat(data_bytes - covered,
+                            " bytes after the last tensor (the tensors "
+                            "end at byte ",
+                            covered, " of the data, which holds ", data_bytes,
                             " bytes after the header)"));
   }
   return absl::OkStatus();
@@ -553,8 +549,8 @@ absl::Status CheckLayout(const std::string& path, const Header& header, uint64_t
 absl::Status SaveSafetensors(const TensorDict& tensors, const std::string& path,
                              const std::map<std::string, std::string>& metadata) {
   auto invalid = [&](const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot save ", path, " as safetensors: ",
-                                                   what));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot save ", path, " as safetensors: ", what));
   };
   struct Entry {
     const std::string* name;
@@ -579,8 +575,7 @@ absl::Status SaveSafetensors(const TensorDict& tensors, const std::string& path,
     const Dtype* dtype = ByType(t.scalar_type());
     if (dtype == nullptr) {
       return invalid(absl::StrCat(what, " has dtype ", c10::toString(t.scalar_type()),
-                                  ", which safetensors has no name for; it holds ",
-                                  DtypeNames()));
+                                  ", which safetensors has no name for; it holds ", DtypeNames()));
     }
     entries.push_back({&name, &t, dtype, static_cast<uint64_t>(t.numel()) * t.element_size()});
   }
@@ -627,10 +622,9 @@ absl::Status SaveSafetensors(const TensorDict& tensors, const std::string& path,
   // starts 8-byte aligned (8 bytes of length + the header).
   header.append((8 - header.size() % 8) % 8, ' ');
   if (header.size() > kMaxHeaderBytes) {
-    return invalid(absl::StrCat("its header would take ", header.size(),
-                                " bytes, more than the ", kMaxHeaderBytes,
-                                " that safetensors readers accept (", entries.size(),
-                                " tensors)"));
+    return invalid(absl::StrCat("its header would take ", header.size(), " bytes, more than the ",
+                                kMaxHeaderBytes, " that safetensors readers accept (",
+                                entries.size(), " tensors)"));
   }
 
   auto file = internal::AtomicFileWriter::Open(path);
@@ -679,7 +673,8 @@ absl::StatusOr<LoadedSafetensors> LoadSafetensors(const std::string& path,
     return absl::DataLossError(absl::StrCat(path, ": ", what));
   };
   if (file_bytes < 8) {
-    return bad(absl::StrCat("only ", file_bytes, " bytes; a safetensors file starts with an "
+    return bad(absl::StrCat("only ", file_bytes,
+                            " bytes; a safetensors file starts with an "
                             "8-byte header length"));
   }
   uint64_t header_bytes = 0;
@@ -695,16 +690,15 @@ absl::StatusOr<LoadedSafetensors> LoadSafetensors(const std::string& path,
   }
   if (header_bytes > file_bytes - 8) {
     return bad(absl::StrCat("header length ", header_bytes, " runs past the end of the file (",
-                            file_bytes, " bytes: at most ", file_bytes - 8,
-                            " bytes of header)"));
+                            file_bytes, " bytes: at most ", file_bytes - 8, " bytes of header)"));
   }
   // Everything after the length: the header and the tensors' bytes, which a
   // valid file's tensors cover exactly.
   if (options.max_bytes != 0 && file_bytes - 8 > options.max_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        path, ": its header and tensors take ", file_bytes - 8, " bytes (", header_bytes,
-        " of them the header), more than the load's budget of ", options.max_bytes,
-        " bytes (max_bytes); refused before reading any of them"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(path, ": its header and tensors take ", file_bytes - 8, " bytes (",
+                     header_bytes, " of them the header), more than the load's budget of ",
+                     options.max_bytes, " bytes (max_bytes); refused before reading any of them"));
   }
   const uint64_t data_start = 8 + header_bytes;
   const uint64_t data_bytes = file_bytes - data_start;
@@ -718,8 +712,7 @@ absl::StatusOr<LoadedSafetensors> LoadSafetensors(const std::string& path,
     // nlohmann's parser would take one for the end of its input.
     if (const void* nul = std::memchr(text.data(), '\0', text.size())) {
       return bad(absl::StrCat("the header holds a NUL byte at offset ",
-                              static_cast<const char*>(nul) - text.data(),
-                              " (JSON has none)"));
+                              static_cast<const char*>(nul) - text.data(), " (JSON has none)"));
     }
     HeaderParser parser;
     bool parsed = false;
@@ -758,9 +751,9 @@ absl::StatusOr<LoadedSafetensors> LoadSafetensors(const std::string& path,
     try {
       tensor = at::empty(t.shape, at::TensorOptions().dtype(t.dtype->type));
     } catch (const c10::Error& error) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          path, ": cannot allocate tensor ", Quote(t.name), " (", t.offsets[1] - t.offsets[0],
-          " bytes): ", error.what_without_backtrace()));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(path, ": cannot allocate tensor ", Quote(t.name), " (",
+                       t.offsets[1] - t.offsets[0], " bytes): ", error.what_without_backtrace()));
     }
     const uint64_t bytes = t.offsets[1] - t.offsets[0];
     if (bytes > 0) {
@@ -775,8 +768,7 @@ absl::StatusOr<LoadedSafetensors> LoadSafetensors(const std::string& path,
       for (uint64_t i = 0; i < bytes; ++i) {
         if (b[i] > 1) {
           return bad(absl::StrCat("tensor ", Quote(t.name), " (BOOL) holds the byte ",
-                                  static_cast<int>(b[i]), " at element ", i,
-                                  "; expected 0 or 1"));
+                                  static_cast<int>(b[i]), " at element ", i, "; expected 0 or 1"));
         }
       }
     }

@@ -29,18 +29,16 @@ std::vector<const ShardPiece*> SortedPieces(const std::vector<ShardedTensor>& sh
   return pieces;
 }
 
-absl::Status CheckSameGlobal(const std::string& name,
-                             const std::vector<ShardedTensor>& shards) {
+absl::Status CheckSameGlobal(const std::string& name, const std::vector<ShardedTensor>& shards) {
   if (shards.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': no shards"));
   }
   for (size_t r = 0; r < shards.size(); ++r) {
-    if (shards[r].global_shape != shards[0].global_shape ||
-        shards[r].dtype != shards[0].dtype) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", name, "': shard ", r, " says ", Shape(shards[r].global_shape),
-          " ", c10::toString(shards[r].dtype), ", shard 0 says ",
-          Shape(shards[0].global_shape), " ", c10::toString(shards[0].dtype)));
+    if (shards[r].global_shape != shards[0].global_shape || shards[r].dtype != shards[0].dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "': shard ", r, " says ", Shape(shards[r].global_shape),
+                       " ", c10::toString(shards[r].dtype), ", shard 0 says ",
+                       Shape(shards[0].global_shape), " ", c10::toString(shards[0].dtype)));
     }
     absl::Status status = ValidateShardedTensor(name, shards[r]);
     if (!status.ok()) return status;
@@ -74,15 +72,15 @@ absl::Status CheckSortedPiecesAgree(const std::string& name,
     if (reach != nullptr && piece->range.offset < reach->range.end()) {
       const int64_t begin = piece->range.offset;
       const int64_t end = std::min(reach->range.end(), piece->range.end());
-      const int64_t differ = FirstBitwiseDifference(
-          reach->data.narrow(0, begin - reach->range.offset, end - begin),
-          piece->data.narrow(0, 0, end - begin));
+      const int64_t differ =
+          FirstBitwiseDifference(reach->data.narrow(0, begin - reach->range.offset, end - begin),
+                                 piece->data.narrow(0, 0, end - begin));
       if (differ >= 0) {
-        return absl::DataLossError(absl::StrCat(
-            "tensor '", name, "': pieces [", reach->range.offset, ", ", reach->range.end(),
-            ") and [", piece->range.offset, ", ", piece->range.end(),
-            ") overlap but differ at element ", begin + differ,
-            " (overlapping pieces must be identical copies)"));
+        return absl::DataLossError(
+            absl::StrCat("tensor '", name, "': pieces [", reach->range.offset, ", ",
+                         reach->range.end(), ") and [", piece->range.offset, ", ",
+                         piece->range.end(), ") overlap but differ at element ", begin + differ,
+                         " (overlapping pieces must be identical copies)"));
       }
     }
     if (reach == nullptr || piece->range.end() > reach->range.end()) reach = piece;
@@ -105,8 +103,7 @@ FlatRange EvenShardRange(int64_t numel, int world_size, int rank) {
   return FlatRange{begin, end - begin};
 }
 
-std::vector<FlatRange> OriginalRangesInShard(const std::vector<int64_t>& numels,
-                                             FlatRange shard) {
+std::vector<FlatRange> OriginalRangesInShard(const std::vector<int64_t>& numels, FlatRange shard) {
   std::vector<FlatRange> out;
   int64_t start = 0;  // offset of the current original in the flat parameter
   for (int64_t numel : numels) {
@@ -122,43 +119,38 @@ std::vector<FlatRange> OriginalRangesInShard(const std::vector<int64_t>& numels,
   return out;
 }
 
-absl::Status ValidateShardedTensor(const std::string& name,
-                                   const ShardedTensor& tensor) {
+absl::Status ValidateShardedTensor(const std::string& name, const ShardedTensor& tensor) {
   const int64_t numel = tensor.global_numel();
   for (const ShardPiece& piece : tensor.pieces) {
     const FlatRange& r = piece.range;
     if (r.offset < 0 || r.numel < 0 || r.end() > numel) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", name, "': piece [", r.offset, ", ", r.end(),
-          ") lies outside its ", numel, " elements (shape ",
-          Shape(tensor.global_shape), ")"));
+          "tensor '", name, "': piece [", r.offset, ", ", r.end(), ") lies outside its ", numel,
+          " elements (shape ", Shape(tensor.global_shape), ")"));
     }
-    if (!piece.data.defined() || piece.data.dim() != 1 ||
-        piece.data.numel() != r.numel) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", name, "': piece at offset ", r.offset, " must be 1-D with ",
-          r.numel, " elements, has shape ",
-          piece.data.defined() ? Shape(piece.data.sizes().vec()) : "undefined"));
+    if (!piece.data.defined() || piece.data.dim() != 1 || piece.data.numel() != r.numel) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "': piece at offset ", r.offset, " must be 1-D with ",
+                       r.numel, " elements, has shape ",
+                       piece.data.defined() ? Shape(piece.data.sizes().vec()) : "undefined"));
     }
     if (piece.data.scalar_type() != tensor.dtype) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor '", name, "': piece at offset ", r.offset, " is ",
-          c10::toString(piece.data.scalar_type()), ", expected ",
-          c10::toString(tensor.dtype)));
+          c10::toString(piece.data.scalar_type()), ", expected ", c10::toString(tensor.dtype)));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckOverlapsAgree(const std::string& name,
-                                const std::vector<ShardedTensor>& shards) {
+absl::Status CheckOverlapsAgree(const std::string& name, const std::vector<ShardedTensor>& shards) {
   absl::Status status = CheckSameGlobal(name, shards);
   if (!status.ok()) return status;
   return CheckSortedPiecesAgree(name, SortedPieces(shards));
 }
 
-absl::StatusOr<torch::Tensor> AssembleFullTensor(
-    const std::string& name, const std::vector<ShardedTensor>& shards) {
+absl::StatusOr<torch::Tensor> AssembleFullTensor(const std::string& name,
+                                                 const std::vector<ShardedTensor>& shards) {
   absl::Status status = CheckSameGlobal(name, shards);
   if (!status.ok()) return status;
   const ShardedTensor& first = shards.front();
@@ -177,9 +169,9 @@ absl::StatusOr<torch::Tensor> AssembleFullTensor(
     covered = piece->range.end();
   }
   if (covered != numel) {
-    return absl::NotFoundError(absl::StrCat(
-        "tensor '", name, "': no shard holds elements from ", covered,
-        " on (of ", numel, "); a rank's shard is missing"));
+    return absl::NotFoundError(absl::StrCat("tensor '", name, "': no shard holds elements from ",
+                                            covered, " on (of ", numel,
+                                            "); a rank's shard is missing"));
   }
   return flat.view(first.global_shape);
 }
@@ -198,9 +190,9 @@ absl::StatusOr<ShardedTensor> Reshard(const std::string& name,
   if (!status.ok()) return status;
   for (const FlatRange& want : needed) {
     if (want.offset < 0 || want.numel < 0 || want.end() > numel) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", name, "': requested range [", want.offset, ", ", want.end(),
-          ") lies outside its ", numel, " elements"));
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': requested range [",
+                                                     want.offset, ", ", want.end(),
+                                                     ") lies outside its ", numel, " elements"));
     }
     torch::Tensor data = torch::empty({want.numel}, torch::TensorOptions().dtype(out.dtype));
     int64_t filled = want.offset;  // [want.offset, filled) done
@@ -213,18 +205,16 @@ absl::StatusOr<ShardedTensor> Reshard(const std::string& name,
       filled = end;
     }
     if (filled < want.end()) {
-      return absl::NotFoundError(absl::StrCat(
-          "tensor '", name, "': no saved shard holds element ", filled,
-          " (needed for range [", want.offset, ", ", want.end(),
-          ")); a rank's shard is missing"));
+      return absl::NotFoundError(absl::StrCat("tensor '", name, "': no saved shard holds element ",
+                                              filled, " (needed for range [", want.offset, ", ",
+                                              want.end(), ")); a rank's shard is missing"));
     }
     out.pieces.push_back(ShardPiece{want, data});
   }
   return out;
 }
 
-ShardedTensor ShardFullTensor(const torch::Tensor& full,
-                              const std::vector<FlatRange>& ranges) {
+ShardedTensor ShardFullTensor(const torch::Tensor& full, const std::vector<FlatRange>& ranges) {
   ShardedTensor out;
   out.global_shape = full.sizes().vec();
   out.dtype = full.scalar_type();
@@ -270,8 +260,9 @@ ShardedStateDict SplitFlatShard(const FlatParamLayout& layout, FlatRange shard,
   return out;
 }
 
-std::vector<std::pair<std::string, ShardRequest>> FlatShardRequests(
-    const FlatParamLayout& layout, FlatRange shard, const std::string& suffix) {
+std::vector<std::pair<std::string, ShardRequest>> FlatShardRequests(const FlatParamLayout& layout,
+                                                                    FlatRange shard,
+                                                                    const std::string& suffix) {
   const std::vector<FlatRange> ranges = OriginalRangesInShard(layout.numels(), shard);
   std::vector<std::pair<std::string, ShardRequest>> out;
   for (size_t i = 0; i < layout.names.size(); ++i) {
@@ -291,9 +282,9 @@ absl::Status FillFlatShard(const FlatParamLayout& layout, FlatRange shard,
   const std::vector<FlatRange> ranges = OriginalRangesInShard(numels, shard);
   if (!local.defined() || local.dim() != 1 || local.numel() < shard.numel ||
       local.scalar_type() != layout.dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "flat shard must be a 1-D ", c10::toString(layout.dtype), " tensor of at least ",
-        shard.numel, " elements"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("flat shard must be a 1-D ", c10::toString(layout.dtype),
+                     " tensor of at least ", shard.numel, " elements"));
   }
   std::vector<const torch::Tensor*> sources(layout.names.size(), nullptr);
   for (size_t i = 0; i < layout.names.size(); ++i) {
@@ -306,9 +297,9 @@ absl::Status FillFlatShard(const FlatParamLayout& layout, FlatRange shard,
     if (t->pieces.size() != 1 || !(t->pieces[0].range == ranges[i]) ||
         t->pieces[0].data.scalar_type() != layout.dtype ||
         t->pieces[0].data.numel() != ranges[i].numel) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", name, "': expected one ", c10::toString(layout.dtype), " piece [",
-          ranges[i].offset, ", ", ranges[i].end(), ") for this shard"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "': expected one ", c10::toString(layout.dtype),
+                       " piece [", ranges[i].offset, ", ", ranges[i].end(), ") for this shard"));
     }
     sources[i] = &t->pieces[0].data;
   }
@@ -316,8 +307,7 @@ absl::Status FillFlatShard(const FlatParamLayout& layout, FlatRange shard,
   int64_t start = 0;
   for (size_t i = 0; i < layout.names.size(); ++i) {
     if (sources[i] != nullptr) {
-      local.narrow(0, start + ranges[i].offset - shard.offset, ranges[i].numel)
-          .copy_(*sources[i]);
+      local.narrow(0, start + ranges[i].offset - shard.offset, ranges[i].numel).copy_(*sources[i]);
     }
     start += numels[i];
   }

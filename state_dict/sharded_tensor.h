@@ -28,9 +28,7 @@ struct FlatRange {
   int64_t offset = 0;
   int64_t numel = 0;
   int64_t end() const { return offset + numel; }
-  bool operator==(const FlatRange& o) const {
-    return offset == o.offset && numel == o.numel;
-  }
+  bool operator==(const FlatRange& o) const { return offset == o.offset && numel == o.numel; }
 };
 
 // One piece: `data` is 1-D with data.numel() == range.numel elements,
@@ -60,28 +58,25 @@ FlatRange EvenShardRange(int64_t numel, int world_size, int rank);
 // and the `shard` range of it a rank owns, the piece of each original that
 // shard covers, as a range of that original (numel 0 when none). This is how
 // FSDP tells which parts of which originals a rank holds.
-std::vector<FlatRange> OriginalRangesInShard(const std::vector<int64_t>& numels,
-                                             FlatRange shard);
+std::vector<FlatRange> OriginalRangesInShard(const std::vector<int64_t>& numels, FlatRange shard);
 
 // Checks that `tensor`'s pieces are well formed: 1-D, of its dtype, numel
 // matching their range, inside the global numel. Errors name `name`.
-absl::Status ValidateShardedTensor(const std::string& name,
-                                   const ShardedTensor& tensor);
+absl::Status ValidateShardedTensor(const std::string& name, const ShardedTensor& tensor);
 
 // Pieces may overlap (a LOCAL save holds a replicated tensor once per rank)
 // only as identical copies: checks that overlapping pieces of all `shards` are
 // bitwise equal where they overlap (NaNs included), else a DataLoss error
 // naming `name`, both pieces and the first element that differs.
-absl::Status CheckOverlapsAgree(const std::string& name,
-                                const std::vector<ShardedTensor>& shards);
+absl::Status CheckOverlapsAgree(const std::string& name, const std::vector<ShardedTensor>& shards);
 
 // Rebuilds the full tensor (global shape) from the pieces of all ranks
 // (`shards`, one ShardedTensor per rank, same shape and dtype). The pieces
 // must cover every element, overlapping only as identical copies
 // (CheckOverlapsAgree); a gap or a disagreement is an error naming `name`
 // and the elements involved.
-absl::StatusOr<torch::Tensor> AssembleFullTensor(
-    const std::string& name, const std::vector<ShardedTensor>& shards);
+absl::StatusOr<torch::Tensor> AssembleFullTensor(const std::string& name,
+                                                 const std::vector<ShardedTensor>& shards);
 
 // Reshard on load: returns a ShardedTensor with one piece per `needed` range,
 // filled from the `saved` pieces (of any number of ranks, any layout; overlaps
@@ -118,13 +113,13 @@ struct FlatParamLayout {
 // `local` is 1-D and holds flat elements [shard.offset, shard.end()); any
 // elements after those (FSDP's padding) are ignored. Pieces are copies.
 ShardedStateDict SplitFlatShard(const FlatParamLayout& layout, FlatRange shard,
-                                const torch::Tensor& local,
-                                const std::string& suffix = "");
+                                const torch::Tensor& local, const std::string& suffix = "");
 
 // What to request (checkpoint.h: LoadResharded) to rebuild the shard
 // `shard` of a flat tensor laid out as `layout`.
-std::vector<std::pair<std::string, ShardRequest>> FlatShardRequests(
-    const FlatParamLayout& layout, FlatRange shard, const std::string& suffix = "");
+std::vector<std::pair<std::string, ShardRequest>> FlatShardRequests(const FlatParamLayout& layout,
+                                                                    FlatRange shard,
+                                                                    const std::string& suffix = "");
 
 // Copies `entries` (as LoadResharded returns them for FlatShardRequests)
 // into `local`, the rank's 1-D flat shard. Every entry is checked first —
@@ -136,7 +131,6 @@ absl::Status FillFlatShard(const FlatParamLayout& layout, FlatRange shard,
 
 // Splits a full tensor into the pieces `ranges` select (for tests and for
 // producing a SHARDED dict from a FULL one).
-ShardedTensor ShardFullTensor(const torch::Tensor& full,
-                              const std::vector<FlatRange>& ranges);
+ShardedTensor ShardFullTensor(const torch::Tensor& full, const std::vector<FlatRange>& ranges);
 
 }  // namespace state_dict

@@ -20,7 +20,7 @@
 #include "functorch/module/named_member_accessor.h"
 #include "module_call/call.h"
 #include "module_call/wrap_policy.h"
-#include "state_dict/fsdp_state_dict.h"
+#include "state_dict/fsdp/fsdp_state_dict.h"
 #include "tests/fsdp_test_models.h"
 #include "trainer/models.h"
 
@@ -67,8 +67,8 @@ TEST(FsdpFeatures, NoSyncEqualsLargerBatch) {
       [](comm::ProcessGroup& pg) {
         for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kNoShard}) {
           for (bool orig : {false, true}) {
-            SCOPED_TRACE(std::string(fsdp::sharding_strategy_name(strategy)) + " orig=" +
-                         std::to_string(orig));
+            SCOPED_TRACE(std::string(fsdp::sharding_strategy_name(strategy)) +
+                         " orig=" + std::to_string(orig));
             Net ref;
             torch::optim::Adam ref_optim(ref->parameters(), torch::optim::AdamOptions(1e-2));
             FullyShardedDataParallel model(Net(), BlockWrapped(pg, strategy, orig));
@@ -145,7 +145,8 @@ TEST(FsdpFeatures, SummonFullParamsAndCleanNames) {
         std::vector<std::string> plain_names;
         for (const auto& item : plain->named_parameters()) plain_names.push_back(item.key());
         {
-          FullyShardedDataParallel model(Net(), BlockWrapped(pg, ShardingStrategy::kFullShard, true));
+          FullyShardedDataParallel model(Net(),
+                                         BlockWrapped(pg, ShardingStrategy::kFullShard, true));
           EXPECT_EQ(model.named_parameters().keys(), plain_names);
           EXPECT_EQ(model.fsdp_unit_names(),
                     (std::vector<std::string>{"", "blocks.0", "blocks.1", "blocks.2"}));
@@ -168,7 +169,8 @@ TEST(FsdpFeatures, SummonFullParamsAndCleanNames) {
           EXPECT_THAT(ErrorOf([] { module_call::size_based_auto_wrap_policy(0); }),
                       HasSubstr("min_num_params=0: expected >= 1"));
         }
-        FullyShardedDataParallel model(Net(), BlockWrapped(pg, ShardingStrategy::kFullShard, false));
+        FullyShardedDataParallel model(Net(),
+                                       BlockWrapped(pg, ShardingStrategy::kFullShard, false));
         EXPECT_EQ(model.named_parameters().keys(),
                   (std::vector<std::string>{"flat_param", "blocks.0.flat_param",
                                             "blocks.1.flat_param", "blocks.2.flat_param"}));
@@ -370,7 +372,8 @@ TEST(FsdpFeatures, OffloadIgnoredSyncAndDeferredInit) {
           // unit materialised by param_init_fn just before it is sharded.
           Net init;
           std::unordered_map<std::string, at::Tensor> values;
-          for (const auto& item : init->named_parameters()) values[item.key()] = item.value().detach();
+          for (const auto& item : init->named_parameters())
+            values[item.key()] = item.value().detach();
           Net net;
           {
             // LibTorch has no meta-device construction context; stand in
@@ -378,9 +381,10 @@ TEST(FsdpFeatures, OffloadIgnoredSyncAndDeferredInit) {
             // (Module::to(kMeta) refuses: set_data cannot change backend).
             functorch::NamedMemberAccessor accessor(net);
             for (const auto& item : net->named_parameters()) {
-              accessor.set_tensor(item.key(), torch::empty(item.value().sizes(),
-                                                           torch::TensorOptions().device(torch::kMeta))
-                                                  .set_requires_grad(true));
+              accessor.set_tensor(
+                  item.key(),
+                  torch::empty(item.value().sizes(), torch::TensorOptions().device(torch::kMeta))
+                      .set_requires_grad(true));
             }
           }
           for (const auto& p : net->parameters()) ASSERT_TRUE(p.is_meta());
@@ -455,8 +459,8 @@ TEST(FsdpFeatures, TrainerTransformerMatchesSingleProcess) {
             optim.zero_grad();
             model.run([&] { return lm_model->Loss(local); }).backward();
             optim.step();
-            ExpectClose(FullSnapshot(model), Snapshot(*ref_model),
-                        "step " + std::to_string(step), 1e-5, 1e-5);
+            ExpectClose(FullSnapshot(model), Snapshot(*ref_model), "step " + std::to_string(step),
+                        1e-5, 1e-5);
           }
         }
       },
@@ -470,16 +474,20 @@ TEST(FsdpFeatures, BadInputIsAClearError) {
         {
           // A submodule of a sharded unit called directly through module_call::call.
           Net net;
-          FullyShardedDataParallel model(net, BlockWrapped(pg, ShardingStrategy::kFullShard, false));
+          FullyShardedDataParallel model(net,
+                                         BlockWrapped(pg, ShardingStrategy::kFullShard, false));
           auto fc1 = net->blocks[0]->as<BlockImpl>()->fc1;
-          EXPECT_THAT(ErrorOf([&] { module_call::call(fc1, torch::randn({2, kHidden})); }),
+          EXPECT_THAT(ErrorOf([&] {
+                        module_call::call(fc1, torch::randn({2, kHidden}));
+                      }),
                       HasSubstr("belongs to FSDP unit 'blocks.0' whose parameters are sharded; "
                                 "call 'blocks.0' through module_call::call"));
           // A unit called outside the root's forward.
-          EXPECT_THAT(ErrorOf([&] {
-                        module_call::call(net->blocks[1]->as<BlockImpl>(), torch::randn({2, kHidden}));
-                      }),
-                      HasSubstr("called outside its root's forward"));
+          EXPECT_THAT(
+              ErrorOf([&] {
+                module_call::call(net->blocks[1]->as<BlockImpl>(), torch::randn({2, kHidden}));
+              }),
+              HasSubstr("called outside its root's forward"));
           // Backward twice through one graph.
           Batch b = LocalBatch(0, pg.rank(), pg.size());
           at::Tensor loss = Loss(model(b.x), b.y);
@@ -487,7 +495,9 @@ TEST(FsdpFeatures, BadInputIsAClearError) {
           EXPECT_THAT(ErrorOf([&] { loss.backward(); }),
                       HasSubstr("backward through a graph whose backward already ran"));
           // A forward that throws (bad input shape) leaves the model usable.
-          EXPECT_THAT(ErrorOf([&] { model(torch::randn({2, kIn + 1})); }),
+          EXPECT_THAT(ErrorOf([&] {
+                        model(torch::randn({2, kIn + 1}));
+                      }),
                       HasSubstr("cannot be multiplied"));
           Loss(model(b.x), b.y).backward();
           // An evaluation forward (no grad) frees every unit, root included.
@@ -523,7 +533,8 @@ TEST(FsdpFeatures, BadInputIsAClearError) {
         {
           // Wrapping twice; ignoring a module another FSDP manages.
           Net inner;
-          FullyShardedDataParallel first(inner, BlockWrapped(pg, ShardingStrategy::kFullShard, false));
+          FullyShardedDataParallel first(inner,
+                                         BlockWrapped(pg, ShardingStrategy::kFullShard, false));
           torch::nn::Sequential outer(inner, torch::nn::Linear(kOut, kOut));
           EXPECT_THAT(ErrorOf([&] {
                         FullyShardedDataParallel m(
@@ -639,8 +650,10 @@ TEST(FsdpFeatures, ActivationCheckpointingKeepsStateDictKeys) {
           std::vector<std::string> ckpt_names;
           for (const auto& p : ckpt_net->named_parameters()) ckpt_names.push_back(p.key());
           EXPECT_EQ(ckpt_names, unwrapped);
-          FullyShardedDataParallel plain(plain_net, BlockWrapped(pg, ShardingStrategy::kFullShard, orig));
-          FullyShardedDataParallel ckpt(ckpt_net, BlockWrapped(pg, ShardingStrategy::kFullShard, orig));
+          FullyShardedDataParallel plain(plain_net,
+                                         BlockWrapped(pg, ShardingStrategy::kFullShard, orig));
+          FullyShardedDataParallel ckpt(ckpt_net,
+                                        BlockWrapped(pg, ShardingStrategy::kFullShard, orig));
           EXPECT_EQ(ckpt.named_parameters().keys(), plain.named_parameters().keys());
           for (auto type : {state_dict::StateDictType::kFull, state_dict::StateDictType::kSharded,
                             state_dict::StateDictType::kLocal}) {
@@ -667,12 +680,12 @@ TEST(FsdpFeatures, ActivationCheckpointingAroundUnitsIsAClearError) {
         torch::nn::Sequential outer(Net(), torch::nn::Linear(kOut, kOut));
         activation_checkpointing::apply_activation_checkpointing(
             outer, module_call::custom_auto_wrap_policy([](const torch::nn::Module&,
-                                                    const std::string& fqn,
-                                                    int64_t) { return fqn == "0"; }));
-        FullyShardedDataParallel model(outer, BlockWrapped(pg, ShardingStrategy::kFullShard, false));
+                                                           const std::string& fqn,
+                                                           int64_t) { return fqn == "0"; }));
+        FullyShardedDataParallel model(outer,
+                                       BlockWrapped(pg, ShardingStrategy::kFullShard, false));
         Batch b = LocalBatch(0, pg.rank(), pg.size());
-        EXPECT_THAT(ErrorOf([&] { model(b.x); }),
-                    HasSubstr("module_call::call(0.blocks.0)"));
+        EXPECT_THAT(ErrorOf([&] { model(b.x); }), HasSubstr("module_call::call(0.blocks.0)"));
         EXPECT_THAT(ErrorOf([&] { model(b.x); }),
                     HasSubstr("runs inside an activation-checkpointed region"));
       },

@@ -80,10 +80,10 @@ void TrainAndCompare(Model model, FullyShardedDataParallel::Options options, con
     const auto chosen = activation_checkpointing::apply_activation_checkpointing(
         model, c.model == ModelKind::kModuleList
                    ? module_call::module_type_auto_wrap_policy<BlockImpl>()
-                   : module_call::custom_auto_wrap_policy([](const torch::nn::Module&,
-                                                      const std::string& fqn, int64_t) {
-                       return fqn == "0" || fqn == "2" || fqn == "4";
-                     }));
+                   : module_call::custom_auto_wrap_policy(
+                         [](const torch::nn::Module&, const std::string& fqn, int64_t) {
+                           return fqn == "0" || fqn == "2" || fqn == "4";
+                         }));
     ASSERT_EQ(chosen.size(), 3u);
   }
   FullyShardedDataParallel fsdp_model(model, options);
@@ -117,8 +117,8 @@ std::vector<Case> Cases(const std::vector<ShardingStrategy>& strategies,
   return cases;
 }
 
-void RunCases(const std::vector<Case>& cases, FullyShardedDataParallel::Options base,
-              int dp_rank, int dp_world) {
+void RunCases(const std::vector<Case>& cases, FullyShardedDataParallel::Options base, int dp_rank,
+              int dp_world) {
   const auto list_reference = Reference(Net());
   const auto seq_reference = Reference(MakeSequential());
   for (const auto& c : cases) {

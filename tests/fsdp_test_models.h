@@ -93,14 +93,15 @@ inline std::map<std::string, at::Tensor> FullSnapshot(fsdp::FullyShardedDataPara
 }
 
 inline void ExpectClose(const std::map<std::string, at::Tensor>& actual,
-                        const std::map<std::string, at::Tensor>& expected,
-                        const std::string& what, double rtol = 1e-5, double atol = 1e-6) {
+                        const std::map<std::string, at::Tensor>& expected, const std::string& what,
+                        double rtol = 1e-5, double atol = 1e-6) {
   ASSERT_EQ(actual.size(), expected.size()) << what;
   for (const auto& [name, want] : expected) {
     auto it = actual.find(name);
     ASSERT_NE(it, actual.end()) << what << ": missing " << name;
     ASSERT_EQ(it->second.sizes(), want.sizes()) << what << ": " << name;
-    const double err = (it->second.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>();
+    const double err =
+        (it->second.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>();
     const double scale = want.abs().max().item<double>();
     EXPECT_TRUE(torch::allclose(it->second.to(at::kFloat), want, rtol, atol))
         << what << ": " << name << " max abs error " << err << " (max |value| " << scale << ")";

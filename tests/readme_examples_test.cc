@@ -18,8 +18,8 @@
 #include "module_call/call.h"
 #include "module_call/wrap_policy.h"
 #include "state_dict/checkpoint.h"
-#include "state_dict/fsdp_optim_state_dict.h"
-#include "state_dict/fsdp_state_dict.h"
+#include "state_dict/fsdp/fsdp_optim_state_dict.h"
+#include "state_dict/fsdp/fsdp_state_dict.h"
 #include "state_dict/module_state.h"
 
 namespace {
@@ -38,19 +38,17 @@ TEST(ReadmeExamples, PerSampleGradients) {
     return torch::nn::functional::cross_entropy(logits, y.unsqueeze(0));
   };
   // vmap over the batch (dim 0 of x and y), not over the parameters.
-  functorch::NamedTensors grads = functorch::vmap(functorch::grad(loss), {std::nullopt, 0, 0})(
-      model->named_parameters(), x, y);
+  functorch::NamedTensors grads =
+      functorch::vmap(functorch::grad(loss), {std::nullopt, 0, 0})(model->named_parameters(), x, y);
   torch::Tensor w = grads["0.weight"];  // [batch, 256, 128]
 
   ASSERT_EQ(w.sizes(), (std::vector<int64_t>{8, 256, 128}));
   EXPECT_EQ(grads.keys(), model->named_parameters().keys());
   // Example 3 against plain autograd on the module.
   model->zero_grad();
-  torch::nn::functional::cross_entropy(model->forward(x[3].unsqueeze(0)),
-                                       y[3].unsqueeze(0))
+  torch::nn::functional::cross_entropy(model->forward(x[3].unsqueeze(0)), y[3].unsqueeze(0))
       .backward();
-  EXPECT_TRUE(torch::allclose(w[3], model->named_parameters()["0.weight"].grad(),
-                              1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(w[3], model->named_parameters()["0.weight"].grad(), 1e-5, 1e-6));
   // The gradient dict back into an update and functional_call, unconverted.
   functorch::NamedTensors params;
   for (const auto& p : model->named_parameters()) params.insert(p.key(), p.value().detach());
@@ -58,8 +56,8 @@ TEST(ReadmeExamples, PerSampleGradients) {
   for (auto& p : params) p.value() -= lr * grads[p.key()][3];
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(lr));
   sgd.step();  // with example 3's gradients from above
-  EXPECT_TRUE(torch::allclose(functorch::functional_call(model, params, x), model->forward(x),
-                              1e-5, 1e-6));
+  EXPECT_TRUE(
+      torch::allclose(functorch::functional_call(model, params, x), model->forward(x), 1e-5, 1e-6));
 }
 
 // README: "functional_call and per-sample gradients", the Hessian.
@@ -81,8 +79,7 @@ TEST(ReadmeExamples, ParameterDictHessian) {
       torch::einsum("ik,jl->ijkl", {torch::eye(2), x.t().mm(x)}) * (2 / (n * o));
   EXPECT_TRUE(torch::allclose(H_ww, expected_ww, 1e-4, 1e-5));
   EXPECT_TRUE(torch::allclose(H["bias"]["bias"].tensor(), torch::eye(2) * (2 / o), 1e-4, 1e-5));
-  torch::Tensor expected_wb =
-      torch::einsum("ik,j->ijk", {torch::eye(2), x.sum(0)}) * (2 / (n * o));
+  torch::Tensor expected_wb = torch::einsum("ik,j->ijk", {torch::eye(2), x.sum(0)}) * (2 / (n * o));
   EXPECT_TRUE(torch::allclose(H["weight"]["bias"].tensor(), expected_wb, 1e-4, 1e-5));
 }
 
@@ -91,9 +88,7 @@ TEST(ReadmeExamples, VjpJvpHasAuxAndBindings) {
   torch::manual_seed(0);
   torch::Tensor x = torch::randn({4}), y = torch::randn({4}), ct = torch::randn({4});
   torch::Tensor tx = torch::randn({4});
-  auto f = [](torch::Tensor x, torch::Tensor y) {
-    return std::make_pair(x.sin() * y, x.cos());
-  };
+  auto f = [](torch::Tensor x, torch::Tensor y) { return std::make_pair(x.sin() * y, x.cos()); };
   auto g = [](torch::Tensor x) { return x.exp(); };
 
   auto [out, vjp_fn, aux] = functorch::vjp(f, x, y, functorch::has_aux);  // f -> (out, aux)
@@ -181,9 +176,9 @@ TEST(ReadmeExamples, Checkpoint) {
   std::filesystem::remove_all(root);
   torch::nn::Linear model(4, 2);
   const int64_t step = 7;
-  ASSERT_TRUE(state_dict::SaveFullCheckpoint(root.string(), step,
-                                             state_dict::ModuleStateDict(*model))
-                  .ok());
+  ASSERT_TRUE(
+      state_dict::SaveFullCheckpoint(root.string(), step, state_dict::ModuleStateDict(*model))
+          .ok());
 
   torch::nn::Linear restored(4, 2);
   auto latest = state_dict::LatestCheckpoint(root.string());
@@ -200,7 +195,8 @@ TEST(ReadmeExamples, Checkpoint) {
 // on 1.
 TEST(ReadmeExamples, ShardedFsdpCheckpoint) {
   comm::testing::RunOnRanks(2, [](comm::ProcessGroup& world) {
-    const std::string root = (std::filesystem::path(::testing::TempDir()) / "readme_sharded").string();
+    const std::string root =
+        (std::filesystem::path(::testing::TempDir()) / "readme_sharded").string();
     auto options_for = [](const comm::ProcessGroup& pg) {
       fsdp::FullyShardedDataParallel::Options options;
       options.process_group = pg;
@@ -226,7 +222,8 @@ TEST(ReadmeExamples, ShardedFsdpCheckpoint) {
     absl::Status saved = state_dict::SaveModelCheckpoint(root, step, *both);
     ASSERT_TRUE(saved.ok()) << saved;
     comm::barrier(world).wait();
-    if (world.rank() == 0) saved = state_dict::CommitShardedCheckpoint(root, step, both->world_size);
+    if (world.rank() == 0)
+      saved = state_dict::CommitShardedCheckpoint(root, step, both->world_size);
     ASSERT_TRUE(saved.ok()) << saved;
     comm::barrier(world).wait();
     auto want = state_dict::GetModelStateDict(model, StateDictType::kFull);

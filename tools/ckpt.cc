@@ -69,9 +69,8 @@ int Inspect(const std::string& step_dir) {
             << "format_version " << m->format_version << "\n"
             << "files " << m->files.size() << "\n";
   for (const auto& f : m->files) {
-    std::cout << "  " << f.name << "  rank " << f.rank << "  " << f.bytes
-              << " bytes  crc32c " << absl::StrCat(absl::Hex(f.crc32c, absl::kZeroPad8))
-              << "\n";
+    std::cout << "  " << f.name << "  rank " << f.rank << "  " << f.bytes << " bytes  crc32c "
+              << absl::StrCat(absl::Hex(f.crc32c, absl::kZeroPad8)) << "\n";
   }
   // One line per tensor, with where its pieces are for sharded checkpoints.
   std::vector<std::string> order;
@@ -84,8 +83,8 @@ int Inspect(const std::string& step_dir) {
         order.push_back(t.name);
       }
       if (m->kind == state_dict::CheckpointKind::kSharded && t.range.numel > 0) {
-        absl::StrAppend(&entry.second, entry.second.empty() ? "" : ", ", "rank ", f.rank,
-                        " [", t.range.offset, ", ", t.range.end(), ")");
+        absl::StrAppend(&entry.second, entry.second.empty() ? "" : ", ", "rank ", f.rank, " [",
+                        t.range.offset, ", ", t.range.end(), ")");
       }
     }
   }
@@ -117,8 +116,7 @@ int Convert(const std::string& step_dir, const std::string& out) {
   if (!full.ok()) return Fail(full.status());
   absl::Status status = state_dict::SaveTensorDict(*full, out);
   if (!status.ok()) return Fail(status);
-  std::cout << "wrote " << out << ": " << full->size() << " full tensors from " << step_dir
-            << "\n";
+  std::cout << "wrote " << out << ": " << full->size() << " full tensors from " << step_dir << "\n";
   return 0;
 }
 
@@ -158,9 +156,9 @@ int ConvertToSafetensors(const std::string& step_dir, const std::string& out) {
   size_t skipped = 0;
   const state_dict::TensorDict weights = ModelWeights(*full, &skipped);
   if (weights.is_empty()) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        step_dir, " holds no model weights: its ", full->size(),
-        " entries are all optimizer state or the trainer's")));
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat(step_dir, " holds no model weights: its ", full->size(),
+                     " entries are all optimizer state or the trainer's")));
   }
   absl::Status status = state_dict::SaveSafetensors(weights, out);
   if (!status.ok()) return Fail(status);

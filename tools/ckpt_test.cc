@@ -26,8 +26,8 @@ std::string TempDir(const std::string& name) {
 
 // Runs the tool; returns its exit status, stdout+stderr in *output.
 int Ckpt(const std::string& args, std::string* output) {
-  const std::string tool = std::string(getenv("TEST_SRCDIR")) + "/" +
-                           getenv("TEST_WORKSPACE") + "/tools/ckpt";
+  const std::string tool =
+      std::string(getenv("TEST_SRCDIR")) + "/" + getenv("TEST_WORKSPACE") + "/tools/ckpt";
   FILE* pipe = popen((tool + " " + args + " 2>&1").c_str(), "r");
   if (pipe == nullptr) return -1;
   char buf[4096];
@@ -51,8 +51,9 @@ std::vector<state_dict::ShardedStateDict> Shard(const state_dict::TensorDict& sd
   for (int r = 0; r < world; ++r) {
     for (const auto& item : sd) {
       out[static_cast<size_t>(r)].insert(
-          item.key(), state_dict::ShardFullTensor(
-                          item.value(), {state_dict::EvenShardRange(item.value().numel(), world, r)}));
+          item.key(),
+          state_dict::ShardFullTensor(
+              item.value(), {state_dict::EvenShardRange(item.value().numel(), world, r)}));
     }
   }
   return out;
@@ -88,7 +89,8 @@ TEST(CkptToolTest, InspectVerifyConvert) {
   }
   {
     // Python 2.x's torch.load default (weights_only=True) reads it.
-    const std::string py = std::string("'") + kTorchPython + "' -c \"import torch; d = torch.load('" + full +
+    const std::string py = std::string("'") + kTorchPython +
+                           "' -c \"import torch; d = torch.load('" + full +
                            "'); assert list(d) == ['layer.weight', 'layer.bias', "
                            "'head.weight'], list(d); assert d['head.weight'].shape == (2, 5)\"";
     EXPECT_EQ(system(py.c_str()), 0);
@@ -141,9 +143,8 @@ int RunPython(const std::string& script, const std::string& args, std::string* o
     std::ofstream o(path);
     o << script;
   }
-  FILE* pipe = popen((std::string("'") + kTorchPython + "' '" + path + "' " + args + " 2>&1")
-                         .c_str(),
-                     "r");
+  FILE* pipe =
+      popen((std::string("'") + kTorchPython + "' '" + path + "' " + args + " 2>&1").c_str(), "r");
   if (pipe == nullptr) return -1;
   char buf[4096];
   size_t n;
@@ -222,9 +223,9 @@ print("ok")
   state_dict::TensorDict optimizer_only;
   optimizer_only.insert("w/exp_avg", torch::zeros({2}));
   ASSERT_TRUE(state_dict::SaveFullCheckpoint(root, 10, optimizer_only).ok());
-  EXPECT_EQ(Ckpt("convert " + root + " --to-safetensors " + root + "/none.safetensors", &out),
-            1);
-  EXPECT_NE(out.find("ckpt: " + root + "/step_10 holds no model weights: its 1 entries are "
+  EXPECT_EQ(Ckpt("convert " + root + " --to-safetensors " + root + "/none.safetensors", &out), 1);
+  EXPECT_NE(out.find("ckpt: " + root +
+                     "/step_10 holds no model weights: its 1 entries are "
                      "all optimizer state or the trainer's"),
             std::string::npos)
       << out;
@@ -266,7 +267,8 @@ TEST(CkptToolTest, VerifyRejectsWhatLoadingRejects) {
     o << state_dict::FormatManifest(*manifest);
   }
   EXPECT_EQ(Ckpt("verify " + dir, &out), 1) << out;
-  EXPECT_NE(out.find("manifest " + manifest_path + ": tensor 'layer.weight' in file "
+  EXPECT_NE(out.find("manifest " + manifest_path +
+                     ": tensor 'layer.weight' in file "
                      "rank_00001.pt: its piece of 7 elements at offset 9 lies outside "
                      "its 15 elements"),
             std::string::npos)
@@ -275,7 +277,6 @@ TEST(CkptToolTest, VerifyRejectsWhatLoadingRejects) {
   EXPECT_EQ(Ckpt("convert " + dir + " --to-full " + root + "/x.pt", &convert_out), 1);
   EXPECT_EQ(convert_out, out);  // the same check, the same message
 }
-
 
 // Issue 27: a MANIFEST edited by hand (a shape changed to another of the
 // same element count, which a sharded checkpoint's 1-D pieces cannot

@@ -28,9 +28,9 @@ import sys
 # Every Bazel package with production targets must be listed here (a new one
 # fails --check until it is placed).
 LAYERS = [
-    ["functorch/module", "functorch/transforms", "comm", "module_call"],
+    ["functorch/module", "functorch/transforms", "comm", "module_call", "state_dict"],
     ["fsdp", "activation_checkpointing", "launcher"],
-    ["state_dict"],
+    ["state_dict/fsdp"],
     ["trainer"],
     ["", "tools", "benchmarks"],  # "" is the root package (//:trainer)
 ]
@@ -39,8 +39,6 @@ LAYERS = [
 # yet, with why. Remove an entry when its README lists every file (--check
 # says when an entry is no longer needed).
 README_TABLE_EXCEPTIONS = {
-    "state_dict": "no README yet (its owner is splitting the package, issue 26 item 2)",
-    "trainer": "the 'What is where' table lists headers only (owned by the trainer's owner)",
 }
 
 # External repositories, by the name the diagram gives them.
@@ -396,6 +394,9 @@ def readme_problems(graph, root):
             else:
                 notes.append(f"known exception: {folder}/ ({README_TABLE_EXCEPTIONS[folder]})")
             continue
+        problems += [f"{folder}/{path}: tests live beside the code ({folder}/*_test.cc) and "
+                     f"their helpers in testing/ (CONTRIBUTING.md, Tests), not in a test/ folder"
+                     for path in files if path.startswith("test/") or "/test/" in path]
         if why:
             problems.append(why + " (a table of every .h/.cc file and what lives there)")
         elif missing:

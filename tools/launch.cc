@@ -50,8 +50,7 @@ int main(int argc, char** argv) {
   }
   auto layout = launcher::thread_layout(*options);
   if (!layout.ok()) {
-    std::fprintf(stderr, "launch: %s\n",
-                 std::string(layout.status().message()).c_str());
+    std::fprintf(stderr, "launch: %s\n", std::string(layout.status().message()).c_str());
     return 2;
   }
   std::fprintf(stderr, "launch: %s\n", layout->ToString().c_str());
@@ -68,13 +67,12 @@ int main(int argc, char** argv) {
 
   auto result = launcher::launch(*options);
   if (!result.ok()) {
-    std::fprintf(stderr, "launch: %s\n",
-                 std::string(result.status().message()).c_str());
+    std::fprintf(stderr, "launch: %s\n", std::string(result.status().message()).c_str());
     return 2;
   }
   if (result->exit_code != 0) {
-    std::fprintf(stderr, "launch: %s (exit status %d)\n",
-                 result->summary.c_str(), result->exit_code);
+    std::fprintf(stderr, "launch: %s (exit status %d)\n", result->summary.c_str(),
+                 result->exit_code);
   }
   return result->exit_code;
 }

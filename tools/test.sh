@@ -22,8 +22,12 @@ trap 'rm -f "$log"' EXIT
 bazel test //... --test_summary=short "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 
-passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
-failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE|FAILED TO BUILD)' "$log")
+# A target marked flaky that failed and then passed on a retry is FLAKY in
+# Bazel's summary: counted as passed (Bazel's exit status says so too) and
+# named here, so a retry is never silent.
+passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(PASSED|FLAKY)' "$log")
+failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|INCOMPLETE|FAILED TO BUILD)' "$log")
+grep -E '^//[^ ]+ +(\(cached\) )?FLAKY' "$log" | sed 's/^/flaky (passed on a retry): /' || true
 if ((status != 0 && failed == 0)); then
   failed=1  # the build itself failed before any test ran
 fi

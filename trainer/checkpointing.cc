@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "comm/collectives.h"
 #include "state_dict/checkpoint.h"
-#include "state_dict/fsdp_optim_state_dict.h"
-#include "state_dict/fsdp_state_dict.h"
+#include "state_dict/fsdp/fsdp_optim_state_dict.h"
+#include "state_dict/fsdp/fsdp_state_dict.h"
 #include "state_dict/optim_state.h"
 
 namespace trainer {
@@ -95,8 +95,7 @@ absl::Status AgreeOnStatus(const comm::ProcessGroup& group, absl::Status local,
   if (!local.ok()) return local;
   const int64_t failed = first_failed.item<int64_t>();
   if (failed < group.size()) {
-    return absl::AbortedError(
-        absl::StrCat(what, " failed on rank ", failed, " (see its message)"));
+    return absl::AbortedError(absl::StrCat(what, " failed on rank ", failed, " (see its message)"));
   }
   return absl::OkStatus();
 }
@@ -154,15 +153,15 @@ absl::StatusOr<int64_t> ResumeSharded(const std::string& step_dir, const Options
   scalar.ranges = {{0, 1}};
   auto trainer = state_dict::LoadResharded(step_dir, {{kStepKey, scalar}, {kSeedKey, scalar}});
   if (!trainer.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint '", step_dir, "': ", trainer.status().message(),
-        " (expected a checkpoint written by the trainer)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint '", step_dir, "': ", trainer.status().message(),
+                     " (expected a checkpoint written by the trainer)"));
   }
   const int64_t step = trainer->find(kStepKey)->pieces[0].data.item<int64_t>();
   const int64_t seed = trainer->find(kSeedKey)->pieces[0].data.item<int64_t>();
   if (auto s = CheckSeed(o, step_dir, seed); !s.ok()) return s;
-  if (auto s = state_dict::LoadModelCheckpoint(model, step_dir,
-                                               state_dict::StateDictType::kSharded);
+  if (auto s =
+          state_dict::LoadModelCheckpoint(model, step_dir, state_dict::StateDictType::kSharded);
       !s.ok()) {
     return InCheckpoint(step_dir, "model", s);
   }
@@ -183,9 +182,9 @@ absl::StatusOr<int64_t> ResumeFull(const std::string& step_dir, const Options& o
   const torch::Tensor* step = saved->find(kStepKey);
   const torch::Tensor* seed = saved->find(kSeedKey);
   if (step == nullptr || seed == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint '", step_dir, "' lacks ", kStepKey, "/", kSeedKey,
-        ": expected a checkpoint written by the trainer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint '", step_dir, "' lacks ", kStepKey, "/", kSeedKey,
+                     ": expected a checkpoint written by the trainer"));
   }
   if (auto s = CheckSeed(o, step_dir, seed->item<int64_t>()); !s.ok()) return s;
   state_dict::FsdpModelStateDict model_state;
@@ -237,8 +236,8 @@ absl::StatusOr<int64_t> LoadResumeCheckpoint(const Options& o, const comm::Proce
     step_dir = *chosen;
   }
   if (!step_dir.has_value()) {
-    return absl::NotFoundError(absl::StrCat("--resume: no complete checkpoint in --checkpoint-dir='",
-                                            o.checkpoint_dir, "'"));
+    return absl::NotFoundError(absl::StrCat(
+        "--resume: no complete checkpoint in --checkpoint-dir='", o.checkpoint_dir, "'"));
   }
   if (group.rank() == 0 && o.resume_from.empty()) {  // a restart says it itself
     std::printf("trainer: resuming from %s\n", step_dir->c_str());
@@ -253,8 +252,8 @@ absl::StatusOr<int64_t> LoadResumeCheckpoint(const Options& o, const comm::Proce
 
 }  // namespace
 
-absl::StatusOr<std::optional<std::string>> ChooseResumeCheckpoint(
-    const std::string& dir, const comm::ProcessGroup& group) {
+absl::StatusOr<std::optional<std::string>> ChooseResumeCheckpoint(const std::string& dir,
+                                                                  const comm::ProcessGroup& group) {
   absl::Status chosen = absl::OkStatus();
   std::optional<std::string> step_dir;
   if (group.rank() == 0) {
@@ -267,9 +266,10 @@ absl::StatusOr<std::optional<std::string>> ChooseResumeCheckpoint(
       }
       step_dir = recovered->step_dir;
     } else {
-      chosen = absl::Status(recovered.status().code(),
-                            absl::StrCat("--checkpoint-dir='", dir, "': choosing the checkpoint to "
-                                         "resume from: ", recovered.status().message()));
+      chosen = absl::Status(recovered.status().code(), absl::StrCat("--checkpoint-dir='", dir,
+                                                                    "': choosing the checkpoint to "
+                                                                    "resume from: ",
+                                                                    recovered.status().message()));
     }
   }
   const std::string what = absl::StrCat("choosing the checkpoint to resume from in '", dir, "'");
@@ -290,8 +290,8 @@ absl::StatusOr<int64_t> ResumeTrainer(const Options& o, const comm::ProcessGroup
   auto existing = state_dict::LatestCheckpoint(o.checkpoint_dir);
   if (existing.ok()) {
     return absl::AlreadyExistsError(absl::StrCat(
-        "--checkpoint-dir='", o.checkpoint_dir, "' already holds a checkpoint (",
-        *existing, "): pass --resume to continue that run, or use an empty directory"));
+        "--checkpoint-dir='", o.checkpoint_dir, "' already holds a checkpoint (", *existing,
+        "): pass --resume to continue that run, or use an empty directory"));
   }
   return 0;
 }
@@ -317,8 +317,8 @@ absl::Status SaveTrainerCheckpoint(const Options& o, fsdp::FullyShardedDataParal
   return CommitCheckpoint(o, group, step);
 }
 
-absl::Status FinishAsyncSave(const Options& o, const comm::ProcessGroup& group,
-                             AsyncSave& async, bool block) {
+absl::Status FinishAsyncSave(const Options& o, const comm::ProcessGroup& group, AsyncSave& async,
+                             bool block) {
   if (async.step == 0) return absl::OkStatus();
   if (!block) {
     torch::Tensor finished = torch::tensor({int64_t{async.saver.finished() ? 1 : 0}});

@@ -47,8 +47,8 @@ absl::StatusOr<int64_t> ResumeTrainer(const Options& options, const comm::Proces
 // message on stderr naming each, where it went and why
 // (state_dict::RecoverLatestCheckpoint); the other ranks wait for it and
 // then find the same one. Empty when there is none.
-absl::StatusOr<std::optional<std::string>> ChooseResumeCheckpoint(
-    const std::string& dir, const comm::ProcessGroup& group);
+absl::StatusOr<std::optional<std::string>> ChooseResumeCheckpoint(const std::string& dir,
+                                                                  const comm::ProcessGroup& group);
 
 // --async-checkpoint: the save in flight; `step` is 0 when there is none.
 // Every rank records the step (a FULL save runs on rank 0 only), so all take
@@ -66,8 +66,7 @@ struct AsyncSave {
 // finished later (FinishAsyncSave).
 absl::Status SaveTrainerCheckpoint(const Options& options, fsdp::FullyShardedDataParallel& model,
                                    const torch::optim::Optimizer& optimizer,
-                                   const comm::ProcessGroup& group, int64_t step,
-                                   AsyncSave* async);
+                                   const comm::ProcessGroup& group, int64_t step, AsyncSave* async);
 
 // Finishes the async save in flight, if any: every rank's result agreed on
 // (a background failure surfaces here, on every rank), then the commit.

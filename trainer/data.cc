@@ -38,8 +38,7 @@ absl::StatusOr<std::vector<uint8_t>> LoadTextCorpus(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     return absl::NotFoundError(absl::StrCat(
-        "text corpus directory '", dir,
-        "' not found (it comes with Debian's base-files package)"));
+        "text corpus directory '", dir, "' not found (it comes with Debian's base-files package)"));
   }
   std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
@@ -70,13 +69,13 @@ absl::StatusOr<std::vector<uint8_t>> LoadTextCorpus(const std::string& dir) {
 
 absl::StatusOr<RowRange> RankRows(int64_t global_batch, int rank, int world_size) {
   if (world_size <= 0 || rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, ": expected a rank in [0, world size ", world_size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, ": expected a rank in [0, world size ", world_size, ")"));
   }
   if (global_batch <= 0 || global_batch % world_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "global batch ", global_batch, " is not a multiple of the world size ",
-        world_size, ": every rank must take an equal share"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("global batch ", global_batch, " is not a multiple of the world size ",
+                     world_size, ": every rank must take an equal share"));
   }
   const int64_t per_rank = global_batch / world_size;
   return RowRange{rank * per_rank, per_rank};
@@ -89,16 +88,14 @@ absl::StatusOr<torch::Tensor> SampleTextBatch(const std::vector<uint8_t>& corpus
   const int64_t corpus_size = static_cast<int64_t>(corpus.size());
   if (spec.row_length < 1 || corpus_size < spec.row_length) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rows of ", spec.row_length, " tokens: expected at most the corpus size ",
-        corpus_size));
+        "rows of ", spec.row_length, " tokens: expected at most the corpus size ", corpus_size));
   }
   const uint64_t starts = static_cast<uint64_t>(corpus_size - spec.row_length + 1);
   torch::Tensor out = torch::empty({rows->count, spec.row_length}, torch::kInt64);
   int64_t* data = out.data_ptr<int64_t>();
   for (int64_t i = 0; i < rows->count; ++i) {
     const int64_t row = rows->first + i;
-    const int64_t start =
-        static_cast<int64_t>(Hash(spec.seed, spec.step, row, -1) % starts);
+    const int64_t start = static_cast<int64_t>(Hash(spec.seed, spec.step, row, -1) % starts);
     for (int64_t j = 0; j < spec.row_length; ++j) {
       data[i * spec.row_length + j] = corpus[start + j];
     }
@@ -106,14 +103,13 @@ absl::StatusOr<torch::Tensor> SampleTextBatch(const std::vector<uint8_t>& corpus
   return out;
 }
 
-absl::StatusOr<torch::Tensor> SampleSyntheticBatch(int64_t vocab,
-                                                   const BatchSpec& spec) {
+absl::StatusOr<torch::Tensor> SampleSyntheticBatch(int64_t vocab, const BatchSpec& spec) {
   auto rows = RankRows(spec.global_batch, spec.rank, spec.world_size);
   if (!rows.ok()) return rows.status();
   if (vocab < 1 || spec.row_length < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "synthetic batch: vocab ", vocab, " and row length ", spec.row_length,
-        ": expected both >= 1"));
+    return absl::InvalidArgumentError(absl::StrCat("synthetic batch: vocab ", vocab,
+                                                   " and row length ", spec.row_length,
+                                                   ": expected both >= 1"));
   }
   torch::Tensor out = torch::empty({rows->count, spec.row_length}, torch::kInt64);
   int64_t* data = out.data_ptr<int64_t>();

@@ -56,7 +56,6 @@ absl::StatusOr<torch::Tensor> SampleTextBatch(const std::vector<uint8_t>& corpus
 
 // The same rows as uniformly random tokens in [0, vocab), hashed from
 // (seed, step, row, column): for benchmarks, where the loss does not matter.
-absl::StatusOr<torch::Tensor> SampleSyntheticBatch(int64_t vocab,
-                                                   const BatchSpec& spec);
+absl::StatusOr<torch::Tensor> SampleSyntheticBatch(int64_t vocab, const BatchSpec& spec);
 
 }  // namespace trainer

@@ -36,8 +36,8 @@ JsonLogWriter::~JsonLogWriter() {
 absl::Status JsonLogWriter::Open(const std::string& path, bool append) {
   file_ = std::fopen(path.c_str(), append ? "a" : "w");
   if (file_ == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--log-json='", path, "': cannot open for writing: ", std::strerror(errno)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log-json='", path, "': cannot open for writing: ", std::strerror(errno)));
   }
   path_ = path;
   return absl::OkStatus();
@@ -46,8 +46,7 @@ absl::Status JsonLogWriter::Open(const std::string& path, bool append) {
 absl::Status JsonLogWriter::Write(const StepRecord& record) {
   if (file_ == nullptr) return absl::FailedPreconditionError("JSON log not open");
   const std::string line = FormatJsonLine(record) + "\n";
-  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() ||
-      std::fflush(file_) != 0) {
+  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0) {
     return absl::DataLossError(
         absl::StrCat("writing --log-json '", path_, "': ", std::strerror(errno)));
   }

@@ -152,10 +152,9 @@ TEST(ModelTest, TransformerIsCausal) {
   EXPECT_TRUE(torch::allclose(la.narrow(1, 0, 5), lb.narrow(1, 0, 5), 0, 0));
   EXPECT_FALSE(torch::allclose(la.narrow(1, 5, 3), lb.narrow(1, 5, 3)));
 
-  EXPECT_TRUE(torch::equal(CausalMask(3).isinf(),
-                           torch::tensor({{false, true, true},
-                                          {false, false, true},
-                                          {false, false, false}})));
+  EXPECT_TRUE(torch::equal(
+      CausalMask(3).isinf(),
+      torch::tensor({{false, true, true}, {false, false, true}, {false, false, false}})));
 }
 
 TEST(ModelTest, BlocksAreCalledThroughTheBlockRunner) {
@@ -164,8 +163,8 @@ TEST(ModelTest, BlocksAreCalledThroughTheBlockRunner) {
   torch::Tensor tokens = torch::randint(256, {2, 8}, torch::kInt64);
   const torch::Tensor direct = model->forward(tokens);
   std::vector<int64_t> calls;
-  model->set_block_runner([&](int64_t index, TransformerBlock& block,
-                              const torch::Tensor& x, const torch::Tensor& mask) {
+  model->set_block_runner([&](int64_t index, TransformerBlock& block, const torch::Tensor& x,
+                              const torch::Tensor& mask) {
     calls.push_back(index);
     return block(x, mask);
   });

@@ -21,18 +21,14 @@ constexpr double kEmbeddingStd = 0.02;
 }  // namespace
 
 torch::Tensor CausalMask(int64_t length) {
-  return torch::full({length, length}, -std::numeric_limits<float>::infinity())
-      .triu(1);
+  return torch::full({length, length}, -std::numeric_limits<float>::infinity()).triu(1);
 }
 
 TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t heads) {
-  ln1_ = register_module("ln1", torch::nn::LayerNorm(
-                                    torch::nn::LayerNormOptions({dim})));
+  ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
   attn_ = register_module(
-      "attn", torch::nn::MultiheadAttention(
-                  torch::nn::MultiheadAttentionOptions(dim, heads)));
-  ln2_ = register_module("ln2", torch::nn::LayerNorm(
-                                    torch::nn::LayerNormOptions({dim})));
+      "attn", torch::nn::MultiheadAttention(torch::nn::MultiheadAttentionOptions(dim, heads)));
+  ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
   fc1_ = register_module("fc1", torch::nn::Linear(dim, 4 * dim));
   gelu_ = register_module("gelu", torch::nn::GELU());
   fc2_ = register_module("fc2", torch::nn::Linear(4 * dim, dim));
@@ -42,32 +38,26 @@ torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x,
                                             const torch::Tensor& causal_mask) {
   // LibTorch 1.13's MultiheadAttention is sequence-first: [T, B, dim].
   torch::Tensor h = ln1_(x).transpose(0, 1);
-  torch::Tensor attended =
-      std::get<0>(attn_->forward(h, h, h, /*key_padding_mask=*/{}, /*need_weights=*/false,
-                        causal_mask));
+  torch::Tensor attended = std::get<0>(
+      attn_->forward(h, h, h, /*key_padding_mask=*/{}, /*need_weights=*/false, causal_mask));
   torch::Tensor y = x + attended.transpose(0, 1);
   return y + fc2_(gelu_(fc1_(ln2_(y))));
 }
 
 TransformerLM::TransformerLM(const ModelConfig& config) : config_(config) {
-  tok_emb_ = register_module("tok_emb",
-                             torch::nn::Embedding(config.vocab, config.dim));
-  pos_emb_ = register_module("pos_emb",
-                             torch::nn::Embedding(config.seq, config.dim));
+  tok_emb_ = register_module("tok_emb", torch::nn::Embedding(config.vocab, config.dim));
+  pos_emb_ = register_module("pos_emb", torch::nn::Embedding(config.seq, config.dim));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.layers; ++i) {
     blocks_->push_back(TransformerBlock(config.dim, config.heads));
   }
-  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(
-                                      torch::nn::LayerNormOptions({config.dim})));
+  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.dim})));
   torch::NoGradGuard no_grad;
   torch::nn::init::normal_(tok_emb_->weight, 0.0, kEmbeddingStd);
   torch::nn::init::normal_(pos_emb_->weight, 0.0, kEmbeddingStd);
 }
 
-void TransformerLM::set_block_runner(BlockRunner runner) {
-  block_runner_ = std::move(runner);
-}
+void TransformerLM::set_block_runner(BlockRunner runner) { block_runner_ = std::move(runner); }
 
 torch::Tensor TransformerLM::forward(const torch::Tensor& tokens) {
   const int64_t length = tokens.size(1);
@@ -79,8 +69,7 @@ torch::Tensor TransformerLM::forward(const torch::Tensor& tokens) {
   // The single call site of the blocks (see set_block_runner).
   for (size_t i = 0; i < blocks_->size(); ++i) {
     TransformerBlock block = blocks_->ptr<TransformerBlockImpl>(i);
-    x = block_runner_ ? block_runner_(static_cast<int64_t>(i), block, x, mask)
-                      : block(x, mask);
+    x = block_runner_ ? block_runner_(static_cast<int64_t>(i), block, x, mask) : block(x, mask);
   }
   // Tied output projection: the logits reuse the token embedding's tensor
   // (no second parameter exists, so the state dict has it once).
@@ -91,8 +80,7 @@ torch::Tensor TransformerLM::Loss(const torch::Tensor& batch) {
   const int64_t length = batch.size(1) - 1;
   torch::Tensor logits = forward(batch.narrow(1, 0, length));
   torch::Tensor targets = batch.narrow(1, 1, length);
-  return F::cross_entropy(logits.reshape({-1, config_.vocab}),
-                          targets.reshape({-1}));
+  return F::cross_entropy(logits.reshape({-1, config_.vocab}), targets.reshape({-1}));
 }
 
 MlpLM::MlpLM(const ModelConfig& config) : config_(config) {
@@ -106,8 +94,8 @@ MlpLM::MlpLM(const ModelConfig& config) : config_(config) {
 }
 
 torch::Tensor MlpLM::forward(const torch::Tensor& window) {
-  TORCH_CHECK(window.size(1) == config_.seq, "MlpLM: window of ",
-              window.size(1), " tokens, expected seq=", config_.seq);
+  TORCH_CHECK(window.size(1) == config_.seq, "MlpLM: window of ", window.size(1),
+              " tokens, expected seq=", config_.seq);
   return fc2_(gelu_(fc1_(emb_(window).flatten(1))));
 }
 

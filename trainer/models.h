@@ -76,9 +76,9 @@ class TransformerLM : public LanguageModel {
   // wrapper that must act around each nested unit (FSDP's all-gather before
   // and reshard after a block) installs its runner here instead of patching
   // forward().
-  using BlockRunner = std::function<torch::Tensor(
-      int64_t index, TransformerBlock& block, const torch::Tensor& x,
-      const torch::Tensor& causal_mask)>;
+  using BlockRunner =
+      std::function<torch::Tensor(int64_t index, TransformerBlock& block, const torch::Tensor& x,
+                                  const torch::Tensor& causal_mask)>;
   void set_block_runner(BlockRunner runner);
 
   torch::nn::ModuleList& blocks() { return blocks_; }
@@ -112,8 +112,7 @@ enum class ModelType { kMlp, kTransformer };
 
 // Seeds LibTorch's default generator with `seed`, then builds the model, so
 // the initial parameters depend on (type, config, seed) only.
-std::shared_ptr<LanguageModel> BuildModel(ModelType type, const ModelConfig& config,
-                                          uint64_t seed);
+std::shared_ptr<LanguageModel> BuildModel(ModelType type, const ModelConfig& config, uint64_t seed);
 
 // [T, T] float mask for nn::MultiheadAttention: 0 where key <= query, -inf
 // where key > query, so position t never sees later positions.

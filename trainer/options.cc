@@ -29,11 +29,11 @@ using launcher::checked;
 
 // --flag X, a finite number > 0 (>= 0 with `zero_ok`) and at most `max`.
 CLI::Option* AddNumber(CLI::App& app, const std::string& flag, double& out, bool zero_ok,
-                       const std::string& help,
-                       double max = std::numeric_limits<double>::max(),
+                       const std::string& help, double max = std::numeric_limits<double>::max(),
                        const std::string& above_max = "") {
-  return app.add_option(flag, out, help)->type_name("X")->transform(
-      checked([=](std::string& v) -> std::string {
+  return app.add_option(flag, out, help)
+      ->type_name("X")
+      ->transform(checked([=](std::string& v) -> std::string {
         double d = 0;
         if (!absl::SimpleAtod(v, &d) || !std::isfinite(d)) return "a finite number";
         if (d < 0 || (!zero_ok && d == 0)) return zero_ok ? "a number >= 0" : "a number > 0";
@@ -45,13 +45,15 @@ CLI::Option* AddNumber(CLI::App& app, const std::string& flag, double& out, bool
 
 // --flag NAME, one of `choices` (spelled as Name() spells them).
 template <typename Enum>
-void AddChoice(CLI::App& app, const std::string& flag, Enum& out,
-               const std::vector<Enum>& choices, const std::string& help) {
+void AddChoice(CLI::App& app, const std::string& flag, Enum& out, const std::vector<Enum>& choices,
+               const std::string& help) {
   std::vector<std::string> names;
   for (Enum c : choices) names.push_back(Name(c));
   const std::string list = absl::StrJoin(names, "|");
-  app.add_option(flag, out, help)->type_name(list)->default_str(Name(out))->transform(
-      checked([=](std::string& v) {
+  app.add_option(flag, out, help)
+      ->type_name(list)
+      ->default_str(Name(out))
+      ->transform(checked([=](std::string& v) {
         for (Enum c : choices) {
           if (v == Name(c)) {
             v = std::to_string(static_cast<int>(c));  // what CLI11 converts to the enum
@@ -74,8 +76,9 @@ void AddSwitch(CLI::App& app, const std::string& flag, bool& out, const std::str
 // --flag PATH, not empty.
 void AddPath(CLI::App& app, const std::string& flag, std::string& out, const std::string& what,
              const std::string& help) {
-  app.add_option(flag, out, help)->type_name(what == "a file path" ? "FILE" : "DIR")->transform(
-      checked([what](std::string& v) { return v.empty() ? what : std::string(); }));
+  app.add_option(flag, out, help)
+      ->type_name(what == "a file path" ? "FILE" : "DIR")
+      ->transform(checked([what](std::string& v) { return v.empty() ? what : std::string(); }));
 }
 
 // Every flag, writing into `o` (whose values are the defaults --help shows).
@@ -126,7 +129,7 @@ void DefineFlags(CLI::App& app, Options& o) {
   app.add_option_function<std::string>(
          "--auto-wrap",
          [&o](const std::string& v) {
-           o.auto_wrap = v == "block" ? AutoWrap::kBlock
+           o.auto_wrap = v == "block"  ? AutoWrap::kBlock
                          : v == "none" ? AutoWrap::kNone
                                        : AutoWrap::kSize;
            if (o.auto_wrap == AutoWrap::kSize) o.auto_wrap_min_params = std::stoll(v.substr(5));
@@ -221,14 +224,13 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
 
 absl::Status ValidateOptions(const Options& o) {
   if (o.model == ModelKind::kTransformer && o.dim % o.heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--heads=", o.heads, ": expected a divisor of --dim=", o.dim,
-        " (each attention head gets dim/heads features)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--heads=", o.heads, ": expected a divisor of --dim=", o.dim,
+                     " (each attention head gets dim/heads features)"));
   }
   if (o.data == DataKind::kText && o.vocab < 256) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--vocab=", o.vocab,
-        ": expected >= 256 with --data=text (the corpus is byte-level)"));
+        "--vocab=", o.vocab, ": expected >= 256 with --data=text (the corpus is byte-level)"));
   }
   if (o.resume && o.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError(
@@ -239,14 +241,14 @@ absl::Status ValidateOptions(const Options& o) {
         "--async-checkpoint: expected --checkpoint-dir to say where checkpoints go");
   }
   if (o.keep_last > 0 && o.checkpoint_dir.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--keep-last=", o.keep_last,
-        ": expected --checkpoint-dir to say which checkpoints to keep"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--keep-last=", o.keep_last,
+                     ": expected --checkpoint-dir to say which checkpoints to keep"));
   }
   if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--checkpoint-every=", o.checkpoint_every,
-        ": expected --checkpoint-dir to say where checkpoints go"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint-every=", o.checkpoint_every,
+                     ": expected --checkpoint-dir to say where checkpoints go"));
   }
   return absl::OkStatus();
 }
@@ -254,15 +256,15 @@ absl::Status ValidateOptions(const Options& o) {
 absl::Status CheckFeatureAvailability(const Options& o, int world_size) {
   const int64_t per_rank_parts = static_cast<int64_t>(world_size) * o.grad_accum;
   if (o.global_batch % world_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--global-batch=", o.global_batch, ": expected a multiple of the world size ",
-        world_size, " (every rank takes an equal share of each global batch)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--global-batch=", o.global_batch, ": expected a multiple of the world size ",
+                     world_size, " (every rank takes an equal share of each global batch)"));
   }
   if (o.global_batch % per_rank_parts != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--global-batch=", o.global_batch, ": expected a multiple of world size ",
-        world_size, " x --grad-accum=", o.grad_accum, " = ", per_rank_parts,
-        " (each rank splits its share into grad-accum equal micro-batches)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--global-batch=", o.global_batch, ": expected a multiple of world size ",
+                     world_size, " x --grad-accum=", o.grad_accum, " = ", per_rank_parts,
+                     " (each rank splits its share into grad-accum equal micro-batches)"));
   }
   if (o.sharding == Sharding::kHybrid) {
     if (auto shape = HybridMeshShape(world_size); !shape.ok()) return shape.status();

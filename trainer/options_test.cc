@@ -19,9 +19,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-absl::StatusOr<Options> Parse(std::vector<std::string> args) {
-  return ParseOptions(args);
-}
+absl::StatusOr<Options> Parse(std::vector<std::string> args) { return ParseOptions(args); }
 
 TEST(OptionsTest, DefaultsAreTwoRanksFullShard) {
   auto o = Parse({});
@@ -37,16 +35,53 @@ TEST(OptionsTest, DefaultsAreTwoRanksFullShard) {
 }
 
 TEST(OptionsTest, ParsesBothSpellingsAndEveryFlag) {
-  auto o = Parse({"--model", "mlp", "--data=synthetic", "--steps", "7", "--seed=3",
-                  "--global-batch", "12", "--lr=0.5", "--nproc", "3",
-                  "--sharding=grad_op", "--mixed-precision", "bf16", "--cpu-offload",
-                  "--auto-wrap", "size:1000", "--backward-prefetch=post",
-                  "--grad-accum", "2", "--clip", "1.0", "--optimizer", "sgd",
-                  "--lr-schedule", "constant", "--warmup-steps", "2", "--layers", "3",
-                  "--dim", "48", "--heads", "6", "--vocab", "300", "--seq", "16",
-                  "--checkpoint-dir", "/tmp/x", "--checkpoint-every", "5",
-                  "--checkpoint-format", "full", "--resume",
-                  "--log-json", "log.jsonl"});
+  auto o = Parse({"--model",
+                  "mlp",
+                  "--data=synthetic",
+                  "--steps",
+                  "7",
+                  "--seed=3",
+                  "--global-batch",
+                  "12",
+                  "--lr=0.5",
+                  "--nproc",
+                  "3",
+                  "--sharding=grad_op",
+                  "--mixed-precision",
+                  "bf16",
+                  "--cpu-offload",
+                  "--auto-wrap",
+                  "size:1000",
+                  "--backward-prefetch=post",
+                  "--grad-accum",
+                  "2",
+                  "--clip",
+                  "1.0",
+                  "--optimizer",
+                  "sgd",
+                  "--lr-schedule",
+                  "constant",
+                  "--warmup-steps",
+                  "2",
+                  "--layers",
+                  "3",
+                  "--dim",
+                  "48",
+                  "--heads",
+                  "6",
+                  "--vocab",
+                  "300",
+                  "--seq",
+                  "16",
+                  "--checkpoint-dir",
+                  "/tmp/x",
+                  "--checkpoint-every",
+                  "5",
+                  "--checkpoint-format",
+                  "full",
+                  "--resume",
+                  "--log-json",
+                  "log.jsonl"});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->model, ModelKind::kMlp);
   EXPECT_EQ(o->data, DataKind::kSynthetic);
@@ -106,8 +141,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadFlag{{"--model", "cnn"}, {"--model='cnn'", "mlp|transformer"}},
         BadFlag{{"--steps=0"}, {"--steps='0'", "integer >= 1"}},
         BadFlag{{"--steps=ten"}, {"--steps='ten'", "an integer"}},
-        BadFlag{{"--lr=-1"}, {"--lr='-1'", "> 0"}},
-        BadFlag{{"--lr=nan"}, {"--lr='nan'", "finite"}},
+        BadFlag{{"--lr=-1"}, {"--lr='-1'", "> 0"}}, BadFlag{{"--lr=nan"}, {"--lr='nan'", "finite"}},
         BadFlag{{"--sharding=zero3"}, {"--sharding='zero3'", "full|grad_op|none|hybrid"}},
         BadFlag{{"--auto-wrap=size:x"}, {"--auto-wrap='size:x'", "size:N"}},
         BadFlag{{"--cpu-offload=maybe"}, {"--cpu-offload='maybe'", "true|false"}},
@@ -122,8 +156,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadFlag{{"--checkpoint-every=5"}, {"--checkpoint-every=5", "--checkpoint-dir"}}));
 
 TEST(OptionsTest, FaultFlags) {
-  auto o = ParseOptions({"--timeout", "2.5", "--max-restarts=3", "--keep-last", "2",
-                         "--checkpoint-dir", "/tmp/x"});
+  auto o = ParseOptions(
+      {"--timeout", "2.5", "--max-restarts=3", "--keep-last", "2", "--checkpoint-dir", "/tmp/x"});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->timeout_s, 2.5);
   EXPECT_EQ(o->max_restarts, 3);
@@ -165,10 +199,10 @@ TEST(OptionsTest, AsyncCheckpointFlag) {
   EXPECT_FALSE(defaults->async_checkpoint);
   EXPECT_THAT(std::string(ParseOptions({"--async-checkpoint"}).status().message()),
               HasSubstr("--async-checkpoint: expected --checkpoint-dir"));
-  EXPECT_THAT(std::string(ParseOptions({"--async-checkpoint=maybe", "--checkpoint-dir=/tmp/x"})
-                              .status()
-                              .message()),
-              HasSubstr("--async-checkpoint='maybe'"));
+  EXPECT_THAT(
+      std::string(
+          ParseOptions({"--async-checkpoint=maybe", "--checkpoint-dir=/tmp/x"}).status().message()),
+      HasSubstr("--async-checkpoint='maybe'"));
 }
 
 TEST(OptionsTest, CommandLineDetails) {
@@ -211,8 +245,8 @@ TEST(OptionsTest, CommandLineDetails) {
 TEST(OptionsTest, UsageListsEveryFlagWithItsDefault) {
   const std::string usage = Usage();
   std::vector<std::string> args = ToArgs(Options{});
-  for (const char* more : {"--timeout", "--max-restarts", "--checkpoint-dir", "--log-json",
-                           "--help"}) {
+  for (const char* more :
+       {"--timeout", "--max-restarts", "--checkpoint-dir", "--log-json", "--help"}) {
     args.push_back(more);
   }
   for (const std::string& arg : args) {

@@ -26,8 +26,7 @@ class ProgressBar {
   void Finish(double elapsed_s, double mean_tokens_per_s, int64_t peak_rss_bytes);
 
  private:
-  std::string Line(int64_t step, double loss, double tokens_per_s,
-                   double elapsed_s) const;
+  std::string Line(int64_t step, double loss, double tokens_per_s, double elapsed_s) const;
 
   int64_t first_step_, last_step_;
   std::FILE* out_;

@@ -35,18 +35,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
-    const Options& o, std::vector<torch::Tensor> params) {
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const Options& o,
+                                                       std::vector<torch::Tensor> params) {
   switch (o.optimizer) {
     case OptimizerKind::kAdam:
-      return std::make_unique<torch::optim::Adam>(
-          std::move(params), torch::optim::AdamOptions(o.lr));
+      return std::make_unique<torch::optim::Adam>(std::move(params),
+                                                  torch::optim::AdamOptions(o.lr));
     case OptimizerKind::kAdamW:
       return std::make_unique<torch::optim::AdamW>(
           std::move(params), torch::optim::AdamWOptions(o.lr).weight_decay(0.01));
     case OptimizerKind::kSgd:
-      return std::make_unique<torch::optim::SGD>(
-          std::move(params), torch::optim::SGDOptions(o.lr).momentum(0.9));
+      return std::make_unique<torch::optim::SGD>(std::move(params),
+                                                 torch::optim::SGDOptions(o.lr).momentum(0.9));
   }
   return nullptr;
 }
@@ -107,8 +107,8 @@ absl::StatusOr<c10::Device> ComputeDevice(const Options& o) {
     local_rank = (*env)->local_rank;
   } else if (const char* v = std::getenv("LOCAL_RANK");
              v != nullptr && !absl::SimpleAtoi(v, &local_rank)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "environment variable LOCAL_RANK='", v, "': expected a non-negative integer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment variable LOCAL_RANK='", v, "': expected a non-negative integer"));
   }
   // torchrun's convention, and the GPU comm's NCCL backend binds.
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count));
@@ -135,9 +135,9 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
   }
 
   const ModelConfig config{o.layers, o.dim, o.heads, o.vocab, o.seq};
-  std::shared_ptr<LanguageModel> model = BuildModel(
-      o.model == ModelKind::kMlp ? ModelType::kMlp : ModelType::kTransformer,
-      config, static_cast<uint64_t>(o.seed));
+  std::shared_ptr<LanguageModel> model =
+      BuildModel(o.model == ModelKind::kMlp ? ModelType::kMlp : ModelType::kTransformer, config,
+                 static_cast<uint64_t>(o.seed));
   int64_t num_params = 0;
   for (const auto& p : model->parameters()) num_params += p.numel();
 
@@ -154,11 +154,12 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
 
   JsonLogWriter log;
   if (is_main) {
-    std::string layout = absl::StrCat(world, world == 1 ? " rank" : " ranks", ", FSDP ",
-                                      Name(o.sharding));
+    std::string layout =
+        absl::StrCat(world, world == 1 ? " rank" : " ranks", ", FSDP ", Name(o.sharding));
     if (o.sharding == Sharding::kHybrid) {
       auto shape = HybridMeshShape(world);
-      if (shape.ok()) absl::StrAppend(&layout, " (", shape->first, " replicas x ", shape->second, " shards)");
+      if (shape.ok())
+        absl::StrAppend(&layout, " (", shape->first, " replicas x ", shape->second, " shards)");
     }
     absl::StrAppend(&layout, ", ", fsdp_model.fsdp_unit_names().size(), " unit",
                     fsdp_model.fsdp_unit_names().size() == 1 ? "" : "s", " (auto-wrap ",
@@ -166,15 +167,16 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
     if (o.mixed_precision == MixedPrecision::kBf16) absl::StrAppend(&layout, ", bf16");
     if (o.cpu_offload) absl::StrAppend(&layout, ", cpu offload");
     if (!device->is_cpu()) absl::StrAppend(&layout, ", on ", device->str(), " (NCCL)");
-    std::printf("trainer: %s, %lld parameters, %s data%s, %s, global batch %lld%s, "
-                "steps %lld-%lld\n",
-                Name(o.model), static_cast<long long>(num_params), Name(o.data),
-                o.data == DataKind::kText
-                    ? absl::StrCat(" (", corpus.size(), " bytes of ", kLicenseDir, ")").c_str()
-                    : "",
-                layout.c_str(), static_cast<long long>(o.global_batch),
-                o.grad_accum > 1 ? absl::StrCat(" in ", o.grad_accum, " micro-batches").c_str() : "",
-                static_cast<long long>(result.first_step), static_cast<long long>(o.steps));
+    std::printf(
+        "trainer: %s, %lld parameters, %s data%s, %s, global batch %lld%s, "
+        "steps %lld-%lld\n",
+        Name(o.model), static_cast<long long>(num_params), Name(o.data),
+        o.data == DataKind::kText
+            ? absl::StrCat(" (", corpus.size(), " bytes of ", kLicenseDir, ")").c_str()
+            : "",
+        layout.c_str(), static_cast<long long>(o.global_batch),
+        o.grad_accum > 1 ? absl::StrCat(" in ", o.grad_accum, " micro-batches").c_str() : "",
+        static_cast<long long>(result.first_step), static_cast<long long>(o.steps));
     const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
     std::printf("trainer: compute: %s\n",
                 comm::DescribeComputeLayout(local_world != nullptr ? std::atoi(local_world) : world)
@@ -184,8 +186,7 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
       if (auto s = log.Open(o.log_json, /*append=*/o.resume); !s.ok()) return s;
     }
   }
-  ProgressBar progress(result.first_step, o.steps, stdout,
-                       is_main && isatty(fileno(stdout)) != 0);
+  ProgressBar progress(result.first_step, o.steps, stdout, is_main && isatty(fileno(stdout)) != 0);
 
   const int64_t tokens_per_step = o.global_batch * o.seq;
   const Clock::time_point run_start = Clock::now();
@@ -202,8 +203,7 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
     }
     optimizer->zero_grad();
 
-    BatchSpec spec{static_cast<uint64_t>(o.seed), step, o.global_batch, o.seq + 1,
-                   rank, world};
+    BatchSpec spec{static_cast<uint64_t>(o.seed), step, o.global_batch, o.seq + 1, rank, world};
     auto batch = o.data == DataKind::kText ? SampleTextBatch(corpus, spec)
                                            : SampleSyntheticBatch(o.vocab, spec);
     if (!batch.ok()) return batch.status();
@@ -239,8 +239,7 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
     // this step's forward and backward, usually).
     if (async != nullptr) async->saver.WaitUntilWritten();
     optimizer->step();
-    const double step_time =
-        std::chrono::duration<double>(Clock::now() - step_start).count();
+    const double step_time = std::chrono::duration<double>(Clock::now() - step_start).count();
     result.losses.push_back(global_loss);
     total_tokens += static_cast<double>(tokens_per_step);
 
@@ -252,8 +251,7 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
       if (!state_bytes.ok()) return state_bytes.status();
       const auto per_rank = GatherPerRank(group, {PeakRssBytes(), *state_bytes});
       if (is_main) {
-        StepRecord record{step, global_loss, lr, step_time, tokens_per_s, per_rank[0],
-                          per_rank[1]};
+        StepRecord record{step, global_loss, lr, step_time, tokens_per_s, per_rank[0], per_rank[1]};
         if (auto s = log.Write(record); !s.ok()) return s;
       }
     }
@@ -277,8 +275,7 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
     if (auto s = FinishAsyncSave(o, group, *async, /*block=*/true); !s.ok()) return s;
   }
   if (is_main) {
-    const double elapsed =
-        std::chrono::duration<double>(Clock::now() - run_start).count();
+    const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
     progress.Finish(elapsed, elapsed > 0 ? total_tokens / elapsed : 0, PeakRssBytes());
   }
   return result;

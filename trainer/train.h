@@ -22,15 +22,14 @@
 namespace trainer {
 
 struct TrainResult {
-  int64_t first_step = 1;     // > 1 when resumed
+  int64_t first_step = 1;      // > 1 when resumed
   std::vector<double> losses;  // global mean loss of steps first_step, ...
 };
 
 // Trains on this process as one rank of `group` (a 1-rank group for a
 // single process; every rank calls Train with the same options). Rank 0
 // prints progress to stdout and writes --log-json.
-absl::StatusOr<TrainResult> Train(const Options& options,
-                                  const comm::ProcessGroup& group);
+absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGroup& group);
 
 // The device this process computes on for --device: the CPU, or CUDA GPU
 // LOCAL_RANK % (GPUs visible). For cuda, an Unimplemented error when this

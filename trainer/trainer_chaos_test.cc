@@ -97,8 +97,8 @@ void ChaosRun(int world, std::mt19937& rng, const std::string& baseline, ChaosSt
   std::string damaged;  // the checkpoint whose MANIFEST kill kDamagingKill damaged
   for (int k = 0; k < kKillsPerRun; ++k) {
     const int quarter = kSteps / 4;
-    const int64_t target = std::uniform_int_distribution<int64_t>(
-        k * quarter + 1, (k + 1) * quarter)(rng);
+    const int64_t target =
+        std::uniform_int_distribution<int64_t>(k * quarter + 1, (k + 1) * quarter)(rng);
     const auto deadline = Clock::now() + std::chrono::seconds(90);
     std::vector<pid_t> ranks;
     while (Clock::now() < deadline) {
@@ -115,8 +115,7 @@ void ChaosRun(int world, std::mt19937& rng, const std::string& baseline, ChaosSt
       if (fresh && steps.size() > lines_at_kill && steps.back() >= target) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    ASSERT_LT(Clock::now(), deadline) << "kill " << k << ": the run stalled\n"
-                                      << ReadAll(out);
+    ASSERT_LT(Clock::now(), deadline) << "kill " << k << ": the run stalled\n" << ReadAll(out);
     std::this_thread::sleep_for(
         std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 30)(rng)));
     const pid_t victim = ranks[std::uniform_int_distribution<size_t>(0, ranks.size() - 1)(rng)];
@@ -189,10 +188,10 @@ TEST(TrainerChaos, KilledRanksRestartAndFinishBitIdentical) {
   const char* repeats_text = std::getenv("TRAINER_CHAOS_REPEATS");
   const int repeats = repeats_text != nullptr ? std::max(1, std::atoi(repeats_text)) : 1;
   const char* seed_text = std::getenv("TRAINER_CHAOS_SEED");
-  const unsigned seed = seed_text != nullptr
-                            ? static_cast<unsigned>(std::strtoul(seed_text, nullptr, 10))
-                            : static_cast<unsigned>(
-                                  Clock::now().time_since_epoch().count() % 1000000007);
+  const unsigned seed =
+      seed_text != nullptr
+          ? static_cast<unsigned>(std::strtoul(seed_text, nullptr, 10))
+          : static_cast<unsigned>(Clock::now().time_since_epoch().count() % 1000000007);
   std::printf("TRAINER_CHAOS_SEED=%u repeats=%d\n", seed, repeats);
   std::mt19937 rng(seed);
   ChaosStats stats;
@@ -211,10 +210,11 @@ TEST(TrainerChaos, KilledRanksRestartAndFinishBitIdentical) {
     max_lost = std::max(max_lost, lost);
     total_lost += lost;
   }
-  std::printf("chaos: %d kills survived over 1, 2 and 4 ranks, %d runs diverged, "
-              "steps lost per kill: max %lld, total %lld (checkpoint every %d)\n",
-              stats.kills, stats.diverged, static_cast<long long>(max_lost),
-              static_cast<long long>(total_lost), kCheckpointEvery);
+  std::printf(
+      "chaos: %d kills survived over 1, 2 and 4 ranks, %d runs diverged, "
+      "steps lost per kill: max %lld, total %lld (checkpoint every %d)\n",
+      stats.kills, stats.diverged, static_cast<long long>(max_lost),
+      static_cast<long long>(total_lost), kCheckpointEvery);
   EXPECT_EQ(stats.kills, 3 * kKillsPerRun * repeats);
   EXPECT_EQ(stats.diverged, 0);
 }

@@ -22,8 +22,8 @@ namespace trainer {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::HasSubstr;
 using testing::ExpectSameLosses;
+using ::testing::HasSubstr;
 using testing::ReadLog;
 using testing::RunResult;
 using testing::RunTrainer;
@@ -61,8 +61,9 @@ TEST(TrainerE2eTest, ResumeContinuesTheExactLossSequence) {
   // A run that checkpoints at 6 and 12; dropping step 12 leaves it as if it
   // had been killed after step 6's checkpoint.
   const std::string ckpt = dir + "/ckpt";
-  RunResult first = RunTrainer(std::string(kSmall) + " --checkpoint-every=6 --checkpoint-dir=" +
-                               ckpt + " --log-json=" + dir + "/first.jsonl");
+  RunResult first =
+      RunTrainer(std::string(kSmall) + " --checkpoint-every=6 --checkpoint-dir=" + ckpt +
+                 " --log-json=" + dir + "/first.jsonl");
   ASSERT_EQ(first.exit_code, 0) << first.output;
   ASSERT_TRUE(fs::exists(ckpt + "/step_6/MANIFEST"));
   // Sharded by default: one file per rank, nothing gathered.
@@ -96,8 +97,8 @@ TEST(TrainerE2eTest, ResumeContinuesTheExactLossSequence) {
     fs::remove_all(ckpt + "/step_12");
     const std::string log = dir + "/world" + std::to_string(t.world) + ".jsonl";
     RunResult other = RunTrainer(std::string(kSmall) + " --nproc=" + std::to_string(t.world) +
-                                 " --sharding=" + t.sharding + " --resume --checkpoint-dir=" +
-                                 ckpt + " --log-json=" + log);
+                                 " --sharding=" + t.sharding +
+                                 " --resume --checkpoint-dir=" + ckpt + " --log-json=" + log);
     ASSERT_EQ(other.exit_code, 0) << other.output;
     EXPECT_THAT(other.output, HasSubstr("steps 7-12"));
     ExpectSameLosses(std::vector<double>(a.losses.begin() + 6, a.losses.end()),
@@ -108,16 +109,16 @@ TEST(TrainerE2eTest, ResumeContinuesTheExactLossSequence) {
   // --checkpoint-format=full: rank 0 writes one model.pt (Python's
   // torch.load opens it); it resumes on another world size too.
   const std::string full_ckpt = dir + "/full";
-  RunResult full = RunTrainer(std::string(kSmall) +
-                              " --checkpoint-every=6 --checkpoint-format=full --checkpoint-dir=" +
-                              full_ckpt);
+  RunResult full =
+      RunTrainer(std::string(kSmall) +
+                 " --checkpoint-every=6 --checkpoint-format=full --checkpoint-dir=" + full_ckpt);
   ASSERT_EQ(full.exit_code, 0) << full.output;
   EXPECT_TRUE(fs::exists(full_ckpt + "/step_6/model.pt"));
   EXPECT_FALSE(fs::exists(full_ckpt + "/step_6/rank_00000.pt"));
   fs::remove_all(full_ckpt + "/step_12");
-  RunResult from_full = RunTrainer(std::string(kSmall) +
-                                   " --nproc=4 --sharding=grad_op --resume --checkpoint-dir=" +
-                                   full_ckpt + " --log-json=" + dir + "/from_full.jsonl");
+  RunResult from_full = RunTrainer(
+      std::string(kSmall) + " --nproc=4 --sharding=grad_op --resume --checkpoint-dir=" + full_ckpt +
+      " --log-json=" + dir + "/from_full.jsonl");
   ASSERT_EQ(from_full.exit_code, 0) << from_full.output;
   ExpectSameLosses(std::vector<double>(a.losses.begin() + 6, a.losses.end()),
                    ReadLog(dir + "/from_full.jsonl", 4).losses, 1e-4,
@@ -152,8 +153,8 @@ TEST(TrainerE2eTest, ResumeContinuesTheExactLossSequence) {
             "        n += 1\n"
             "assert n > 20, n\n";
     }
-    const std::string python = torch_python + " " + script + " " + converted + " " +
-                               full_ckpt + "/step_6/model.pt";
+    const std::string python =
+        torch_python + " " + script + " " + converted + " " + full_ckpt + "/step_6/model.pt";
     EXPECT_EQ(std::system(python.c_str()), 0) << python;
   }
 
@@ -166,7 +167,8 @@ TEST(TrainerE2eTest, ResumeContinuesTheExactLossSequence) {
 
   // Resuming with another seed would silently train a different run.
   fs::remove_all(ckpt + "/step_12");
-  RunResult other_seed = RunTrainer(std::string(kSmall) + " --seed=12 --resume --checkpoint-dir=" + ckpt);
+  RunResult other_seed =
+      RunTrainer(std::string(kSmall) + " --seed=12 --resume --checkpoint-dir=" + ckpt);
   EXPECT_EQ(other_seed.exit_code, 1);
   EXPECT_THAT(other_seed.output, HasSubstr("--seed=12"));
 }
@@ -190,8 +192,9 @@ TEST(TrainerE2eTest, AsyncCheckpointsAreTheSynchronousOnes) {
   for (const std::string format : {"sharded", "full"}) {
     const std::string sync_ckpt = dir + "/sync_" + format;
     const std::string async_ckpt = dir + "/async_" + format;
-    const std::string common = std::string(kSmall) + " --checkpoint-every=3 --checkpoint-format=" +
-                               format + " --checkpoint-dir=";
+    const std::string common = std::string(kSmall) +
+                               " --checkpoint-every=3 --checkpoint-format=" + format +
+                               " --checkpoint-dir=";
     RunResult sync = RunTrainer(common + sync_ckpt);
     ASSERT_EQ(sync.exit_code, 0) << sync.output;
     RunResult async = RunTrainer(common + async_ckpt + " --async-checkpoint --log-json=" + dir +
@@ -199,9 +202,9 @@ TEST(TrainerE2eTest, AsyncCheckpointsAreTheSynchronousOnes) {
     ASSERT_EQ(async.exit_code, 0) << async.output;
     EXPECT_EQ(ReadLog(dir + "/async_" + format + ".jsonl", 2).losses, a.losses) << format;
     const std::vector<std::string> files =
-        format == std::string("full") ? std::vector<std::string>{"model.pt", "MANIFEST"}
-                                      : std::vector<std::string>{"rank_00000.pt", "rank_00001.pt",
-                                                                 "MANIFEST"};
+        format == std::string("full")
+            ? std::vector<std::string>{"model.pt", "MANIFEST"}
+            : std::vector<std::string>{"rank_00000.pt", "rank_00001.pt", "MANIFEST"};
     for (int step : {3, 6, 9, 12}) {
       for (const std::string& file : files) {
         const std::string rel = "/step_" + std::to_string(step) + "/" + file;
@@ -231,9 +234,9 @@ TEST(TrainerE2eTest, LaunchedRanksGiveTheSameLosses) {
   // Started by //tools:launch (RANK set), the trainer runs as one rank of
   // that world: WORLD_SIZE=4 wins over the default --nproc of 2 (only an
   // explicit, different --nproc is an error). The same losses.
-  const std::string command = "tools/launch --nproc 4 -- trainer/trainer " +
-                              std::string(kSmall) + " --log-json=" + dir +
-                              "/launched.jsonl > " + dir + "/launched.txt 2>&1";
+  const std::string command = "tools/launch --nproc 4 -- trainer/trainer " + std::string(kSmall) +
+                              " --log-json=" + dir + "/launched.jsonl > " + dir +
+                              "/launched.txt 2>&1";
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
   ExpectSameLosses(reference, ReadLog(dir + "/launched.jsonl", 4).losses, 1e-4);
 }
@@ -274,7 +277,8 @@ TEST(TrainerE2eTest, BadFlagsExitTwoNamingTheFlag) {
 
   RunResult batch = RunTrainer("--nproc=3 --global-batch=16");
   EXPECT_EQ(batch.exit_code, 2);
-  EXPECT_THAT(batch.output, HasSubstr("--global-batch=16: expected a multiple of the world size 3"));
+  EXPECT_THAT(batch.output,
+              HasSubstr("--global-batch=16: expected a multiple of the world size 3"));
 }
 
 }  // namespace

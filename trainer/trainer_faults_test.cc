@@ -49,9 +49,9 @@ TEST(TrainerFaults, StoppedRankIsNamedAndTheJobEndsWithinTheTimeout) {
   // An explicit --timeout bounds the rendezvous too: long enough for both
   // ranks to start on a loaded machine.
   const double timeout_s = 8;
-  const pid_t trainer = StartTrainer(
-      std::string(kSmall) + "--nproc 2 --steps 100000 --timeout 8 --log-json " + log,
-      dir + "/out.txt");
+  const pid_t trainer =
+      StartTrainer(std::string(kSmall) + "--nproc 2 --steps 100000 --timeout 8 --log-json " + log,
+                   dir + "/out.txt");
   pid_t stopped = -1;
   Clock::time_point stopped_at;
   const auto deadline = Clock::now() + std::chrono::seconds(60);
@@ -87,13 +87,17 @@ TEST(TrainerFaults, KeepLastLeavesTheNewestCheckpointsAndRemovesDebris) {
   const std::string ckpt = root + "/ckpt";
   fs::create_directories(ckpt + "/step_1");
   { std::ofstream(ckpt + "/step_1/rank_00000.pt") << "torn save of a crashed run"; }
-  auto run = RunTrainer(std::string(kSmall) + "--nproc 2 --steps 12 --checkpoint-every 2 "
-                        "--keep-last 2 --checkpoint-dir " + ckpt);
+  auto run = RunTrainer(std::string(kSmall) +
+                        "--nproc 2 --steps 12 --checkpoint-every 2 "
+                        "--keep-last 2 --checkpoint-dir " +
+                        ckpt);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(Entries(ckpt), (std::vector<std::string>{"step_10", "step_12"}));
 
-  auto resumed = RunTrainer(std::string(kSmall) + "--nproc 2 --steps 15 --checkpoint-every 2 "
-                            "--keep-last 1 --resume --checkpoint-dir " + ckpt);
+  auto resumed = RunTrainer(std::string(kSmall) +
+                            "--nproc 2 --steps 15 --checkpoint-every 2 "
+                            "--keep-last 1 --resume --checkpoint-dir " +
+                            ckpt);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_EQ(Entries(ckpt), (std::vector<std::string>{"step_15"}));
 }
@@ -106,8 +110,10 @@ TEST(TrainerFaults, KeepLastLeavesTheNewestCheckpointsAndRemovesDebris) {
 // "already complete; refusing to overwrite it").
 TEST(TrainerFaults, DamagedNewestCheckpointIsSetAsideAndTrainingContinues) {
   const std::string ckpt = TempDir("damaged_newest") + "/ckpt";
-  auto run = RunTrainer(std::string(kSmall) + "--nproc 2 --steps 12 --checkpoint-every 4 "
-                        "--checkpoint-dir " + ckpt);
+  auto run = RunTrainer(std::string(kSmall) +
+                        "--nproc 2 --steps 12 --checkpoint-every 4 "
+                        "--checkpoint-dir " +
+                        ckpt);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   ASSERT_EQ(Entries(ckpt), (std::vector<std::string>{"step_12", "step_4", "step_8"}));
   {
@@ -115,14 +121,19 @@ TEST(TrainerFaults, DamagedNewestCheckpointIsSetAsideAndTrainingContinues) {
     manifest.seekp(40);
     manifest.put('#');
   }
-  fs::resize_file(ckpt + "/step_8/rank_00001.pt", fs::file_size(ckpt + "/step_8/rank_00001.pt") - 1);
+  fs::resize_file(ckpt + "/step_8/rank_00001.pt",
+                  fs::file_size(ckpt + "/step_8/rank_00001.pt") - 1);
 
-  auto resumed = RunTrainer(std::string(kSmall) + "--nproc 2 --steps 16 --checkpoint-every 4 "
-                            "--resume --checkpoint-dir " + ckpt);
+  auto resumed = RunTrainer(std::string(kSmall) +
+                            "--nproc 2 --steps 16 --checkpoint-every 4 "
+                            "--resume --checkpoint-dir " +
+                            ckpt);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_THAT(resumed.output, HasSubstr("trainer: skipping damaged checkpoint " + ckpt +
-                                        "/step_12 (moved to " + ckpt + "/.damaged.step_12): "
-                                        "manifest " + ckpt + "/step_12/MANIFEST is damaged"));
+                                        "/step_12 (moved to " + ckpt +
+                                        "/.damaged.step_12): "
+                                        "manifest " +
+                                        ckpt + "/step_12/MANIFEST is damaged"));
   EXPECT_THAT(resumed.output, HasSubstr("trainer: skipping damaged checkpoint " + ckpt +
                                         "/step_8 (moved to " + ckpt + "/.damaged.step_8): file " +
                                         ckpt + "/step_8/rank_00001.pt is truncated"));
@@ -184,8 +195,7 @@ TEST(TrainerFaults, GarbageOnMasterPortIsAClearErrorNotAnAbort) {
   auto run = RunRank1Against(garbage, std::string(kSmall) + "--steps 2 --timeout 10");
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_EQ(run.exit_code, 1) << run.output;  // not 134 (std::terminate's abort)
-  EXPECT_THAT(run.output,
-              HasSubstr("rank 1 could not join the rendezvous at 127.0.0.1:" + port));
+  EXPECT_THAT(run.output, HasSubstr("rank 1 could not join the rendezvous at 127.0.0.1:" + port));
   EXPECT_THAT(run.output, HasSubstr("rendezvous peer 127.0.0.1:" + port +
                                     " answered the ping with 0xffffffff"));
   EXPECT_THAT(run.output, ::testing::Not(HasSubstr("terminate called")));
@@ -198,9 +208,8 @@ TEST(TrainerFaults, SilentMasterPortEndsWithinTheTimeout) {
   auto run = RunRank1Against(silent, std::string(kSmall) + "--steps 2 --timeout 5");
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_EQ(run.exit_code, 1) << run.output;
-  EXPECT_THAT(run.output,
-              HasSubstr("rank 1 could not join the rendezvous at 127.0.0.1:" +
-                        std::to_string(silent.port())));
+  EXPECT_THAT(run.output, HasSubstr("rank 1 could not join the rendezvous at 127.0.0.1:" +
+                                    std::to_string(silent.port())));
   EXPECT_THAT(run.output, HasSubstr("within 5000 ms")) << run.output;
   EXPECT_LT(seconds, 5.0 + 10.0) << run.output;  // the timeout, plus starting the binary
 }

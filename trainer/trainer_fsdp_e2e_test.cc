@@ -23,8 +23,8 @@
 namespace trainer {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::ExpectSameLosses;
+using ::testing::HasSubstr;
 using testing::ReadLog;
 using testing::RunResult;
 using testing::RunTrainer;
@@ -39,8 +39,8 @@ const char kTiny[] =
 // Runs the trainer with kTiny + `flags` on `nproc` ranks; returns its log.
 StepLog Train(const std::string& name, int nproc, const std::string& flags) {
   const std::string log = TempDir("fsdp_" + name) + "/log.jsonl";
-  RunResult r = RunTrainer(std::string(kTiny) + " --nproc=" + std::to_string(nproc) + " " +
-                           flags + " --log-json=" + log);
+  RunResult r = RunTrainer(std::string(kTiny) + " --nproc=" + std::to_string(nproc) + " " + flags +
+                           " --log-json=" + log);
   EXPECT_EQ(r.exit_code, 0) << name << ": " << r.output;
   StepLog steps = ReadLog(log, nproc);
   EXPECT_EQ(steps.losses.size(), 8u) << name;
@@ -62,8 +62,8 @@ TEST(TrainerFsdpE2eTest, EveryWorldSizeAndStrategyGivesTheSameLosses) {
   for (const Case& c : {Case{1, "none", 1}, Case{2, "full", 2}, Case{2, "grad_op", 2},
                         Case{2, "none", 1}, Case{4, "full", 4}, Case{4, "hybrid", 2}}) {
     const std::string name = std::string(c.sharding) + "_" + std::to_string(c.nproc);
-    const StepLog log = Train(name, c.nproc, std::string("--auto-wrap=block --sharding=") +
-                                                 c.sharding);
+    const StepLog log =
+        Train(name, c.nproc, std::string("--auto-wrap=block --sharding=") + c.sharding);
     ExpectSameLosses(reference.losses, log.losses, 1e-4, name);
     // Each rank's params + grads + optimizer state are its shard's: 1/N of
     // the unsharded bytes (the optimizer's parameters are views of the
@@ -87,17 +87,15 @@ TEST(TrainerFsdpE2eTest, EveryWorldSizeAndStrategyGivesTheSameLosses) {
 
 TEST(TrainerFsdpE2eTest, GradAccumClipPoliciesPrefetchAndOffloadKeepTheNumbers) {
   const StepLog reference = Train("k1", 2, "");
-  ExpectSameLosses(reference.losses, Train("k2", 2, "--grad-accum=2").losses, 1e-4,
-                   "grad-accum 2");
-  ExpectSameLosses(reference.losses, Train("k4", 2, "--grad-accum=4").losses, 1e-4,
-                   "grad-accum 4");
+  ExpectSameLosses(reference.losses, Train("k2", 2, "--grad-accum=2").losses, 1e-4, "grad-accum 2");
+  ExpectSameLosses(reference.losses, Train("k4", 2, "--grad-accum=4").losses, 1e-4, "grad-accum 4");
   ExpectSameLosses(reference.losses,
-                   Train("size", 2, "--auto-wrap=size:1000 --backward-prefetch=post").losses,
-                   1e-4, "size policy, post prefetch");
-  ExpectSameLosses(reference.losses,
-                   Train("nowrap", 2, "--auto-wrap=none --backward-prefetch=none --cpu-offload")
-                       .losses,
-                   1e-4, "root only, no prefetch, offload");
+                   Train("size", 2, "--auto-wrap=size:1000 --backward-prefetch=post").losses, 1e-4,
+                   "size policy, post prefetch");
+  ExpectSameLosses(
+      reference.losses,
+      Train("nowrap", 2, "--auto-wrap=none --backward-prefetch=none --cpu-offload").losses, 1e-4,
+      "root only, no prefetch, offload");
 
   // A clip small enough to act on every step: the sharded norm over both
   // ranks' shards must clip exactly as one rank clips the whole gradient.
@@ -105,8 +103,7 @@ TEST(TrainerFsdpE2eTest, GradAccumClipPoliciesPrefetchAndOffloadKeepTheNumbers) 
   const StepLog clip1 = Train("clip1", 1, clip);
   ExpectSameLosses(clip1.losses, Train("clip2", 2, clip + " --grad-accum=2").losses, 1e-4,
                    "clip on 2 ranks");
-  const StepLog unclipped =
-      Train("noclip", 1, "--optimizer=sgd --lr=0.05 --lr-schedule=constant");
+  const StepLog unclipped = Train("noclip", 1, "--optimizer=sgd --lr=0.05 --lr-schedule=constant");
   EXPECT_GT(std::abs(unclipped.losses.back() - clip1.losses.back()), 1e-3)
       << "--clip=0.05 changed nothing: is it applied?";
 }

@@ -53,10 +53,9 @@ int FreePort() {
 // stdout and stderr to `output_file`. Returns torchrun's pid.
 pid_t StartTorchrun(const std::string& torchrun_args, const std::string& trainer_args,
                     const std::string& output_file) {
-  const std::string command = std::string("exec ") + kTorchPython +
-                              " -m torch.distributed.run " + torchrun_args +
-                              " --no-python trainer/trainer " + trainer_args + " > " +
-                              output_file + " 2>&1";
+  const std::string command = std::string("exec ") + kTorchPython + " -m torch.distributed.run " +
+                              torchrun_args + " --no-python trainer/trainer " + trainer_args +
+                              " > " + output_file + " 2>&1";
   const pid_t pid = fork();
   if (pid == 0) {
     execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
@@ -80,7 +79,8 @@ TEST(TrainerTorchrun, StaticAndStandaloneRendezvousTrainAsOurLauncherDoes) {
   const std::string static_args =
       "--nnodes 1 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port " +
       std::to_string(FreePort());
-  for (const std::string& torchrun_args : {static_args, std::string("--standalone --nproc-per-node 2")}) {
+  for (const std::string& torchrun_args :
+       {static_args, std::string("--standalone --nproc-per-node 2")}) {
     SCOPED_TRACE(torchrun_args);
     const std::string dir = TempDir("torchrun_one_node");
     const pid_t torchrun = StartTorchrun(
@@ -102,12 +102,13 @@ TEST(TrainerTorchrun, TwoTorchrunProcessesFormOneJobWithTheC10dBackend) {
   const std::string dir = TempDir("torchrun_c10d");
   std::vector<pid_t> launchers;
   for (int node = 0; node < 2; ++node) {
-    launchers.push_back(StartTorchrun(
-        "--nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-id trainer_test "
-        "--rdzv-endpoint " + endpoint + " --rdzv-conf last_call_timeout=30",
-        std::string(kSmall) + "--steps 8 --log-json " + dir + "/log" + std::to_string(node) +
-            ".jsonl",
-        dir + "/out" + std::to_string(node) + ".txt"));
+    launchers.push_back(
+        StartTorchrun("--nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-id trainer_test "
+                      "--rdzv-endpoint " +
+                          endpoint + " --rdzv-conf last_call_timeout=30",
+                      std::string(kSmall) + "--steps 8 --log-json " + dir + "/log" +
+                          std::to_string(node) + ".jsonl",
+                      dir + "/out" + std::to_string(node) + ".txt"));
   }
   for (int node = 0; node < 2; ++node) {
     const int status = WaitExit(launchers[static_cast<size_t>(node)]);
@@ -187,8 +188,8 @@ TEST(TrainerSrun, TasksOfAJobStepFormTheGroupFromSlurmsVariables) {
       setenv("SLURM_STEP_NODELIST", "127.0.0.1", 1);
       setenv("MASTER_PORT", port.c_str(), 1);  // the documented way to pick one
       const std::string command = "exec trainer/trainer " + std::string(kSmall) +
-                                  "--steps 8 --log-json " + dir + "/log.jsonl > " + dir +
-                                  "/out" + std::to_string(task) + ".txt 2>&1";
+                                  "--steps 8 --log-json " + dir + "/log.jsonl > " + dir + "/out" +
+                                  std::to_string(task) + ".txt 2>&1";
       execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }

@@ -106,8 +106,7 @@ int LaunchRanks(const trainer::Options& options) {
 // Train, with the exceptions LibTorch and comm throw (a failed collective
 // when a peer died, a shape error) turned into one line without the
 // backtrace c10::Error carries.
-absl::Status RunTraining(const trainer::Options& options,
-                         const comm::ProcessGroup& group) {
+absl::Status RunTraining(const trainer::Options& options, const comm::ProcessGroup& group) {
   try {
     return trainer::Train(options, group).status();
   } catch (const c10::Error& e) {
@@ -127,9 +126,9 @@ absl::StatusOr<std::chrono::milliseconds> CollectiveTimeout(const trainer::Optio
   if (const char* ms = std::getenv(launcher::kCollectiveTimeoutVariable)) {
     int64_t value = 0;
     if (!absl::SimpleAtoi(ms, &value) || value <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          launcher::kCollectiveTimeoutVariable, "='", ms,
-          "': expected a positive number of milliseconds (set by the launcher)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(launcher::kCollectiveTimeoutVariable, "='", ms,
+                       "': expected a positive number of milliseconds (set by the launcher)"));
     }
     return std::chrono::milliseconds(value);
   }
@@ -184,15 +183,16 @@ int RunRank(trainer::Options options) {
   // Ranks start seconds apart on a loaded machine: a short collective
   // timeout from the launcher's environment must not fail the rendezvous.
   // A --timeout given to this rank bounds every wait, the rendezvous's too.
-  init.rendezvous_timeout =
-      options.timeout_s > 0 ? *timeout
-                            : std::max<std::chrono::milliseconds>(*timeout, std::chrono::minutes(2));
+  init.rendezvous_timeout = options.timeout_s > 0 ? *timeout
+                                                  : std::max<std::chrono::milliseconds>(
+                                                        *timeout, std::chrono::minutes(2));
   auto group = comm::init_process_group(init);
   if (!group.ok()) return Fail(group.status());
   if (options.nproc_given && options.nproc != 1 && options.nproc != group->size()) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--nproc=", options.nproc, ": expected 1 or the launcher's WORLD_SIZE=",
-        group->size(), " when started as a rank (RANK is set)")), 2);
+                    "--nproc=", options.nproc, ": expected 1 or the launcher's WORLD_SIZE=",
+                    group->size(), " when started as a rank (RANK is set)")),
+                2);
   }
   if (auto s = ResumeIfRestarted(options, *group); !s.ok()) return Fail(s);
   auto result = RunTraining(options, *group);
@@ -217,9 +217,8 @@ int RunSingleProcess(const trainer::Options& options) {
   std::vector<char> buf(dir_template.begin(), dir_template.end());
   buf.push_back('\0');
   if (mkdtemp(buf.data()) == nullptr) {
-    return Fail(absl::InternalError(absl::StrCat("mkdtemp('", dir_template,
-                                                 "') for the 1-rank process group: ",
-                                                 std::strerror(errno))));
+    return Fail(absl::InternalError(absl::StrCat(
+        "mkdtemp('", dir_template, "') for the 1-rank process group: ", std::strerror(errno))));
   }
   const std::string dir(buf.data());
   const std::string store = dir + "/store";
@@ -253,8 +252,8 @@ int main(int argc, char** argv) {
   }
   auto options = trainer::ParseOptions(std::vector<std::string>(argv + 1, argv + argc));
   if (!options.ok()) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    options.status().message(), " (trainer --help lists the flags)")),
+    return Fail(absl::InvalidArgumentError(
+                    absl::StrCat(options.status().message(), " (trainer --help lists the flags)")),
                 2);
   }
   if (options->help) {

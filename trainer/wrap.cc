@@ -63,7 +63,8 @@ absl::StatusOr<std::unique_ptr<fsdp::FullyShardedDataParallel>> WrapModel(
       // block's fc1 would make the block's own forward() read fc1's 1-D
       // shard. Below the threshold a block stays in the root unit; the MLP
       // has no blocks, so it is always the root unit alone.
-      const module_call::AutoWrapPolicy size = module_call::size_based_auto_wrap_policy(o.auto_wrap_min_params);
+      const module_call::AutoWrapPolicy size =
+          module_call::size_based_auto_wrap_policy(o.auto_wrap_min_params);
       options.auto_wrap_policy = module_call::custom_auto_wrap_policy(
           [size](const torch::nn::Module& module, const std::string& fqn, int64_t numel) {
             return dynamic_cast<const TransformerBlockImpl*>(&module) != nullptr &&
@@ -71,8 +72,7 @@ absl::StatusOr<std::unique_ptr<fsdp::FullyShardedDataParallel>> WrapModel(
           });
       break;
     }
-    case AutoWrap::kNone:
-      break;
+    case AutoWrap::kNone: break;
   }
   options.backward_prefetch = ToPrefetch(o.backward_prefetch);
   if (o.mixed_precision == MixedPrecision::kBf16) {
@@ -111,8 +111,10 @@ absl::StatusOr<std::unique_ptr<fsdp::FullyShardedDataParallel>> WrapModel(
     // Every block call goes through the runner: module_call::call gathers a
     // wrapped block before and reshards it after (a plain forward when the
     // block is not a unit, e.g. --auto-wrap=none).
-    lm->set_block_runner([](int64_t, TransformerBlock& block, const torch::Tensor& x,
-                            const torch::Tensor& mask) { return module_call::call(block, x, mask); });
+    lm->set_block_runner(
+        [](int64_t, TransformerBlock& block, const torch::Tensor& x, const torch::Tensor& mask) {
+          return module_call::call(block, x, mask);
+        });
   }
   // Typed as LanguageModel (no single forward): the root is entered
   // through run() around Loss().

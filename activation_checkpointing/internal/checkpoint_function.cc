@@ -89,7 +89,8 @@ void check_no_undeclared_tensors(const variable_list& roots, const variable_list
     TORCH_CHECK(seq >= first && seq < last, what,
                 ": the recomputed function reads a tensor that requires grad but is not "
                 "one of its tensor arguments (reached through autograd node ",
-                node->name(), "), so its gradient would be lost: pass that tensor as an "
+                node->name(),
+                "), so its gradient would be lost: pass that tensor as an "
                 "argument (checkpoint([&](const at::Tensor& x, const at::Tensor& w) {...}, "
                 "x, w)), or checkpoint the module with apply_activation_checkpointing, "
                 "which declares the module's parameters");
@@ -129,7 +130,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     auto state =
         c10::static_intrusive_pointer_cast<RegionState>(ctx->saved_data["state"].toCapsule());
     const std::string& what = state->declared.what;
-    TORCH_CHECK(!at::GradMode::is_enabled(), what, ": backward with create_graph=true "
+    TORCH_CHECK(!at::GradMode::is_enabled(), what,
+                ": backward with create_graph=true "
                 "(double backward) through a checkpointed region is not supported: the "
                 "recomputation is differentiated once; compute higher-order gradients "
                 "without checkpointing");
@@ -166,7 +168,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       // A parameter that needed a gradient in the forward must in the
       // recomputation too, or its gradient would silently be lost.
       TORCH_CHECK(!state->param_requires_grad[i] || params[i].requires_grad(), what,
-                  ": declared parameter ", i, " required grad in the forward but not in "
+                  ": declared parameter ", i,
+                  " required grad in the forward but not in "
                   "the recomputation (made under no-grad?): its gradient would be lost");
     }
     TORCH_CHECK(outputs.size() == grad_outputs.size(), what, ": the recomputation returned ",
@@ -220,7 +223,8 @@ std::vector<at::Tensor> run_checkpointed(Region region, std::vector<at::Tensor> 
   if (!any_requires_grad) {
     // A module with frozen parameters on an input that needs no gradient:
     // there is nothing to differentiate, run it as it is.
-    TORCH_CHECK(declared.params, declared.what, ": none of the tensor arguments requires "
+    TORCH_CHECK(declared.params, declared.what,
+                ": none of the tensor arguments requires "
                 "grad (PyTorch: \"None of the inputs have requires_grad=True. Gradients "
                 "will be None\"), so the outputs could only depend on tensors the "
                 "function closed over, which checkpointing cannot differentiate: pass "

@@ -39,8 +39,7 @@ void ExpectNamesPeer(const absl::Status& status, const std::string& where) {
   if (status.ok()) return;
   if (status.message().empty() ||
       !absl::StrContains(status.message(), absl::StrCat("rendezvous peer ", kPeer))) {
-    Violation(absl::StrCat(where, ": an error that does not name the peer: ",
-                           status.ToString()));
+    Violation(absl::StrCat(where, ": an error that does not name the peer: ", status.ToString()));
   }
 }
 
@@ -48,8 +47,8 @@ void ExpectNamesPeer(const absl::Status& status, const std::string& where) {
 void CheckParser(wire::ReplyKind kind, absl::string_view bytes) {
   const wire::Limits limits = FuzzLimits();
   const wire::ReplyContext context{kPeer, "key 'k' (fuzz)"};
-  const std::string where = absl::StrCat("ParseReply(kind ", static_cast<int>(kind), ", ",
-                                         bytes.size(), " bytes)");
+  const std::string where =
+      absl::StrCat("ParseReply(kind ", static_cast<int>(kind), ", ", bytes.size(), " bytes)");
   absl::StatusOr<wire::ParseOutcome> full = wire::ParseReply(kind, bytes, limits, context);
   if (!full.ok()) {
     if (!absl::IsDataLoss(full.status())) {
@@ -84,11 +83,10 @@ void CheckParser(wire::ReplyKind kind, absl::string_view bytes) {
     absl::StatusOr<wire::ParseOutcome> part =
         wire::ParseReply(kind, bytes.substr(0, n), limits, context);
     if (!part.ok() || part->complete || part->more == 0 || part->more > consumed - n) {
-      Violation(absl::StrCat(where, ": the ", n, "-byte prefix of a ", consumed,
-                             "-byte reply parsed as ",
-                             part.ok() ? (part->complete ? "complete"
-                                                         : absl::StrCat("needing ", part->more))
-                                       : part.status().ToString()));
+      Violation(absl::StrCat(
+          where, ": the ", n, "-byte prefix of a ", consumed, "-byte reply parsed as ",
+          part.ok() ? (part->complete ? "complete" : absl::StrCat("needing ", part->more))
+                    : part.status().ToString()));
     }
   }
   // Bytes after the reply are not looked at.
@@ -152,8 +150,7 @@ class ScriptedTransport final : public wire::Transport {
 std::string PeerBytes(absl::string_view frames) {
   std::string out;
   while (!frames.empty()) {
-    const std::size_t n = std::min<std::size_t>(static_cast<uint8_t>(frames[0]),
-                                                frames.size() - 1);
+    const std::size_t n = std::min<std::size_t>(static_cast<uint8_t>(frames[0]), frames.size() - 1);
     out.append(frames.data() + 1, n);
     frames.remove_prefix(1 + n);
   }
@@ -163,8 +160,8 @@ std::string PeerBytes(absl::string_view frames) {
 // A server's reading of our requests: every request well formed.
 void CheckRequests(absl::string_view sent) {
   auto fail = [&](const std::string& why) {
-    Violation(absl::StrCat("a malformed request from the client (", why, ") at byte ",
-                           sent.size(), " from the end"));
+    Violation(absl::StrCat("a malformed request from the client (", why, ") at byte ", sent.size(),
+                           " from the end"));
   };
   auto take = [&](std::size_t n) {
     if (sent.size() < n) fail(absl::StrCat("needs ", n, " more bytes"));
@@ -202,9 +199,7 @@ void CheckRequests(absl::string_view sent) {
         if (magic != wire::kValidationMagic) fail("a wrong magic number");
         break;
       }
-      case wire::Query::kPing:
-        take(4);
-        break;
+      case wire::Query::kPing: take(4); break;
       case wire::Query::kSet:
         key();
         string();
@@ -215,9 +210,7 @@ void CheckRequests(absl::string_view sent) {
         string();
         break;
       case wire::Query::kGet:
-      case wire::Query::kDeleteKey:
-        key();
-        break;
+      case wire::Query::kDeleteKey: key(); break;
       case wire::Query::kAdd: {
         absl::string_view k = string();
         if (k != wire::kWorkerCounterKey && (k.empty() || k[0] != '/')) fail("an add key");
@@ -232,10 +225,8 @@ void CheckRequests(absl::string_view sent) {
         break;
       }
       case wire::Query::kGetNumKeys:
-      case wire::Query::kCancelWait:
-        break;
-      default:
-        fail(absl::StrCat("query byte ", query));
+      case wire::Query::kCancelWait: break;
+      default: fail(absl::StrCat("query byte ", query));
     }
   }
 }
@@ -281,8 +272,8 @@ void RunRendezvousInput(const uint8_t* data, size_t size) {
       }
     }
     if (!session.broken().ok() && status.ok()) {
-      Violation(absl::StrCat(where, " succeeded but broke the session: ",
-                             session.broken().ToString()));
+      Violation(
+          absl::StrCat(where, " succeeded but broke the session: ", session.broken().ToString()));
     }
   };
 
@@ -291,9 +282,7 @@ void RunRendezvousInput(const uint8_t* data, size_t size) {
   const int count = 1 + (ops >> 3) % 8;
   for (int i = 0; i < count; ++i) {
     switch ((ops + i) % 8) {
-      case 0:
-        step("set", [&] { return session.Set("k", "v", deadline()); });
-        break;
+      case 0: step("set", [&] { return session.Set("k", "v", deadline()); }); break;
       case 1:
         step("get", [&] {
           absl::StatusOr<std::string> value = session.Get("k", deadline());
@@ -301,20 +290,12 @@ void RunRendezvousInput(const uint8_t* data, size_t size) {
           return value.status();
         });
         break;
-      case 2:
-        step("add", [&] { return session.Add("k", 1, deadline()).status(); });
-        break;
-      case 3:
-        step("check", [&] { return session.Check({"k", "l"}, deadline()).status(); });
-        break;
+      case 2: step("add", [&] { return session.Add("k", 1, deadline()).status(); }); break;
+      case 3: step("check", [&] { return session.Check({"k", "l"}, deadline()).status(); }); break;
       case 4:
-        step("wait", [&] {
-          return session.Wait({"k"}, deadline(), std::chrono::milliseconds(1));
-        });
+        step("wait", [&] { return session.Wait({"k"}, deadline(), std::chrono::milliseconds(1)); });
         break;
-      case 5:
-        step("delete", [&] { return session.DeleteKey("k", deadline()).status(); });
-        break;
+      case 5: step("delete", [&] { return session.DeleteKey("k", deadline()).status(); }); break;
       case 6:
         step("num_keys", [&] {
           absl::StatusOr<int64_t> n = session.NumKeys(deadline());

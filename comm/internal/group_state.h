@@ -42,9 +42,8 @@ struct GroupState {
 // GLOO_SOCKET_IFNAME when set, else 127.0.0.1 when `master_addr` is a
 // loopback address, else the address the host name resolves to.
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_backend_group(
-    const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store,
-    int rank, int size, std::chrono::milliseconds timeout,
-    const std::string& master_addr);
+    const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    std::chrono::milliseconds timeout, const std::string& master_addr);
 
 }  // namespace internal
 }  // namespace comm

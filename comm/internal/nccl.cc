@@ -25,9 +25,9 @@ absl::StatusOr<int> cuda_device_count() {
   return count;
 }
 
-c10::intrusive_ptr<c10d::Backend> make_nccl_backend(
-    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-    std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    int rank, int size,
+                                                    std::chrono::milliseconds timeout) {
   const int count = static_cast<int>(c10::cuda::device_count());
   int local_rank = rank;
   if (const char* env = std::getenv("LOCAL_RANK"); env != nullptr) {
@@ -37,8 +37,7 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size,
-                                                     options);
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
 }
 
 }  // namespace internal

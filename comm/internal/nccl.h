@@ -20,9 +20,9 @@ absl::StatusOr<int> cuda_device_count();
 // device LOCAL_RANK % device count (torchrun's convention; the caller may
 // have set the current device already, which then wins), with `timeout` on
 // every collective.
-c10::intrusive_ptr<c10d::Backend> make_nccl_backend(
-    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-    std::chrono::milliseconds timeout);
+c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    int rank, int size,
+                                                    std::chrono::milliseconds timeout);
 
 }  // namespace internal
 }  // namespace comm

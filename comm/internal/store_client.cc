@@ -28,9 +28,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using store_wire::Deadline;
 
-std::string ErrnoText(int err) {
-  return absl::StrCat(std::strerror(err), " (errno ", err, ")");
-}
+std::string ErrnoText(int err) { return absl::StrCat(std::strerror(err), " (errno ", err, ")"); }
 
 // Milliseconds left until `deadline`, rounded up so a wait does not end a
 // hair early and spin; 0 once it has passed.
@@ -73,8 +71,7 @@ struct Resolution {
   std::vector<Address> addresses;
 };
 
-void RunGetaddrinfo(const std::string& host, const std::string& port, int flags,
-                    Resolution* out) {
+void RunGetaddrinfo(const std::string& host, const std::string& port, int flags, Resolution* out) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -97,8 +94,7 @@ void RunGetaddrinfo(const std::string& host, const std::string& port, int flags,
 // many seconds; a numeric address is parsed at once, a name is resolved on a
 // detached thread we stop waiting for at the deadline.
 absl::StatusOr<std::vector<Address>> Resolve(const std::string& host, int port,
-                                             const std::string& peer,
-                                             const Deadline& deadline) {
+                                             const std::string& peer, const Deadline& deadline) {
   const std::string service = std::to_string(port);
   Resolution numeric;
   RunGetaddrinfo(host, service, AI_NUMERICHOST, &numeric);
@@ -123,21 +119,21 @@ absl::StatusOr<std::vector<Address>> Resolve(const std::string& host, int port,
       state->done_cv.notify_all();
     }).detach();
   } catch (const std::exception& e) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot resolve rendezvous peer ", peer, ": no thread for the lookup: ",
-        e.what()));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot resolve rendezvous peer ", peer,
+                                                     ": no thread for the lookup: ", e.what()));
   }
   std::unique_lock<std::mutex> lock(state->mutex);
   if (!state->done_cv.wait_until(lock, deadline.at, [&] { return state->done; })) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "cannot resolve rendezvous peer ", peer, ": the name lookup of '", host,
-        "' did not finish within ", deadline.budget.count(), " ms"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("cannot resolve rendezvous peer ", peer, ": the name lookup of '", host,
+                     "' did not finish within ", deadline.budget.count(), " ms"));
   }
   if (state->rc != 0 || state->addresses.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot resolve rendezvous peer ", peer, ": '", host, "' is not an address "
-        "and the name lookup failed: ",
-        state->rc != 0 ? gai_strerror(state->rc) : "no TCP address"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve rendezvous peer ", peer, ": '", host,
+                     "' is not an address "
+                     "and the name lookup failed: ",
+                     state->rc != 0 ? gai_strerror(state->rc) : "no TCP address"));
   }
   return state->addresses;
 }
@@ -152,8 +148,8 @@ class SocketTransport final : public store_wire::Transport {
   absl::Status Send(absl::string_view bytes, const Deadline& deadline) override {
     std::size_t sent = 0;
     while (sent < bytes.size()) {
-      const ssize_t n = send(fd_, bytes.data() + sent, bytes.size() - sent,
-                             MSG_NOSIGNAL | MSG_DONTWAIT);
+      const ssize_t n =
+          send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) {
         sent += static_cast<std::size_t>(n);
         continue;
@@ -171,8 +167,7 @@ class SocketTransport final : public store_wire::Transport {
     return absl::OkStatus();
   }
 
-  absl::Status Receive(std::size_t max, const Deadline& deadline,
-                       std::string* out) override {
+  absl::Status Receive(std::size_t max, const Deadline& deadline, std::string* out) override {
     char buffer[64 * 1024];
     max = std::min(max, sizeof buffer);
     while (true) {
@@ -186,8 +181,7 @@ class SocketTransport final : public store_wire::Transport {
       }
       if (n == 0) return absl::UnavailableError("closed the connection");
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-      return absl::UnavailableError(
-          absl::StrCat("broke the connection: ", ErrnoText(errno)));
+      return absl::UnavailableError(absl::StrCat("broke the connection: ", ErrnoText(errno)));
     }
   }
 
@@ -206,8 +200,7 @@ int ConnectOnce(const Address& address, const Deadline& deadline, std::string* e
     *error = absl::StrCat("socket(): ", ErrnoText(errno));
     return -1;
   }
-  int rc = connect(fd, reinterpret_cast<const sockaddr*>(&address.storage),
-                   address.length);
+  int rc = connect(fd, reinterpret_cast<const sockaddr*>(&address.storage), address.length);
   if (rc != 0 && errno == EINPROGRESS) {
     if (!PollUntil(fd, POLLOUT, deadline)) {
       *error = "the TCP connection was not established in time";
@@ -253,8 +246,9 @@ std::vector<uint8_t> ToBytes(const std::string& text) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<store_wire::Transport>> ConnectSocket(
-    const std::string& host, int port, const Deadline& deadline) {
+absl::StatusOr<std::unique_ptr<store_wire::Transport>> ConnectSocket(const std::string& host,
+                                                                     int port,
+                                                                     const Deadline& deadline) {
   const std::string peer = FormatPeer(host, port);
   absl::StatusOr<std::vector<Address>> addresses = Resolve(host, port, peer, deadline);
   if (!addresses.ok()) return addresses.status();
@@ -267,20 +261,18 @@ absl::StatusOr<std::unique_ptr<store_wire::Transport>> ConnectSocket(
       ++attempts;
       const int fd = ConnectOnce(address, deadline, &last_error);
       if (fd >= 0) {
-        return std::unique_ptr<store_wire::Transport>(
-            std::make_unique<SocketTransport>(fd, peer));
+        return std::unique_ptr<store_wire::Transport>(std::make_unique<SocketTransport>(fd, peer));
       }
     }
     const auto left = deadline.at - Clock::now();
     if (left <= Clock::duration::zero()) break;
-    std::this_thread::sleep_for(
-        std::min<Clock::duration>(backoff, left));
+    std::this_thread::sleep_for(std::min<Clock::duration>(backoff, left));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "could not connect to rendezvous peer ", peer, " within ",
-      deadline.budget.count(), " ms (", attempts, " attempts; last: ", last_error,
-      "): is rank 0 running, and MASTER_ADDR/MASTER_PORT right?"));
+  return absl::DeadlineExceededError(
+      absl::StrCat("could not connect to rendezvous peer ", peer, " within ",
+                   deadline.budget.count(), " ms (", attempts, " attempts; last: ", last_error,
+                   "): is rank 0 running, and MASTER_ADDR/MASTER_PORT right?"));
 }
 
 StoreClient::StoreClient(Token, const StoreClientOptions& options,
@@ -293,24 +285,21 @@ StoreClient::StoreClient(Token, const StoreClientOptions& options,
 absl::StatusOr<c10::intrusive_ptr<StoreClient>> StoreClient::Connect(
     const StoreClientOptions& options) {
   if (options.port <= 0 || options.port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rendezvous port ", options.port, ": expected a TCP port in [1, 65535]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous port ", options.port, ": expected a TCP port in [1, 65535]"));
   }
   if (options.timeout.count() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rendezvous timeout ", options.timeout.count(),
-        " ms: expected a positive duration"));
+    return absl::InvalidArgumentError(absl::StrCat("rendezvous timeout ", options.timeout.count(),
+                                                   " ms: expected a positive duration"));
   }
   const Deadline deadline = Deadline::After(options.timeout);
   absl::StatusOr<std::unique_ptr<store_wire::Transport>> transport =
       ConnectSocket(options.host, options.port, deadline);
   if (!transport.ok()) return transport.status();
-  auto session =
-      std::make_unique<store_wire::StoreSession>(*std::move(transport), options.limits);
+  auto session = std::make_unique<store_wire::StoreSession>(*std::move(transport), options.limits);
   // A nonce a stray service will not echo by chance.
-  const uint32_t nonce =
-      static_cast<uint32_t>(getpid()) * 2654435761u ^
-      static_cast<uint32_t>(Clock::now().time_since_epoch().count());
+  const uint32_t nonce = static_cast<uint32_t>(getpid()) * 2654435761u ^
+                         static_cast<uint32_t>(Clock::now().time_since_epoch().count());
   if (absl::Status shook = session->Handshake(nonce, deadline); !shook.ok()) {
     return shook;
   }
@@ -329,8 +318,7 @@ Deadline StoreClient::OpDeadline(std::chrono::milliseconds timeout) const {
 absl::StatusOr<int64_t> StoreClient::TryAdd(const std::string& key, int64_t delta,
                                             std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return session_->Add(key, delta,
-                       timeout.count() > 0 ? OpDeadline(timeout) : OpDeadline());
+  return session_->Add(key, delta, timeout.count() > 0 ? OpDeadline(timeout) : OpDeadline());
 }
 
 absl::StatusOr<std::string> StoreClient::TryGet(const std::string& key) {
@@ -360,8 +348,8 @@ std::vector<uint8_t> StoreClient::compareSet(const std::string& key,
                                              const std::vector<uint8_t>& expected,
                                              const std::vector<uint8_t>& desired) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return ToBytes(ValueOrThrow(session_->CompareSet(key, ToString(expected),
-                                                   ToString(desired), OpDeadline())));
+  return ToBytes(
+      ValueOrThrow(session_->CompareSet(key, ToString(expected), ToString(desired), OpDeadline())));
 }
 
 std::vector<uint8_t> StoreClient::get(const std::string& key) {

@@ -79,8 +79,7 @@ class StoreClient final : public c10d::Store {
   // options.timeout. InvalidArgument for a bad port or timeout;
   // DeadlineExceeded when nothing answered in time (naming the peer and the
   // last connection error); DataLoss when the peer is not a TCPStore.
-  static absl::StatusOr<c10::intrusive_ptr<StoreClient>> Connect(
-      const StoreClientOptions& options);
+  static absl::StatusOr<c10::intrusive_ptr<StoreClient>> Connect(const StoreClientOptions& options);
 
   // absl-style operations for comm's own set-up code, bounded by the store's
   // timeout (TryAdd: by `timeout` when positive).
@@ -96,8 +95,7 @@ class StoreClient final : public c10d::Store {
   c10::intrusive_ptr<c10d::Store> clone() override;
   using c10d::Store::set;
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
-  std::vector<uint8_t> compareSet(const std::string& key,
-                                  const std::vector<uint8_t>& expected,
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
                                   const std::vector<uint8_t>& desired) override;
   std::vector<uint8_t> get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t value) override;

@@ -28,8 +28,8 @@ namespace {
 
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
-using testing::HostilePeer;
 using testing::Answer;
+using testing::HostilePeer;
 using testing::PeerAction;
 using testing::StoreRequest;
 
@@ -53,8 +53,7 @@ StoreClientOptions ClientOptions(int port, std::chrono::milliseconds timeout) {
   return options;
 }
 
-c10::intrusive_ptr<c10d::TCPStore> Server(bool libuv,
-                                          std::optional<std::size_t> workers = {}) {
+c10::intrusive_ptr<c10d::TCPStore> Server(bool libuv, std::optional<std::size_t> workers = {}) {
   c10d::TCPStoreOptions options;
   options.port = 0;
   options.isServer = true;
@@ -279,14 +278,17 @@ TEST(HostilePeer, SilenceEndsWithinTheTimeout) {
 
 TEST(HostilePeer, NobodyListeningIsRetriedUntilTheTimeout) {
   int port = 0;
-  { HostilePeer closed(HostilePeer::Silent()); port = closed.port(); }
+  {
+    HostilePeer closed(HostilePeer::Silent());
+    port = closed.port();
+  }
   const auto start = Clock::now();
   auto client = StoreClient::Connect(ClientOptions(port, kTimeout));
   ASSERT_FALSE(client.ok());
   EXPECT_EQ(client.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(Message(client.status()),
-              HasSubstr("could not connect to rendezvous peer 127.0.0.1:" +
-                        std::to_string(port) + " within 1500 ms"));
+              HasSubstr("could not connect to rendezvous peer 127.0.0.1:" + std::to_string(port) +
+                        " within 1500 ms"));
   EXPECT_THAT(Message(client.status()), HasSubstr("Connection refused"));
   EXPECT_LT(SecondsSince(start), 1.5 + kSlack);
 }

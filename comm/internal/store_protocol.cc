@@ -28,9 +28,7 @@ T ReadRaw(absl::string_view bytes) {
   return value;
 }
 
-void AppendQuery(std::string* out, Query query) {
-  out->push_back(static_cast<char>(query));
-}
+void AppendQuery(std::string* out, Query query) { out->push_back(static_cast<char>(query)); }
 
 void AppendBytes(std::string* out, absl::string_view bytes) {
   AppendRaw<uint64_t>(out, bytes.size());
@@ -92,18 +90,17 @@ std::string DescribeKeys(const std::vector<std::string>& keys) {
 }
 
 absl::StatusOr<ParseOutcome> ParseReply(ReplyKind kind, absl::string_view bytes,
-                                        const Limits& limits,
-                                        const ReplyContext& context) {
+                                        const Limits& limits, const ReplyContext& context) {
   ParseOutcome outcome;
   switch (kind) {
     case ReplyKind::kValue: {
       if (!HaveFixed(bytes, sizeof(uint64_t), &outcome)) return outcome;
       const uint64_t length = ReadRaw<uint64_t>(bytes);
       if (length > limits.max_value_bytes) {
-        return absl::DataLossError(absl::StrCat(
-            Peer(context), " sent a value length of ", length, " bytes for ",
-            context.what, ": expected at most ", limits.max_value_bytes,
-            " bytes (comm's limit for a rendezvous value)"));
+        return absl::DataLossError(absl::StrCat(Peer(context), " sent a value length of ", length,
+                                                " bytes for ", context.what, ": expected at most ",
+                                                limits.max_value_bytes,
+                                                " bytes (comm's limit for a rendezvous value)"));
       }
       // No overflow: length <= max_value_bytes, a size_t.
       const std::size_t total = sizeof(uint64_t) + static_cast<std::size_t>(length);
@@ -115,8 +112,7 @@ absl::StatusOr<ParseOutcome> ParseReply(ReplyKind kind, absl::string_view bytes,
       }
       outcome.complete = true;
       outcome.consumed = total;
-      outcome.reply.value.assign(bytes.data() + sizeof(uint64_t),
-                                 static_cast<std::size_t>(length));
+      outcome.reply.value.assign(bytes.data() + sizeof(uint64_t), static_cast<std::size_t>(length));
       return outcome;
     }
     case ReplyKind::kInt64:
@@ -124,9 +120,9 @@ absl::StatusOr<ParseOutcome> ParseReply(ReplyKind kind, absl::string_view bytes,
       if (!HaveFixed(bytes, sizeof(int64_t), &outcome)) return outcome;
       outcome.reply.number = ReadRaw<int64_t>(bytes);
       if (kind == ReplyKind::kCount && outcome.reply.number < 0) {
-        return absl::DataLossError(absl::StrCat(
-            Peer(context), " sent a count of ", outcome.reply.number, " for ",
-            context.what, ": expected a number >= 0"));
+        return absl::DataLossError(absl::StrCat(Peer(context), " sent a count of ",
+                                                outcome.reply.number, " for ", context.what,
+                                                ": expected a number >= 0"));
       }
       return outcome;
     }
@@ -157,17 +153,16 @@ absl::StatusOr<ParseOutcome> ParseReply(ReplyKind kind, absl::string_view bytes,
         }
         expected = "1 (WAIT_CANCELED) or 0 (STOP_WAITING)";
       }
-      return absl::DataLossError(absl::StrFormat(
-          "%s sent the byte 0x%02x in reply to %s: expected %s", Peer(context),
-          byte, context.what, expected));
+      return absl::DataLossError(
+          absl::StrFormat("%s sent the byte 0x%02x in reply to %s: expected %s", Peer(context),
+                          byte, context.what, expected));
     }
   }
-  return absl::InternalError(absl::StrCat("ParseReply: unknown reply kind ",
-                                          static_cast<int>(kind)));
+  return absl::InternalError(
+      absl::StrCat("ParseReply: unknown reply kind ", static_cast<int>(kind)));
 }
 
-StoreSession::StoreSession(std::unique_ptr<Transport> transport,
-                           const Limits& limits)
+StoreSession::StoreSession(std::unique_ptr<Transport> transport, const Limits& limits)
     : transport_(std::move(transport)), limits_(limits) {}
 
 absl::Status StoreSession::Break(absl::Status status) {
@@ -177,18 +172,18 @@ absl::Status StoreSession::Break(absl::Status status) {
 
 absl::Status StoreSession::Usable() const {
   if (broken_.ok()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "the connection to rendezvous peer ", peer(),
-      " is unusable after an earlier error: ", broken_.message()));
+  return absl::FailedPreconditionError(
+      absl::StrCat("the connection to rendezvous peer ", peer(),
+                   " is unusable after an earlier error: ", broken_.message()));
 }
 
 absl::Status StoreSession::CheckKey(absl::string_view key, absl::string_view op) const {
   const std::size_t wire = std::string(kKeyPrefix).size() + key.size();
   if (wire > limits_.max_key_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        op, " of key ", DescribeKey(key), " on rendezvous peer ", peer(),
-        ": the key is ", wire, " bytes on the wire, expected at most ",
-        limits_.max_key_bytes, " (c10d's libuv TCPStore server drops longer ones)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, " of key ", DescribeKey(key), " on rendezvous peer ", peer(),
+                     ": the key is ", wire, " bytes on the wire, expected at most ",
+                     limits_.max_key_bytes, " (c10d's libuv TCPStore server drops longer ones)"));
   }
   return absl::OkStatus();
 }
@@ -196,27 +191,26 @@ absl::Status StoreSession::CheckKey(absl::string_view key, absl::string_view op)
 absl::Status StoreSession::CheckValue(absl::string_view key, absl::string_view value,
                                       absl::string_view op) const {
   if (value.size() > limits_.max_value_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        op, " of key ", DescribeKey(key), " on rendezvous peer ", peer(),
-        ": the value is ", value.size(), " bytes, expected at most ",
-        limits_.max_value_bytes, " (comm's limit for a rendezvous value)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, " of key ", DescribeKey(key), " on rendezvous peer ", peer(),
+                     ": the value is ", value.size(), " bytes, expected at most ",
+                     limits_.max_value_bytes, " (comm's limit for a rendezvous value)"));
   }
   return absl::OkStatus();
 }
 
-absl::Status StoreSession::SendRequest(const std::string& bytes,
-                                       absl::string_view what,
+absl::Status StoreSession::SendRequest(const std::string& bytes, absl::string_view what,
                                        const Deadline& deadline) {
   absl::Status sent = transport_->Send(bytes, deadline);
   if (sent.ok()) return sent;
   if (absl::IsDeadlineExceeded(sent)) {
-    return Break(absl::DeadlineExceededError(absl::StrCat(
-        "rendezvous peer ", peer(), " did not take the request for ", what,
-        " within ", deadline.budget.count(), " ms (it is not reading)")));
+    return Break(absl::DeadlineExceededError(
+        absl::StrCat("rendezvous peer ", peer(), " did not take the request for ", what, " within ",
+                     deadline.budget.count(), " ms (it is not reading)")));
   }
   return Break(absl::Status(
-      sent.code(), absl::StrCat("rendezvous peer ", peer(), ": sending the request for ",
-                                what, " failed: ", sent.message())));
+      sent.code(), absl::StrCat("rendezvous peer ", peer(), ": sending the request for ", what,
+                                " failed: ", sent.message())));
 }
 
 absl::StatusOr<Reply> StoreSession::ReadReply(ReplyKind kind, absl::string_view what,
@@ -230,21 +224,18 @@ absl::StatusOr<Reply> StoreSession::ReadReply(ReplyKind kind, absl::string_view 
     absl::StatusOr<ParseOutcome> parsed = ParseReply(kind, buffer, limits_, context);
     if (!parsed.ok()) return Break(parsed.status());
     if (parsed->complete) return std::move(parsed->reply);
-    absl::Status got =
-        transport_->Receive(std::min(parsed->more, kChunk), deadline, &buffer);
+    absl::Status got = transport_->Receive(std::min(parsed->more, kChunk), deadline, &buffer);
     if (got.ok()) continue;
-    const std::string received =
-        absl::StrCat(buffer.size(), " bytes of the reply received, at least ",
-                     parsed->more, " more expected");
+    const std::string received = absl::StrCat(
+        buffer.size(), " bytes of the reply received, at least ", parsed->more, " more expected");
     if (absl::IsDeadlineExceeded(got)) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "rendezvous peer ", peer(), " did not answer ", what, " within ",
-          deadline.budget.count(), " ms (", received,
-          "; is it a c10d TCPStore server, and alive?)"));
+          "rendezvous peer ", peer(), " did not answer ", what, " within ", deadline.budget.count(),
+          " ms (", received, "; is it a c10d TCPStore server, and alive?)"));
     }
-    return Break(absl::Status(
-        got.code(), absl::StrCat("rendezvous peer ", peer(), " ", got.message(),
-                                 " while ", what, " was awaited (", received, ")")));
+    return Break(
+        absl::Status(got.code(), absl::StrCat("rendezvous peer ", peer(), " ", got.message(),
+                                              " while ", what, " was awaited (", received, ")")));
   }
 }
 
@@ -262,10 +253,10 @@ absl::Status StoreSession::Handshake(uint32_t nonce, const Deadline& deadline) {
   absl::StatusOr<Reply> reply = ReadReply(ReplyKind::kPingEcho, what, deadline);
   if (!reply.ok()) return Break(reply.status());
   if (static_cast<uint32_t>(reply->number) != nonce) {
-    return Break(absl::DataLossError(absl::StrFormat(
-        "rendezvous peer %s answered the ping with 0x%08x: expected its nonce "
-        "0x%08x echoed (is it a c10d TCPStore server?)",
-        peer(), static_cast<uint32_t>(reply->number), nonce)));
+    return Break(absl::DataLossError(
+        absl::StrFormat("rendezvous peer %s answered the ping with 0x%08x: expected its nonce "
+                        "0x%08x echoed (is it a c10d TCPStore server?)",
+                        peer(), static_cast<uint32_t>(reply->number), nonce)));
   }
   return absl::OkStatus();
 }
@@ -293,12 +284,10 @@ absl::Status StoreSession::Set(absl::string_view key, absl::string_view value,
   AppendQuery(&request, Query::kSet);
   AppendKey(&request, key);
   AppendBytes(&request, value);
-  return SendRequest(request, absl::StrCat("key ", DescribeKey(key), " (set)"),
-                     deadline);
+  return SendRequest(request, absl::StrCat("key ", DescribeKey(key), " (set)"), deadline);
 }
 
-absl::StatusOr<std::string> StoreSession::Get(absl::string_view key,
-                                              const Deadline& deadline) {
+absl::StatusOr<std::string> StoreSession::Get(absl::string_view key, const Deadline& deadline) {
   if (absl::Status usable = Usable(); !usable.ok()) return usable;
   if (absl::Status ok = CheckKey(key, "get"); !ok.ok()) return ok;
   if (absl::Status waited = Wait({std::string(key)}, deadline); !waited.ok()) {
@@ -333,9 +322,9 @@ absl::StatusOr<bool> StoreSession::Check(const std::vector<std::string>& keys,
                                          const Deadline& deadline) {
   if (absl::Status usable = Usable(); !usable.ok()) return usable;
   if (keys.size() > limits_.max_keys) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "check of ", keys.size(), " keys on rendezvous peer ", peer(),
-        ": expected at most ", limits_.max_keys));
+    return absl::InvalidArgumentError(absl::StrCat("check of ", keys.size(),
+                                                   " keys on rendezvous peer ", peer(),
+                                                   ": expected at most ", limits_.max_keys));
   }
   std::string request;
   AppendQuery(&request, Query::kCheck);
@@ -351,14 +340,13 @@ absl::StatusOr<bool> StoreSession::Check(const std::vector<std::string>& keys,
   return reply->flag;
 }
 
-absl::Status StoreSession::Wait(const std::vector<std::string>& keys,
-                                const Deadline& deadline,
+absl::Status StoreSession::Wait(const std::vector<std::string>& keys, const Deadline& deadline,
                                 std::chrono::milliseconds cancel_grace) {
   if (absl::Status usable = Usable(); !usable.ok()) return usable;
   if (keys.size() > limits_.max_keys) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "wait for ", keys.size(), " keys on rendezvous peer ", peer(),
-        ": expected at most ", limits_.max_keys));
+    return absl::InvalidArgumentError(absl::StrCat("wait for ", keys.size(),
+                                                   " keys on rendezvous peer ", peer(),
+                                                   ": expected at most ", limits_.max_keys));
   }
   std::string request;
   AppendQuery(&request, Query::kWait);
@@ -374,14 +362,14 @@ absl::Status StoreSession::Wait(const std::vector<std::string>& keys,
   if (!absl::IsDeadlineExceeded(reply.status())) return Break(reply.status());
   // The keys are not there (or the peer is silent). The server still holds
   // our wait: cancel it so the stream stays in step for the next operation.
-  const absl::Status timed_out = absl::DeadlineExceededError(absl::StrCat(
-      DescribeKeys(keys), " not set on rendezvous peer ", peer(), " within ",
-      deadline.budget.count(), " ms (wait)"));
+  const absl::Status timed_out = absl::DeadlineExceededError(
+      absl::StrCat(DescribeKeys(keys), " not set on rendezvous peer ", peer(), " within ",
+                   deadline.budget.count(), " ms (wait)"));
   const Deadline grace = Deadline::After(cancel_grace);
   std::string cancel;
   AppendQuery(&cancel, Query::kCancelWait);
-  const std::string cancel_what = absl::StrCat("the cancellation of the wait for ",
-                                               DescribeKeys(keys));
+  const std::string cancel_what =
+      absl::StrCat("the cancellation of the wait for ", DescribeKeys(keys));
   if (absl::Status sent = SendRequest(cancel, cancel_what, grace); !sent.ok()) {
     return Break(timed_out);
   }
@@ -389,20 +377,21 @@ absl::Status StoreSession::Wait(const std::vector<std::string>& keys,
     absl::StatusOr<Reply> ack = ReadReply(ReplyKind::kCancelAck, cancel_what, grace);
     if (!ack.ok()) {
       (void)Break(ack.status());
-      return absl::DeadlineExceededError(absl::StrCat(
-          timed_out.message(), "; then the cancellation failed, so the connection "
-          "is given up: ", ack.status().message()));
+      return absl::DeadlineExceededError(
+          absl::StrCat(timed_out.message(),
+                       "; then the cancellation failed, so the connection "
+                       "is given up: ",
+                       ack.status().message()));
     }
     // A STOP_WAITING that crossed our cancel comes first; the ack follows.
     if (ack->flag) return timed_out;
   }
-  return Break(absl::DataLossError(absl::StrCat(
-      "rendezvous peer ", peer(), " answered ", cancel_what,
-      " with STOP_WAITING twice: expected WAIT_CANCELED after at most one")));
+  return Break(absl::DataLossError(
+      absl::StrCat("rendezvous peer ", peer(), " answered ", cancel_what,
+                   " with STOP_WAITING twice: expected WAIT_CANCELED after at most one")));
 }
 
-absl::StatusOr<bool> StoreSession::DeleteKey(absl::string_view key,
-                                             const Deadline& deadline) {
+absl::StatusOr<bool> StoreSession::DeleteKey(absl::string_view key, const Deadline& deadline) {
   if (absl::Status usable = Usable(); !usable.ok()) return usable;
   if (absl::Status ok = CheckKey(key, "delete"); !ok.ok()) return ok;
   std::string request;
@@ -413,9 +402,9 @@ absl::StatusOr<bool> StoreSession::DeleteKey(absl::string_view key,
   absl::StatusOr<Reply> reply = ReadReply(ReplyKind::kCount, what, deadline);
   if (!reply.ok()) return Break(reply.status());
   if (reply->number > 1) {
-    return Break(absl::DataLossError(absl::StrCat(
-        "rendezvous peer ", peer(), " said it deleted ", reply->number,
-        " entries for ", what, ": expected 0 or 1")));
+    return Break(absl::DataLossError(absl::StrCat("rendezvous peer ", peer(), " said it deleted ",
+                                                  reply->number, " entries for ", what,
+                                                  ": expected 0 or 1")));
   }
   return reply->number == 1;
 }

@@ -142,8 +142,7 @@ struct ParseOutcome {
 // than the limits allow (a header, then at most max_value_bytes), and an
 // error (DataLoss) is final. Bytes after a complete reply are not looked at.
 absl::StatusOr<ParseOutcome> ParseReply(ReplyKind kind, absl::string_view bytes,
-                                        const Limits& limits,
-                                        const ReplyContext& context);
+                                        const Limits& limits, const ReplyContext& context);
 
 // A key for messages: quoted, non-printable bytes escaped, long ones cut.
 std::string DescribeKey(absl::string_view key);
@@ -166,8 +165,7 @@ class Transport {
   // Appends between 1 and `max` (> 0) bytes to `*out` once some arrive, by
   // `deadline`: DeadlineExceeded when none did, Unavailable when the peer
   // closed the connection (the message says how) or the network failed.
-  virtual absl::Status Receive(std::size_t max, const Deadline& deadline,
-                               std::string* out) = 0;
+  virtual absl::Status Receive(std::size_t max, const Deadline& deadline, std::string* out) = 0;
   // "HOST:PORT" of the peer, for messages.
   virtual const std::string& peer() const = 0;
 };
@@ -188,14 +186,11 @@ class StoreSession {
   // created with waitWorkers does (a server created so waits for it).
   absl::Status AnnounceWorker(const Deadline& deadline);
 
-  absl::Status Set(absl::string_view key, absl::string_view value,
-                   const Deadline& deadline);
+  absl::Status Set(absl::string_view key, absl::string_view value, const Deadline& deadline);
   // Waits (by `deadline`) for the key to exist, then reads it.
   absl::StatusOr<std::string> Get(absl::string_view key, const Deadline& deadline);
-  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta,
-                              const Deadline& deadline);
-  absl::StatusOr<bool> Check(const std::vector<std::string>& keys,
-                             const Deadline& deadline);
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta, const Deadline& deadline);
+  absl::StatusOr<bool> Check(const std::vector<std::string>& keys, const Deadline& deadline);
   // Returns once every key exists; DeadlineExceeded when they do not by
   // `deadline`. The wait is then cancelled on the server, which has
   // `cancel_grace` more to acknowledge it (else the session is broken), so
@@ -206,10 +201,8 @@ class StoreSession {
   absl::StatusOr<int64_t> NumKeys(const Deadline& deadline);
   // c10d's compareSet: sets `desired` when the value is `expected` (or the
   // key is missing and `expected` is empty); returns the value after.
-  absl::StatusOr<std::string> CompareSet(absl::string_view key,
-                                         absl::string_view expected,
-                                         absl::string_view desired,
-                                         const Deadline& deadline);
+  absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
+                                         absl::string_view desired, const Deadline& deadline);
 
   // OK, or the error that broke the session.
   const absl::Status& broken() const { return broken_; }
@@ -225,8 +218,7 @@ class StoreSession {
                           absl::string_view op) const;
   absl::Status SendRequest(const std::string& bytes, absl::string_view what,
                            const Deadline& deadline);
-  absl::StatusOr<Reply> ReadReply(ReplyKind kind, absl::string_view what,
-                                  const Deadline& deadline);
+  absl::StatusOr<Reply> ReadReply(ReplyKind kind, absl::string_view what, const Deadline& deadline);
   // Records `status` as the reason the session is unusable; returns it.
   absl::Status Break(absl::Status status);
 

@@ -92,18 +92,14 @@ bool ReadRequest(int fd, StoreRequest* request, const std::atomic<bool>& stop) {
     case kSet:
       request->keys.resize(1);
       request->values.resize(1);
-      return ReadString(fd, &request->keys[0], stop) &&
-             ReadString(fd, &request->values[0], stop);
+      return ReadString(fd, &request->keys[0], stop) && ReadString(fd, &request->values[0], stop);
     case kCompareSet:
       request->keys.resize(1);
       request->values.resize(2);
-      return ReadString(fd, &request->keys[0], stop) &&
-             ReadString(fd, &request->values[0], stop) &&
+      return ReadString(fd, &request->keys[0], stop) && ReadString(fd, &request->values[0], stop) &&
              ReadString(fd, &request->values[1], stop);
     case kGet:
-    case kDeleteKey:
-      request->keys.resize(1);
-      return ReadString(fd, &request->keys[0], stop);
+    case kDeleteKey: request->keys.resize(1); return ReadString(fd, &request->keys[0], stop);
     case kAdd: {
       request->keys.resize(1);
       uint64_t delta = 0;
@@ -122,10 +118,8 @@ bool ReadRequest(int fd, StoreRequest* request, const std::atomic<bool>& stop) {
       }
       return true;
     case kCancelWait:
-    case kGetNumKeys:
-      return true;
-    default:
-      return false;
+    case kGetNumKeys: return true;
+    default: return false;
   }
 }
 

@@ -74,9 +74,7 @@ class HostilePeer {
   static Behaviour Garbage(std::string bytes) {
     return {Behaviour::kGarbage, std::move(bytes), nullptr};
   }
-  static Behaviour Scripted(Script script) {
-    return {Behaviour::kScripted, "", std::move(script)};
-  }
+  static Behaviour Scripted(Script script) { return {Behaviour::kScripted, "", std::move(script)}; }
 
   explicit HostilePeer(Behaviour behaviour);
   ~HostilePeer();

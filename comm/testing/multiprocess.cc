@@ -37,8 +37,7 @@ std::string message_of(const std::exception& e) {
   return e.what();
 }
 
-int run_in_rank(const std::function<void(ProcessGroup&)>& body,
-                const RunOptions& options) {
+int run_in_rank(const std::function<void(ProcessGroup&)>& body, const RunOptions& options) {
   InitOptions init;
   if (const char* ms = std::getenv(kTimeoutVariable)) {
     init.timeout = std::chrono::milliseconds(std::atoll(ms));
@@ -48,15 +47,13 @@ int run_in_rank(const std::function<void(ProcessGroup&)>& body,
   init.rendezvous_timeout = std::max(init.timeout, std::chrono::milliseconds(30000));
   auto group = init_process_group(init);
   if (!group.ok()) {
-    ADD_FAILURE() << "comm::testing: init_process_group failed in this rank: "
-                  << group.status();
+    ADD_FAILURE() << "comm::testing: init_process_group failed in this rank: " << group.status();
     return 0;
   }
   try {
     body(*group);
   } catch (const std::exception& e) {
-    ADD_FAILURE() << "rank " << group->rank()
-                  << ": the body threw: " << message_of(e);
+    ADD_FAILURE() << "rank " << group->rank() << ": the body threw: " << message_of(e);
     // Peers may be blocked in a collective with us: no closing barrier.
     return 0;
   }
@@ -65,8 +62,7 @@ int run_in_rank(const std::function<void(ProcessGroup&)>& body,
   try {
     barrier(*group).wait();
   } catch (const std::exception& e) {
-    ADD_FAILURE() << "rank " << group->rank()
-                  << ": the closing barrier failed: " << message_of(e);
+    ADD_FAILURE() << "rank " << group->rank() << ": the closing barrier failed: " << message_of(e);
   }
   return 0;
 }
@@ -88,39 +84,34 @@ int RunOnRanks(int world_size, const std::function<void(ProcessGroup&)>& body,
   launch_options.nproc_per_node = world_size;
   launch_options.timeout = options.timeout;
   launch_options.kill_grace = std::chrono::milliseconds(2000);
-  launch_options.command = {"/proc/self/exe",
-                            absl::StrCat("--gtest_filter=", test),
-                            "--gtest_also_run_disabled_tests",
-                            "--gtest_repeat=1", "--gtest_brief=1"};
+  launch_options.command = {"/proc/self/exe", absl::StrCat("--gtest_filter=", test),
+                            "--gtest_also_run_disabled_tests", "--gtest_repeat=1",
+                            "--gtest_brief=1"};
   launch_options.env = options.env;
   launch_options.env[kRankOfVariable] = test;
-  launch_options.env[kTimeoutVariable] =
-      std::to_string(options.collective_timeout.count());
+  launch_options.env[kTimeoutVariable] = std::to_string(options.collective_timeout.count());
   // Bazel's test protocol variables belong to this process: a rank writing
   // test.xml or honouring the shard index would clobber or skip the test.
-  launch_options.unset_env = {"XML_OUTPUT_FILE", "GTEST_OUTPUT",
-                              "TEST_PREMATURE_EXIT_FILE", "GTEST_SHARD_INDEX",
-                              "GTEST_TOTAL_SHARDS", "TEST_SHARD_INDEX",
-                              "TEST_TOTAL_SHARDS", "TEST_SHARD_STATUS_FILE",
-                              "GTEST_FILTER", "TESTBRIDGE_TEST_ONLY"};
+  launch_options.unset_env = {
+      "XML_OUTPUT_FILE",     "GTEST_OUTPUT",           "TEST_PREMATURE_EXIT_FILE",
+      "GTEST_SHARD_INDEX",   "GTEST_TOTAL_SHARDS",     "TEST_SHARD_INDEX",
+      "TEST_TOTAL_SHARDS",   "TEST_SHARD_STATUS_FILE", "GTEST_FILTER",
+      "TESTBRIDGE_TEST_ONLY"};
   std::mutex mutex;
   std::string output;
-  launch_options.on_line = [&](int rank, bool is_stderr,
-                               const std::string& line) {
+  launch_options.on_line = [&](int rank, bool is_stderr, const std::string& line) {
     std::lock_guard<std::mutex> lock(mutex);
-    absl::StrAppend(&output, "[rank ", rank, is_stderr ? " err" : "", "] ",
-                    line, "\n");
+    absl::StrAppend(&output, "[rank ", rank, is_stderr ? " err" : "", "] ", line, "\n");
   };
   auto result = launcher::launch(launch_options);
   if (!result.ok()) {
-    ADD_FAILURE() << "comm::testing: could not start the ranks: "
-                  << result.status();
+    ADD_FAILURE() << "comm::testing: could not start the ranks: " << result.status();
     return -1;
   }
   if (result->exit_code != 0 && !options.expect_failure) {
     ADD_FAILURE() << "comm::testing: " << world_size << " ranks of " << test
-                  << " failed: " << result->summary << " (exit status "
-                  << result->exit_code << ")\n--- rank output ---\n"
+                  << " failed: " << result->summary << " (exit status " << result->exit_code
+                  << ")\n--- rank output ---\n"
                   << output;
   }
   return result->exit_code;

@@ -52,8 +52,8 @@ struct RunOptions {
 bool IsRankProcess();
 
 // See above. Every rank calls it with the same arguments (the child re-runs
-// the TEST body), so `options` apply in the ranks too. Returns the launcher's exit code in the test process (0 when all
-// ranks passed) and 0 in a rank.
+// the TEST body), so `options` apply in the ranks too. Returns the launcher's exit code in the test
+// process (0 when all ranks passed) and 0 in a rank.
 int RunOnRanks(int world_size, const std::function<void(ProcessGroup&)>& body,
                const RunOptions& options = {});
 

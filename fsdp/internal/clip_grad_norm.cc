@@ -14,8 +14,8 @@ namespace internal {
 at::Tensor Runtime::clip_grad_norm(double max_norm, double norm_type) {
   TORCH_CHECK(state_ == TrainingState::kIdle, "clip_grad_norm_: called during forward or ",
               "backward: expected it after backward, before optimizer.step()");
-  TORCH_CHECK(norm_type > 0 || std::isinf(norm_type), "clip_grad_norm_: norm_type=",
-              norm_type, ": expected p > 0 or inf");
+  TORCH_CHECK(norm_type > 0 || std::isinf(norm_type), "clip_grad_norm_: norm_type=", norm_type,
+              ": expected p > 0 or inf");
   TORCH_CHECK(max_norm >= 0, "clip_grad_norm_: max_norm=", max_norm, ": expected >= 0");
   finish_reductions();
   const bool inf = std::isinf(norm_type);
@@ -47,10 +47,8 @@ at::Tensor Runtime::clip_grad_norm(double max_norm, double norm_type) {
   }
   // Shards are disjoint within the shard group and identical across
   // replicas, so only the shard group is reduced over.
-  comm::all_reduce(shard_group_, sharded, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum)
-      .wait();
-  at::Tensor total = inf ? at::maximum(sharded, local)
-                         : (sharded + local).pow(1.0 / norm_type);
+  comm::all_reduce(shard_group_, sharded, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum).wait();
+  at::Tensor total = inf ? at::maximum(sharded, local) : (sharded + local).pow(1.0 / norm_type);
   const double norm = total.item<double>();
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {

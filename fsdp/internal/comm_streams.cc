@@ -18,7 +18,8 @@ std::optional<CommStreams> comm_streams_for(c10::Device device) {
   static std::mutex mu;
   static auto* streams = new std::map<std::pair<int, int>, CommStreams>();  // never freed
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(static_cast<int>(device.type()), static_cast<int>(device.index()));
+  const auto key =
+      std::make_pair(static_cast<int>(device.type()), static_cast<int>(device.index()));
   auto it = streams->find(key);
   if (it == streams->end()) {
     c10::impl::VirtualGuardImpl impl(device.type());

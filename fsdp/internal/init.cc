@@ -45,27 +45,28 @@ void Runtime::resolve_groups() {
                   "comm::hybrid_shard_groups) or a 2-D Options::device_mesh");
     } else {
       TORCH_CHECK(false, "FullyShardedDataParallel: Manual wrapping with ",
-                  sharding_strategy_name(strategy), " requires explicit specification "
+                  sharding_strategy_name(strategy),
+                  " requires explicit specification "
                   "of process group or device_mesh (Options::hybrid_groups or a 2-D "
                   "Options::device_mesh).");
     }
     TORCH_CHECK(shard_group_.is_member() && replicate_group_.is_member(),
                 "FullyShardedDataParallel: ", sharding_strategy_name(strategy),
                 ": the calling rank must be a member of both the shard group (size ",
-                shard_group_.size(), ") and the replicate group (size ",
-                replicate_group_.size(), ")");
+                shard_group_.size(), ") and the replicate group (size ", replicate_group_.size(),
+                ")");
     return;
   }
   TORCH_CHECK(!options_.hybrid_groups, "FullyShardedDataParallel: Options::hybrid_groups ",
-              "given with ", sharding_strategy_name(strategy), ": only HYBRID_SHARD and "
+              "given with ", sharding_strategy_name(strategy),
+              ": only HYBRID_SHARD and "
               "_HYBRID_SHARD_ZERO2 use a (shard, replicate) pair; pass process_group");
   if (options_.device_mesh) {
-    TORCH_CHECK(options_.device_mesh->ndim() == 1, "FullyShardedDataParallel: ",
-                sharding_strategy_name(strategy), " expects a 1-D device_mesh but got ndim=",
-                options_.device_mesh->ndim());
+    TORCH_CHECK(options_.device_mesh->ndim() == 1,
+                "FullyShardedDataParallel: ", sharding_strategy_name(strategy),
+                " expects a 1-D device_mesh but got ndim=", options_.device_mesh->ndim());
     auto group = options_.device_mesh->get_group(0);
-    TORCH_CHECK(group.ok(), "FullyShardedDataParallel: device_mesh: ",
-                group.status().ToString());
+    TORCH_CHECK(group.ok(), "FullyShardedDataParallel: device_mesh: ", group.status().ToString());
     shard_group_ = *group;
   } else {
     TORCH_CHECK(options_.process_group.has_value(), "FullyShardedDataParallel: ",
@@ -92,8 +93,9 @@ void Runtime::init() {
   TORCH_CHECK(!(!options_.ignored_modules.empty() && !options_.ignored_states.empty()),
               "FullyShardedDataParallel: Cannot pass both ignored_modules and "
               "ignored_states at the same time. Please just pass ignored_states.");
-  TORCH_CHECK(Registry::get().find(root_.get()) == nullptr, "FullyShardedDataParallel: ",
-              "the module (", root_->name(), ") is already managed by another "
+  TORCH_CHECK(Registry::get().find(root_.get()) == nullptr,
+              "FullyShardedDataParallel: ", "the module (", root_->name(),
+              ") is already managed by another "
               "FullyShardedDataParallel: wrap it once (nested units come from "
               "auto_wrap_policy)");
   if (options_.device_id) {
@@ -113,10 +115,10 @@ void Runtime::init() {
     const auto& m = options_.ignored_modules[i];
     TORCH_CHECK(m != nullptr, "FullyShardedDataParallel: ignored_modules[", i, "] is null");
     TORCH_CHECK(Registry::get().find(m.get()) == nullptr, "FullyShardedDataParallel: ",
-                "`ignored_modules` should not include FSDP modules (ignored_modules[",
-                i, "], ", m->name(), ", is managed by another FullyShardedDataParallel)");
-    TORCH_CHECK(fqn_of_.count(m.get()) != 0, "FullyShardedDataParallel: ignored_modules[",
-                i, "] (", m->name(), ") is not a submodule of the wrapped module");
+                "`ignored_modules` should not include FSDP modules (ignored_modules[", i, "], ",
+                m->name(), ", is managed by another FullyShardedDataParallel)");
+    TORCH_CHECK(fqn_of_.count(m.get()) != 0, "FullyShardedDataParallel: ignored_modules[", i, "] (",
+                m->name(), ") is not a submodule of the wrapped module");
     TORCH_CHECK(m.get() != root_.get(), "FullyShardedDataParallel: ignored_modules[", i,
                 "] is the wrapped module itself: expected a submodule");
     for (const auto& sub : m->modules(/*include_self=*/true)) ignored_modules.insert(sub.get());
@@ -124,8 +126,8 @@ void Runtime::init() {
   for (const auto& item : named_modules) {
     if (ignored_modules.count(item.value().get()) != 0) continue;
     TORCH_CHECK(Registry::get().find(item.value().get()) == nullptr,
-                "FullyShardedDataParallel: submodule '", item.key(), "' (",
-                item.value()->name(), ") is already managed by another "
+                "FullyShardedDataParallel: submodule '", item.key(), "' (", item.value()->name(),
+                ") is already managed by another "
                 "FullyShardedDataParallel: wrap the model once and let "
                 "auto_wrap_policy make the nested units (or list it in "
                 "ignored_modules)");
@@ -203,15 +205,16 @@ void Runtime::init() {
     }
     if (any_meta) {
       TORCH_CHECK(options_.param_init_fn != nullptr, "FullyShardedDataParallel: unit ",
-                  unit_name(fqn), " has parameters or buffers on the meta device: "
+                  unit_name(fqn),
+                  " has parameters or buffers on the meta device: "
                   "expected Options::param_init_fn to materialise them (LibTorch "
                   "modules have no reset_parameters() FSDP could call)");
       for (const auto& sub : owned) options_.param_init_fn(*sub);
       for (const auto& sub : owned) {
         for (const auto& p : sub->named_parameters(false)) {
           TORCH_CHECK(!p.value().defined() || !p.value().is_meta(),
-                      "FullyShardedDataParallel: param_init_fn left parameter '",
-                      p.key(), "' of ", unit_name(fqn), " on the meta device");
+                      "FullyShardedDataParallel: param_init_fn left parameter '", p.key(), "' of ",
+                      unit_name(fqn), " on the meta device");
         }
       }
     }
@@ -243,7 +246,8 @@ void Runtime::init() {
       const std::string name = item.key().empty() ? p.key() : item.key() + "." + p.key();
       TORCH_CHECK(false, "FullyShardedDataParallel: parameter '", name, "' is shared ",
                   "by FSDP units ", unit_name(units_[taken->second]->fqn), " and ",
-                  unit_name(units_[owner->second]->fqn), ": a shared parameter must "
+                  unit_name(units_[owner->second]->fqn),
+                  ": a shared parameter must "
                   "live inside one unit; change auto_wrap_policy so their common "
                   "ancestor wraps both");
     }

@@ -68,8 +68,8 @@ void Runtime::prefetch(int unit) {
 
 void Runtime::unit_pre_forward(int index) {
   Unit& unit = *units_[index];
-  TORCH_CHECK(!module_call::in_rerunning_region(),
-              "module_call::call(", describe(unit.fqn), "): this FSDP unit runs inside an "
+  TORCH_CHECK(!module_call::in_rerunning_region(), "module_call::call(", describe(unit.fqn),
+              "): this FSDP unit runs inside an "
               "activation-checkpointed region, whose recomputation in backward would have "
               "to run the unit's forward again: checkpoint the FSDP units themselves (or "
               "modules inside them), not a module that contains units");
@@ -115,8 +115,7 @@ void Runtime::unit_pre_forward(int index) {
   }
 }
 
-void Runtime::unit_post_forward(int index, const std::vector<at::Tensor>& outputs,
-                                bool known) {
+void Runtime::unit_post_forward(int index, const std::vector<at::Tensor>& outputs, bool known) {
   Unit& unit = *units_[index];
   const bool grad = at::GradMode::is_enabled();
   bool resharded = false;
@@ -191,7 +190,8 @@ void Runtime::finish_reductions_in_backward() {
 
 void Runtime::pre_backward(int index) {
   if (!backward_started_) {
-    TORCH_CHECK(forward_since_backward_, "FullyShardedDataParallel: backward through a "
+    TORCH_CHECK(forward_since_backward_,
+                "FullyShardedDataParallel: backward through a "
                 "graph whose backward already ran (retain_graph=true reuse or double "
                 "backward) is not supported: FSDP reduced and freed the gradients and "
                 "parameters of that pass; run forward again");
@@ -304,9 +304,11 @@ void Runtime::join_reduce_streams() {
   for (const auto& unit : units_) {
     if (!unit->handle) continue;
     const c10::Device device = unit->handle->unsharded_flat_param().device();
-    if (device.is_cpu() || std::find(joined.begin(), joined.end(), device) != joined.end()) continue;
+    if (device.is_cpu() || std::find(joined.begin(), joined.end(), device) != joined.end())
+      continue;
     joined.push_back(device);
-    if (auto streams = comm_streams_for(device)) wait_stream(current_stream(device), streams->reduce);
+    if (auto streams = comm_streams_for(device))
+      wait_stream(current_stream(device), streams->reduce);
   }
 }
 

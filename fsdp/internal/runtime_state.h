@@ -74,8 +74,7 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
  public:
   using Options = FullyShardedDataParallel::Options;
 
-  Runtime(ModulePtr root, Options options)
-      : root_(std::move(root)), options_(std::move(options)) {}
+  Runtime(ModulePtr root, Options options) : root_(std::move(root)), options_(std::move(options)) {}
   ~Runtime();
 
   // internal/init.cc
@@ -122,8 +121,8 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   ModulePtr root_;
   Options options_;
   comm::ProcessGroup shard_group_;
-  comm::ProcessGroup replicate_group_;  // hybrid strategies only
-  std::vector<std::unique_ptr<Unit>> units_;  // creation (post-)order; root last
+  comm::ProcessGroup replicate_group_;                          // hybrid strategies only
+  std::vector<std::unique_ptr<Unit>> units_;                    // creation (post-)order; root last
   std::unordered_map<const torch::nn::Module*, int> unit_of_;   // unit modules
   std::unordered_map<const torch::nn::Module*, int> owner_of_;  // all managed modules
   std::unordered_map<const torch::nn::Module*, std::string> fqn_of_;

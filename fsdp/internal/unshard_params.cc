@@ -15,11 +15,13 @@ void Runtime::summon(const SummonOptions& options) {
   TORCH_CHECK(state_ == TrainingState::kIdle, "summon_full_params: called during ",
               state_ == TrainingState::kForward ? "forward" : "backward",
               ": expected it outside forward and backward");
-  TORCH_CHECK(!(options.writeback && options.rank0_only), "summon_full_params: "
+  TORCH_CHECK(!(options.writeback && options.rank0_only),
+              "summon_full_params: "
               "writeback=True and rank0_only=True is not supported, as model parameter "
               "shapes will be different across ranks, and writing to them can lead to "
               "inconsistencies across ranks when the context is exited.");
-  TORCH_CHECK(!options.with_grads || options_.use_orig_params, "summon_full_params: "
+  TORCH_CHECK(!options.with_grads || options_.use_orig_params,
+              "summon_full_params: "
               "with_grads=True requires use_orig_params=True");
   if (summon_depth_ == 0) finish_reductions();
   if (summon_depth_++ > 0) return;  // nested: already gathered

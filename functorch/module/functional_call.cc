@@ -82,8 +82,7 @@ NamedList untie(const torch::nn::Module& module, const NamedList& given) {
     if (values.size() > 1) {
       std::vector<std::string> sorted = *tie->second;
       std::sort(sorted.begin(), sorted.end());
-      TORCH_CHECK_VALUE(false, "functional_call got multiple values for keys ",
-                        py_list(sorted),
+      TORCH_CHECK_VALUE(false, "functional_call got multiple values for keys ", py_list(sorted),
                         ", which are tied. Consider using tie_weights=False");
     }
   }
@@ -109,20 +108,17 @@ std::string quoted_join(const std::vector<std::string>& names) {
 
 }  // namespace
 
-ParameterAndBufferDicts::ParameterAndBufferDicts(
-    const std::vector<NamedTensors>& dicts) {
+ParameterAndBufferDicts::ParameterAndBufferDicts(const std::vector<NamedTensors>& dicts) {
   for (const auto& dict : dicts) dicts_.push_back(&dict);
 }
 
-ParameterAndBufferDicts::ParameterAndBufferDicts(
-    std::initializer_list<NamedTensors> dicts) {
+ParameterAndBufferDicts::ParameterAndBufferDicts(std::initializer_list<NamedTensors> dicts) {
   for (const auto& dict : dicts) dicts_.push_back(&dict);
 }
 
-ReparametrizeGuard::ReparametrizeGuard(
-    std::shared_ptr<torch::nn::Module> module,
-    const ParameterAndBufferDicts& parameters_and_buffers,
-    const FunctionalCallOptions& options)
+ReparametrizeGuard::ReparametrizeGuard(std::shared_ptr<torch::nn::Module> module,
+                                       const ParameterAndBufferDicts& parameters_and_buffers,
+                                       const FunctionalCallOptions& options)
     : accessor_(std::move(module)) {
   const torch::nn::Module& root = *accessor_.module();
   NamedList given = merge(parameters_and_buffers);
@@ -133,7 +129,8 @@ ReparametrizeGuard::ReparametrizeGuard(
     for (const auto& item : given) keys.push_back(item.first);
     auto [missing, unexpected] = accessor_.check_keys(keys);
     std::vector<std::string> errors;
-    if (!unexpected.empty()) errors.push_back("Unexpected key(s): " + quoted_join(unexpected) + ".");
+    if (!unexpected.empty())
+      errors.push_back("Unexpected key(s): " + quoted_join(unexpected) + ".");
     if (!missing.empty()) errors.push_back("Missing key(s): " + quoted_join(missing) + ".");
     if (!errors.empty()) {
       std::string joined;

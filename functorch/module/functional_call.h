@@ -92,8 +92,7 @@ class ReparametrizeGuard {
 
 namespace internal {
 template <typename T>
-using IsOptions =
-    std::is_same<std::decay_t<T>, FunctionalCallOptions>;
+using IsOptions = std::is_same<std::decay_t<T>, FunctionalCallOptions>;
 template <typename... Args>
 struct FirstIsOptions : std::false_type {};
 template <typename First, typename... Rest>
@@ -102,23 +101,21 @@ struct FirstIsOptions<First, Rest...> : IsOptions<First> {};
 
 // functional_call(module, dicts, options, args...)
 template <typename ModuleType, typename... Args>
-decltype(auto) functional_call(
-    const ModuleType& module,
-    const ParameterAndBufferDicts& parameters_and_buffers,
-    const FunctionalCallOptions& options, Args&&... args) {
-  ReparametrizeGuard guard(internal::module_ptr(module),
-                           parameters_and_buffers, options);
+decltype(auto) functional_call(const ModuleType& module,
+                               const ParameterAndBufferDicts& parameters_and_buffers,
+                               const FunctionalCallOptions& options, Args&&... args) {
+  ReparametrizeGuard guard(internal::module_ptr(module), parameters_and_buffers, options);
   return internal::call_forward(module, std::forward<Args>(args)...);
 }
 
 // functional_call(module, dicts, args...) with default options.
 template <typename ModuleType, typename... Args,
           typename = std::enable_if_t<!internal::FirstIsOptions<Args...>::value>>
-decltype(auto) functional_call(
-    const ModuleType& module,
-    const ParameterAndBufferDicts& parameters_and_buffers, Args&&... args) {
-  ReparametrizeGuard guard(internal::module_ptr(module),
-                           parameters_and_buffers, FunctionalCallOptions{});
+decltype(auto) functional_call(const ModuleType& module,
+                               const ParameterAndBufferDicts& parameters_and_buffers,
+                               Args&&... args) {
+  ReparametrizeGuard guard(internal::module_ptr(module), parameters_and_buffers,
+                           FunctionalCallOptions{});
   return internal::call_forward(module, std::forward<Args>(args)...);
 }
 

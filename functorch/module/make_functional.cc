@@ -17,8 +17,7 @@ ExtractedState unique_by_tensor(const torch::OrderedDict<std::string, torch::Ten
   ExtractedState state;
   std::unordered_map<const c10::TensorImpl*, size_t> index;
   for (const auto& item : named) {
-    auto [it, inserted] = index.emplace(item.value().unsafeGetTensorImpl(),
-                                        state.tensors.size());
+    auto [it, inserted] = index.emplace(item.value().unsafeGetTensorImpl(), state.tensors.size());
     if (inserted) {
       state.tensors.push_back(item.value());
       state.names.push_back(item.key());
@@ -32,8 +31,7 @@ ExtractedState unique_by_tensor(const torch::OrderedDict<std::string, torch::Ten
 // Points every name of `state` at a meta-device placeholder of the same
 // shape and dtype (one per tie), so the stateless copy holds no data and a
 // forward without loaded state fails loudly.
-void replace_with_placeholders(NamedMemberAccessor& accessor,
-                               const ExtractedState& state) {
+void replace_with_placeholders(NamedMemberAccessor& accessor, const ExtractedState& state) {
   for (size_t i = 0; i < state.tensors.size(); ++i) {
     torch::Tensor placeholder =
         torch::empty_like(state.tensors[i], state.tensors[i].options().device(torch::kMeta));
@@ -51,8 +49,7 @@ ExtractedState named_unique_buffers(const torch::nn::Module& module) {
   return unique_by_tensor(module.named_buffers());
 }
 
-void match_ties_and_requires_grad(const torch::nn::Module& original,
-                                  NamedMemberAccessor& copy) {
+void match_ties_and_requires_grad(const torch::nn::Module& original, NamedMemberAccessor& copy) {
   for (const auto& state : {named_unique_parameters(original), named_unique_buffers(original)}) {
     for (size_t i = 0; i < state.tensors.size(); ++i) {
       const auto& names = state.names_map[i].second;
@@ -65,8 +62,7 @@ void match_ties_and_requires_grad(const torch::nn::Module& original,
   }
 }
 
-ExtractedState extract_weights(NamedMemberAccessor& accessor,
-                               bool disable_autograd_tracking) {
+ExtractedState extract_weights(NamedMemberAccessor& accessor, bool disable_autograd_tracking) {
   ExtractedState state = named_unique_parameters(*accessor.module());
   replace_with_placeholders(accessor, state);
   if (disable_autograd_tracking) {
@@ -86,9 +82,8 @@ std::unique_ptr<ScopedTensorSwap> swap_state(NamedMemberAccessor& accessor,
                                              const std::vector<torch::Tensor>& first,
                                              const std::vector<torch::Tensor>& second,
                                              const char* what) {
-  TORCH_CHECK(first.size() + second.size() == names_map.size(), what,
-              ": expected ", names_map.size(),
-              " tensors (one per name in param_names()",
+  TORCH_CHECK(first.size() + second.size() == names_map.size(), what, ": expected ",
+              names_map.size(), " tensors (one per name in param_names()",
               (second.empty() ? "" : ", then buffer_names()"), "), got ",
               first.size() + second.size());
   std::vector<std::string> names;
@@ -103,8 +98,7 @@ std::unique_ptr<ScopedTensorSwap> swap_state(NamedMemberAccessor& accessor,
   return std::make_unique<ScopedTensorSwap>(accessor, std::move(names), std::move(values));
 }
 
-void check_no_buffers(const torch::nn::Module& module, const char* api,
-                      const char* alternative) {
+void check_no_buffers(const torch::nn::Module& module, const char* api, const char* alternative) {
   TORCH_CHECK(module.buffers().empty(), api, "(model): `model` has buffers. Please use ",
               alternative, "(model) instead.");
 }
@@ -127,14 +121,14 @@ void check_ensemble(const std::vector<std::shared_ptr<torch::nn::Module>>& model
   }
 }
 
-std::vector<torch::Tensor> transpose_stack(
-    const std::vector<std::vector<torch::Tensor>>& tensors) {
+std::vector<torch::Tensor> transpose_stack(const std::vector<std::vector<torch::Tensor>>& tensors) {
   std::vector<torch::Tensor> result;
   if (tensors.empty()) return result;
   for (const auto& row : tensors) {
     TORCH_CHECK(row.size() == tensors.front().size(),
                 "transpose_stack: every model must have the same number of "
-                "tensors; got ", tensors.front().size(), " and ", row.size());
+                "tensors; got ",
+                tensors.front().size(), " and ", row.size());
   }
   for (size_t i = 0; i < tensors.front().size(); ++i) {
     std::vector<torch::Tensor> shards;
@@ -146,11 +140,9 @@ std::vector<torch::Tensor> transpose_stack(
 }
 
 int64_t check_ensemble_shape(const std::vector<int64_t>& ensemble_shape) {
-  TORCH_CHECK_VALUE(ensemble_shape.size() < 2,
-                    "NYI: ensemble_shape with more than 1 element");
+  TORCH_CHECK_VALUE(ensemble_shape.size() < 2, "NYI: ensemble_shape with more than 1 element");
   if (ensemble_shape.empty()) return 0;
-  TORCH_CHECK_VALUE(ensemble_shape[0] > 0, "num_models ", ensemble_shape[0],
-                    " should be > 0");
+  TORCH_CHECK_VALUE(ensemble_shape[0] > 0, "num_models ", ensemble_shape[0], " should be > 0");
   return ensemble_shape[0];
 }
 

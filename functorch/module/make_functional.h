@@ -56,35 +56,31 @@ ExtractedState named_unique_buffers(const torch::nn::Module& module);
 // Makes `copy` (a fresh clone() of `original`) tie the names `original`
 // ties, and gives its parameters the original's requires_grad: clone()
 // re-creates every parameter separately.
-void match_ties_and_requires_grad(const torch::nn::Module& original,
-                                  NamedMemberAccessor& copy);
+void match_ties_and_requires_grad(const torch::nn::Module& original, NamedMemberAccessor& copy);
 
 // Moves the state out of the module behind `accessor`: every name is pointed
 // at a meta-device placeholder (one per tie). Returns the original tensors.
-ExtractedState extract_weights(NamedMemberAccessor& accessor,
-                               bool disable_autograd_tracking);
+ExtractedState extract_weights(NamedMemberAccessor& accessor, bool disable_autograd_tracking);
 ExtractedState extract_buffers(NamedMemberAccessor& accessor);
 
 // Loads `first` then `second` into the names of `names_map` (every tied name
 // gets its tensor) for the guard's lifetime. `api` names the caller in the
 // count mismatch error.
-std::unique_ptr<ScopedTensorSwap> swap_state(
-    NamedMemberAccessor& accessor, const NamesMap& names_map,
-    const std::vector<torch::Tensor>& first,
-    const std::vector<torch::Tensor>& second, const char* what);
+std::unique_ptr<ScopedTensorSwap> swap_state(NamedMemberAccessor& accessor,
+                                             const NamesMap& names_map,
+                                             const std::vector<torch::Tensor>& first,
+                                             const std::vector<torch::Tensor>& second,
+                                             const char* what);
 
 // Throws "`api`(model): `model` has buffers. ..." when `module` has buffers.
-void check_no_buffers(const torch::nn::Module& module, const char* api,
-                      const char* alternative);
+void check_no_buffers(const torch::nn::Module& module, const char* api, const char* alternative);
 
 // PyTorch's checks on an ensemble: at least one model, one training mode,
 // one class. `api` prefixes the messages.
-void check_ensemble(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
-                    const char* api);
+void check_ensemble(const std::vector<std::shared_ptr<torch::nn::Module>>& models, const char* api);
 
 // Stacks the i-th tensor of every inner vector, detached.
-std::vector<torch::Tensor> transpose_stack(
-    const std::vector<std::vector<torch::Tensor>>& tensors);
+std::vector<torch::Tensor> transpose_stack(const std::vector<std::vector<torch::Tensor>>& tensors);
 
 // functional_init's checks on ensemble_shape; returns the model count (0 for
 // "no ensemble").
@@ -96,8 +92,7 @@ int64_t check_ensemble_shape(const std::vector<int64_t>& ensemble_shape);
 template <typename ModuleType>
 class FunctionalModule {
  public:
-  FunctionalModule(ModuleType stateless_model,
-                   std::shared_ptr<NamedMemberAccessor> accessor,
+  FunctionalModule(ModuleType stateless_model, std::shared_ptr<NamedMemberAccessor> accessor,
                    std::vector<std::string> param_names, NamesMap names_map)
       : stateless_model_(std::move(stateless_model)),
         accessor_(std::move(accessor)),
@@ -107,10 +102,8 @@ class FunctionalModule {
   // Runs the module's forward with `params` (one per param_names() entry)
   // loaded; the placeholders are back when it returns or throws.
   template <typename... Args>
-  decltype(auto) operator()(const std::vector<torch::Tensor>& params,
-                            Args&&... args) const {
-    auto guard = internal::swap_state(*accessor_, names_map_, params, {},
-                                      "FunctionalModule");
+  decltype(auto) operator()(const std::vector<torch::Tensor>& params, Args&&... args) const {
+    auto guard = internal::swap_state(*accessor_, names_map_, params, {}, "FunctionalModule");
     return internal::call_forward(stateless_model_, std::forward<Args>(args)...);
   }
 
@@ -133,8 +126,7 @@ class FunctionalModuleWithBuffers {
   FunctionalModuleWithBuffers(ModuleType stateless_model,
                               std::shared_ptr<NamedMemberAccessor> accessor,
                               std::vector<std::string> param_names,
-                              std::vector<std::string> buffer_names,
-                              NamesMap all_names_map)
+                              std::vector<std::string> buffer_names, NamesMap all_names_map)
       : stateless_model_(std::move(stateless_model)),
         accessor_(std::move(accessor)),
         param_names_(std::move(param_names)),
@@ -143,10 +135,9 @@ class FunctionalModuleWithBuffers {
 
   template <typename... Args>
   decltype(auto) operator()(const std::vector<torch::Tensor>& params,
-                            const std::vector<torch::Tensor>& buffers,
-                            Args&&... args) const {
-    auto guard = internal::swap_state(*accessor_, all_names_map_, params,
-                                      buffers, "FunctionalModuleWithBuffers");
+                            const std::vector<torch::Tensor>& buffers, Args&&... args) const {
+    auto guard = internal::swap_state(*accessor_, all_names_map_, params, buffers,
+                                      "FunctionalModuleWithBuffers");
     return internal::call_forward(stateless_model_, std::forward<Args>(args)...);
   }
 
@@ -178,15 +169,14 @@ std::pair<ModuleType, std::shared_ptr<NamedMemberAccessor>> stateless_copy(
 // make_functional(model, disable_autograd_tracking) -> (fn, params).
 // Throws if `model` has buffers (use make_functional_with_buffers).
 template <typename ModuleType>
-std::pair<FunctionalModule<ModuleType>, std::vector<torch::Tensor>>
-make_functional(const ModuleType& model, bool disable_autograd_tracking = false) {
+std::pair<FunctionalModule<ModuleType>, std::vector<torch::Tensor>> make_functional(
+    const ModuleType& model, bool disable_autograd_tracking = false) {
   internal::check_no_buffers(*internal::module_ptr(model), "make_functional",
                              "make_functional_with_buffers");
   auto [copy, accessor] = internal::stateless_copy(model);
   auto weights = internal::extract_weights(*accessor, disable_autograd_tracking);
   return {FunctionalModule<ModuleType>(std::move(copy), std::move(accessor),
-                                       std::move(weights.names),
-                                       std::move(weights.names_map)),
+                                       std::move(weights.names), std::move(weights.names_map)),
           std::move(weights.tensors)};
 }
 
@@ -195,14 +185,12 @@ make_functional(const ModuleType& model, bool disable_autograd_tracking = false)
 template <typename ModuleType>
 std::tuple<FunctionalModuleWithBuffers<ModuleType>, std::vector<torch::Tensor>,
            std::vector<torch::Tensor>>
-make_functional_with_buffers(const ModuleType& model,
-                             bool disable_autograd_tracking = false) {
+make_functional_with_buffers(const ModuleType& model, bool disable_autograd_tracking = false) {
   auto [copy, accessor] = internal::stateless_copy(model);
   auto weights = internal::extract_weights(*accessor, disable_autograd_tracking);
   auto buffers = internal::extract_buffers(*accessor);
   NamesMap all_names_map = std::move(weights.names_map);
-  all_names_map.insert(all_names_map.end(), buffers.names_map.begin(),
-                       buffers.names_map.end());
+  all_names_map.insert(all_names_map.end(), buffers.names_map.begin(), buffers.names_map.end());
   return {FunctionalModuleWithBuffers<ModuleType>(
               std::move(copy), std::move(accessor), std::move(weights.names),
               std::move(buffers.names), std::move(all_names_map)),
@@ -226,8 +214,7 @@ combine_state_for_ensemble(const std::vector<ModuleType>& models) {
     buffers.push_back(internal::named_unique_buffers(*ptr).tensors);
   }
   auto fn = std::get<0>(make_functional_with_buffers(models.front()));
-  return {std::move(fn), internal::transpose_stack(params),
-          internal::transpose_stack(buffers)};
+  return {std::move(fn), internal::transpose_stack(params), internal::transpose_stack(buffers)};
 }
 
 // What functional_init(...)(ctor args...) returns.
@@ -254,15 +241,13 @@ struct FunctionalInitWithBuffersResult {
 // ensemble_shape must have at most one element, M > 0. Models with buffers
 // need functional_init_with_buffers.
 template <typename ModuleType>
-auto functional_init(std::vector<int64_t> ensemble_shape = {},
-                     torch::Device device = torch::kCPU) {
+auto functional_init(std::vector<int64_t> ensemble_shape = {}, torch::Device device = torch::kCPU) {
   return [ensemble_shape, device](auto&&... args) {
     const int64_t num_models = internal::check_ensemble_shape(ensemble_shape);
     auto make = [&] {
       ModuleType model(args...);
       internal::module_ptr(model)->to(device);
-      internal::check_no_buffers(*internal::module_ptr(model),
-                                 "make_functional_deprecated_v1",
+      internal::check_no_buffers(*internal::module_ptr(model), "make_functional_deprecated_v1",
                                  "make_functional_with_buffers_deprecated_v1");
       return model;
     };
@@ -277,8 +262,7 @@ auto functional_init(std::vector<int64_t> ensemble_shape = {},
       weights = internal::transpose_stack(all);
     }
     std::vector<std::string> names = fn.param_names();
-    return FunctionalInitResult<ModuleType>{std::move(weights), std::move(fn),
-                                            std::move(names)};
+    return FunctionalInitResult<ModuleType>{std::move(weights), std::move(fn), std::move(names)};
   };
 }
 
@@ -299,17 +283,19 @@ auto functional_init_with_buffers(std::vector<int64_t> ensemble_shape = {},
       std::vector<std::vector<torch::Tensor>> all_weights, all_buffers;
       for (int64_t i = 0; i < num_models; ++i) {
         ModuleType member = i == 0 ? model : make();
-        all_weights.push_back(internal::named_unique_parameters(*internal::module_ptr(member)).tensors);
-        all_buffers.push_back(internal::named_unique_buffers(*internal::module_ptr(member)).tensors);
+        all_weights.push_back(
+            internal::named_unique_parameters(*internal::module_ptr(member)).tensors);
+        all_buffers.push_back(
+            internal::named_unique_buffers(*internal::module_ptr(member)).tensors);
       }
       weights = internal::transpose_stack(all_weights);
       buffers = internal::transpose_stack(all_buffers);
     }
     std::vector<std::string> weight_names = fn.param_names();
     std::vector<std::string> buffer_names = fn.buffer_names();
-    return FunctionalInitWithBuffersResult<ModuleType>{
-        std::move(weights), std::move(buffers), std::move(fn),
-        std::move(weight_names), std::move(buffer_names)};
+    return FunctionalInitWithBuffersResult<ModuleType>{std::move(weights), std::move(buffers),
+                                                       std::move(fn), std::move(weight_names),
+                                                       std::move(buffer_names)};
   };
 }
 

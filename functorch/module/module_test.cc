@@ -54,7 +54,8 @@ std::map<std::string, torch::Tensor> with_prefix(const Fixture& f, const std::st
   return out;
 }
 
-void load_state(const std::shared_ptr<nn::Module>& module, const std::map<std::string, torch::Tensor>& state) {
+void load_state(const std::shared_ptr<nn::Module>& module,
+                const std::map<std::string, torch::Tensor>& state) {
   torch::NoGradGuard no_grad;
   auto params = module->named_parameters();
   auto buffers = module->named_buffers();
@@ -83,7 +84,8 @@ NamedTensors substitutes(const std::shared_ptr<nn::Module>& module, const Fixtur
   return sub;
 }
 
-void expect_close(const torch::Tensor& actual, const torch::Tensor& expected, const std::string& what) {
+void expect_close(const torch::Tensor& actual, const torch::Tensor& expected,
+                  const std::string& what) {
   ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
   EXPECT_TRUE(torch::allclose(actual.to(expected.dtype()), expected, 1e-4, 1e-5))
       << what << ": max abs diff "
@@ -129,7 +131,8 @@ void check_golden(const std::shared_ptr<nn::Module>& module, const Fixture& f,
 }
 
 nn::Sequential make_mlp() {
-  return nn::Sequential(nn::Linear(4, 8), nn::ReLU(), nn::Linear(8, 8), nn::Tanh(), nn::Linear(8, 3));
+  return nn::Sequential(nn::Linear(4, 8), nn::ReLU(), nn::Linear(8, 8), nn::Tanh(),
+                        nn::Linear(8, 3));
 }
 
 nn::Sequential make_cnn() {
@@ -153,7 +156,8 @@ TEST(Golden, CnnBatchNormTrain) {
     return std::vector<torch::Tensor>{functorch::functional_call(model, sub, f.at("in.x"))};
   });
   // The module's own running statistics were not touched.
-  expect_close(model->named_buffers()["1.running_mean"], f.at("param.1.running_mean"), "own running_mean");
+  expect_close(model->named_buffers()["1.running_mean"], f.at("param.1.running_mean"),
+               "own running_mean");
   EXPECT_EQ(model->named_buffers()["1.num_batches_tracked"].item<int64_t>(),
             f.at("param.1.num_batches_tracked").item<int64_t>());
 }
@@ -230,7 +234,8 @@ TEST(Golden, TiedEmbeddings) {
   const torch::Tensor w = f.at("sub.embedding.weight").clone().requires_grad_();
 
   // functional_call, tie_weights (default): the decoder follows.
-  torch::Tensor y = functorch::functional_call(model, NamedTensors{{"embedding.weight", w}}, tokens);
+  torch::Tensor y =
+      functorch::functional_call(model, NamedTensors{{"embedding.weight", w}}, tokens);
   expect_close(y, f.at("out.0"), "functional_call out");
   expect_close(torch::autograd::grad({y.pow(2).sum()}, {w})[0], f.at("grad.embedding.weight"),
                "functional_call grad");
@@ -251,10 +256,13 @@ TEST(Golden, TiedEmbeddings) {
   FunctionalCallOptions untied;
   untied.tie_weights = false;
   y = functorch::functional_call(model, NamedTensors{{"embedding.weight", w}}, untied, tokens);
-  expect_close(y, torch::matmul(w.index_select(0, tokens.flatten()).view({2, 3, 6}),
-                                model->decoder->weight.t()), "untied out");
+  expect_close(y,
+               torch::matmul(w.index_select(0, tokens.flatten()).view({2, 3, 6}),
+                             model->decoder->weight.t()),
+               "untied out");
   // Both names given, same tensor: fine; different tensors: PyTorch's error.
-  y = functorch::functional_call(model, NamedTensors{{"embedding.weight", w}, {"decoder.weight", w}}, tokens);
+  y = functorch::functional_call(
+      model, NamedTensors{{"embedding.weight", w}, {"decoder.weight", w}}, tokens);
   expect_close(y, f.at("out.0"), "both names, one tensor");
   EXPECT_EQ(error_of([&] {
               functorch::functional_call(
@@ -265,10 +273,12 @@ TEST(Golden, TiedEmbeddings) {
   // strict wants every name, tied ones included.
   FunctionalCallOptions strict;
   strict.strict = true;
-  EXPECT_EQ(error_of([&] {
-              functorch::functional_call(model, NamedTensors{{"embedding.weight", w}}, strict, tokens);
-            }),
-            "Error(s) in reparametrizing for (anonymous namespace)::TiedLMImpl:\n\tMissing key(s): 'decoder.weight'.");
+  EXPECT_EQ(
+      error_of([&] {
+        functorch::functional_call(model, NamedTensors{{"embedding.weight", w}}, strict, tokens);
+      }),
+      "Error(s) in reparametrizing for (anonymous namespace)::TiedLMImpl:\n\tMissing key(s): "
+      "'decoder.weight'.");
 }
 
 // AnyModule cannot hold a Sequential (templated forward); a one-line
@@ -301,7 +311,8 @@ TEST(Golden, EnsembleStackModuleStateAndVmap) {
   for (int64_t m = 0; m < 3; ++m) {
     NamedTensors slice;
     for (const auto& item : params) slice.insert(item.key(), item.value()[m]);
-    expect_close(functorch::functional_call(models[0], {slice, buffers}, x), expected[m], "model slice");
+    expect_close(functorch::functional_call(models[0], {slice, buffers}, x), expected[m],
+                 "model slice");
   }
   // Stacked leaves are optimizable: gradients reach them.
   NamedTensors first;
@@ -317,8 +328,10 @@ TEST(Golden, EnsembleStackModuleStateAndVmap) {
   torch::Tensor y;
   try {
     NamedTensors batched;
-    for (const auto& item : params) batched.insert(item.key(), at::_add_batch_dim(item.value(), 0, level));
-    y = at::_remove_batch_dim(functorch::functional_call(models[0], {batched, buffers}, x), level, 3, 0);
+    for (const auto& item : params)
+      batched.insert(item.key(), at::_add_batch_dim(item.value(), 0, level));
+    y = at::_remove_batch_dim(functorch::functional_call(models[0], {batched, buffers}, x), level,
+                              3, 0);
   } catch (...) {
     popDynamicLayerAndDeleteMetadata();
     throw;
@@ -346,14 +359,17 @@ TEST(Golden, EnsembleStackModuleStateAndVmap) {
 // through substituted parameters == autograd on a module holding them.
 TEST(FunctionalCall, MatchesModuleForwardAndAutograd) {
   torch::manual_seed(0);
-  nn::TransformerEncoderLayer model(nn::TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).dropout(0.0));
-  nn::TransformerEncoderLayer twin(nn::TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).dropout(0.0));
+  nn::TransformerEncoderLayer model(
+      nn::TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).dropout(0.0));
+  nn::TransformerEncoderLayer twin(
+      nn::TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).dropout(0.0));
   const torch::Tensor x = torch::randn({5, 2, 8});
   NamedTensors own = model->named_parameters();
   EXPECT_TRUE(torch::equal(functorch::functional_call(model, own, x), model(x)));
 
   NamedTensors sub;
-  for (const auto& item : twin->named_parameters()) sub.insert(item.key(), item.value().detach().clone().requires_grad_());
+  for (const auto& item : twin->named_parameters())
+    sub.insert(item.key(), item.value().detach().clone().requires_grad_());
   torch::Tensor y = functorch::functional_call(model, sub, x);
   twin(x).pow(2).sum().backward();
   auto grads = torch::autograd::grad({y.pow(2).sum()}, sub.values());
@@ -378,19 +394,22 @@ TEST(FunctionalCall, SeveralArgumentsAndSharedPtr) {
   const torch::Tensor a = torch::randn({4, 3}), b = torch::randn({4, 3});
   const torch::Tensor w = torch::randn({2, 3}), bias = torch::randn({2});
   const torch::Tensor expected = torch::addmm(bias, a + b, w.t()) * 2.0;
-  expect_close(functorch::functional_call(model, NamedTensors{{"fc.weight", w}, {"fc.bias", bias}}, a, b, 2.0),
+  expect_close(functorch::functional_call(model, NamedTensors{{"fc.weight", w}, {"fc.bias", bias}},
+                                          a, b, 2.0),
                expected, "holder");
   std::shared_ptr<TwoInputImpl> ptr = model.ptr();
-  expect_close(functorch::functional_call(ptr, NamedTensors{{"fc.weight", w}, {"fc.bias", bias}}, a, b, 2.0),
-               expected, "shared_ptr");
+  expect_close(
+      functorch::functional_call(ptr, NamedTensors{{"fc.weight", w}, {"fc.bias", bias}}, a, b, 2.0),
+      expected, "shared_ptr");
 }
 
 TEST(FunctionalCall, RestoresOnExceptionAndNests) {
   nn::Linear linear(3, 2);
   const torch::Tensor original = linear->weight;
   const torch::Tensor x = torch::randn({4, 3});
-  EXPECT_THROW(functorch::functional_call(linear, NamedTensors{{"weight", torch::randn({5, 7})}}, x),
-               c10::Error);
+  EXPECT_THROW(
+      functorch::functional_call(linear, NamedTensors{{"weight", torch::randn({5, 7})}}, x),
+      c10::Error);
   EXPECT_TRUE(linear->weight.is_same(original));
   EXPECT_TRUE(linear->named_parameters()["weight"].is_same(original));
 
@@ -409,20 +428,28 @@ TEST(FunctionalCall, Errors) {
   const torch::Tensor x = torch::randn({4, 3});
   NamedTensors a{{"weight", torch::randn({2, 3})}, {"bias", torch::randn({2})}};
   NamedTensors b{{"bias", torch::randn({2})}};
-  EXPECT_EQ(error_of([&] { functorch::functional_call(linear, {a, b}, x); }),
+  EXPECT_EQ(error_of([&] {
+              functorch::functional_call(linear, {a, b}, x);
+            }),
             "['bias'] appeared in multiple dictionaries; behavior of functional call is ambiguous");
   FunctionalCallOptions strict;
   strict.strict = true;
-  EXPECT_EQ(error_of([&] {
-              functorch::functional_call(linear, NamedTensors{{"weight", torch::randn({2, 3})}, {"foo", x}}, strict, x);
-            }),
-            "Error(s) in reparametrizing for torch::nn::LinearImpl:\n\tUnexpected key(s): 'foo'.\n\t"
-            "Missing key(s): 'bias'.");
+  EXPECT_EQ(
+      error_of([&] {
+        functorch::functional_call(
+            linear, NamedTensors{{"weight", torch::randn({2, 3})}, {"foo", x}}, strict, x);
+      }),
+      "Error(s) in reparametrizing for torch::nn::LinearImpl:\n\tUnexpected key(s): 'foo'.\n\t"
+      "Missing key(s): 'bias'.");
   // Not strict: an unknown name of an existing module is ignored, as in
   // PyTorch; an unknown submodule is an error.
-  expect_close(functorch::functional_call(linear, NamedTensors{{"foo", x}}, x), linear(x), "ignored key");
-  EXPECT_EQ(error_of([&] { functorch::functional_call(linear, NamedTensors{{"sub.weight", x}}, x); }),
-            "NamedMemberAccessor: no tensor named 'sub.weight': torch::nn::LinearImpl has no submodule 'sub'");
+  expect_close(functorch::functional_call(linear, NamedTensors{{"foo", x}}, x), linear(x),
+               "ignored key");
+  EXPECT_EQ(error_of([&] {
+              functorch::functional_call(linear, NamedTensors{{"sub.weight", x}}, x);
+            }),
+            "NamedMemberAccessor: no tensor named 'sub.weight': torch::nn::LinearImpl has no "
+            "submodule 'sub'");
 }
 
 struct UnboundImpl : nn::Cloneable<UnboundImpl> {
@@ -448,8 +475,8 @@ TEST(MakeFunctional, MlpParamsAreCopiesAndModelIsUntouched) {
   const torch::Tensor x = torch::randn({5, 4});
   auto [fmodel, params] = functorch::make_functional(model);
   ASSERT_EQ(params.size(), 6u);
-  EXPECT_EQ(fmodel.param_names(),
-            (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"}));
+  EXPECT_EQ(fmodel.param_names(), (std::vector<std::string>{"0.weight", "0.bias", "2.weight",
+                                                            "2.bias", "4.weight", "4.bias"}));
   for (size_t i = 0; i < params.size(); ++i) {
     EXPECT_TRUE(params[i].requires_grad() && params[i].is_leaf());
     EXPECT_FALSE(params[i].is_same(model->parameters()[i]));
@@ -463,8 +490,9 @@ TEST(MakeFunctional, MlpParamsAreCopiesAndModelIsUntouched) {
   EXPECT_FALSE(frozen[0].requires_grad());
   EXPECT_TRUE(model->parameters()[0].requires_grad());
 
-  EXPECT_EQ(error_of([&] { fmodel(std::vector<torch::Tensor>(params.begin(), params.begin() + 2), x); }),
-            "FunctionalModule: expected 6 tensors (one per name in param_names()), got 2");
+  EXPECT_EQ(
+      error_of([&] { fmodel(std::vector<torch::Tensor>(params.begin(), params.begin() + 2), x); }),
+      "FunctionalModule: expected 6 tensors (one per name in param_names()), got 2");
 }
 
 // The other two module handle types: AnyModule (AnyValue out) and
@@ -522,7 +550,9 @@ TEST(FunctionalInit, EnsembleAndErrors) {
             (std::vector<std::string>{"running_mean", "running_var", "num_batches_tracked"}));
   EXPECT_EQ(with_buffers.buffers[0].sizes(), (std::vector<int64_t>{2, 3}));
 
-  EXPECT_EQ(error_of([] { functorch::functional_init<nn::Linear>({2, 3})(4, 2); }),
+  EXPECT_EQ(error_of([] {
+              functorch::functional_init<nn::Linear>({2, 3})(4, 2);
+            }),
             "NYI: ensemble_shape with more than 1 element");
   EXPECT_EQ(error_of([] { functorch::functional_init<nn::Linear>({0})(4, 2); }),
             "num_models 0 should be > 0");
@@ -534,7 +564,8 @@ TEST(FunctionalInit, EnsembleAndErrors) {
 TEST(StackModuleState, BuffersAndErrors) {
   std::vector<nn::BatchNorm1d> bns{nn::BatchNorm1d(3), nn::BatchNorm1d(3)};
   auto [params, buffers] = functorch::stack_module_state(bns);
-  EXPECT_EQ(buffers.keys(), (std::vector<std::string>{"running_mean", "running_var", "num_batches_tracked"}));
+  EXPECT_EQ(buffers.keys(),
+            (std::vector<std::string>{"running_mean", "running_var", "num_batches_tracked"}));
   EXPECT_FALSE(buffers["running_mean"].requires_grad());
   EXPECT_EQ(buffers["num_batches_tracked"].sizes(), (std::vector<int64_t>{2}));
 
@@ -547,17 +578,24 @@ TEST(StackModuleState, BuffersAndErrors) {
         functorch::combine_state_for_ensemble(models);
       }
     };
-    EXPECT_EQ(error_of([&] { call({}); }), std::string(api) + ": Expected at least one model, got 0.");
+    EXPECT_EQ(error_of([&] { call({}); }),
+              std::string(api) + ": Expected at least one model, got 0.");
     nn::Linear train(2, 2), eval(2, 2);
     eval->eval();
-    EXPECT_EQ(error_of([&] { call({train.ptr(), eval.ptr()}); }),
+    EXPECT_EQ(error_of([&] {
+                call({train.ptr(), eval.ptr()});
+              }),
               std::string(api) + ": Expected all models to have the same training/eval mode.");
-    EXPECT_EQ(error_of([&] { call({train.ptr(), nn::Bilinear(2, 2, 2).ptr()}); }),
+    EXPECT_EQ(error_of([&] {
+                call({train.ptr(), nn::Bilinear(2, 2, 2).ptr()});
+              }),
               std::string(api) + ": Expected all models to be of the same class.");
   }
   nn::Linear a(2, 2), b(2, 2);
   b->weight.requires_grad_(false);
-  EXPECT_EQ(error_of([&] { functorch::stack_module_state(std::vector<nn::Linear>{a, b}); }),
+  EXPECT_EQ(error_of([&] {
+              functorch::stack_module_state(std::vector<nn::Linear>{a, b});
+            }),
             "Expected weight from each model to have the same .requires_grad");
 }
 

@@ -87,12 +87,9 @@ NamedMemberAccessor::NamedMemberAccessor(std::shared_ptr<torch::nn::Module> modu
 }
 NamedMemberAccessor::~NamedMemberAccessor() = default;
 NamedMemberAccessor::NamedMemberAccessor(NamedMemberAccessor&&) noexcept = default;
-NamedMemberAccessor& NamedMemberAccessor::operator=(NamedMemberAccessor&&) noexcept =
-    default;
+NamedMemberAccessor& NamedMemberAccessor::operator=(NamedMemberAccessor&&) noexcept = default;
 
-const std::shared_ptr<torch::nn::Module>& NamedMemberAccessor::module() const {
-  return module_;
-}
+const std::shared_ptr<torch::nn::Module>& NamedMemberAccessor::module() const { return module_; }
 
 namespace {
 
@@ -125,8 +122,8 @@ torch::nn::Module* find_submodule(torch::nn::Module& root, const std::string& pa
 std::string unbound_type_error(const std::string& name, const std::string& type,
                                const std::string& path) {
   std::ostringstream out;
-  out << "NamedMemberAccessor: cannot reach '" << name << "': its module (type "
-      << type << ", at '" << (path.empty() ? "<root>" : path)
+  out << "NamedMemberAccessor: cannot reach '" << name << "': its module (type " << type << ", at '"
+      << (path.empty() ? "<root>" : path)
       << "') holds parameters or buffers, but the type has no member binding, "
          "so its forward() would keep reading the old tensors. Declare, once, "
          "next to the module's definition, which members its forward() reads: "
@@ -149,8 +146,7 @@ NamedMemberAccessor::Slot& NamedMemberAccessor::resolve(const std::string& name)
   const std::string key = dot == std::string::npos ? name : name.substr(dot + 1);
   std::string why;
   torch::nn::Module* owner = find_submodule(*module_, path, &why);
-  TORCH_CHECK(owner != nullptr, "NamedMemberAccessor: no tensor named '", name,
-              "': ", why);
+  TORCH_CHECK(owner != nullptr, "NamedMemberAccessor: no tensor named '", name, "': ", why);
 
   auto slot = std::make_unique<Slot>();
   slot->key = key;
@@ -159,9 +155,9 @@ NamedMemberAccessor::Slot& NamedMemberAccessor::resolve(const std::string& name)
   } else if (internal::buffer_registry(*owner).contains(key)) {
     slot->registry = &internal::buffer_registry(*owner);
   } else {
-    TORCH_CHECK(false, "NamedMemberAccessor: no tensor named '", name, "': ",
-                owner->name(), (path.empty() ? "" : " (at '" + path + "')"),
-                " has no parameter or buffer '", key, "'");
+    TORCH_CHECK(false, "NamedMemberAccessor: no tensor named '", name, "': ", owner->name(),
+                (path.empty() ? "" : " (at '" + path + "')"), " has no parameter or buffer '", key,
+                "'");
   }
 
   const std::string type_name = c10::demangle(typeid(*owner).name());
@@ -171,11 +167,11 @@ NamedMemberAccessor::Slot& NamedMemberAccessor::resolve(const std::string& name)
     binding->binder(*owner, [&](const std::string& member, torch::Tensor* handle) {
       if (member == key) slot->handles.push_back(handle);
     });
-    TORCH_CHECK(!slot->handles.empty(), "NamedMemberAccessor: cannot reach '",
-                name, "': the member binding of ", type_name,
-                " lists no member for '", key,
-                "', so its forward() would keep reading the old tensor; add {\"",
-                key, "\", &", type_name, "::<member>} to its "
+    TORCH_CHECK(!slot->handles.empty(), "NamedMemberAccessor: cannot reach '", name,
+                "': the member binding of ", type_name, " lists no member for '", key,
+                "', so its forward() would keep reading the old tensor; add {\"", key, "\", &",
+                type_name,
+                "::<member>} to its "
                 "RegisterModuleMembers call");
   }
   return *slots_.emplace(name, std::move(slot)).first->second;
@@ -191,8 +187,7 @@ void NamedMemberAccessor::set_tensor(const std::string& name, torch::Tensor valu
   slot.entry(name) = std::move(value);
 }
 
-torch::Tensor NamedMemberAccessor::swap_tensor(const std::string& name,
-                                               torch::Tensor value) {
+torch::Tensor NamedMemberAccessor::swap_tensor(const std::string& name, torch::Tensor value) {
   Slot& slot = resolve(name);
   torch::Tensor& entry = slot.entry(name);
   torch::Tensor old = std::move(entry);
@@ -201,8 +196,7 @@ torch::Tensor NamedMemberAccessor::swap_tensor(const std::string& name,
   return old;
 }
 
-std::vector<torch::Tensor> NamedMemberAccessor::get_tensors(
-    const std::vector<std::string>& names) {
+std::vector<torch::Tensor> NamedMemberAccessor::get_tensors(const std::vector<std::string>& names) {
   std::vector<torch::Tensor> result;
   result.reserve(names.size());
   for (const auto& name : names) result.push_back(get_tensor(name));
@@ -211,9 +205,8 @@ std::vector<torch::Tensor> NamedMemberAccessor::get_tensors(
 
 namespace {
 void check_same_length(const char* api, size_t names, size_t values) {
-  TORCH_CHECK(names == values, "NamedMemberAccessor::", api,
-              ": expected one value per name, got ", names, " names and ",
-              values, " values");
+  TORCH_CHECK(names == values, "NamedMemberAccessor::", api, ": expected one value per name, got ",
+              names, " names and ", values, " values");
 }
 }  // namespace
 
@@ -224,8 +217,8 @@ void NamedMemberAccessor::set_tensors(const std::vector<std::string>& names,
   for (size_t i = 0; i < names.size(); ++i) set_tensor(names[i], std::move(values[i]));
 }
 
-std::vector<torch::Tensor> NamedMemberAccessor::swap_tensors(
-    const std::vector<std::string>& names, std::vector<torch::Tensor> values) {
+std::vector<torch::Tensor> NamedMemberAccessor::swap_tensors(const std::vector<std::string>& names,
+                                                             std::vector<torch::Tensor> values) {
   check_same_length("swap_tensors", names.size(), values.size());
   // Resolving first makes the swap loop below non-throwing.
   std::vector<Slot*> slots;
@@ -251,8 +244,8 @@ namespace {
 // The registry entry `name` names, or null.
 const torch::Tensor* find_entry(torch::nn::Module& root, const std::string& name) {
   const size_t dot = name.rfind('.');
-  torch::nn::Module* owner = find_submodule(
-      root, dot == std::string::npos ? "" : name.substr(0, dot), nullptr);
+  torch::nn::Module* owner =
+      find_submodule(root, dot == std::string::npos ? "" : name.substr(0, dot), nullptr);
   if (owner == nullptr) return nullptr;
   const std::string key = dot == std::string::npos ? name : name.substr(dot + 1);
   if (const torch::Tensor* value = internal::parameter_registry(*owner).find(key)) {
@@ -275,8 +268,8 @@ bool NamedMemberAccessor::has_submodule(const std::string& path) {
   return find_submodule(*module_, path, nullptr) != nullptr;
 }
 
-std::pair<std::vector<std::string>, std::vector<std::string>>
-NamedMemberAccessor::check_keys(const std::vector<std::string>& keys) {
+std::pair<std::vector<std::string>, std::vector<std::string>> NamedMemberAccessor::check_keys(
+    const std::vector<std::string>& keys) {
   std::set<std::string> valid;
   for (const auto& item : module_->named_parameters()) valid.insert(item.key());
   for (const auto& item : module_->named_buffers()) valid.insert(item.key());
@@ -289,8 +282,7 @@ NamedMemberAccessor::check_keys(const std::vector<std::string>& keys) {
   return {std::move(missing), std::move(unexpected)};
 }
 
-ScopedTensorSwap::ScopedTensorSwap(NamedMemberAccessor& accessor,
-                                   std::vector<std::string> names,
+ScopedTensorSwap::ScopedTensorSwap(NamedMemberAccessor& accessor, std::vector<std::string> names,
                                    std::vector<torch::Tensor> values)
     : accessor_(accessor),
       names_(std::move(names)),
@@ -304,8 +296,7 @@ ScopedTensorSwap::~ScopedTensorSwap() {
     } catch (const std::exception& e) {
       // A destructor must not throw; this only happens if forward() removed
       // the entry from its module.
-      TORCH_WARN("functorch::ScopedTensorSwap: could not restore '", names_[i],
-                 "': ", e.what());
+      TORCH_WARN("functorch::ScopedTensorSwap: could not restore '", names_[i], "': ", e.what());
     }
   }
 }

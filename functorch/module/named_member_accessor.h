@@ -66,8 +66,7 @@ namespace functorch {
 // Called by a member binder once per member handle of one module instance:
 // `name` is the registry name (e.g. "weight"), `handle` the member forward()
 // reads. Several handles may share a name (all are updated).
-using MemberHandleVisitor =
-    std::function<void(const std::string& name, torch::Tensor* handle)>;
+using MemberHandleVisitor = std::function<void(const std::string& name, torch::Tensor* handle)>;
 
 // Type-erased binder: lists the member handles of `module`, whose dynamic
 // type is the one it was registered for.
@@ -77,26 +76,24 @@ using ModuleMemberBinder =
 namespace internal {
 // Registers `binder` for the module type `type` (replacing an earlier one).
 // A null binder declares "forward() reads the registry; no member handles".
-void register_module_member_binder(std::type_index type,
-                                   std::string type_name,
+void register_module_member_binder(std::type_index type, std::string type_name,
                                    ModuleMemberBinder binder);
 
 template <typename ModuleImpl>
 ModuleMemberBinder make_member_list_binder(
     std::vector<std::pair<std::string, torch::Tensor ModuleImpl::*>> members) {
-  return [members = std::move(members)](torch::nn::Module& module,
-                                        const MemberHandleVisitor& visit) {
-    // dynamic_cast: torch::nn::Cloneable derives virtually from Module.
-    auto& typed = dynamic_cast<ModuleImpl&>(module);
-    for (const auto& member : members) visit(member.first, &(typed.*member.second));
-  };
+  return
+      [members = std::move(members)](torch::nn::Module& module, const MemberHandleVisitor& visit) {
+        // dynamic_cast: torch::nn::Cloneable derives virtually from Module.
+        auto& typed = dynamic_cast<ModuleImpl&>(module);
+        for (const auto& member : members) visit(member.first, &(typed.*member.second));
+      };
 }
 
 template <typename ModuleImpl>
 ModuleMemberBinder make_typed_binder(
     std::function<void(ModuleImpl&, const MemberHandleVisitor&)> binder) {
-  return [binder = std::move(binder)](torch::nn::Module& module,
-                                      const MemberHandleVisitor& visit) {
+  return [binder = std::move(binder)](torch::nn::Module& module, const MemberHandleVisitor& visit) {
     binder(dynamic_cast<ModuleImpl&>(module), visit);
   };
 }
@@ -114,8 +111,7 @@ std::string type_name_of() {
 // bound type needs its own registration.
 template <typename ModuleImpl>
 bool RegisterModuleMembers(
-    std::initializer_list<std::pair<const char*, torch::Tensor ModuleImpl::*>>
-        members) {
+    std::initializer_list<std::pair<const char*, torch::Tensor ModuleImpl::*>> members) {
   static_assert(std::is_base_of<torch::nn::Module, ModuleImpl>::value,
                 "RegisterModuleMembers<T>: T must be a torch::nn::Module "
                 "subclass (the Impl class, e.g. LinearImpl)");
@@ -132,8 +128,7 @@ bool RegisterModuleMembers(
 // (name, Tensor*) pairs of one instance.
 template <typename ModuleImpl>
 bool RegisterModuleMemberBinder(
-    std::function<void(ModuleImpl& module, const MemberHandleVisitor& visit)>
-        binder) {
+    std::function<void(ModuleImpl& module, const MemberHandleVisitor& visit)> binder) {
   static_assert(std::is_base_of<torch::nn::Module, ModuleImpl>::value,
                 "RegisterModuleMemberBinder<T>: T must be a torch::nn::Module "
                 "subclass");
@@ -147,8 +142,8 @@ bool RegisterModuleMemberBinder(
 // the registry, so swapping the registry entry is enough.
 template <typename ModuleImpl>
 bool RegisterRegistryReadingModule() {
-  internal::register_module_member_binder(
-      typeid(ModuleImpl), internal::type_name_of<ModuleImpl>(), nullptr);
+  internal::register_module_member_binder(typeid(ModuleImpl), internal::type_name_of<ModuleImpl>(),
+                                          nullptr);
   return true;
 }
 
@@ -158,8 +153,7 @@ class NamedMemberAccessor {
   explicit NamedMemberAccessor(std::shared_ptr<torch::nn::Module> module);
   template <typename Contained>
   explicit NamedMemberAccessor(const torch::nn::ModuleHolder<Contained>& module)
-      : NamedMemberAccessor(
-            std::static_pointer_cast<torch::nn::Module>(module.ptr())) {}
+      : NamedMemberAccessor(std::static_pointer_cast<torch::nn::Module>(module.ptr())) {}
   ~NamedMemberAccessor();
   NamedMemberAccessor(NamedMemberAccessor&&) noexcept;
   NamedMemberAccessor& operator=(NamedMemberAccessor&&) noexcept;
@@ -184,8 +178,7 @@ class NamedMemberAccessor {
   // is resolved before anything changes, so a bad name leaves the module as
   // it was.
   std::vector<torch::Tensor> get_tensors(const std::vector<std::string>& names);
-  void set_tensors(const std::vector<std::string>& names,
-                   std::vector<torch::Tensor> values);
+  void set_tensors(const std::vector<std::string>& names, std::vector<torch::Tensor> values);
   std::vector<torch::Tensor> swap_tensors(const std::vector<std::string>& names,
                                           std::vector<torch::Tensor> values);
 
@@ -220,8 +213,7 @@ class NamedMemberAccessor {
 // Restores in reverse order, so a name given twice ends at its original.
 class ScopedTensorSwap {
  public:
-  ScopedTensorSwap(NamedMemberAccessor& accessor,
-                   std::vector<std::string> names,
+  ScopedTensorSwap(NamedMemberAccessor& accessor, std::vector<std::string> names,
                    std::vector<torch::Tensor> values);
   ~ScopedTensorSwap();
   ScopedTensorSwap(const ScopedTensorSwap&) = delete;

@@ -41,47 +41,124 @@ std::vector<std::pair<std::string, ModuleFactory>> stock_modules() {
   add("Conv1d", [] { return std::shared_ptr<nn::Module>(nn::Conv1d(2, 3, 3).ptr()); });
   add("Conv2d", [] { return std::shared_ptr<nn::Module>(nn::Conv2d(2, 3, 3).ptr()); });
   add("Conv3d", [] { return std::shared_ptr<nn::Module>(nn::Conv3d(2, 3, 3).ptr()); });
-  add("ConvTranspose1d", [] { return std::shared_ptr<nn::Module>(nn::ConvTranspose1d(2, 3, 3).ptr()); });
-  add("ConvTranspose2d", [] { return std::shared_ptr<nn::Module>(nn::ConvTranspose2d(2, 3, 3).ptr()); });
-  add("ConvTranspose3d", [] { return std::shared_ptr<nn::Module>(nn::ConvTranspose3d(2, 3, 3).ptr()); });
+  add("ConvTranspose1d",
+      [] { return std::shared_ptr<nn::Module>(nn::ConvTranspose1d(2, 3, 3).ptr()); });
+  add("ConvTranspose2d",
+      [] { return std::shared_ptr<nn::Module>(nn::ConvTranspose2d(2, 3, 3).ptr()); });
+  add("ConvTranspose3d",
+      [] { return std::shared_ptr<nn::Module>(nn::ConvTranspose3d(2, 3, 3).ptr()); });
   add("BatchNorm1d", [] { return std::shared_ptr<nn::Module>(nn::BatchNorm1d(3).ptr()); });
   add("BatchNorm2d", [] { return std::shared_ptr<nn::Module>(nn::BatchNorm2d(3).ptr()); });
   add("BatchNorm3d", [] { return std::shared_ptr<nn::Module>(nn::BatchNorm3d(3).ptr()); });
-  add("InstanceNorm1d", [] { return std::shared_ptr<nn::Module>(nn::InstanceNorm1d(nn::InstanceNorm1dOptions(3).affine(true).track_running_stats(true)).ptr()); });
-  add("InstanceNorm2d", [] { return std::shared_ptr<nn::Module>(nn::InstanceNorm2d(nn::InstanceNorm2dOptions(3).affine(true).track_running_stats(true)).ptr()); });
-  add("InstanceNorm3d", [] { return std::shared_ptr<nn::Module>(nn::InstanceNorm3d(nn::InstanceNorm3dOptions(3).affine(true).track_running_stats(true)).ptr()); });
-  add("LayerNorm", [] { return std::shared_ptr<nn::Module>(nn::LayerNorm(nn::LayerNormOptions({4})).ptr()); });
+  add("InstanceNorm1d", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::InstanceNorm1d(nn::InstanceNorm1dOptions(3).affine(true).track_running_stats(true))
+            .ptr());
+  });
+  add("InstanceNorm2d", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::InstanceNorm2d(nn::InstanceNorm2dOptions(3).affine(true).track_running_stats(true))
+            .ptr());
+  });
+  add("InstanceNorm3d", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::InstanceNorm3d(nn::InstanceNorm3dOptions(3).affine(true).track_running_stats(true))
+            .ptr());
+  });
+  add("LayerNorm",
+      [] { return std::shared_ptr<nn::Module>(nn::LayerNorm(nn::LayerNormOptions({4})).ptr()); });
   add("GroupNorm", [] { return std::shared_ptr<nn::Module>(nn::GroupNorm(2, 4).ptr()); });
   add("Embedding", [] { return std::shared_ptr<nn::Module>(nn::Embedding(5, 3).ptr()); });
   add("EmbeddingBag", [] { return std::shared_ptr<nn::Module>(nn::EmbeddingBag(5, 3).ptr()); });
-  add("PReLU", [] { return std::shared_ptr<nn::Module>(nn::PReLU(nn::PReLUOptions().num_parameters(3)).ptr()); });
-  add("RNN", [] { return std::shared_ptr<nn::Module>(nn::RNN(nn::RNNOptions(3, 4).num_layers(2).bidirectional(true)).ptr()); });
-  add("LSTM", [] { return std::shared_ptr<nn::Module>(nn::LSTM(nn::LSTMOptions(3, 4).num_layers(2).proj_size(2)).ptr()); });
-  add("GRU", [] { return std::shared_ptr<nn::Module>(nn::GRU(nn::GRUOptions(3, 4).num_layers(2).bidirectional(true)).ptr()); });
+  add("PReLU", [] {
+    return std::shared_ptr<nn::Module>(nn::PReLU(nn::PReLUOptions().num_parameters(3)).ptr());
+  });
+  add("RNN", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::RNN(nn::RNNOptions(3, 4).num_layers(2).bidirectional(true)).ptr());
+  });
+  add("LSTM", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::LSTM(nn::LSTMOptions(3, 4).num_layers(2).proj_size(2)).ptr());
+  });
+  add("GRU", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::GRU(nn::GRUOptions(3, 4).num_layers(2).bidirectional(true)).ptr());
+  });
   add("RNNCell", [] { return std::shared_ptr<nn::Module>(nn::RNNCell(3, 4).ptr()); });
   add("LSTMCell", [] { return std::shared_ptr<nn::Module>(nn::LSTMCell(3, 4).ptr()); });
   add("GRUCell", [] { return std::shared_ptr<nn::Module>(nn::GRUCell(3, 4).ptr()); });
-  add("MultiheadAttention", [] { return std::shared_ptr<nn::Module>(nn::MultiheadAttention(nn::MultiheadAttentionOptions(4, 2).add_bias_kv(true)).ptr()); });
-  add("MultiheadAttention(kdim)", [] { return std::shared_ptr<nn::Module>(nn::MultiheadAttention(nn::MultiheadAttentionOptions(4, 2).kdim(3).vdim(5)).ptr()); });
-  add("TransformerEncoderLayer", [] { return std::shared_ptr<nn::Module>(nn::TransformerEncoderLayer(4, 2).ptr()); });
-  add("TransformerDecoderLayer", [] { return std::shared_ptr<nn::Module>(nn::TransformerDecoderLayer(4, 2).ptr()); });
-  add("Transformer", [] { return std::shared_ptr<nn::Module>(nn::Transformer(nn::TransformerOptions(4, 2, 1, 1)).ptr()); });
-  add("AdaptiveLogSoftmaxWithLoss", [] { return std::shared_ptr<nn::Module>(nn::AdaptiveLogSoftmaxWithLoss(nn::AdaptiveLogSoftmaxWithLossOptions(16, 10, {3, 6})).ptr()); });
-  add("NLLLoss", [] { return std::shared_ptr<nn::Module>(nn::NLLLoss(nn::NLLLossOptions().weight(torch::ones(3))).ptr()); });
-  add("CrossEntropyLoss", [] { return std::shared_ptr<nn::Module>(nn::CrossEntropyLoss(nn::CrossEntropyLossOptions().weight(torch::ones(3))).ptr()); });
-  add("BCELoss", [] { return std::shared_ptr<nn::Module>(nn::BCELoss(nn::BCELossOptions().weight(torch::ones(3))).ptr()); });
-  add("BCEWithLogitsLoss", [] { return std::shared_ptr<nn::Module>(nn::BCEWithLogitsLoss(nn::BCEWithLogitsLossOptions().weight(torch::ones(3)).pos_weight(torch::ones(3))).ptr()); });
-  add("MultiMarginLoss", [] { return std::shared_ptr<nn::Module>(nn::MultiMarginLoss(nn::MultiMarginLossOptions().weight(torch::ones(3))).ptr()); });
-  add("MultiLabelSoftMarginLoss", [] { return std::shared_ptr<nn::Module>(nn::MultiLabelSoftMarginLoss(nn::MultiLabelSoftMarginLossOptions().weight(torch::ones(3))).ptr()); });
-  add("FractionalMaxPool2d", [] { return std::shared_ptr<nn::Module>(nn::FractionalMaxPool2d(nn::FractionalMaxPool2dOptions(2).output_size(2)._random_samples(torch::rand({1, 2, 2}))).ptr()); });
-  add("FractionalMaxPool3d", [] { return std::shared_ptr<nn::Module>(nn::FractionalMaxPool3d(nn::FractionalMaxPool3dOptions(2).output_size(2)._random_samples(torch::rand({1, 2, 3}))).ptr()); });
-  add("ParameterList", [] { return std::shared_ptr<nn::Module>(nn::ParameterList(torch::randn(2), torch::randn(3)).ptr()); });
+  add("MultiheadAttention", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::MultiheadAttention(nn::MultiheadAttentionOptions(4, 2).add_bias_kv(true)).ptr());
+  });
+  add("MultiheadAttention(kdim)", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::MultiheadAttention(nn::MultiheadAttentionOptions(4, 2).kdim(3).vdim(5)).ptr());
+  });
+  add("TransformerEncoderLayer",
+      [] { return std::shared_ptr<nn::Module>(nn::TransformerEncoderLayer(4, 2).ptr()); });
+  add("TransformerDecoderLayer",
+      [] { return std::shared_ptr<nn::Module>(nn::TransformerDecoderLayer(4, 2).ptr()); });
+  add("Transformer", [] {
+    return std::shared_ptr<nn::Module>(nn::Transformer(nn::TransformerOptions(4, 2, 1, 1)).ptr());
+  });
+  add("AdaptiveLogSoftmaxWithLoss", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::AdaptiveLogSoftmaxWithLoss(nn::AdaptiveLogSoftmaxWithLossOptions(16, 10, {3, 6}))
+            .ptr());
+  });
+  add("NLLLoss", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::NLLLoss(nn::NLLLossOptions().weight(torch::ones(3))).ptr());
+  });
+  add("CrossEntropyLoss", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::CrossEntropyLoss(nn::CrossEntropyLossOptions().weight(torch::ones(3))).ptr());
+  });
+  add("BCELoss", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::BCELoss(nn::BCELossOptions().weight(torch::ones(3))).ptr());
+  });
+  add("BCEWithLogitsLoss", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::BCEWithLogitsLoss(
+            nn::BCEWithLogitsLossOptions().weight(torch::ones(3)).pos_weight(torch::ones(3)))
+            .ptr());
+  });
+  add("MultiMarginLoss", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::MultiMarginLoss(nn::MultiMarginLossOptions().weight(torch::ones(3))).ptr());
+  });
+  add("MultiLabelSoftMarginLoss", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::MultiLabelSoftMarginLoss(nn::MultiLabelSoftMarginLossOptions().weight(torch::ones(3)))
+            .ptr());
+  });
+  add("FractionalMaxPool2d", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::FractionalMaxPool2d(nn::FractionalMaxPool2dOptions(2).output_size(2)._random_samples(
+                                    torch::rand({1, 2, 2})))
+            .ptr());
+  });
+  add("FractionalMaxPool3d", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::FractionalMaxPool3d(nn::FractionalMaxPool3dOptions(2).output_size(2)._random_samples(
+                                    torch::rand({1, 2, 3})))
+            .ptr());
+  });
+  add("ParameterList", [] {
+    return std::shared_ptr<nn::Module>(nn::ParameterList(torch::randn(2), torch::randn(3)).ptr());
+  });
   add("ParameterDict", [] {
     nn::ParameterDict dict;
     dict->insert("a", torch::randn(2));
     return std::shared_ptr<nn::Module>(dict.ptr());
   });
-  add("Sequential", [] { return std::shared_ptr<nn::Module>(nn::Sequential(nn::Linear(3, 4), nn::ReLU(), nn::BatchNorm1d(4)).ptr()); });
+  add("Sequential", [] {
+    return std::shared_ptr<nn::Module>(
+        nn::Sequential(nn::Linear(3, 4), nn::ReLU(), nn::BatchNorm1d(4)).ptr());
+  });
   return m;
 }
 
@@ -198,8 +275,7 @@ TEST(NamedMemberAccessor, BatchedTensorSubstitute) {
   NamedMemberAccessor accessor(linear);
   const torch::Tensor weights = torch::randn({5, 2, 3});
   const torch::Tensor x = torch::randn({4, 3});
-  const int64_t level =
-      initAndPushDynamicLayer(TransformType::Vmap, 5, RandomnessType::Error);
+  const int64_t level = initAndPushDynamicLayer(TransformType::Vmap, 5, RandomnessType::Error);
   torch::Tensor out;
   try {
     torch::Tensor batched = at::_add_batch_dim(weights, 0, level);
@@ -212,8 +288,7 @@ TEST(NamedMemberAccessor, BatchedTensorSubstitute) {
   popDynamicLayerAndDeleteMetadata();
   ASSERT_EQ(out.sizes(), (std::vector<int64_t>{5, 4, 2}));
   for (int64_t i = 0; i < 5; ++i) {
-    EXPECT_TRUE(torch::allclose(out[i], torch::addmm(linear->bias, x, weights[i].t()),
-                                1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(out[i], torch::addmm(linear->bias, x, weights[i].t()), 1e-5, 1e-6));
   }
 }
 
@@ -225,8 +300,8 @@ TEST(NamedMemberAccessor, GradTensorWrapperSubstitute) {
   NamedMemberAccessor accessor(linear);
   const torch::Tensor weight = torch::randn({2, 3});
   const torch::Tensor x = torch::randn({4, 3});
-  const int64_t level = initAndPushDynamicLayer(TransformType::Grad, std::nullopt,
-                                                std::nullopt, /*prev_grad_mode=*/true);
+  const int64_t level = initAndPushDynamicLayer(TransformType::Grad, std::nullopt, std::nullopt,
+                                                /*prev_grad_mode=*/true);
   torch::Tensor grad;
   try {
     torch::AutoGradMode enable(true);
@@ -296,8 +371,7 @@ struct RegistryBlockImpl : nn::Cloneable<RegistryBlockImpl> {
   void reset() override { register_parameter("scale", torch::ones(3)); }
   torch::Tensor forward(const torch::Tensor& x) { return x * named_parameters()["scale"]; }
 };
-const bool kRegistryBlockRegistered =
-    functorch::RegisterRegistryReadingModule<RegistryBlockImpl>();
+const bool kRegistryBlockRegistered = functorch::RegisterRegistryReadingModule<RegistryBlockImpl>();
 
 TEST(NamedMemberAccessor, UserModules) {
   ASSERT_TRUE(kBoundBlockRegistered && kRegistryBlockRegistered);
@@ -324,9 +398,12 @@ TEST(NamedMemberAccessor, Errors) {
   const std::string unbound = error_of([&] { accessor.get_tensor("block.scale"); });
   EXPECT_NE(unbound.find("cannot reach 'block.scale'"), std::string::npos) << unbound;
   EXPECT_NE(unbound.find("type (anonymous namespace)::UnboundBlockImpl, at 'block'"),
-            std::string::npos) << unbound;
-  EXPECT_NE(unbound.find("functorch::RegisterModuleMembers<(anonymous namespace)::UnboundBlockImpl>"),
-            std::string::npos) << unbound;
+            std::string::npos)
+      << unbound;
+  EXPECT_NE(
+      unbound.find("functorch::RegisterModuleMembers<(anonymous namespace)::UnboundBlockImpl>"),
+      std::string::npos)
+      << unbound;
   EXPECT_NE(unbound.find("RegisterRegistryReadingModule"), std::string::npos) << unbound;
 
   EXPECT_EQ(error_of([&] { accessor.get_tensor("1.weight"); }),

@@ -24,8 +24,7 @@ torch::Tensor construct_stacked_leaf(const std::vector<torch::Tensor>& tensors,
   return result;
 }
 
-NamedTensors stack_named(const std::vector<internal::ExtractedState>& states,
-                         const char* kind) {
+NamedTensors stack_named(const std::vector<internal::ExtractedState>& states, const char* kind) {
   NamedTensors stacked;
   const auto& first = states.front();
   for (size_t i = 0; i < first.names.size(); ++i) {
@@ -35,8 +34,8 @@ NamedTensors stack_named(const std::vector<internal::ExtractedState>& states,
     for (size_t m = 0; m < states.size(); ++m) {
       const auto& names = states[m].names;
       auto it = std::find(names.begin(), names.end(), name);
-      TORCH_CHECK(it != names.end(), "stack_module_state: model ", m, " has no ",
-                  kind, " '", name, "' (model 0 has)");
+      TORCH_CHECK(it != names.end(), "stack_module_state: model ", m, " has no ", kind, " '", name,
+                  "' (model 0 has)");
       tensors.push_back(states[m].tensors[it - names.begin()]);
     }
     stacked.insert(name, construct_stacked_leaf(tensors, name));

@@ -27,8 +27,7 @@ std::pair<NamedTensors, NamedTensors> stack_module_state(
 
 // Any module handle type (ModuleHolder, shared_ptr<Impl>, AnyModule).
 template <typename ModuleType>
-std::pair<NamedTensors, NamedTensors> stack_module_state(
-    const std::vector<ModuleType>& models) {
+std::pair<NamedTensors, NamedTensors> stack_module_state(const std::vector<ModuleType>& models) {
   std::vector<std::shared_ptr<torch::nn::Module>> ptrs;
   ptrs.reserve(models.size());
   for (const auto& model : models) ptrs.push_back(internal::module_ptr(model));

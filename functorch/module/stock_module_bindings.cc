@@ -31,8 +31,7 @@ struct RnnWeightsAccess : nn::detail::RNNImplBase<Derived> {
 };
 
 template <typename M>
-void members(const BindingSink& put,
-             std::vector<std::pair<std::string, Tensor M::*>> list) {
+void members(const BindingSink& put, std::vector<std::pair<std::string, Tensor M::*>> list) {
   put(typeid(M), type_name_of<M>(), make_member_list_binder<M>(std::move(list)));
 }
 
@@ -52,8 +51,7 @@ void weight_bias(const BindingSink& put) {
 
 template <typename M>
 void rnn(const BindingSink& put) {
-  put(typeid(M), type_name_of<M>(),
-      make_typed_binder<M>(&RnnWeightsAccess<M>::visit));
+  put(typeid(M), type_name_of<M>(), make_typed_binder<M>(&RnnWeightsAccess<M>::visit));
 }
 
 template <typename M>
@@ -78,9 +76,8 @@ void loss_weight_member_and_option(const BindingSink& put) {
 template <typename M>
 void loss_weight_option(const BindingSink& put) {
   put(typeid(M), type_name_of<M>(),
-      make_typed_binder<M>([](M& m, const MemberHandleVisitor& visit) {
-        visit("weight", &m.options.weight());
-      }));
+      make_typed_binder<M>(
+          [](M& m, const MemberHandleVisitor& visit) { visit("weight", &m.options.weight()); }));
 }
 
 template <typename M>

@@ -44,17 +44,15 @@ std::string Argnums::to_string() const {
 std::vector<int64_t> Argnums::validate(int64_t num_args) const {
   std::vector<int64_t> wrapped;
   for (int64_t argnum : values_) {
-    TORCH_CHECK(argnum >= -num_args && argnum < num_args,
-                "Got argnum=", argnum, ", but only ", num_args,
-                " positional inputs");
+    TORCH_CHECK(argnum >= -num_args && argnum < num_args, "Got argnum=", argnum, ", but only ",
+                num_args, " positional inputs");
     wrapped.push_back(argnum < 0 ? argnum + num_args : argnum);
   }
   if (is_tuple_) {
     TORCH_CHECK(!wrapped.empty(), "argnums must be non-empty");
     std::vector<int64_t> sorted = wrapped;
     std::sort(sorted.begin(), sorted.end());
-    TORCH_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) ==
-                    sorted.end(),
+    TORCH_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
                 "argnums elements must be unique, got ", to_string());
   }
   return wrapped;
@@ -105,16 +103,14 @@ IValue undo_create_differentiable(const IValue& tree, int64_t level) {
 void create_differentiable(const IValue& tree) {
   internal::InplaceRequiresGradAllowed allowed;
   for (const auto& leaf : tree_flatten(tree).first) {
-    TORCH_CHECK_VALUE(leaf.isTensor(),
-                      "Thing passed to transform API must be Tensor, got ",
+    TORCH_CHECK_VALUE(leaf.isTensor(), "Thing passed to transform API must be Tensor, got ",
                       python_type_repr(leaf));
     leaf.toTensor().requires_grad_();
   }
 }
 
 // Python's _slice_argnums.
-IValue slice_argnums(const std::vector<IValue>& args, const Argnums& argnums,
-                     bool as_tuple) {
+IValue slice_argnums(const std::vector<IValue>& args, const Argnums& argnums, bool as_tuple) {
   std::vector<int64_t> indices = argnums.validate(args.size());
   if (!argnums.is_tuple()) {
     return as_tuple ? make_tuple({args[indices[0]]}) : args[indices[0]];
@@ -148,17 +144,16 @@ std::vector<at::Tensor> autograd_grad(const std::vector<at::Tensor>& outputs,
     for (const auto& input : inputs) result.push_back(at::zeros_like(input));
     return result;
   }
-  result = torch::autograd::grad(diff_outputs, inputs, diff_grad_outputs,
-                                 retain_graph, create_graph,
-                                 /*allow_unused=*/true);
+  result =
+      torch::autograd::grad(diff_outputs, inputs, diff_grad_outputs, retain_graph, create_graph,
+                            /*allow_unused=*/true);
   for (size_t i = 0; i < result.size(); ++i) {
     if (!result[i].defined()) result[i] = at::zeros_like(inputs[i]);
   }
   return result;
 }
 
-void assert_non_empty_tensor_output(const std::vector<IValue>& flat,
-                                    const IValue& output,
+void assert_non_empty_tensor_output(const std::vector<IValue>& flat, const IValue& output,
                                     const std::string& api) {
   if (flat.empty() || (flat.size() == 1 && flat[0].isNone())) {
     std::ostringstream os;
@@ -176,8 +171,7 @@ void assert_non_empty_tensor_output(const std::vector<IValue>& flat,
   }
 }
 
-std::pair<IValue, IValue> split_aux(const IValue& output,
-                                    const std::string& api) {
+std::pair<IValue, IValue> split_aux(const IValue& output, const std::string& api) {
   const bool ok = output.isTuple() && output.toTupleRef().size() == 2;
   TORCH_CHECK(ok, api,
               ": output of function f should be a tuple: (output, aux) if "
@@ -186,8 +180,8 @@ std::pair<IValue, IValue> split_aux(const IValue& output,
   return {elements[0], elements[1]};
 }
 
-IValue grad_and_value_impl(const TreeFn& f, const Argnums& argnums,
-                           bool has_aux, const std::vector<IValue>& args) {
+IValue grad_and_value_impl(const TreeFn& f, const Argnums& argnums, bool has_aux,
+                           const std::vector<IValue>& args) {
   const std::string api = "grad_and_value(f)(*args)";
   internal::register_decompositions();
   internal::GradLevel grad_level;
@@ -201,8 +195,7 @@ IValue grad_and_value_impl(const TreeFn& f, const Argnums& argnums,
   IValue output = f(wrapped);
   IValue aux;
   if (has_aux) std::tie(output, aux) = split_aux(output, api);
-  TORCH_CHECK(output.isTensor(), api,
-              ": Expected f(*args) to return a Tensor, got ",
+  TORCH_CHECK(output.isTensor(), api, ": Expected f(*args) to return a Tensor, got ",
               python_type_repr(output));
   const at::Tensor out = output.toTensor();
   TORCH_CHECK(out.dim() == 0, api,
@@ -213,11 +206,10 @@ IValue grad_and_value_impl(const TreeFn& f, const Argnums& argnums,
               "instead?");
 
   auto flat_diff = tree_flatten(diff_args);
-  std::vector<at::Tensor> grads =
-      autograd_grad({out}, as_tensors(flat_diff.first), {},
-                    /*retain_graph=*/false, /*create_graph=*/true);
-  IValue grad_input = tree_unflatten(
-      std::vector<IValue>(grads.begin(), grads.end()), flat_diff.second);
+  std::vector<at::Tensor> grads = autograd_grad({out}, as_tensors(flat_diff.first), {},
+                                                /*retain_graph=*/false, /*create_graph=*/true);
+  IValue grad_input =
+      tree_unflatten(std::vector<IValue>(grads.begin(), grads.end()), flat_diff.second);
   grad_input = undo_create_differentiable(grad_input, level);
   IValue value = unwrap_for_grad(out, level);
   if (has_aux) {
@@ -233,8 +225,7 @@ IValue grad_and_value_impl(const TreeFn& f, const Argnums& argnums,
 // _construct_standard_basis_for.
 std::vector<IValue> standard_basis_for(const std::vector<at::Tensor>& tensors,
                                        const std::vector<int64_t>& numels) {
-  const int64_t total = std::accumulate(numels.begin(), numels.end(),
-                                        static_cast<int64_t>(0));
+  const int64_t total = std::accumulate(numels.begin(), numels.end(), static_cast<int64_t>(0));
   std::vector<IValue> chunks;
   int64_t start = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -264,15 +255,13 @@ class JvpNesting {
  public:
   JvpNesting() {
     if (++jvp_nesting == 1) {
-      current_dual_level = static_cast<int64_t>(
-          torch::autograd::ForwardADLevel::get_next_idx());
+      current_dual_level = static_cast<int64_t>(torch::autograd::ForwardADLevel::get_next_idx());
       opened_ = true;
     }
   }
   ~JvpNesting() {
     if (opened_) {
-      torch::autograd::ForwardADLevel::release_idx(
-          static_cast<uint64_t>(current_dual_level));
+      torch::autograd::ForwardADLevel::release_idx(static_cast<uint64_t>(current_dual_level));
       current_dual_level = -1;
     }
     --jvp_nesting;
@@ -296,14 +285,12 @@ at::Tensor make_dual(const at::Tensor& primal, const at::Tensor& tangent) {
   return at::_make_dual(primal, tangent, current_dual_level);
 }
 
-void assert_non_empty_list_of_tensors(const std::vector<IValue>& flat,
-                                      const std::string& api,
+void assert_non_empty_list_of_tensors(const std::vector<IValue>& flat, const std::string& api,
                                       const std::string& argname) {
-  TORCH_CHECK(!flat.empty(), api, ": Expected ", argname,
-              " to contain at least one Tensor.");
+  TORCH_CHECK(!flat.empty(), api, ": Expected ", argname, " to contain at least one Tensor.");
   for (const auto& leaf : flat) {
-    TORCH_CHECK(leaf.isTensor(), api, ": Expected ", argname,
-                " to only contain Tensors, got ", python_type_repr(leaf));
+    TORCH_CHECK(leaf.isTensor(), api, ": Expected ", argname, " to only contain Tensors, got ",
+                python_type_repr(leaf));
   }
 }
 
@@ -322,8 +309,7 @@ std::vector<IValue> replace_args(const std::vector<IValue>& old_args,
 TreeFn grad_and_value(TreeFn f, Argnums argnums, bool has_aux) {
   std::string name = f.name();
   return TreeFn(
-      [f = std::move(f), argnums = std::move(argnums),
-       has_aux](const std::vector<IValue>& args) {
+      [f = std::move(f), argnums = std::move(argnums), has_aux](const std::vector<IValue>& args) {
         return grad_and_value_impl(f, argnums, has_aux, args);
       },
       std::move(name));
@@ -347,8 +333,7 @@ TreeFn grad(TreeFn f, Argnums argnums, bool has_aux) {
 namespace internal {
 
 VjpResult vjp_with_argnums(const TreeFn& f, const std::vector<IValue>& args,
-                           const std::optional<Argnums>& argnums,
-                           bool has_aux) {
+                           const std::optional<Argnums>& argnums, bool has_aux) {
   IValue results, aux;
   std::vector<at::Tensor> flat_primals_out, flat_diff_primals;
   TreeSpec primals_out_spec, primals_spec;
@@ -358,10 +343,8 @@ VjpResult vjp_with_argnums(const TreeFn& f, const std::vector<IValue>& args,
     const int64_t level = grad_level.level();
     std::vector<IValue> primals;
     for (const auto& arg : args) primals.push_back(wrap_all(arg, level));
-    IValue diff_primals =
-        argnums.has_value()
-            ? slice_argnums(primals, *argnums, /*as_tuple=*/false)
-            : make_tuple(primals);
+    IValue diff_primals = argnums.has_value() ? slice_argnums(primals, *argnums, /*as_tuple=*/false)
+                                              : make_tuple(primals);
     create_differentiable(diff_primals);
 
     IValue primals_out = f(primals);
@@ -370,8 +353,7 @@ VjpResult vjp_with_argnums(const TreeFn& f, const std::vector<IValue>& args,
       aux = undo_create_differentiable(aux, level);
     }
     auto flat_out = tree_flatten(primals_out);
-    assert_non_empty_tensor_output(flat_out.first, primals_out,
-                                   "vjp(f, *primals)");
+    assert_non_empty_tensor_output(flat_out.first, primals_out, "vjp(f, *primals)");
     primals_out_spec = flat_out.second;
     flat_primals_out = as_tensors(flat_out.first);
     auto flat_diff = tree_flatten(diff_primals);
@@ -395,30 +377,25 @@ VjpResult vjp_with_argnums(const TreeFn& f, const std::vector<IValue>& args,
     TORCH_CHECK(flat_cot.second == primals_out_spec,
                 "Expected pytree structure of cotangents to be the same as "
                 "pytree structure of outputs to the function. cotangents: ",
-                flat_cot.second.to_string(),
-                ", primal output: ", primals_out_spec.to_string());
+                flat_cot.second.to_string(), ", primal output: ", primals_out_spec.to_string());
     for (const auto& c : flat_cot.first) {
-      TORCH_CHECK(c.isTensor(), "vjp_fn(cotangents): expected Tensors, got ",
-                  python_type_repr(c));
+      TORCH_CHECK(c.isTensor(), "vjp_fn(cotangents): expected Tensors, got ", python_type_repr(c));
     }
-    std::vector<at::Tensor> result = autograd_grad(
-        flat_primals_out, flat_diff_primals, as_tensors(flat_cot.first),
-        /*retain_graph=*/true,
-        /*create_graph=*/c10::GradMode::is_enabled());
-    return Tree(tree_unflatten(std::vector<IValue>(result.begin(), result.end()),
-                               primals_spec));
+    std::vector<at::Tensor> result =
+        autograd_grad(flat_primals_out, flat_diff_primals, as_tensors(flat_cot.first),
+                      /*retain_graph=*/true,
+                      /*create_graph=*/c10::GradMode::is_enabled());
+    return Tree(tree_unflatten(std::vector<IValue>(result.begin(), result.end()), primals_spec));
   };
   return VjpResult{Tree(results), std::move(vjp_fn), Tree(aux)};
 }
 
 JvpResult jvp_with_argnums(const TreeFn& f, const std::vector<IValue>& primals,
-                           const IValue& tangents,
-                           const std::optional<Argnums>& argnums, bool strict,
-                           bool has_aux) {
+                           const IValue& tangents, const std::optional<Argnums>& argnums,
+                           bool strict, bool has_aux) {
   const std::string api = "jvp(f, primals, tangents)";
-  IValue diff_args = argnums.has_value()
-                         ? slice_argnums(primals, *argnums, /*as_tuple=*/true)
-                         : make_tuple(primals);
+  IValue diff_args = argnums.has_value() ? slice_argnums(primals, *argnums, /*as_tuple=*/true)
+                                         : make_tuple(primals);
   auto flat_primals = tree_flatten(diff_args);
   auto flat_tangents = tree_flatten(tangents);
   TORCH_CHECK(flat_primals.second == flat_tangents.second, api,
@@ -436,11 +413,10 @@ JvpResult jvp_with_argnums(const TreeFn& f, const std::vector<IValue>& primals,
   JvpNesting nesting;
   std::vector<IValue> flat_duals;
   for (size_t i = 0; i < flat_primals.first.size(); ++i) {
-    flat_duals.emplace_back(make_dual(flat_primals.first[i].toTensor(),
-                                      flat_tangents.first[i].toTensor()));
+    flat_duals.emplace_back(
+        make_dual(flat_primals.first[i].toTensor(), flat_tangents.first[i].toTensor()));
   }
-  std::vector<IValue> duals =
-      tuple_elements(tree_unflatten(flat_duals, flat_primals.second));
+  std::vector<IValue> duals = tuple_elements(tree_unflatten(flat_duals, flat_primals.second));
   std::vector<IValue> call_args;
   if (argnums.has_value()) {
     std::vector<IValue> wrapped;
@@ -474,21 +450,19 @@ JvpResult jvp_with_argnums(const TreeFn& f, const std::vector<IValue>& primals,
     tangents_out.emplace_back(unwrap_for_grad(tangent, level));
   }
   return JvpResult{Tree(tree_unflatten(primals_out, flat_result.second)),
-                   Tree(tree_unflatten(tangents_out, flat_result.second)),
-                   Tree(aux)};
+                   Tree(tree_unflatten(tangents_out, flat_result.second)), Tree(aux)};
 }
 
 }  // namespace internal
 
-VjpResult vjp(const TreeFn& f, const std::vector<IValue>& primals,
-              bool has_aux) {
+VjpResult vjp(const TreeFn& f, const std::vector<IValue>& primals, bool has_aux) {
   return internal::vjp_with_argnums(f, primals, std::nullopt, has_aux);
 }
 
 JvpResult jvp(const TreeFn& f, const std::vector<IValue>& primals,
               const std::vector<IValue>& tangents, bool strict, bool has_aux) {
-  return internal::jvp_with_argnums(f, primals, make_tuple(tangents),
-                                    std::nullopt, strict, has_aux);
+  return internal::jvp_with_argnums(f, primals, make_tuple(tangents), std::nullopt, strict,
+                                    has_aux);
 }
 
 TreeFn jacrev(TreeFn f, Argnums argnums, bool has_aux) {
@@ -496,36 +470,30 @@ TreeFn jacrev(TreeFn f, Argnums argnums, bool has_aux) {
   return TreeFn(
       [f = std::move(f), argnums = std::move(argnums),
        has_aux](const std::vector<IValue>& args) -> IValue {
-        VjpResult vjp_out =
-            internal::vjp_with_argnums(f, args, argnums, has_aux);
+        VjpResult vjp_out = internal::vjp_with_argnums(f, args, argnums, has_aux);
         auto flat_output = tree_flatten(vjp_out.output.ivalue());
         std::vector<at::Tensor> outputs = as_tensors(flat_output.first);
         std::vector<int64_t> numels;
         for (const auto& o : outputs) numels.push_back(o.numel());
-        IValue basis = tree_unflatten(standard_basis_for(outputs, numels),
-                                      flat_output.second);
+        IValue basis = tree_unflatten(standard_basis_for(outputs, numels), flat_output.second);
         // All rows of the Jacobian in one batched backward pass.
         auto vjp_fn = vjp_out.vjp_fn;
         TreeFn batched_vjp(
-            [vjp_fn](const std::vector<IValue>& a) {
-              return vjp_fn(Tree(a[0])).ivalue();
-            },
+            [vjp_fn](const std::vector<IValue>& a) { return vjp_fn(Tree(a[0])).ivalue(); },
             "vjp_fn");
         IValue results = vmap(batched_vjp)({basis});
 
-        auto flat_primals =
-            tree_flatten(slice_argnums(args, argnums, /*as_tuple=*/true));
+        auto flat_primals = tree_flatten(slice_argnums(args, argnums, /*as_tuple=*/true));
         auto flat_results = tree_flatten(results);
         // [input leaf][output leaf] -> d output / d input
         std::vector<std::vector<at::Tensor>> in_out;
         for (size_t i = 0; i < flat_results.first.size(); ++i) {
-          auto splits = flat_results.first[i].toTensor().split_with_sizes(
-              numels, /*dim=*/0);
+          auto splits = flat_results.first[i].toTensor().split_with_sizes(numels, /*dim=*/0);
           const at::Tensor primal = flat_primals.first[i].toTensor();
           std::vector<at::Tensor> per_output;
           for (size_t o = 0; o < outputs.size(); ++o) {
-            per_output.push_back(splits[o].reshape(
-                shape_concat(outputs[o].sizes(), primal.sizes())));
+            per_output.push_back(
+                splits[o].reshape(shape_concat(outputs[o].sizes(), primal.sizes())));
           }
           in_out.push_back(std::move(per_output));
         }
@@ -534,8 +502,7 @@ TreeFn jacrev(TreeFn f, Argnums argnums, bool has_aux) {
           std::vector<IValue> per_input;
           for (auto& row : in_out) per_input.emplace_back(row[o]);
           IValue by_input = tree_unflatten(per_input, flat_primals.second);
-          flat_output_input.push_back(
-              argnums.is_tuple() ? by_input : tuple_elements(by_input)[0]);
+          flat_output_input.push_back(argnums.is_tuple() ? by_input : tuple_elements(by_input)[0]);
         }
         IValue jacobian = tree_unflatten(flat_output_input, flat_output.second);
         if (has_aux) return make_tuple({jacobian, vjp_out.aux.ivalue()});
@@ -549,18 +516,16 @@ TreeFn jacfwd(TreeFn f, Argnums argnums, bool has_aux, Randomness randomness) {
   return TreeFn(
       [f = std::move(f), argnums = std::move(argnums), has_aux,
        randomness](const std::vector<IValue>& args) -> IValue {
-        auto flat_primals =
-            tree_flatten(slice_argnums(args, argnums, /*as_tuple=*/true));
+        auto flat_primals = tree_flatten(slice_argnums(args, argnums, /*as_tuple=*/true));
         std::vector<at::Tensor> primals = as_tensors(flat_primals.first);
         std::vector<int64_t> numels;
         for (const auto& p : primals) numels.push_back(p.numel());
-        IValue basis = tree_unflatten(standard_basis_for(primals, numels),
-                                      flat_primals.second);
+        IValue basis = tree_unflatten(standard_basis_for(primals, numels), flat_primals.second);
         // One forward pass per basis vector, all at once under vmap.
         TreeFn push_jvp(
             [&f, &args, &argnums, has_aux](const std::vector<IValue>& b) {
-              JvpResult out = internal::jvp_with_argnums(
-                  f, args, b[0], argnums, /*strict=*/false, has_aux);
+              JvpResult out =
+                  internal::jvp_with_argnums(f, args, b[0], argnums, /*strict=*/false, has_aux);
               if (has_aux) {
                 return make_tuple({out.tangent.ivalue(), out.aux.ivalue()});
               }
@@ -572,9 +537,7 @@ TreeFn jacfwd(TreeFn f, Argnums argnums, bool has_aux, Randomness randomness) {
         if (has_aux) {
           auto pair = tuple_elements(results);
           results = pair[0];
-          aux = tree_map(
-              [](const IValue& v) -> IValue { return v.toTensor()[0]; },
-              pair[1]);
+          aux = tree_map([](const IValue& v) -> IValue { return v.toTensor()[0]; }, pair[1]);
         }
         auto flat_jac = tree_flatten(results);
         std::vector<IValue> jac_outs_ins;
@@ -584,13 +547,10 @@ TreeFn jacfwd(TreeFn f, Argnums argnums, bool has_aux, Randomness randomness) {
           std::vector<IValue> per_input;
           for (size_t i = 0; i < primals.size(); ++i) {
             auto lead = pieces[i].sizes().slice(0, pieces[i].dim() - 1);
-            per_input.emplace_back(
-                pieces[i].reshape(shape_concat(lead, primals[i].sizes())));
+            per_input.emplace_back(pieces[i].reshape(shape_concat(lead, primals[i].sizes())));
           }
           IValue by_input = tree_unflatten(per_input, flat_primals.second);
-          jac_outs_ins.push_back(argnums.is_tuple()
-                                     ? by_input
-                                     : tuple_elements(by_input)[0]);
+          jac_outs_ins.push_back(argnums.is_tuple() ? by_input : tuple_elements(by_input)[0]);
         }
         IValue jacobian = tree_unflatten(jac_outs_ins, flat_jac.second);
         if (has_aux) return make_tuple({jacobian, aux});
@@ -599,8 +559,6 @@ TreeFn jacfwd(TreeFn f, Argnums argnums, bool has_aux, Randomness randomness) {
       std::move(name));
 }
 
-TreeFn hessian(TreeFn f, Argnums argnums) {
-  return jacfwd(jacrev(std::move(f), argnums), argnums);
-}
+TreeFn hessian(TreeFn f, Argnums argnums) { return jacfwd(jacrev(std::move(f), argnums), argnums); }
 
 }  // namespace functorch

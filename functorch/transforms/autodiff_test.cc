@@ -91,17 +91,15 @@ TEST_F(AutodiffTest, GoldenGrad) {
   Tree ga = grad(with_aux, 0, /*has_aux=*/true)(a);
   EXPECT_TRUE(AllClose(ga[0], g["grad_aux_grad"]));
   EXPECT_TRUE(AllClose(ga[1], g["grad_aux_aux"]));
-  auto ftree = [](NamedTensors p, Tensor x) {
-    return (p["w"].matmul(x) + p["b"]).tanh().sum();
-  };
+  auto ftree = [](NamedTensors p, Tensor x) { return (p["w"].matmul(x) + p["b"]).tanh().sum(); };
   NamedTensors gt = grad(ftree)(NamedTensors{{"w", g["tree.w"]}, {"b", g["tree.b"]}}, a);
   EXPECT_EQ(gt.keys(), (std::vector<std::string>{"w", "b"}));
   EXPECT_TRUE(AllClose(gt["w"], g["grad_tree_w"]));
   EXPECT_TRUE(AllClose(gt["b"], g["grad_tree_b"]));
   // A std::map argument converts: the callable still receives NamedTensors
   // (in the map's order), and the result is the same dict.
-  NamedTensors from_map = grad(ftree)(
-      std::map<std::string, Tensor>{{"w", g["tree.w"]}, {"b", g["tree.b"]}}, a);
+  NamedTensors from_map =
+      grad(ftree)(std::map<std::string, Tensor>{{"w", g["tree.w"]}, {"b", g["tree.b"]}}, a);
   EXPECT_EQ(from_map.keys(), (std::vector<std::string>{"b", "w"}));
   EXPECT_TRUE(AllClose(from_map["w"], g["grad_tree_w"]));
   EXPECT_TRUE(AllClose(from_map["b"], g["grad_tree_b"]));
@@ -116,8 +114,8 @@ TEST_F(AutodiffTest, GoldenVjpJvp) {
   auto [da, db] = vjp_fn(g["vjp.ct"]);
   EXPECT_TRUE(AllClose(da, g["vjp_0"]));
   EXPECT_TRUE(AllClose(db, g["vjp_1"]));
-  auto [jvp_primal_out, jvp_out] = jvp(fsin_mul, std::make_tuple(a, b),
-                                       std::make_tuple(g["jvp.ta"], g["jvp.tb"]));
+  auto [jvp_primal_out, jvp_out] =
+      jvp(fsin_mul, std::make_tuple(a, b), std::make_tuple(g["jvp.ta"], g["jvp.tb"]));
   EXPECT_TRUE(AllClose(jvp_primal_out, g["jvp_out"]));
   EXPECT_TRUE(AllClose(jvp_out, g["jvp_tangent"]));
 }
@@ -132,9 +130,7 @@ TEST_F(AutodiffTest, GoldenJacobians) {
   EXPECT_TRUE(AllClose(j[1], g["jacrev_ab_1"]));
   EXPECT_TRUE(AllClose(jacfwd(fsin_mul, 1)(a, b), g["jacfwd_ab_1"]));
   Tensor W1 = g["tanh.W1"], W2 = g["tanh.W2"];
-  auto tanh_mlp = [W1, W2](Tensor x) {
-    return W2.matmul(W1.matmul(x).tanh()).tanh();
-  };
+  auto tanh_mlp = [W1, W2](Tensor x) { return W2.matmul(W1.matmul(x).tanh()).tanh(); };
   auto summed = [tanh_mlp](Tensor x) { return tanh_mlp(x).sum(); };
   EXPECT_TRUE(AllClose(jacrev(jacrev(summed))(a), g["jacrev_jacrev_sum"]));
   EXPECT_TRUE(AllClose(hessian(summed)(a), g["hessian_sum"]));
@@ -145,8 +141,7 @@ TEST_F(AutodiffTest, GoldenJacobians) {
 // ------------------------------------------------ per-sample gradients ---
 
 torch::nn::Sequential make_mlp(const testing::Golden& g) {
-  torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::ReLU(),
-                              torch::nn::Linear(8, 3));
+  torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3));
   model->to(torch::kFloat64);
   torch::NoGradGuard no_grad;
   auto params = model->named_parameters();
@@ -166,8 +161,7 @@ TEST_F(AutodiffTest, PerSampleGradsViaFunctionalCall) {
     return torch::nn::functional::cross_entropy(logits, t.unsqueeze(0));
   };
   Tensor xs = g["mlp.x"], ts = g["mlp.t"];
-  Tree per_sample =
-      vmap(grad(loss), {std::nullopt, 0, 0})(params, xs, ts);
+  Tree per_sample = vmap(grad(loss), {std::nullopt, 0, 0})(params, xs, ts);
 
   // Against functorch.
   EXPECT_TRUE(AllClose(per_sample["0.weight"], g["psg_w1"]));
@@ -178,8 +172,8 @@ TEST_F(AutodiffTest, PerSampleGradsViaFunctionalCall) {
   // Against the per-example autograd loop.
   for (int64_t i = 0; i < xs.size(0); ++i) {
     model->zero_grad();
-    Tensor l = torch::nn::functional::cross_entropy(
-        model->forward(xs[i].unsqueeze(0)), ts[i].unsqueeze(0));
+    Tensor l = torch::nn::functional::cross_entropy(model->forward(xs[i].unsqueeze(0)),
+                                                    ts[i].unsqueeze(0));
     std::vector<Tensor> leaves;
     std::vector<std::string> names;
     for (const auto& p : model->named_parameters()) {
@@ -197,15 +191,11 @@ TEST_F(AutodiffTest, PerSampleGradsViaFunctionalCall) {
 TEST_F(AutodiffTest, GradOverFunctionalCall) {
   torch::nn::Linear model(3, 2);
   Tensor x = torch::randn({5, 3});
-  NamedTensors params{{"weight", model->weight.detach()},
-                      {"bias", model->bias.detach()}};
-  auto f = [&model, x](NamedTensors p) {
-    return functional_call(model, p, x).pow(2).sum();
-  };
+  NamedTensors params{{"weight", model->weight.detach()}, {"bias", model->bias.detach()}};
+  auto f = [&model, x](NamedTensors p) { return functional_call(model, p, x).pow(2).sum(); };
   Tree g = grad(f)(params);
   Tensor out = model->forward(x);
-  auto expected = torch::autograd::grad({out.pow(2).sum()},
-                                        {model->weight, model->bias});
+  auto expected = torch::autograd::grad({out.pow(2).sum()}, {model->weight, model->bias});
   EXPECT_TRUE(AllClose(g["weight"], expected[0], 1e-5, 1e-6));
   EXPECT_TRUE(AllClose(g["bias"], expected[1], 1e-5, 1e-6));
 }
@@ -232,14 +222,11 @@ TEST_F(AutodiffTest, PerSampleGradsMseLoss) {
   // engine's generic batched fallback, which must still be correct.
   Tensor w = torch::randn({3, 4});
   Tensor xs = torch::randn({5, 4}), ys = torch::randn({5, 3});
-  auto loss = [](Tensor w, Tensor x, Tensor y) {
-    return torch::mse_loss(w.matmul(x), y);
-  };
+  auto loss = [](Tensor w, Tensor x, Tensor y) { return torch::mse_loss(w.matmul(x), y); };
   Tensor psg = vmap(grad(loss), {std::nullopt, 0, 0})(w, xs, ys);
   for (int64_t i = 0; i < 5; ++i) {
     Tensor wi = w.clone().requires_grad_();
-    Tensor expected =
-        torch::autograd::grad({loss(wi, xs[i], ys[i])}, {wi})[0];
+    Tensor expected = torch::autograd::grad({loss(wi, xs[i], ys[i])}, {wi})[0];
     EXPECT_TRUE(AllClose(psg[i], expected, 1e-5, 1e-6)) << "example " << i;
   }
 }
@@ -322,8 +309,7 @@ TEST_F(AutodiffTest, GradArgnums) {
 TEST_F(AutodiffTest, GradAuxPytree) {
   Tensor x = torch::randn({3});
   auto f = [](Tensor x) {
-    return std::make_tuple(
-        x.sum(), std::map<std::string, Tensor>{{"a", x.sin()}, {"b", x * 2}});
+    return std::make_tuple(x.sum(), std::map<std::string, Tensor>{{"a", x.sin()}, {"b", x * 2}});
   };
   Tree r = grad(f, 0, true)(x);
   EXPECT_TRUE(AllClose(r[0], torch::ones({3})));
@@ -351,27 +337,21 @@ TEST_F(AutodiffTest, GradOfVjpAndVjpOfGrad) {
 
 TEST_F(AutodiffTest, GradPyTorchErrors) {
   Tensor x = torch::randn({3});
-  EXPECT_THROW_WITH(
-      grad([](Tensor x) { return x.sin(); })(x),
-      "grad_and_value(f)(*args): Expected f(*args) to return a scalar "
-      "Tensor, got tensor with 1 dims. Maybe you wanted to use the vjp or "
-      "jacrev APIs instead?");
+  EXPECT_THROW_WITH(grad([](Tensor x) { return x.sin(); })(x),
+                    "grad_and_value(f)(*args): Expected f(*args) to return a scalar "
+                    "Tensor, got tensor with 1 dims. Maybe you wanted to use the vjp or "
+                    "jacrev APIs instead?");
   EXPECT_THROW_WITH(grad([](Tensor) { return 1.0; })(x),
                     "grad_and_value(f)(*args): Expected f(*args) to return a "
                     "Tensor, got <class 'float'>");
-  EXPECT_THROW_WITH(grad(fab, 2)(x, x),
-                    "Got argnum=2, but only 2 positional inputs");
-  EXPECT_THROW_WITH(grad(fab, -3)(x, x),
-                    "Got argnum=-3, but only 2 positional inputs");
-  EXPECT_THROW_WITH(grad(fab, Argnums::tuple({}))(x, x),
-                    "argnums must be non-empty");
-  EXPECT_THROW_WITH(grad(fab, {0, 0})(x, x),
-                    "argnums elements must be unique, got (0, 0)");
+  EXPECT_THROW_WITH(grad(fab, 2)(x, x), "Got argnum=2, but only 2 positional inputs");
+  EXPECT_THROW_WITH(grad(fab, -3)(x, x), "Got argnum=-3, but only 2 positional inputs");
+  EXPECT_THROW_WITH(grad(fab, Argnums::tuple({}))(x, x), "argnums must be non-empty");
+  EXPECT_THROW_WITH(grad(fab, {0, 0})(x, x), "argnums elements must be unique, got (0, 0)");
   EXPECT_THROW_WITH(grad([](Tensor x) { return x.sum(); }, 0, true)(x),
                     "output of function f should be a tuple: (output, aux) if "
                     "has_aux is True");
-  EXPECT_THROW_WITH(grad([](Tensor, double s) { return torch::tensor(s); }, 1)(
-                        x, 2.0),
+  EXPECT_THROW_WITH(grad([](Tensor, double s) { return torch::tensor(s); }, 1)(x, 2.0),
                     "Thing passed to transform API must be Tensor, got <class "
                     "'float'>");
 }
@@ -390,8 +370,7 @@ TEST_F(AutodiffTest, ThrowingFunctionLeavesStackClean) {
   EXPECT_THROW(jacrev(bad)(x), std::runtime_error);
   EXPECT_THROW(jacfwd(bad)(x), std::runtime_error);
   EXPECT_THROW(hessian(bad)(x), std::runtime_error);
-  EXPECT_THROW(jvp(bad, std::make_tuple(x), std::make_tuple(x)),
-               std::runtime_error);
+  EXPECT_THROW(jvp(bad, std::make_tuple(x), std::make_tuple(x)), std::runtime_error);
   EXPECT_EQ(stack_depth(), 0u);
   EXPECT_TRUE(c10::GradMode::is_enabled());
   EXPECT_EQ(c10::AutogradState::get_tls_state().get_fw_grad_mode(), fw_grad_mode);
@@ -437,21 +416,18 @@ TEST_F(AutodiffTest, VjpPytreeOutputAndErrors) {
   VjpResult ra = vjp(with_aux, {x}, /*has_aux=*/true);
   EXPECT_TRUE(AllClose(ra.aux, x.cos()));
   EXPECT_TRUE(AllClose(ra.vjp_fn(torch::ones({3}))[0], x.cos()));
-  TreeFn no_aux([](const std::vector<c10::IValue>& a) -> c10::IValue {
-    return a[0].toTensor().sin();
-  });
+  TreeFn no_aux(
+      [](const std::vector<c10::IValue>& a) -> c10::IValue { return a[0].toTensor().sin(); });
   EXPECT_THROW_WITH(vjp(no_aux, {x}, true),
                     "vjp(f, *primals): output of function f should be a "
                     "tuple: (output, aux) if has_aux is True");
-  TreeFn returns_none(
-      [](const std::vector<c10::IValue>&) { return c10::IValue(); });
+  TreeFn returns_none([](const std::vector<c10::IValue>&) { return c10::IValue(); });
   EXPECT_THROW_WITH(vjp(returns_none, {x}),
                     "vjp(f, *primals): Expected f to be a function that has "
                     "non-empty output (got output = None)");
-  EXPECT_THROW_WITH(
-      vjp([](Tensor x) { return x.to(torch::kLong); }, x),
-      "vjp(f, ...): All outputs of f must be floating-point or complex "
-      "Tensors");
+  EXPECT_THROW_WITH(vjp([](Tensor x) { return x.to(torch::kLong); }, x),
+                    "vjp(f, ...): All outputs of f must be floating-point or complex "
+                    "Tensors");
 }
 
 // ----------------------------------------------------------- TestJac ---
@@ -485,11 +461,9 @@ void check_jacobian_api(Jac jac) {
   Tensor batched = vmap(jac(sin_fn, Argnums(0)))(xs);
   EXPECT_TRUE(AllClose(batched[2], torch::diag(xs[2].cos())));
   auto sum_sin = [](Tensor x) { return x.sin().sum(); };
-  EXPECT_TRUE(AllClose(jac(jac(sum_sin, Argnums(0)), Argnums(0))(x),
-                       torch::diag(-x.sin())));
+  EXPECT_TRUE(AllClose(jac(jac(sum_sin, Argnums(0)), Argnums(0))(x), torch::diag(-x.sin())));
   // argnums errors.
-  EXPECT_THROW_WITH(jac(f, Argnums(2))(x, y),
-                    "Got argnum=2, but only 2 positional inputs");
+  EXPECT_THROW_WITH(jac(f, Argnums(2))(x, y), "Got argnum=2, but only 2 positional inputs");
   EXPECT_THROW_WITH(jac(f, Argnums{0, 0})(x, y), "argnums elements must be unique");
   EXPECT_THROW_WITH(jac(f, Argnums::tuple({}))(x, y), "argnums must be non-empty");
 }
@@ -543,16 +517,16 @@ TEST_F(AutodiffTest, JvpBasics) {
   EXPECT_TRUE(AllClose(r.jvp_out, x.cos() * t));
   // Multiple inputs.
   Tensor y = torch::randn({2, 3}), ty = torch::randn({2, 3});
-  auto m = jvp([](Tensor a, Tensor b) { return a * b; },
-                std::make_tuple(x, y), std::make_tuple(t, ty));
+  auto m =
+      jvp([](Tensor a, Tensor b) { return a * b; }, std::make_tuple(x, y), std::make_tuple(t, ty));
   EXPECT_TRUE(AllClose(m.jvp_out, t * y + x * ty));
   // Pytree inputs (pytree form).
   TreeFn tree_f([](const std::vector<c10::IValue>& a) -> c10::IValue {
     auto pair = a[0].toTupleRef().elements();
     return pair[0].toTensor() * pair[1].toTensor();
   });
-  JvpResult p = jvp(tree_f, {to_ivalue(std::make_tuple(x, y))},
-                    {to_ivalue(std::make_tuple(t, ty))});
+  JvpResult p =
+      jvp(tree_f, {to_ivalue(std::make_tuple(x, y))}, {to_ivalue(std::make_tuple(t, ty))});
   EXPECT_TRUE(AllClose(p.tangent, t * y + x * ty));
   // has_aux: (output, aux); aux comes back without the jvp level's wrappers.
   TreeFn with_aux([](const std::vector<c10::IValue>& a) -> c10::IValue {

@@ -23,24 +23,18 @@ namespace internal {
 namespace {
 
 // torch/_decomp's mse_loss_backward, in primitive ops.
-at::Tensor mse_loss_backward_decomposed(const at::Tensor& grad_output,
-                                        const at::Tensor& self,
-                                        const at::Tensor& target,
-                                        int64_t reduction) {
-  const double norm = reduction == at::Reduction::Mean
-                          ? 2.0 / static_cast<double>(self.numel())
-                          : 2.0;
+at::Tensor mse_loss_backward_decomposed(const at::Tensor& grad_output, const at::Tensor& self,
+                                        const at::Tensor& target, int64_t reduction) {
+  const double norm =
+      reduction == at::Reduction::Mean ? 2.0 / static_cast<double>(self.numel()) : 2.0;
   return (self - target).mul(norm).mul(grad_output);
 }
 
 // torch/_refs' addr, in primitive ops (outer product, scaled and added).
-at::Tensor addr_decomposed(const at::Tensor& self, const at::Tensor& vec1,
-                           const at::Tensor& vec2, const at::Scalar& beta,
-                           const at::Scalar& alpha) {
-  TORCH_CHECK(vec1.dim() == 1, "addr: Expected 1-D argument vec1, but got ",
-              vec1.dim(), "-D");
-  TORCH_CHECK(vec2.dim() == 1, "addr: Expected 1-D argument vec2, but got ",
-              vec2.dim(), "-D");
+at::Tensor addr_decomposed(const at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2,
+                           const at::Scalar& beta, const at::Scalar& alpha) {
+  TORCH_CHECK(vec1.dim() == 1, "addr: Expected 1-D argument vec1, but got ", vec1.dim(), "-D");
+  TORCH_CHECK(vec2.dim() == 1, "addr: Expected 1-D argument vec2, but got ", vec2.dim(), "-D");
   at::Tensor expanded = self.expand({vec1.size(0), vec2.size(0)});
   at::Tensor outer = at::outer(vec1, vec2);
   if (expanded.scalar_type() == at::kBool) {
@@ -56,8 +50,7 @@ at::Tensor addr_decomposed(const at::Tensor& self, const at::Tensor& vec1,
 
 // torch/_decomp's smooth_l1_loss_backward and huber_loss_backward (Python
 // 2.x functorch registers both for vmap), elementwise.
-at::Tensor smooth_l1_loss_backward_decomposed(const at::Tensor& grad_output,
-                                              const at::Tensor& self,
+at::Tensor smooth_l1_loss_backward_decomposed(const at::Tensor& grad_output, const at::Tensor& self,
                                               const at::Tensor& target, int64_t reduction,
                                               double beta) {
   const double norm =
@@ -94,8 +87,10 @@ std::tuple<at::Tensor, at::Tensor> nll_loss_forward_decomposed(
     int64_t reduction, int64_t ignore_index) {
   TORCH_CHECK(self.dim() > 0 && self.dim() <= 2, "nll_loss: input tensor should be 1D or 2D, got ",
               self.dim(), "D");
-  TORCH_CHECK(target.dim() <= 1, "nll_loss: 0D or 1D target tensor expected, multi-target not "
-              "supported, got ", target.dim(), "D");
+  TORCH_CHECK(target.dim() <= 1,
+              "nll_loss: 0D or 1D target tensor expected, multi-target not "
+              "supported, got ",
+              target.dim(), "D");
   const bool no_batch_dim = self.dim() == 1 && target.dim() == 0;
   TORCH_CHECK(no_batch_dim || self.size(0) == target.size(0),
               "nll_loss: size mismatch (got input: ", self.sizes(), ", target: ", target.sizes(),
@@ -113,7 +108,8 @@ std::tuple<at::Tensor, at::Tensor> nll_loss_forward_decomposed(
   }
   const at::Tensor valid = target != ignore_index;
   const at::Tensor safe_target = at::where(valid, target, 0).unsqueeze(channel_dim);
-  at::Tensor result = at::where(valid, -at::gather(input, channel_dim, safe_target).squeeze(channel_dim), 0);
+  at::Tensor result =
+      at::where(valid, -at::gather(input, channel_dim, safe_target).squeeze(channel_dim), 0);
   if (reduction == at::Reduction::None && self.dim() > 1) {
     return {result, at::zeros({}, self.options())};
   }
@@ -136,9 +132,8 @@ std::tuple<at::Tensor, at::Tensor> nll_loss_forward_decomposed(
 // torch/_decomp's _nll_loss_backward: a scatter of -1 at the targets, scaled.
 at::Tensor nll_loss_backward_decomposed(const at::Tensor& grad_output, const at::Tensor& self,
                                         const at::Tensor& target,
-                                        const std::optional<at::Tensor>& weight,
-                                        int64_t reduction, int64_t ignore_index,
-                                        const at::Tensor& total_weight) {
+                                        const std::optional<at::Tensor>& weight, int64_t reduction,
+                                        int64_t ignore_index, const at::Tensor& total_weight) {
   const int64_t channel_dim = self.dim() < 2 ? 0 : 1;
   at::Tensor go = reduction == at::Reduction::Mean ? grad_output / total_weight : grad_output;
   // For a 1-D self the kernel reads only target[0].
@@ -156,8 +151,7 @@ at::Tensor nll_loss_backward_decomposed(const at::Tensor& grad_output, const at:
 
 bool needs_derivative(const at::Tensor& t) {
   if (!t.defined()) return false;
-  return (c10::GradMode::is_enabled() && t.requires_grad()) ||
-         t._fw_grad(/*level=*/0).defined();
+  return (c10::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined();
 }
 
 // AutogradCPU kernel of mse_loss_backward. Its generated kernel's forward
@@ -165,18 +159,15 @@ bool needs_derivative(const at::Tensor& t) {
 // none) and throws; the primitive ops have correct forward and backward
 // formulas. When no derivative is wanted (the ordinary backward pass) the
 // fused kernel below autograd runs, as before.
-at::Tensor mse_loss_backward_autograd(c10::DispatchKeySet ks,
-                                      const at::Tensor& grad_output,
-                                      const at::Tensor& self,
-                                      const at::Tensor& target,
+at::Tensor mse_loss_backward_autograd(c10::DispatchKeySet ks, const at::Tensor& grad_output,
+                                      const at::Tensor& self, const at::Tensor& target,
                                       int64_t reduction) {
-  if (needs_derivative(grad_output) || needs_derivative(self) ||
-      needs_derivative(target)) {
+  if (needs_derivative(grad_output) || needs_derivative(self) || needs_derivative(target)) {
     return mse_loss_backward_decomposed(grad_output, self, target, reduction);
   }
   at::AutoDispatchBelowADInplaceOrView guard;
-  return at::_ops::mse_loss_backward::redispatch(
-      ks & c10::after_autograd_keyset, grad_output, self, target, reduction);
+  return at::_ops::mse_loss_backward::redispatch(ks & c10::after_autograd_keyset, grad_output, self,
+                                                 target, reduction);
 }
 
 // Forward-AD decompositions, in TorchScript as PyTorch registers them
@@ -230,9 +221,8 @@ def soft_margin_loss_backward(grad_output: Tensor, self: Tensor, target: Tensor,
 void register_jvp_decompositions() {
   auto unit = torch::jit::compile(kJvpDecompositions);
   for (const char* name :
-       {"_log_softmax_backward_data", "_softmax_backward_data",
-        "log_sigmoid_backward", "huber_loss_backward",
-        "soft_margin_loss_backward", "nll_loss_backward"}) {
+       {"_log_softmax_backward_data", "_softmax_backward_data", "log_sigmoid_backward",
+        "huber_loss_backward", "soft_margin_loss_backward", "nll_loss_backward"}) {
     // The registry is keyed by the address of the dispatcher's own schema.
     const c10::FunctionSchema& schema =
         c10::Dispatcher::singleton()
@@ -240,8 +230,7 @@ void register_jvp_decompositions() {
             .schema();
     if (torch::jit::has_jit_decomposition(schema)) continue;
     torch::jit::RegisterDecomposition(
-        schema,
-        torch::jit::toGraphFunction(unit->get_function(name)).graph()->copy());
+        schema, torch::jit::toGraphFunction(unit->get_function(name)).graph()->copy());
   }
 }
 
@@ -252,8 +241,7 @@ void register_decompositions() {
   std::call_once(once, [] {
     // Libraries live for the whole process: the kernels stay registered.
     auto* batched = new torch::Library(torch::Library::IMPL, "aten",
-                                       c10::DispatchKey::FuncTorchBatched,
-                                       __FILE__, __LINE__);
+                                       c10::DispatchKey::FuncTorchBatched, __FILE__, __LINE__);
     batched->impl("mse_loss_backward", TORCH_FN(mse_loss_backward_decomposed));
     batched->impl("addr", TORCH_FN(addr_decomposed));
     // Added to Python functorch's list after 1.13; registered here since
@@ -262,8 +250,7 @@ void register_decompositions() {
     batched->impl("huber_loss_backward", TORCH_FN(huber_loss_backward_decomposed));
     batched->impl("nll_loss_forward", TORCH_FN(nll_loss_forward_decomposed));
     batched->impl("nll_loss_backward", TORCH_FN(nll_loss_backward_decomposed));
-    auto* autograd = new torch::Library(torch::Library::IMPL, "aten",
-                                        c10::DispatchKey::AutogradCPU,
+    auto* autograd = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradCPU,
                                         __FILE__, __LINE__);
     autograd->impl("mse_loss_backward", TORCH_FN(mse_loss_backward_autograd));
     register_jvp_decompositions();

@@ -38,8 +38,8 @@ auto grad(F f, Argnums argnums = 0, bool has_aux = false) {
   auto transform = [argnums = std::move(argnums), has_aux](const TreeFn& g) {
     return grad(g, argnums, has_aux);
   };
-  return internal::Typed<F, decltype(transform), internal::AsTree>(
-      std::move(f), std::move(transform));
+  return internal::Typed<F, decltype(transform), internal::AsTree>(std::move(f),
+                                                                   std::move(transform));
 }
 
 template <class F>
@@ -47,8 +47,8 @@ auto grad_and_value(F f, Argnums argnums = 0, bool has_aux = false) {
   auto transform = [argnums = std::move(argnums), has_aux](const TreeFn& g) {
     return grad_and_value(g, argnums, has_aux);
   };
-  return internal::Typed<F, decltype(transform), internal::AsTree>(
-      std::move(f), std::move(transform));
+  return internal::Typed<F, decltype(transform), internal::AsTree>(std::move(f),
+                                                                   std::move(transform));
 }
 
 }  // namespace functorch

@@ -37,28 +37,25 @@ auto jacrev(F f, Argnums argnums = 0, bool has_aux = false) {
   auto transform = [argnums = std::move(argnums), has_aux](const TreeFn& g) {
     return jacrev(g, argnums, has_aux);
   };
-  return internal::Typed<F, decltype(transform), internal::AsTree>(
-      std::move(f), std::move(transform));
+  return internal::Typed<F, decltype(transform), internal::AsTree>(std::move(f),
+                                                                   std::move(transform));
 }
 
 template <class F>
 auto jacfwd(F f, Argnums argnums = 0, bool has_aux = false,
             Randomness randomness = Randomness::kError) {
-  auto transform = [argnums = std::move(argnums), has_aux,
-                    randomness](const TreeFn& g) {
+  auto transform = [argnums = std::move(argnums), has_aux, randomness](const TreeFn& g) {
     return jacfwd(g, argnums, has_aux, randomness);
   };
-  return internal::Typed<F, decltype(transform), internal::AsTree>(
-      std::move(f), std::move(transform));
+  return internal::Typed<F, decltype(transform), internal::AsTree>(std::move(f),
+                                                                   std::move(transform));
 }
 
 template <class F>
 auto hessian(F f, Argnums argnums = 0) {
-  auto transform = [argnums = std::move(argnums)](const TreeFn& g) {
-    return hessian(g, argnums);
-  };
-  return internal::Typed<F, decltype(transform), internal::AsTree>(
-      std::move(f), std::move(transform));
+  auto transform = [argnums = std::move(argnums)](const TreeFn& g) { return hessian(g, argnums); };
+  return internal::Typed<F, decltype(transform), internal::AsTree>(std::move(f),
+                                                                   std::move(transform));
 }
 
 }  // namespace functorch

@@ -40,18 +40,15 @@ struct JvpResult {
 };
 
 JvpResult jvp(const TreeFn& f, const std::vector<c10::IValue>& primals,
-              const std::vector<c10::IValue>& tangents, bool strict = false,
-              bool has_aux = false);
+              const std::vector<c10::IValue>& tangents, bool strict = false, bool has_aux = false);
 
 namespace internal {
 // jvp where only the primals in `argnums` carry tangents (jacfwd's building
 // block): `tangents` then has one entry per argnums entry (a single tree for
 // an int argnums).
-JvpResult jvp_with_argnums(const TreeFn& f,
-                           const std::vector<c10::IValue>& primals,
-                           const c10::IValue& tangents,
-                           const std::optional<Argnums>& argnums, bool strict,
-                           bool has_aux);
+JvpResult jvp_with_argnums(const TreeFn& f, const std::vector<c10::IValue>& primals,
+                           const c10::IValue& tangents, const std::optional<Argnums>& argnums,
+                           bool strict, bool has_aux);
 }  // namespace internal
 
 template <class Output>
@@ -70,26 +67,22 @@ struct TypedJvpResultWithAux {
 namespace internal {
 
 template <bool kHasAux, class F, class... P, class... T>
-auto typed_jvp(const F& f, const std::tuple<P...>& primals,
-               const std::tuple<T...>& tangents, bool strict) {
+auto typed_jvp(const F& f, const std::tuple<P...>& primals, const std::tuple<T...>& tangents,
+               bool strict) {
   static_assert(sizeof...(P) == sizeof...(T),
                 "jvp(f, primals, tangents): primals and tangents must have "
                 "the same number of entries");
   using R = typed_result_t<F, P...>;
   TreeFn tree_f = as_tree_fn<F, canonical_t<P>...>(&f);
-  auto to_vector = [](const c10::IValue& tuple) {
-    return tuple.toTupleRef().elements().vec();
-  };
-  JvpResult r = jvp_with_argnums(tree_f, to_vector(to_ivalue(primals)),
-                                 to_ivalue(tangents), std::nullopt, strict,
-                                 kHasAux);
+  auto to_vector = [](const c10::IValue& tuple) { return tuple.toTupleRef().elements().vec(); };
+  JvpResult r = jvp_with_argnums(tree_f, to_vector(to_ivalue(primals)), to_ivalue(tangents),
+                                 std::nullopt, strict, kHasAux);
   if constexpr (kHasAux) {
     using Output = typename AuxSplit<R>::output;
     using Aux = typename AuxSplit<R>::aux;
-    return TypedJvpResultWithAux<Output, Aux>{
-        IValueConvert<Output>::from(r.output.ivalue()),
-        IValueConvert<Output>::from(r.tangent.ivalue()),
-        IValueConvert<Aux>::from(r.aux.ivalue())};
+    return TypedJvpResultWithAux<Output, Aux>{IValueConvert<Output>::from(r.output.ivalue()),
+                                              IValueConvert<Output>::from(r.tangent.ivalue()),
+                                              IValueConvert<Aux>::from(r.aux.ivalue())};
   } else {
     return TypedJvpResult<R>{IValueConvert<R>::from(r.output.ivalue()),
                              IValueConvert<R>::from(r.tangent.ivalue())};
@@ -101,15 +94,15 @@ auto typed_jvp(const F& f, const std::tuple<P...>& primals,
 // Typed form: primals and tangents as std::tuples, e.g.
 //   functorch::jvp(f, std::make_tuple(x, y), std::make_tuple(tx, ty));
 template <class F, class... P, class... T>
-auto jvp(const F& f, const std::tuple<P...>& primals,
-         const std::tuple<T...>& tangents, bool strict = false) {
+auto jvp(const F& f, const std::tuple<P...>& primals, const std::tuple<T...>& tangents,
+         bool strict = false) {
   return internal::typed_jvp<false>(f, primals, tangents, strict);
 }
 
 // jvp(f, primals, tangents, functorch::has_aux[, strict]).
 template <class F, class... P, class... T>
-auto jvp(const F& f, const std::tuple<P...>& primals,
-         const std::tuple<T...>& tangents, HasAux, bool strict = false) {
+auto jvp(const F& f, const std::tuple<P...>& primals, const std::tuple<T...>& tangents, HasAux,
+         bool strict = false) {
   return internal::typed_jvp<true>(f, primals, tangents, strict);
 }
 

@@ -94,17 +94,14 @@ const std::vector<std::pair<std::string, LossFn>>& losses() {
 // jacfwd(jacrev) raise, in C++ and in Python, and plain autograd's Hessian
 // raises too ("derivative for aten::multi_margin_loss_backward is not
 // implemented").
-const std::set<std::string> kNoSecondDerivative = {"multi_margin",
-                                                   "multilabel_margin", "ctc"};
+const std::set<std::string> kNoSecondDerivative = {"multi_margin", "multilabel_margin", "ctc"};
 // Hessians C++ computes where Python raises. Python functorch 1.13 on Python
 // 3.11 raised for huber, cross_entropy(_probs), nll, kl_div, soft_margin and
 // multilabel_soft_margin; torch.func 2.15 computes all of them but
 // soft_margin (fixture: tools/golden/functorch_losses_golden.py).
 const std::set<std::string> kCppOnly = {"soft_margin"};
 
-
-const std::vector<std::string> kParams = {"0.weight", "0.bias", "2.weight",
-                                          "2.bias"};
+const std::vector<std::string> kParams = {"0.weight", "0.bias", "2.weight", "2.bias"};
 
 class LossSweep : public ::testing::TestWithParam<std::string> {
  protected:
@@ -113,8 +110,8 @@ class LossSweep : public ::testing::TestWithParam<std::string> {
     return *golden;
   }
   void SetUp() override {
-    model_ = torch::nn::Sequential(torch::nn::Linear(3, 4), torch::nn::Tanh(),
-                                   torch::nn::Linear(4, 3));
+    model_ =
+        torch::nn::Sequential(torch::nn::Linear(3, 4), torch::nn::Tanh(), torch::nn::Linear(4, 3));
     model_->to(torch::kFloat64);
     for (const auto& name : kParams) params_.insert(name, g()["param." + name]);
     for (const auto& [name, fn] : losses()) {
@@ -123,9 +120,7 @@ class LossSweep : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(loss_) << "no loss named " << GetParam();
     for (int i = 0; g().has(target_key(i)); ++i) targets_.push_back(g()[target_key(i)]);
   }
-  std::string target_key(int i) const {
-    return "target." + GetParam() + "." + std::to_string(i);
-  }
+  std::string target_key(int i) const { return "target." + GetParam() + "." + std::to_string(i); }
   int python_status(const std::string& transform) const {
     return g()["status." + GetParam() + "." + transform].item<int>();
   }
@@ -139,8 +134,8 @@ class LossSweep : public ::testing::TestWithParam<std::string> {
   void check_hessian(const std::string& transform, const Tree& h) const {
     for (const auto& a : kParams) {
       for (const auto& b : kParams) {
-        EXPECT_TRUE(AllClose(h[a][b], g()["ref." + GetParam() + ".hess." + a + "." + b],
-                             1e-7, 1e-10))
+        EXPECT_TRUE(
+            AllClose(h[a][b], g()["ref." + GetParam() + ".hess." + a + "." + b], 1e-7, 1e-10))
             << GetParam() << " " << transform << " d2/d" << a << " d" << b;
       }
     }
@@ -167,7 +162,9 @@ TEST_P(LossSweep, PerSampleGradsMatchAutogradLoop) {
 }
 
 TEST_P(LossSweep, Hessian) {
-  auto run = [&] { return hessian(example_loss())(params_, g()["xs"][0], first_example_targets()); };
+  auto run = [&] {
+    return hessian(example_loss())(params_, g()["xs"][0], first_example_targets());
+  };
   if (kNoSecondDerivative.count(GetParam())) {
     EXPECT_EQ(python_status("hessian"), 0);
     EXPECT_THROW_WITH(run(), "Trying to use forward AD with");
@@ -234,8 +231,8 @@ TEST(AddrDecomposition, VmapMatchesLoop) {
   for (int64_t i = 0; i < 5; ++i) {
     EXPECT_TRUE(AllClose(batched[i], f(self[i], a[i], b[i]), 1e-12, 1e-14));
     // sum((u v^T)^2) = |u|^2 |v|^2, Hessian in u: 2 |v|^2 I.
-    EXPECT_TRUE(AllClose(hess[i], torch::eye(3, torch::kFloat64) * 2 * b[i].pow(2).sum(),
-                         1e-10, 1e-12));
+    EXPECT_TRUE(
+        AllClose(hess[i], torch::eye(3, torch::kFloat64) * 2 * b[i].pow(2).sum(), 1e-10, 1e-12));
   }
   Tensor bools = vmap([](Tensor s, Tensor u, Tensor v) { return torch::addr(s, u, v); })(
       torch::zeros({2, 2, 2}, torch::kBool), torch::ones({2, 2}, torch::kBool),
@@ -284,7 +281,9 @@ TEST(ElementwiseLossBackwardDecompositions, VmapMatchesPerExampleKernel) {
   torch::manual_seed(0);
   Tensor x = torch::randn({4, 6}, torch::kFloat64) * 2, y = torch::randn({4, 6}, torch::kFloat64);
   for (auto reduction : {at::Reduction::Sum, at::Reduction::Mean}) {
-    auto smooth = [reduction](Tensor a, Tensor b) { return at::smooth_l1_loss(a, b, reduction, 0.7); };
+    auto smooth = [reduction](Tensor a, Tensor b) {
+      return at::smooth_l1_loss(a, b, reduction, 0.7);
+    };
     auto huber = [reduction](Tensor a, Tensor b) { return at::huber_loss(a, b, reduction, 0.7); };
     for (const auto& f : {std::function<Tensor(Tensor, Tensor)>(smooth),
                           std::function<Tensor(Tensor, Tensor)>(huber)}) {
@@ -292,7 +291,8 @@ TEST(ElementwiseLossBackwardDecompositions, VmapMatchesPerExampleKernel) {
       for (int64_t i = 0; i < 4; ++i) {
         Tensor xi = x[i].clone().requires_grad_();
         f(xi, y[i]).backward();
-        EXPECT_TRUE(AllClose(batched[i], xi.grad(), 1e-12, 1e-14)) << i << " reduction " << reduction;
+        EXPECT_TRUE(AllClose(batched[i], xi.grad(), 1e-12, 1e-14))
+            << i << " reduction " << reduction;
       }
     }
   }

@@ -6,8 +6,7 @@
 #include <sstream>
 
 namespace functorch {
-std::pair<std::vector<c10::IValue>, TreeSpec> tree_flatten(
-    const c10::IValue& tree) {
+std::pair<std::vector<c10::IValue>, TreeSpec> tree_flatten(const c10::IValue& tree) {
   std::vector<c10::IValue> leaves;
   TreeSpec spec;
   if (tree.isTuple()) {
@@ -49,21 +48,17 @@ std::pair<std::vector<c10::IValue>, TreeSpec> tree_flatten(
   return {std::move(leaves), std::move(spec)};
 }
 
-c10::IValue tree_unflatten(c10::ArrayRef<c10::IValue> leaves,
-                           const TreeSpec& spec) {
+c10::IValue tree_unflatten(c10::ArrayRef<c10::IValue> leaves, const TreeSpec& spec) {
   TORCH_CHECK(static_cast<int64_t>(leaves.size()) == spec.num_leaves(),
               "tree_unflatten(leaves, spec): expected ", spec.num_leaves(),
-              " leaves for structure ", spec.to_string(), ", got ",
-              leaves.size());
+              " leaves for structure ", spec.to_string(), ", got ", leaves.size());
   switch (spec.kind_) {
-    case TreeSpec::Kind::kLeaf:
-      return leaves[0];
+    case TreeSpec::Kind::kLeaf: return leaves[0];
     case TreeSpec::Kind::kTuple: {
       std::vector<c10::IValue> elements;
       size_t pos = 0;
       for (const auto& child : spec.children_) {
-        elements.push_back(
-            tree_unflatten(leaves.slice(pos, child.num_leaves()), child));
+        elements.push_back(tree_unflatten(leaves.slice(pos, child.num_leaves()), child));
         pos += child.num_leaves();
       }
       return c10::ivalue::Tuple::create(std::move(elements));
@@ -73,16 +68,13 @@ c10::IValue tree_unflatten(c10::ArrayRef<c10::IValue> leaves,
       size_t pos = 0;
       bool keeps_type = spec.element_type_ != nullptr;
       for (const auto& child : spec.children_) {
-        elements.push_back(
-            tree_unflatten(leaves.slice(pos, child.num_leaves()), child));
+        elements.push_back(tree_unflatten(leaves.slice(pos, child.num_leaves()), child));
         pos += child.num_leaves();
         // A leaf may have been replaced by a value of another type (a tensor
         // by None, say); the list then becomes a List[Any].
-        keeps_type = keeps_type &&
-                     elements.back().type()->isSubtypeOf(*spec.element_type_);
+        keeps_type = keeps_type && elements.back().type()->isSubtypeOf(*spec.element_type_);
       }
-      c10::impl::GenericList list(keeps_type ? spec.element_type_
-                                             : c10::AnyType::get());
+      c10::impl::GenericList list(keeps_type ? spec.element_type_ : c10::AnyType::get());
       for (auto& element : elements) list.push_back(std::move(element));
       return list;
     }
@@ -91,15 +83,12 @@ c10::IValue tree_unflatten(c10::ArrayRef<c10::IValue> leaves,
       size_t pos = 0;
       bool keeps_type = spec.element_type_ != nullptr;
       for (const auto& child : spec.children_) {
-        values.push_back(
-            tree_unflatten(leaves.slice(pos, child.num_leaves()), child));
+        values.push_back(tree_unflatten(leaves.slice(pos, child.num_leaves()), child));
         pos += child.num_leaves();
-        keeps_type = keeps_type &&
-                     values.back().type()->isSubtypeOf(*spec.element_type_);
+        keeps_type = keeps_type && values.back().type()->isSubtypeOf(*spec.element_type_);
       }
       c10::impl::GenericDict dict(spec.key_type_,
-                                  keeps_type ? spec.element_type_
-                                             : c10::AnyType::get());
+                                  keeps_type ? spec.element_type_ : c10::AnyType::get());
       for (size_t i = 0; i < values.size(); ++i) {
         dict.insert(spec.keys_[i], std::move(values[i]));
       }
@@ -148,8 +137,7 @@ std::string key_repr(const c10::IValue& key) {
 std::string TreeSpec::to_string() const {
   std::ostringstream os;
   switch (kind_) {
-    case Kind::kLeaf:
-      return "*";
+    case Kind::kLeaf: return "*";
     case Kind::kTuple:
       os << "(";
       for (size_t i = 0; i < children_.size(); ++i) {
@@ -167,8 +155,7 @@ std::string TreeSpec::to_string() const {
     case Kind::kDict:
       os << "{";
       for (size_t i = 0; i < children_.size(); ++i) {
-        os << (i ? ", " : "") << key_repr(keys_[i]) << ": "
-           << children_[i].to_string();
+        os << (i ? ", " : "") << key_repr(keys_[i]) << ": " << children_[i].to_string();
       }
       os << "}";
       break;
@@ -211,8 +198,7 @@ std::optional<std::vector<std::optional<int64_t>>> DimTree::broadcast_to(
   return out;
 }
 
-bool DimTree::broadcast_into(const TreeSpec& spec,
-                             std::vector<std::optional<int64_t>>& out) const {
+bool DimTree::broadcast_into(const TreeSpec& spec, std::vector<std::optional<int64_t>>& out) const {
   if (is_leaf()) {
     out.insert(out.end(), spec.num_leaves(), dim_);
     return true;
@@ -269,8 +255,7 @@ std::string DimTree::render(bool show_dims) const {
     case TreeSpec::Kind::kDict:
       os << "{";
       for (size_t i = 0; i < children_.size(); ++i) {
-        os << (i ? ", " : "") << "'" << keys_[i]
-           << "': " << children_[i].render(show_dims);
+        os << (i ? ", " : "") << "'" << keys_[i] << "': " << children_[i].render(show_dims);
       }
       os << "}";
       break;

@@ -43,10 +43,8 @@ class TreeSpec {
   std::string to_string() const;
 
  private:
-  friend std::pair<std::vector<c10::IValue>, TreeSpec> tree_flatten(
-      const c10::IValue& tree);
-  friend c10::IValue tree_unflatten(c10::ArrayRef<c10::IValue> leaves,
-                                    const TreeSpec& spec);
+  friend std::pair<std::vector<c10::IValue>, TreeSpec> tree_flatten(const c10::IValue& tree);
+  friend c10::IValue tree_unflatten(c10::ArrayRef<c10::IValue> leaves, const TreeSpec& spec);
 
   Kind kind_ = Kind::kLeaf;
   int64_t num_leaves_ = 1;
@@ -59,12 +57,10 @@ class TreeSpec {
 };
 
 // Leaves in depth-first, left-to-right order, and the structure around them.
-std::pair<std::vector<c10::IValue>, TreeSpec> tree_flatten(
-    const c10::IValue& tree);
+std::pair<std::vector<c10::IValue>, TreeSpec> tree_flatten(const c10::IValue& tree);
 
 // Inverse of tree_flatten. Throws when leaves.size() != spec.num_leaves().
-c10::IValue tree_unflatten(c10::ArrayRef<c10::IValue> leaves,
-                           const TreeSpec& spec);
+c10::IValue tree_unflatten(c10::ArrayRef<c10::IValue> leaves, const TreeSpec& spec);
 
 // Applies `fn` to every leaf, keeping the structure.
 c10::IValue tree_map(const std::function<c10::IValue(const c10::IValue&)>& fn,
@@ -86,7 +82,7 @@ class DimTree {
   DimTree(std::nullopt_t) {}                          // NOLINT
   DimTree(std::optional<int64_t> dim) : dim_(dim) {}  // NOLINT
   // A tuple of sub-trees; `{0}` is the one-element tuple (0,).
-  DimTree(std::initializer_list<DimTree> elements);   // NOLINT
+  DimTree(std::initializer_list<DimTree> elements);  // NOLINT
 
   static DimTree tuple(std::vector<DimTree> elements);
   static DimTree list(std::vector<DimTree> elements);
@@ -101,8 +97,7 @@ class DimTree {
   // One dim per leaf of `spec`, or nullopt when the structures are
   // incompatible (Python's _broadcast_to_and_flatten). A tuple or list here
   // matches a tuple or list there, since a C++ brace list cannot say which.
-  std::optional<std::vector<std::optional<int64_t>>> broadcast_to(
-      const TreeSpec& spec) const;
+  std::optional<std::vector<std::optional<int64_t>>> broadcast_to(const TreeSpec& spec) const;
 
   // The structure of this tree itself (for error messages).
   std::string structure() const;
@@ -111,8 +106,7 @@ class DimTree {
 
  private:
   DimTree() = default;
-  bool broadcast_into(const TreeSpec& spec,
-                      std::vector<std::optional<int64_t>>& out) const;
+  bool broadcast_into(const TreeSpec& spec, std::vector<std::optional<int64_t>>& out) const;
   // Renders the tree, leaves as their dims or (show_dims=false) as "*".
   std::string render(bool show_dims) const;
 

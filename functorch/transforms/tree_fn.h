@@ -23,9 +23,7 @@ class TreeFn {
   explicit TreeFn(std::function<Signature> fn, std::string name = "f")
       : fn_(std::move(fn)), name_(std::move(name)) {}
 
-  c10::IValue operator()(const std::vector<c10::IValue>& args) const {
-    return fn_(args);
-  }
+  c10::IValue operator()(const std::vector<c10::IValue>& args) const { return fn_(args); }
 
   const std::string& name() const { return name_; }
 

@@ -64,7 +64,7 @@ class Tree {
  public:
   Tree() = default;
   Tree(c10::IValue value) : value_(std::move(value)) {}  // NOLINT: implicit
-  Tree(const at::Tensor& tensor) : value_(tensor) {}      // NOLINT: implicit
+  Tree(const at::Tensor& tensor) : value_(tensor) {}     // NOLINT: implicit
 
   const c10::IValue& ivalue() const { return value_; }
   at::Tensor tensor() const;
@@ -81,7 +81,7 @@ class Tree {
   }
 
   operator at::Tensor() const { return tensor(); }  // NOLINT: implicit
-  operator std::vector<at::Tensor>() const {         // NOLINT
+  operator std::vector<at::Tensor>() const {        // NOLINT
     return to<std::vector<at::Tensor>>();
   }
   // A dict result (grad w.r.t. a NamedTensors argument), keys in order.
@@ -111,8 +111,7 @@ template <>
 struct IValueConvert<at::Tensor> {
   static c10::IValue to(const at::Tensor& v) { return v; }
   static at::Tensor from(const c10::IValue& v) {
-    TORCH_CHECK(v.isTensor(), "functorch: expected a Tensor, got ",
-                v.tagKind());
+    TORCH_CHECK(v.isTensor(), "functorch: expected a Tensor, got ", v.tagKind());
     return v.toTensor();
   }
 };
@@ -130,8 +129,8 @@ struct IValueConvert<bool> {
 };
 
 template <class T>
-struct IValueConvert<T, std::enable_if_t<std::is_integral<T>::value &&
-                                         !std::is_same<T, bool>::value>> {
+struct IValueConvert<
+    T, std::enable_if_t<std::is_integral<T>::value && !std::is_same<T, bool>::value>> {
   static c10::IValue to(T v) { return static_cast<int64_t>(v); }
   static T from(const c10::IValue& v) { return static_cast<T>(v.toInt()); }
 };
@@ -172,8 +171,7 @@ struct IValueConvert<std::vector<T>> {
       }
       return out;
     }
-    TORCH_CHECK(v.isList(), "functorch: expected a list or tuple, got ",
-                v.tagKind());
+    TORCH_CHECK(v.isList(), "functorch: expected a list or tuple, got ", v.tagKind());
     auto list = v.toList();
     for (size_t i = 0; i < list.size(); ++i) {
       out.push_back(IValueConvert<T>::from(list.get(i)));
@@ -192,8 +190,7 @@ struct IValueConvert<torch::OrderedDict<std::string, T>> {
     return dict;
   }
   static torch::OrderedDict<std::string, T> from(const c10::IValue& v) {
-    TORCH_CHECK(v.isGenericDict(), "functorch: expected a dict, got ",
-                v.tagKind());
+    TORCH_CHECK(v.isGenericDict(), "functorch: expected a dict, got ", v.tagKind());
     torch::OrderedDict<std::string, T> out;
     const auto dict = v.toGenericDict();
     out.reserve(dict.size());
@@ -214,8 +211,7 @@ struct IValueConvert<std::map<std::string, T>> {
     return dict;
   }
   static std::map<std::string, T> from(const c10::IValue& v) {
-    TORCH_CHECK(v.isGenericDict(), "functorch: expected a dict, got ",
-                v.tagKind());
+    TORCH_CHECK(v.isGenericDict(), "functorch: expected a dict, got ", v.tagKind());
     std::map<std::string, T> out;
     for (const auto& kv : v.toGenericDict()) {
       out.emplace(kv.key().toStringRef(), IValueConvert<T>::from(kv.value()));
@@ -230,27 +226,23 @@ struct IValueConvert<std::tuple<Ts...>> {
     return to_impl(v, std::index_sequence_for<Ts...>{});
   }
   static std::tuple<Ts...> from(const c10::IValue& v) {
-    TORCH_CHECK(v.isTuple() || v.isList(),
-                "functorch: expected a tuple of ", sizeof...(Ts),
+    TORCH_CHECK(v.isTuple() || v.isList(), "functorch: expected a tuple of ", sizeof...(Ts),
                 " elements, got ", v.tagKind());
     std::vector<c10::IValue> elements =
         v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
-    TORCH_CHECK(elements.size() == sizeof...(Ts),
-                "functorch: expected a tuple of ", sizeof...(Ts),
+    TORCH_CHECK(elements.size() == sizeof...(Ts), "functorch: expected a tuple of ", sizeof...(Ts),
                 " elements, got ", elements.size());
     return from_impl(elements, std::index_sequence_for<Ts...>{});
   }
 
  private:
   template <size_t... I>
-  static c10::IValue to_impl(const std::tuple<Ts...>& v,
-                             std::index_sequence<I...>) {
+  static c10::IValue to_impl(const std::tuple<Ts...>& v, std::index_sequence<I...>) {
     return c10::ivalue::Tuple::create(
         std::vector<c10::IValue>{IValueConvert<Ts>::to(std::get<I>(v))...});
   }
   template <size_t... I>
-  static std::tuple<Ts...> from_impl(const std::vector<c10::IValue>& e,
-                                     std::index_sequence<I...>) {
+  static std::tuple<Ts...> from_impl(const std::vector<c10::IValue>& e, std::index_sequence<I...>) {
     return std::tuple<Ts...>(IValueConvert<Ts>::from(e[I])...);
   }
 };
@@ -271,36 +263,33 @@ c10::IValue to_ivalue(const T& value) {
   return IValueConvert<std::decay_t<T>>::to(value);
 }
 
-inline at::Tensor Tree::tensor() const {
-  return IValueConvert<at::Tensor>::from(value_);
-}
+inline at::Tensor Tree::tensor() const { return IValueConvert<at::Tensor>::from(value_); }
 
 inline Tree Tree::operator[](size_t index) const {
   if (value_.isTensor()) {
     const at::Tensor& t = value_.toTensor();
-    TORCH_CHECK(t.dim() > 0, "Tree: cannot index a 0-dim Tensor (index ",
-                index, ")");
-    TORCH_CHECK(static_cast<int64_t>(index) < t.size(0), "Tree: index ",
-                index, " out of range for a Tensor of size ", t.sizes());
+    TORCH_CHECK(t.dim() > 0, "Tree: cannot index a 0-dim Tensor (index ", index, ")");
+    TORCH_CHECK(static_cast<int64_t>(index) < t.size(0), "Tree: index ", index,
+                " out of range for a Tensor of size ", t.sizes());
     return Tree(t.select(0, static_cast<int64_t>(index)));
   }
   if (value_.isTuple()) {
     const auto& elements = value_.toTupleRef().elements();
-    TORCH_CHECK(index < elements.size(), "Tree: index ", index,
-                " out of range for a tuple of ", elements.size());
+    TORCH_CHECK(index < elements.size(), "Tree: index ", index, " out of range for a tuple of ",
+                elements.size());
     return Tree(elements[index]);
   }
-  TORCH_CHECK(value_.isList(), "Tree: cannot index a ", value_.tagKind(),
-              " (index ", index, "); expected a tuple, list or Tensor");
+  TORCH_CHECK(value_.isList(), "Tree: cannot index a ", value_.tagKind(), " (index ", index,
+              "); expected a tuple, list or Tensor");
   auto list = value_.toList();
-  TORCH_CHECK(index < list.size(), "Tree: index ", index,
-              " out of range for a list of ", list.size());
+  TORCH_CHECK(index < list.size(), "Tree: index ", index, " out of range for a list of ",
+              list.size());
   return Tree(list.get(index));
 }
 
 inline Tree Tree::operator[](const std::string& key) const {
-  TORCH_CHECK(value_.isGenericDict(), "Tree: cannot look up key '", key,
-              "' in a ", value_.tagKind(), "; expected a dict");
+  TORCH_CHECK(value_.isGenericDict(), "Tree: cannot look up key '", key, "' in a ",
+              value_.tagKind(), "; expected a dict");
   auto dict = value_.toGenericDict();
   auto it = dict.find(key);
   if (it == dict.end()) {
@@ -308,8 +297,7 @@ inline Tree Tree::operator[](const std::string& key) const {
     for (const auto& kv : dict) {
       keys += (keys.empty() ? "'" : ", '") + kv.key().toStringRef() + "'";
     }
-    TORCH_CHECK(false, "Tree: no key '", key, "'; the dict has keys [", keys,
-                "]");
+    TORCH_CHECK(false, "Tree: no key '", key, "'; the dict has keys [", keys, "]");
   }
   return Tree(it->value());
 }
@@ -366,8 +354,7 @@ struct TypedCall {
                 "functorch::NamedTensors (torch::OrderedDict<std::string, T>), "
                 "also when passed as std::map: declare dict parameters as "
                 "NamedTensors.");
-  using type =
-      std::decay_t<std::invoke_result_t<const F&, canonical_t<Args>...>>;
+  using type = std::decay_t<std::invoke_result_t<const F&, canonical_t<Args>...>>;
   static_assert(!std::is_void<type>::value,
                 "functorch: a transformed function must return a value");
 };
@@ -385,10 +372,9 @@ c10::IValue invoke_typed(const F& f, const std::vector<c10::IValue>& args,
 template <class F, class... Args>
 TreeFn as_tree_fn(const F* f) {
   return TreeFn([f](const std::vector<c10::IValue>& args) -> c10::IValue {
-    TORCH_CHECK(args.size() == sizeof...(Args), "functorch: the function takes ",
-                sizeof...(Args), " arguments, got ", args.size());
-    return invoke_typed<F, Args...>(*f, args,
-                                    std::index_sequence_for<Args...>{});
+    TORCH_CHECK(args.size() == sizeof...(Args), "functorch: the function takes ", sizeof...(Args),
+                " arguments, got ", args.size());
+    return invoke_typed<F, Args...>(*f, args, std::index_sequence_for<Args...>{});
   });
 }
 
@@ -398,8 +384,7 @@ TreeFn as_tree_fn(const F* f) {
 template <class F, class Transform, template <class> class Result>
 class Typed {
  public:
-  Typed(F f, Transform transform)
-      : f_(std::move(f)), transform_(std::move(transform)) {}
+  Typed(F f, Transform transform) : f_(std::move(f)), transform_(std::move(transform)) {}
 
   template <class... Args>
   auto operator()(Args&&... args) const {

@@ -57,9 +57,8 @@ TEST(TypedHasAux, VjpMatchesPython) {
 
 TEST(TypedHasAux, JvpMatchesPython) {
   const auto& g = golden();
-  auto [out, jvp_out, aux] =
-      jvp(sin_mul_aux, std::make_tuple(g["ab.a"], g["ab.b"]),
-          std::make_tuple(g["jvp.ta"], g["jvp.tb"]), has_aux);
+  auto [out, jvp_out, aux] = jvp(sin_mul_aux, std::make_tuple(g["ab.a"], g["ab.b"]),
+                                 std::make_tuple(g["jvp.ta"], g["jvp.tb"]), has_aux);
   static_assert(std::is_same<decltype(jvp_out), Tensor>::value, "output's type");
   EXPECT_TRUE(AllClose(out, g["jvp_aux_out"]));
   EXPECT_TRUE(AllClose(jvp_out, g["jvp_aux_tangent"]));
@@ -68,8 +67,8 @@ TEST(TypedHasAux, JvpMatchesPython) {
   // strict still applies after the tag.
   Tensor c = torch::randn({4}, torch::kFloat64);
   auto unrelated = [c](Tensor x) { return std::make_tuple(c, x); };
-  EXPECT_THROW_WITH(jvp(unrelated, std::make_tuple(g["ab.a"]),
-                        std::make_tuple(g["jvp.ta"]), has_aux, /*strict=*/true),
+  EXPECT_THROW_WITH(jvp(unrelated, std::make_tuple(g["ab.a"]), std::make_tuple(g["jvp.ta"]),
+                        has_aux, /*strict=*/true),
                     "The output of f is independent of the inputs");
 }
 
@@ -83,13 +82,10 @@ TEST(TypedHasAux, ErrorsAsPython) {
       "(output, aux) if has_aux is True";
   auto single = [](Tensor x) { return x.sin(); };
   EXPECT_THROW_WITH(vjp(single, x, has_aux), vjp_msg);
-  EXPECT_THROW_WITH(jvp(single, std::make_tuple(x), std::make_tuple(x), has_aux),
-                    jvp_msg);
+  EXPECT_THROW_WITH(jvp(single, std::make_tuple(x), std::make_tuple(x), has_aux), jvp_msg);
   // A 3-tuple, a 2-element list: not (output, aux) either (checked at run
   // time, since the C++ type does not say).
-  auto triple = [](Tensor x) {
-    return c10::IValue(c10::ivalue::Tuple::create({x.sin(), x, x}));
-  };
+  auto triple = [](Tensor x) { return c10::IValue(c10::ivalue::Tuple::create({x.sin(), x, x})); };
   EXPECT_THROW_WITH(vjp(triple, x, has_aux), vjp_msg);
   auto list = [](Tensor x) { return std::vector<Tensor>{x.sin(), x}; };
   EXPECT_THROW_WITH(vjp(list, x, has_aux), vjp_msg);
@@ -97,9 +93,8 @@ TEST(TypedHasAux, ErrorsAsPython) {
   auto float_aux = [](Tensor x) { return std::make_pair(x.sin(), 1.0); };
   EXPECT_THROW_WITH(vjp(float_aux, x, has_aux),
                     "Expected tensors, got unsupported type <class 'float'>");
-  EXPECT_THROW_WITH(
-      jvp(float_aux, std::make_tuple(x), std::make_tuple(x), has_aux),
-      "Expected tensors, got unsupported type <class 'float'>");
+  EXPECT_THROW_WITH(jvp(float_aux, std::make_tuple(x), std::make_tuple(x), has_aux),
+                    "Expected tensors, got unsupported type <class 'float'>");
   // A dynamically typed (output, aux) works: both come back as Trees.
   auto dynamic = [](Tensor x) {
     return c10::IValue(c10::ivalue::Tuple::create({x.sin(), x.cos()}));
@@ -115,9 +110,7 @@ TEST(TypedHasAux, ErrorsAsPython) {
 
 TEST(TypedBindings, VjpOfTwoOutputsMatchesPython) {
   const auto& g = golden();
-  auto two_outputs = [](Tensor x, Tensor y) {
-    return std::make_tuple(x * y, (x + y).exp());
-  };
+  auto two_outputs = [](Tensor x, Tensor y) { return std::make_tuple(x * y, (x + y).exp()); };
   auto [out, vjp_fn] = vjp(two_outputs, g["ab.a"], g["ab.b"]);
   auto [out0, out1] = out;
   EXPECT_TRUE(AllClose(out0, g["vjp2_out0"]));
@@ -164,8 +157,7 @@ TEST(TreeIndexing, DictThenTensorRow) {
 // A model whose parameter names do not sort in insertion order
 // ("0.weight" > "0.bias"), so any std::map round trip would show.
 torch::nn::Sequential small_mlp() {
-  torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::Tanh(),
-                              torch::nn::Linear(8, 3));
+  torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
   model->to(torch::kFloat64);
   return model;
 }
@@ -213,8 +205,8 @@ TEST(OneDictType, GradResultFlowsBackIntoFunctionalCallAndAnUpdate) {
   // functional_call unconverted.
   EXPECT_TRUE(AllClose(functional_call(model, params, xs), model->forward(xs)));
   Tensor through_grads = functional_call(model, g, xs);
-  Tensor expected = F::linear(torch::tanh(F::linear(xs, g["0.weight"], g["0.bias"])),
-                              g["2.weight"], g["2.bias"]);
+  Tensor expected =
+      F::linear(torch::tanh(F::linear(xs, g["0.weight"], g["0.bias"])), g["2.weight"], g["2.bias"]);
   EXPECT_TRUE(AllClose(through_grads, expected));
 }
 
@@ -249,20 +241,18 @@ TEST(OneDictType, VjpAndJvpOverADictMatchPython) {
   EXPECT_TRUE(AllClose(dparams["b"], g["vjp_dict_b"]));
   EXPECT_TRUE(AllClose(dx, g["vjp_dict_x"]));
 
-  NamedTensors tangent{{"w", torch::ones_like(params["w"])},
-                       {"b", torch::zeros_like(params["b"])}};
-  auto [out, jvp_out, jaux] =
-      jvp(dict_loss, std::make_tuple(params, g["ab.a"]),
-          std::make_tuple(tangent, torch::zeros_like(g["ab.a"])), has_aux);
+  NamedTensors tangent{{"w", torch::ones_like(params["w"])}, {"b", torch::zeros_like(params["b"])}};
+  auto [out, jvp_out, jaux] = jvp(dict_loss, std::make_tuple(params, g["ab.a"]),
+                                  std::make_tuple(tangent, torch::zeros_like(g["ab.a"])), has_aux);
   EXPECT_TRUE(AllClose(out, g["jvp_dict_out"]));
   EXPECT_TRUE(AllClose(jvp_out, g["jvp_dict_tangent"]));
   EXPECT_TRUE(AllClose(jaux, g["jvp_dict_aux"]));
 }
 
 TEST(OneDictType, StdMapArgumentsConvert) {
-  static_assert(std::is_same<internal::canonical_t<std::map<std::string, Tensor>>,
-                             NamedTensors>::value,
-                "a std::map argument reaches the callable as NamedTensors");
+  static_assert(
+      std::is_same<internal::canonical_t<std::map<std::string, Tensor>>, NamedTensors>::value,
+      "a std::map argument reaches the callable as NamedTensors");
   static_assert(std::is_convertible<Tree, NamedTensors>::value,
                 "a dict result converts to NamedTensors");
   Tensor w = torch::randn({2, 3}), b = torch::randn({2});

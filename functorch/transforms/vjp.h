@@ -48,16 +48,13 @@ struct VjpResult {
   Tree aux;  // None unless has_aux
 };
 
-VjpResult vjp(const TreeFn& f, const std::vector<c10::IValue>& primals,
-              bool has_aux = false);
+VjpResult vjp(const TreeFn& f, const std::vector<c10::IValue>& primals, bool has_aux = false);
 
 namespace internal {
 // vjp restricted to the primals in `argnums` (jacrev's building block);
 // nullopt means all of them.
-VjpResult vjp_with_argnums(const TreeFn& f,
-                           const std::vector<c10::IValue>& primals,
-                           const std::optional<Argnums>& argnums,
-                           bool has_aux);
+VjpResult vjp_with_argnums(const TreeFn& f, const std::vector<c10::IValue>& primals,
+                           const std::optional<Argnums>& argnums, bool has_aux);
 }  // namespace internal
 
 // The typed vjp_fn: cotangents -> std::tuple<Primals...> of products.
@@ -68,14 +65,12 @@ class VjpFn {
 
   template <class... Cotangents>
   std::tuple<Primals...> operator()(const Cotangents&... cotangents) const {
-    static_assert(sizeof...(Cotangents) > 0,
-                  "vjp_fn(cotangents): no cotangents given");
+    static_assert(sizeof...(Cotangents) > 0, "vjp_fn(cotangents): no cotangents given");
     c10::IValue tree;
     if constexpr (sizeof...(Cotangents) == 1) {
       tree = to_ivalue(cotangents...);
     } else {
-      tree = c10::ivalue::Tuple::create(
-          std::vector<c10::IValue>{to_ivalue(cotangents)...});
+      tree = c10::ivalue::Tuple::create(std::vector<c10::IValue>{to_ivalue(cotangents)...});
     }
     return IValueConvert<std::tuple<Primals...>>::from(fn_(tree).ivalue());
   }
@@ -104,9 +99,9 @@ constexpr bool ends_with_has_aux() {
   if constexpr (sizeof...(Args) == 0) {
     return false;
   } else {
-    return std::is_same<std::tuple_element_t<sizeof...(Args) - 1,
-                                             std::tuple<std::decay_t<Args>...>>,
-                        HasAux>::value;
+    return std::is_same<
+        std::tuple_element_t<sizeof...(Args) - 1, std::tuple<std::decay_t<Args>...>>,
+        HasAux>::value;
   }
 }
 
@@ -115,9 +110,8 @@ auto typed_vjp(const F& f, const Args&... primals) {
   static_assert(sizeof...(Args) > 0, "vjp(f, *primals): no primals given");
   using R = typed_result_t<F, Args...>;
   TreeFn tree_f = as_tree_fn<F, canonical_t<Args>...>(&f);
-  VjpResult r = vjp_with_argnums(
-      tree_f, std::vector<c10::IValue>{to_ivalue(primals)...}, std::nullopt,
-      kHasAux);
+  VjpResult r = vjp_with_argnums(tree_f, std::vector<c10::IValue>{to_ivalue(primals)...},
+                                 std::nullopt, kHasAux);
   VjpFn<canonical_t<Args>...> vjp_fn(std::move(r.vjp_fn));
   if constexpr (kHasAux) {
     using Output = typename AuxSplit<R>::output;
@@ -126,14 +120,13 @@ auto typed_vjp(const F& f, const Args&... primals) {
         IValueConvert<Output>::from(r.output.ivalue()), std::move(vjp_fn),
         IValueConvert<Aux>::from(r.aux.ivalue())};
   } else {
-    return TypedVjpResult<R, canonical_t<Args>...>{
-        IValueConvert<R>::from(r.output.ivalue()), std::move(vjp_fn)};
+    return TypedVjpResult<R, canonical_t<Args>...>{IValueConvert<R>::from(r.output.ivalue()),
+                                                   std::move(vjp_fn)};
   }
 }
 
 template <class F, class ArgsTuple, size_t... I>
-auto typed_vjp_with_aux(const F& f, const ArgsTuple& args,
-                        std::index_sequence<I...>) {
+auto typed_vjp_with_aux(const F& f, const ArgsTuple& args, std::index_sequence<I...>) {
   return typed_vjp<true>(f, std::get<I>(args)...);
 }
 
@@ -143,9 +136,8 @@ auto typed_vjp_with_aux(const F& f, const ArgsTuple& args,
 template <class F, class... Args>
 auto vjp(const F& f, const Args&... args) {
   if constexpr (internal::ends_with_has_aux<Args...>()) {
-    return internal::typed_vjp_with_aux(
-        f, std::forward_as_tuple(args...),
-        std::make_index_sequence<sizeof...(Args) - 1>{});
+    return internal::typed_vjp_with_aux(f, std::forward_as_tuple(args...),
+                                        std::make_index_sequence<sizeof...(Args) - 1>{});
   } else {
     return internal::typed_vjp<false>(f, args...);
   }

@@ -63,13 +63,12 @@ auto vmap(F f, DimTree in_dims = 0, DimTree out_dims = 0,
           Randomness randomness = Randomness::kError,
           std::optional<int64_t> chunk_size = std::nullopt) {
   internal::check_vmap_args(chunk_size);
-  auto transform = [in_dims = std::move(in_dims),
-                    out_dims = std::move(out_dims), randomness,
+  auto transform = [in_dims = std::move(in_dims), out_dims = std::move(out_dims), randomness,
                     chunk_size](const TreeFn& g) {
     return vmap(g, in_dims, out_dims, randomness, chunk_size);
   };
-  return internal::Typed<F, decltype(transform), internal::SameType>(
-      std::move(f), std::move(transform));
+  return internal::Typed<F, decltype(transform), internal::SameType>(std::move(f),
+                                                                     std::move(transform));
 }
 
 }  // namespace functorch

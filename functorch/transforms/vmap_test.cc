@@ -61,15 +61,11 @@ TEST_F(VmapTest, GoldenDot) {
   auto batched_dot = vmap(torch::dot);
   EXPECT_TRUE(AllClose(batched_dot(x, y), g["vmap_dot"]));
   EXPECT_TRUE(AllClose(vmap(torch::dot, 1)(x, y), g["vmap_dot_in_dims_1"]));
-  EXPECT_TRUE(AllClose(vmap(torch::dot, {0, std::nullopt})(x, y[0]),
-                       g["vmap_dot_0_none"]));
-  EXPECT_TRUE(AllClose(vmap(vmap(torch::dot))(g["nested.x"], g["nested.y"]),
-                       g["vmap_vmap_dot"]));
-  EXPECT_TRUE(AllClose(
-      vmap(torch::mv, {std::nullopt, 0}, 1)(g["mv.m"], x.slice(1, 0, 3)),
-      g["vmap_mv_out_dims_1"]));
-  EXPECT_TRUE(AllClose(vmap([](Tensor a) { return a.sin() * 2; }, -1)(x),
-                       g["vmap_neg_in_dim"]));
+  EXPECT_TRUE(AllClose(vmap(torch::dot, {0, std::nullopt})(x, y[0]), g["vmap_dot_0_none"]));
+  EXPECT_TRUE(AllClose(vmap(vmap(torch::dot))(g["nested.x"], g["nested.y"]), g["vmap_vmap_dot"]));
+  EXPECT_TRUE(AllClose(vmap(torch::mv, {std::nullopt, 0}, 1)(g["mv.m"], x.slice(1, 0, 3)),
+                       g["vmap_mv_out_dims_1"]));
+  EXPECT_TRUE(AllClose(vmap([](Tensor a) { return a.sin() * 2; }, -1)(x), g["vmap_neg_in_dim"]));
 }
 
 TEST_F(VmapTest, IsVectorizedNotALoop) {
@@ -90,9 +86,7 @@ TEST_F(VmapTest, SingleAndMultipleInputs) {
   Tensor x = torch::randn({3, 4}), y = torch::randn({3, 4});
   EXPECT_TRUE(AllClose(vmap([](Tensor a) { return a * 2; })(x), x * 2));
   EXPECT_TRUE(AllClose(vmap(mul)(x, y), x * y));
-  EXPECT_TRUE(AllClose(vmap([](Tensor a, Tensor b) { return a * b; },
-                            {0, 1})(x, y.t()),
-                       x * y));
+  EXPECT_TRUE(AllClose(vmap([](Tensor a, Tensor b) { return a * b; }, {0, 1})(x, y.t()), x * y));
 }
 
 TEST_F(VmapTest, MultipleOutputs) {
@@ -118,15 +112,11 @@ TEST_F(VmapTest, ConstantFunctionIsExpanded) {
 
 TEST_F(VmapTest, NonZeroAndNegativeOutDims) {
   Tensor x = torch::randn({2, 3, 5});
-  EXPECT_TRUE(AllClose(vmap([](Tensor a) { return a; }, 0, 1)(x),
-                       x.permute({1, 0, 2})));
-  EXPECT_TRUE(AllClose(vmap([](Tensor a) { return a; }, 0, -1)(x),
-                       x.permute({1, 2, 0})));
-  EXPECT_TRUE(AllClose(vmap([](Tensor a) { return a; }, 0, 2)(x),
-                       x.permute({1, 2, 0})));
+  EXPECT_TRUE(AllClose(vmap([](Tensor a) { return a; }, 0, 1)(x), x.permute({1, 0, 2})));
+  EXPECT_TRUE(AllClose(vmap([](Tensor a) { return a; }, 0, -1)(x), x.permute({1, 2, 0})));
+  EXPECT_TRUE(AllClose(vmap([](Tensor a) { return a; }, 0, 2)(x), x.permute({1, 2, 0})));
   // Single output with a one-element out_dims tuple (test_out_dims_edge_case).
-  EXPECT_TRUE(AllClose(vmap([](Tensor a) { return a; }, 0, {1})(x),
-                       x.permute({1, 0, 2})));
+  EXPECT_TRUE(AllClose(vmap([](Tensor a) { return a; }, 0, {1})(x), x.permute({1, 0, 2})));
 }
 
 TEST_F(VmapTest, OutDimsNonePassesThrough) {
@@ -137,16 +127,14 @@ TEST_F(VmapTest, OutDimsNonePassesThrough) {
     return c10::ivalue::Tuple::create(
         {args[0].toTensor() * 2, y, c10::IValue(3.5), c10::IValue("tag")});
   });
-  c10::IValue out = vmap(f, 0, {0, std::nullopt, std::nullopt, std::nullopt})(
-      {c10::IValue(x)});
+  c10::IValue out = vmap(f, 0, {0, std::nullopt, std::nullopt, std::nullopt})({c10::IValue(x)});
   const auto& elems = out.toTupleRef().elements();
   EXPECT_TRUE(AllClose(elems[0].toTensor(), x * 2));
   EXPECT_TRUE(elems[1].toTensor().is_same(y));
   EXPECT_EQ(elems[2].toDouble(), 3.5);
   EXPECT_EQ(elems[3].toStringRef(), "tag");
   // Typed: (Tensor, double) with the double unmapped.
-  auto [t, d] = vmap([](Tensor a) { return std::make_tuple(a + 1, 2.0); }, 0,
-                     {0, std::nullopt})(x);
+  auto [t, d] = vmap([](Tensor a) { return std::make_tuple(a + 1, 2.0); }, 0, {0, std::nullopt})(x);
   EXPECT_TRUE(AllClose(t, x + 1));
   EXPECT_EQ(d, 2.0);
   // A batched output cannot be unmapped.
@@ -178,16 +166,13 @@ TEST_F(VmapTest, DictAndListInDims) {
   EXPECT_TRUE(AllClose(sum, list[0] + list[1]));
   // Per-element list in_dims.
   Tensor sum2 = vmap([](std::vector<Tensor> l) { return l[0] + l[1]; },
-                     {DimTree::list({0, 1})})(
-      std::vector<Tensor>{list[0], list[1].t()});
+                     {DimTree::list({0, 1})})(std::vector<Tensor>{list[0], list[1].t()});
   EXPECT_TRUE(AllClose(sum2, list[0] + list[1]));
 }
 
 TEST_F(VmapTest, DictOutDims) {
   Tensor x = torch::randn({4, 2});
-  auto f = [](Tensor a) {
-    return std::map<std::string, Tensor>{{"a", a}, {"b", a * 2}};
-  };
+  auto f = [](Tensor a) { return std::map<std::string, Tensor>{{"a", a}, {"b", a * 2}}; };
   auto out = vmap(f, 0, DimTree::dict({{"a", 0}, {"b", 1}}))(x);
   EXPECT_TRUE(AllClose(out["a"], x));
   EXPECT_TRUE(AllClose(out["b"], (x * 2).t()));
@@ -200,17 +185,14 @@ TEST_F(VmapTest, NestedVmap) {
   Tensor expected = (x * y).sum(-1);
   EXPECT_TRUE(AllClose(vmap(vmap(torch::dot))(x, y), expected, 1e-5, 1e-6));
   // Different map dims at each level.
-  EXPECT_TRUE(AllClose(vmap(vmap(torch::dot), 1)(x.transpose(0, 1),
-                                                  y.transpose(0, 1)),
-                       expected, 1e-5, 1e-6));
+  EXPECT_TRUE(AllClose(vmap(vmap(torch::dot), 1)(x.transpose(0, 1), y.transpose(0, 1)), expected,
+                       1e-5, 1e-6));
   // Inner out_dims.
   Tensor out = vmap(vmap([](Tensor a) { return a * 2; }, 0, 1))(x);
   EXPECT_TRUE(AllClose(out, (x * 2).transpose(1, 2)));
   // No-op in the inner vmap: the outer value is expanded along the inner map.
   Tensor u = torch::randn({3}), v = torch::randn({5});
-  Tensor noop = vmap([v](Tensor a) {
-    return vmap([a](Tensor) { return a; })(v);
-  })(u);
+  Tensor noop = vmap([v](Tensor a) { return vmap([a](Tensor) { return a; })(v); })(u);
   EXPECT_TRUE(AllClose(noop, u.unsqueeze(1).expand({3, 5})));
 }
 
@@ -239,11 +221,8 @@ TEST_F(VmapTest, ChunkSizeSameResults) {
 
 TEST_F(VmapTest, RandomnessError) {
   Tensor x = torch::randn({4, 3});
-  EXPECT_THROW_WITH(vmap([](Tensor a) { return a + torch::randn({3}); })(x),
-                    "randomness");
-  EXPECT_THROW_WITH(
-      vmap([](Tensor a) { return torch::dropout(a, 0.5, true); })(x),
-      "randomness");
+  EXPECT_THROW_WITH(vmap([](Tensor a) { return a + torch::randn({3}); })(x), "randomness");
+  EXPECT_THROW_WITH(vmap([](Tensor a) { return torch::dropout(a, 0.5, true); })(x), "randomness");
 }
 
 TEST_F(VmapTest, RandomnessDifferentAndSame) {
@@ -256,8 +235,8 @@ TEST_F(VmapTest, RandomnessDifferentAndSame) {
   // Random op on a batched input (rand_like) draws per example in
   // 'different' mode; dropout keeps its expected shape.
   Tensor ones = torch::ones({8, 100});
-  Tensor dropped = vmap([](Tensor a) { return torch::dropout(a, 0.5, true); },
-                        0, 0, Randomness::kDifferent)(ones);
+  Tensor dropped = vmap([](Tensor a) { return torch::dropout(a, 0.5, true); }, 0, 0,
+                        Randomness::kDifferent)(ones);
   EXPECT_EQ(dropped.sizes(), ones.sizes());
   EXPECT_FALSE(torch::equal(dropped[0], dropped[1]));
   // 'different' matches the unbatched draw of the whole batch from the same
@@ -269,8 +248,7 @@ TEST_F(VmapTest, RandomnessDifferentAndSame) {
   EXPECT_TRUE(AllClose(batched, reference));
   // chunk_size with 'same': every chunk replays the same state, so the whole
   // batch still shares one draw.
-  Tensor same_chunked =
-      vmap(add_noise, 0, 0, Randomness::kSame, 2)(torch::zeros({5, 3}));
+  Tensor same_chunked = vmap(add_noise, 0, 0, Randomness::kSame, 2)(torch::zeros({5, 3}));
   for (int i = 1; i < 5; ++i) EXPECT_TRUE(AllClose(same_chunked[i], same_chunked[0]));
 }
 
@@ -297,8 +275,7 @@ TEST_F(VmapTest, ErrorInDimOutOfRange) {
                     "Got in_dim=2 for some input, but that input is a Tensor "
                     "of dimensionality 2 so expected in_dim to satisfy -2 <= "
                     "in_dim < 2.");
-  EXPECT_THROW_WITH(vmap([](Tensor a) { return a; }, -3)(torch::randn({2, 3})),
-                    "Got in_dim=-3");
+  EXPECT_THROW_WITH(vmap([](Tensor a) { return a; }, -3)(torch::randn({2, 3})), "Got in_dim=-3");
 }
 
 TEST_F(VmapTest, ErrorInDimsStructureMismatch) {
@@ -307,27 +284,23 @@ TEST_F(VmapTest, ErrorInDimsStructureMismatch) {
                     "in_dims is not compatible with the structure of "
                     "`inputs`. in_dims has structure (*,) but inputs has "
                     "structure (*, *).");
-  EXPECT_THROW_WITH(vmap(torch::dot, {0, 0, 0})(x, x),
-                    "in_dims is not compatible");
+  EXPECT_THROW_WITH(vmap(torch::dot, {0, 0, 0})(x, x), "in_dims is not compatible");
 }
 
 TEST_F(VmapTest, ErrorInDimForNonTensor) {
-  EXPECT_THROW_WITH(
-      vmap([](Tensor a, double s) { return a * s; })(torch::randn({2}), 2.0),
-      "Got in_dim=0 for an input but the input is of type <class 'float'>. "
-      "We cannot "
-      "vmap over non-Tensor arguments, please use None as the respective "
-      "in_dim");
+  EXPECT_THROW_WITH(vmap([](Tensor a, double s) { return a * s; })(torch::randn({2}), 2.0),
+                    "Got in_dim=0 for an input but the input is of type <class 'float'>. "
+                    "We cannot "
+                    "vmap over non-Tensor arguments, please use None as the respective "
+                    "in_dim");
   // With None for the scalar it works.
-  Tensor out = vmap([](Tensor a, double s) { return a * s; },
-                    {0, std::nullopt})(torch::ones({2}), 2.0);
+  Tensor out =
+      vmap([](Tensor a, double s) { return a * s; }, {0, std::nullopt})(torch::ones({2}), 2.0);
   EXPECT_TRUE(AllClose(out, torch::full({2}, 2.0)));
 }
 
 TEST_F(VmapTest, ErrorNoInputsAndNoTensors) {
-  TreeFn f([](const std::vector<c10::IValue>&) -> c10::IValue {
-    return torch::ones({1});
-  });
+  TreeFn f([](const std::vector<c10::IValue>&) -> c10::IValue { return torch::ones({1}); });
   EXPECT_THROW_WITH(vmap(f)({}), "got no inputs");
   EXPECT_THROW_WITH(vmap(f, std::nullopt)({torch::ones({2})}),
                     "vmap: Expected at least one Tensor to vmap over");
@@ -336,8 +309,7 @@ TEST_F(VmapTest, ErrorNoInputsAndNoTensors) {
 TEST_F(VmapTest, ErrorChunkSize) {
   EXPECT_THROW_WITH(vmap(torch::dot, 0, 0, Randomness::kError, 0),
                     "vmap: chunk_size should be None or greater than 0. (got 0)");
-  EXPECT_THROW_WITH(vmap(torch::dot, 0, 0, Randomness::kError, -1),
-                    "(got -1)");
+  EXPECT_THROW_WITH(vmap(torch::dot, 0, 0, Randomness::kError, -1), "(got -1)");
 }
 
 TEST_F(VmapTest, ErrorFunctionReturningNoTensor) {
@@ -357,8 +329,7 @@ TEST_F(VmapTest, ErrorOutDims) {
                     "out_dims is not compatible with the structure of "
                     "`outputs`. out_dims has structure (*, *, *) but outputs "
                     "has structure (*, *).");
-  EXPECT_THROW_WITH(vmap([](Tensor a) { return a; }, 0, 3)(x),
-                    "Got out_dim=3");
+  EXPECT_THROW_WITH(vmap([](Tensor a) { return a; }, 0, 3)(x), "Got out_dim=3");
 }
 
 TEST_F(VmapTest, ThrowingFunctionLeavesStackClean) {
@@ -384,18 +355,17 @@ TEST_F(VmapTest, PytreeRoundTrip) {
   d.insert("w", torch::ones({2}));
   d.insert("n", c10::IValue());
   c10::IValue tree = c10::ivalue::Tuple::create(
-      {c10::IValue(std::vector<Tensor>{torch::zeros({1}), torch::ones({1})}),
-       c10::IValue(d), c10::IValue(int64_t{3})});
+      {c10::IValue(std::vector<Tensor>{torch::zeros({1}), torch::ones({1})}), c10::IValue(d),
+       c10::IValue(int64_t{3})});
   auto flat = tree_flatten(tree);
   EXPECT_EQ(flat.first.size(), 5u);
   EXPECT_EQ(flat.second.to_string(), "([*, *], {'w': *, 'n': *}, *)");
   c10::IValue back = tree_unflatten(flat.first, flat.second);
   EXPECT_EQ(tree_flatten(back).second, flat.second);
   EXPECT_TRUE(back.toTupleRef().elements()[0].isTensorList());
-  EXPECT_THROW_WITH(tree_unflatten({flat.first[0]}, flat.second),
-                    "expected 5 leaves");
-  auto dims = DimTree({DimTree::list({0, std::nullopt}), 1, std::nullopt})
-                  .broadcast_to(flat.second);
+  EXPECT_THROW_WITH(tree_unflatten({flat.first[0]}, flat.second), "expected 5 leaves");
+  auto dims =
+      DimTree({DimTree::list({0, std::nullopt}), 1, std::nullopt}).broadcast_to(flat.second);
   ASSERT_TRUE(dims.has_value());
   EXPECT_EQ(dims->size(), 5u);
   EXPECT_EQ((*dims)[1], std::nullopt);

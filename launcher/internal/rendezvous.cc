@@ -83,8 +83,8 @@ int connect_within(const sockaddr_in& addr, Clock::time_point deadline, int* err
     return -1;
   }
   while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     pollfd p{fd, POLLOUT, 0};
     const int ready = poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
     if (ready < 0 && errno == EINTR) continue;
@@ -111,8 +111,7 @@ class Rendezvous {
   static absl::StatusOr<std::unique_ptr<Rendezvous>> Open(const LaunchOptions& options,
                                                           Clock::time_point deadline) {
     auto r = std::unique_ptr<Rendezvous>(new Rendezvous(options));
-    const std::string where =
-        absl::StrCat(options.master_addr, ":", options.master_port);
+    const std::string where = absl::StrCat(options.master_addr, ":", options.master_port);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(static_cast<uint16_t>(options.master_port));
@@ -129,9 +128,9 @@ class Rendezvous {
           listen(fd, options.nnodes) != 0) {
         const int err = errno;
         if (fd >= 0) close(fd);
-        return absl::UnavailableError(absl::StrCat(
-            "--master-port: node 0's launcher cannot listen on ", where,
-            " for the other nodes: ", std::strerror(err)));
+        return absl::UnavailableError(
+            absl::StrCat("--master-port: node 0's launcher cannot listen on ", where,
+                         " for the other nodes: ", std::strerror(err)));
       }
       r->listen_fd_ = fd;
       r->peers_.resize(static_cast<size_t>(options.nnodes));
@@ -160,8 +159,7 @@ class Rendezvous {
         std::vector<std::string> words = absl::StrSplit(line, ' ');
         int node = -1;
         const bool hello = complete && words.size() == 2 && words[0] == "NODE" &&
-                           absl::SimpleAtoi(words[1], &node) && node > 0 &&
-                           node < options.nnodes;
+                           absl::SimpleAtoi(words[1], &node) && node > 0 && node < options.nnodes;
         if (hello && r->peers_[node].fd < 0) {
           incoming.node = node;
           r->peers_[node] = incoming;
@@ -174,20 +172,19 @@ class Rendezvous {
           rejected = absl::StrCat("a connection from ", incoming.address, " ", incoming.error);
         } else if (!complete) {
           rejected = absl::StrCat(
-              "a connection from ", incoming.address,
-              incoming.closed ? " closed" : " was silent",
-              " before introducing itself (expected 'NODE k', k in [1, --nnodes=",
-              options.nnodes, "))");
+              "a connection from ", incoming.address, incoming.closed ? " closed" : " was silent",
+              " before introducing itself (expected 'NODE k', k in [1, --nnodes=", options.nnodes,
+              "))");
         } else if (hello) {
-          rejected = absl::StrCat("a connection from ", incoming.address,
-                                  " said it is node ", node, ", which has already joined");
+          rejected = absl::StrCat("a connection from ", incoming.address, " said it is node ", node,
+                                  ", which has already joined");
         } else {
-          rejected = absl::StrCat("a connection from ", incoming.address, " sent ",
-                                  quote_line(line), ": expected 'NODE k', k in [1, --nnodes=",
-                                  options.nnodes, ")");
+          rejected =
+              absl::StrCat("a connection from ", incoming.address, " sent ", quote_line(line),
+                           ": expected 'NODE k', k in [1, --nnodes=", options.nnodes, ")");
         }
-        options.on_event(absl::StrCat("launcher rendezvous at ", where, ": turned away ",
-                                      rejected));
+        options.on_event(
+            absl::StrCat("launcher rendezvous at ", where, ": turned away ", rejected));
         close(peer);
       }
     } else {
@@ -203,9 +200,9 @@ class Rendezvous {
           break;
         }
         if (Clock::now() > deadline) {
-          return absl::DeadlineExceededError(absl::StrCat(
-              "node ", options.node_rank, " could not reach node 0's launcher at ", where,
-              ": ", std::strerror(err)));
+          return absl::DeadlineExceededError(absl::StrCat("node ", options.node_rank,
+                                                          " could not reach node 0's launcher at ",
+                                                          where, ": ", std::strerror(err)));
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
@@ -248,12 +245,12 @@ class Rendezvous {
       if (ready == options_.nnodes) break;
       for (size_t k = 1; k < peers_.size(); ++k) {
         if (peers_[k].closed && !peers_[k].error.empty()) {
-          return absl::DataLossError(absl::StrCat(Describe(peers_[k]), " ",
-                                                  peers_[k].error, " before attempt ", round));
+          return absl::DataLossError(
+              absl::StrCat(Describe(peers_[k]), " ", peers_[k].error, " before attempt ", round));
         }
         if (peers_[k].closed) {
-          return absl::UnavailableError(absl::StrCat(
-              "node ", k, "'s launcher disconnected before attempt ", round));
+          return absl::UnavailableError(
+              absl::StrCat("node ", k, "'s launcher disconnected before attempt ", round));
         }
       }
       if (Clock::now() > deadline) return Late("starting an attempt");
@@ -351,8 +348,8 @@ class Rendezvous {
     bool closed = false;
     std::string address;  // ip:port, for messages
     std::string error;    // why we gave up on it, when it broke the protocol
-    int joined = -1;  // node 0: the last attempt the node joined
-    int over = -1;    // node 0: the last attempt whose ranks are gone there
+    int joined = -1;      // node 0: the last attempt the node joined
+    int over = -1;        // node 0: the last attempt whose ranks are gone there
   };
 
   explicit Rendezvous(const LaunchOptions& options) : options_(options) {}
@@ -360,9 +357,9 @@ class Rendezvous {
   bool is_master() const { return options_.node_rank == 0; }
 
   absl::Status Lost() const {
-    return absl::UnavailableError(absl::StrCat(
-        "lost the connection to node 0's launcher at ", options_.master_addr, ":",
-        options_.master_port, " (it ended or died)"));
+    return absl::UnavailableError(absl::StrCat("lost the connection to node 0's launcher at ",
+                                               options_.master_addr, ":", options_.master_port,
+                                               " (it ended or died)"));
   }
 
   std::string Describe(const Peer& peer) const {
@@ -386,18 +383,20 @@ class Rendezvous {
     size_t sent = 0;
     const auto deadline = Clock::now() + kLauncherSendTimeout;
     while (sent < text.size()) {
-      const ssize_t n = send(peer.fd, text.data() + sent, text.size() - sent,
-                             MSG_NOSIGNAL | MSG_DONTWAIT);
+      const ssize_t n =
+          send(peer.fd, text.data() + sent, text.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         const auto left =
             std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
         pollfd p{peer.fd, POLLOUT, 0};
         if (left.count() <= 0 || poll(&p, 1, static_cast<int>(left.count())) == 0) {
-          ProtocolError(peer, absl::StrCat("did not read what was sent to it for ",
-                                           std::chrono::duration_cast<std::chrono::seconds>(
-                                               kLauncherSendTimeout).count(),
-                                           " s"));
+          ProtocolError(
+              peer,
+              absl::StrCat(
+                  "did not read what was sent to it for ",
+                  std::chrono::duration_cast<std::chrono::seconds>(kLauncherSendTimeout).count(),
+                  " s"));
           return false;
         }
         continue;
@@ -431,8 +430,8 @@ class Rendezvous {
     const size_t newline = peer.partial.find('\n');
     const size_t line = newline == std::string::npos ? peer.partial.size() : newline;
     if (line > kMaxLauncherLine) {
-      ProtocolError(peer, absl::StrCat("sent a line of more than ", kMaxLauncherLine,
-                                       " bytes (", quote_line(peer.partial.substr(0, 64)),
+      ProtocolError(peer, absl::StrCat("sent a line of more than ", kMaxLauncherLine, " bytes (",
+                                       quote_line(peer.partial.substr(0, 64)),
                                        "...): expected the launchers' short text messages"));
       peer.partial.clear();
     }
@@ -518,8 +517,8 @@ class Rendezvous {
           if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &code)) {
             Fail(r, code, absl::StrCat("node ", peer.node, ": ", parts[1]));
           } else {
-            ProtocolError(peer, absl::StrCat("sent ", quote_line(line),
-                                             ": expected FAIL r CODE SUMMARY"));
+            ProtocolError(
+                peer, absl::StrCat("sent ", quote_line(line), ": expected FAIL r CODE SUMMARY"));
           }
         } else {
           ProtocolError(peer, absl::StrCat("sent ", quote_line(line),
@@ -528,14 +527,12 @@ class Rendezvous {
       }
       if (peer.closed && !was_closed && is_master() && current_round_ >= 0) {
         Fail(current_round_, 1,
-             peer.error.empty()
-                 ? absl::StrCat("node ", peer.node, "'s launcher disconnected")
-                 : absl::StrCat(Describe(peer), " ", peer.error));
+             peer.error.empty() ? absl::StrCat("node ", peer.node, "'s launcher disconnected")
+                                : absl::StrCat(Describe(peer), " ", peer.error));
       }
       if (peer.closed && !is_master()) {
-        const std::string why = peer.error.empty()
-                                    ? std::string("node 0's launcher disconnected")
-                                    : absl::StrCat(Describe(peer), " ", peer.error);
+        const std::string why = peer.error.empty() ? std::string("node 0's launcher disconnected")
+                                                   : absl::StrCat(Describe(peer), " ", peer.error);
         if (failure_round_ != current_round_) {
           failure_round_ = current_round_;
           failure_ = {1, why};
@@ -548,9 +545,9 @@ class Rendezvous {
   }
 
   absl::Status Late(const char* what) const {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "node ", options_.node_rank, ": the launchers did not agree on ", what,
-        " in time (--timeout, or 2 minutes to gather)"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("node ", options_.node_rank, ": the launchers did not agree on ", what,
+                     " in time (--timeout, or 2 minutes to gather)"));
   }
 
  public:
@@ -571,9 +568,7 @@ class Rendezvous {
 absl::StatusOr<LaunchResult> launch_elastic_nodes(const LaunchOptions& options,
                                                   const RunAttempt& run_attempt,
                                                   Clock::time_point deadline) {
-  auto gather_deadline = [&] {
-    return std::min(deadline, Clock::now() + std::chrono::minutes(2));
-  };
+  auto gather_deadline = [&] { return std::min(deadline, Clock::now() + std::chrono::minutes(2)); };
   auto rendezvous = Rendezvous::Open(options, gather_deadline());
   if (!rendezvous.ok()) return rendezvous.status();
   Rendezvous& rdzv = **rendezvous;
@@ -605,13 +600,13 @@ absl::StatusOr<LaunchResult> launch_elastic_nodes(const LaunchOptions& options,
     if (verdict->finish) return result;
     if (!verdict->restart) {
       if (result->exit_code == 0) result->exit_code = verdict->exit_code;
-      result->summary = absl::StrCat(verdict->cause, "; no restart left (--max-restarts=",
-                                     options.max_restarts, " used)");
+      result->summary = absl::StrCat(
+          verdict->cause, "; no restart left (--max-restarts=", options.max_restarts, " used)");
       return result;
     }
     causes.push_back(verdict->cause);
-    options.on_event(absl::StrCat("restart ", attempt + 1, " of ", options.max_restarts,
-                                  " (all ", options.nnodes, " nodes): ", verdict->cause));
+    options.on_event(absl::StrCat("restart ", attempt + 1, " of ", options.max_restarts, " (all ",
+                                  options.nnodes, " nodes): ", verdict->cause));
   }
 }
 

@@ -35,8 +35,8 @@ struct AttemptHooks {
 };
 
 // Runs attempt `attempt` of this node's ranks with MASTER_PORT=`port`.
-using RunAttempt = std::function<absl::StatusOr<LaunchResult>(
-    int port, int attempt, const AttemptHooks& hooks)>;
+using RunAttempt =
+    std::function<absl::StatusOr<LaunchResult>(int port, int attempt, const AttemptHooks& hooks)>;
 
 // Multi-node with restarts: every attempt starts once all launchers joined
 // it, a failure anywhere ends the ranks on every node, and node 0's verdict

@@ -91,9 +91,8 @@ TEST(CorpusReplayTest, TemplateFilesLoadAsSaved) {
   for (const char* target : {"torch_file", "checkpoint", "dcp"}) {
     fs::create_directories(dir / target);
   }
-  const absl::Status written = WriteProjectSeeds((dir / "torch_file").string(),
-                                                 (dir / "checkpoint").string(),
-                                                 (dir / "dcp").string());
+  const absl::Status written = WriteProjectSeeds(
+      (dir / "torch_file").string(), (dir / "checkpoint").string(), (dir / "dcp").string());
   ASSERT_TRUE(written.ok()) << written;
   int replayed = 0;
   for (const char* target : {"checkpoint", "dcp"}) {
@@ -101,8 +100,10 @@ TEST(CorpusReplayTest, TemplateFilesLoadAsSaved) {
       SCOPED_TRACE(entry.path().string());
       const std::string bytes = ReadAll(entry.path());
       const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
-      if (std::string(target) == "dcp") RunDcpInput(data, bytes.size());
-      else RunCheckpointInput(data, bytes.size());
+      if (std::string(target) == "dcp")
+        RunDcpInput(data, bytes.size());
+      else
+        RunCheckpointInput(data, bytes.size());
       ++replayed;
     }
   }
@@ -215,30 +216,52 @@ std::string Zip(const std::vector<Record>& records) {
     const uint32_t crc = ZipCrc32(r.data) ^ (r.corrupt_crc ? 1u : 0u);
     const uint32_t offset = static_cast<uint32_t>(out.size());
     Put32(out, 0x04034b50);
-    Put16(out, 20); Put16(out, 0); Put16(out, 0); Put16(out, 0); Put16(out, 0);
-    Put32(out, crc); Put32(out, r.data.size()); Put32(out, r.data.size());
-    Put16(out, r.name.size()); Put16(out, 0);
+    Put16(out, 20);
+    Put16(out, 0);
+    Put16(out, 0);
+    Put16(out, 0);
+    Put16(out, 0);
+    Put32(out, crc);
+    Put32(out, r.data.size());
+    Put32(out, r.data.size());
+    Put16(out, r.name.size());
+    Put16(out, 0);
     out += r.name + r.data;
     Put32(directory, 0x02014b50);
-    Put16(directory, 20); Put16(directory, 20); Put16(directory, 0); Put16(directory, 0);
-    Put16(directory, 0); Put16(directory, 0);
-    Put32(directory, crc); Put32(directory, r.data.size()); Put32(directory, r.data.size());
-    Put16(directory, r.name.size()); Put16(directory, 0); Put16(directory, 0);
-    Put16(directory, 0); Put16(directory, 0); Put32(directory, r.external_attributes);
+    Put16(directory, 20);
+    Put16(directory, 20);
+    Put16(directory, 0);
+    Put16(directory, 0);
+    Put16(directory, 0);
+    Put16(directory, 0);
+    Put32(directory, crc);
+    Put32(directory, r.data.size());
+    Put32(directory, r.data.size());
+    Put16(directory, r.name.size());
+    Put16(directory, 0);
+    Put16(directory, 0);
+    Put16(directory, 0);
+    Put16(directory, 0);
+    Put32(directory, r.external_attributes);
     Put32(directory, offset);
     directory += r.name;
   }
   const uint32_t directory_offset = static_cast<uint32_t>(out.size());
   out += directory;
   Put32(out, 0x06054b50);
-  Put16(out, 0); Put16(out, 0); Put16(out, records.size()); Put16(out, records.size());
-  Put32(out, directory.size()); Put32(out, directory_offset); Put16(out, 0);
+  Put16(out, 0);
+  Put16(out, 0);
+  Put16(out, records.size());
+  Put16(out, records.size());
+  Put32(out, directory.size());
+  Put32(out, directory_offset);
+  Put16(out, 0);
   return out;
 }
 
 std::string LoadError(const std::string& name, const std::string& bytes) {
-  const std::string path = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR")
-                                                                   : "/tmp") + "/" + name;
+  const std::string path =
+      std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/" + name;
   std::ofstream(path, std::ios::binary) << bytes;
   auto loaded = LoadIValue(path);
   if (loaded.ok()) return "loaded";
@@ -282,8 +305,8 @@ TEST(CorpusReplayTest, ArchivesTheReaderWouldLeakOnAreRefusedByName) {
   m = LoadError("version_dir_with_bytes.pt",
                 Zip({pickle, {"archive/version", "3\n", false, 0x10}}));
   EXPECT_TRUE(Has(m, "('archive/version') holds 2 bytes but is marked as a directory")) << m;
-  m = LoadError("pickle_dir.pt", Zip({{"archive/data.pkl", pickle.data, false, 0x10},
-                                      {"archive/version", "3\n"}}));
+  m = LoadError("pickle_dir.pt",
+                Zip({{"archive/data.pkl", pickle.data, false, 0x10}, {"archive/version", "3\n"}}));
   EXPECT_TRUE(Has(m, "holds 5 bytes but is marked as a directory")) << m;
   m = LoadError("not_zip.pt", "PYTORCH1 and then something else entirely");
   EXPECT_TRUE(Has(m, "no end of central directory record")) << m;

@@ -96,8 +96,8 @@ std::string Describe(const torch::Tensor& t) {
 // Checkpoint template.
 
 constexpr int kWorldSize = 2;
-const char* const kCheckpointFiles[CheckpointInputLayout::kFiles] = {
-    "MANIFEST", "rank_00000.pt", "rank_00001.pt"};
+const char* const kCheckpointFiles[CheckpointInputLayout::kFiles] = {"MANIFEST", "rank_00000.pt",
+                                                                     "rank_00001.pt"};
 
 // The full tensors of the template; every rank file holds pieces of several.
 TensorDict TemplateTensors() {
@@ -118,9 +118,8 @@ std::vector<ShardedStateDict> TemplateShards() {
     const int64_t numel = item.value().numel();
     for (int r = 0; r < kWorldSize; ++r) {
       // "steps" lives wholly on rank 0, so rank 1 records it without data.
-      const FlatRange range = item.key() == "steps"
-                                  ? FlatRange{0, r == 0 ? numel : 0}
-                                  : EvenShardRange(numel, kWorldSize, r);
+      const FlatRange range = item.key() == "steps" ? FlatRange{0, r == 0 ? numel : 0}
+                                                    : EvenShardRange(numel, kWorldSize, r);
       std::vector<FlatRange> ranges;
       if (range.numel > 0) ranges.push_back(range);
       shards[static_cast<size_t>(r)].insert(item.key(), ShardFullTensor(item.value(), ranges));
@@ -171,7 +170,8 @@ const CheckpointTemplate& Template() {
       t->contents[i] = ReadBytesOrDie(t->step_dir + "/" + kCheckpointFiles[i]);
     }
     auto manifest = ReadManifest(t->step_dir);
-    if (!manifest.ok()) Violation("cannot read the template manifest: " + StatusText(manifest.status()));
+    if (!manifest.ok())
+      Violation("cannot read the template manifest: " + StatusText(manifest.status()));
     t->manifest = *std::move(manifest);
     t->whole_requests = WholeTensorRequests(t->manifest);
     return t;
@@ -311,8 +311,8 @@ void RunTorchFileInput(const uint8_t* data, size_t size) {
   auto dict = LoadTensorDict(path);
   if (!dict.ok()) return;
   if (!value.ok()) {
-    Violation(absl::StrCat("LoadTensorDict accepted a file LoadIValue rejects: ",
-                           StatusText(value)));
+    Violation(
+        absl::StrCat("LoadTensorDict accepted a file LoadIValue rejects: ", StatusText(value)));
   }
   int64_t bytes = 0;
   for (const auto& item : dict->tensors) {
@@ -329,7 +329,8 @@ void RunTorchFileInput(const uint8_t* data, size_t size) {
   if (!saved.ok()) Violation("SaveTensorDict rejected a loaded dict: " + StatusText(saved));
   auto reloaded = LoadTensorDict(copy);
   if (!reloaded.ok()) {
-    Violation("LoadTensorDict rejected what SaveTensorDict wrote: " + StatusText(reloaded.status()));
+    Violation("LoadTensorDict rejected what SaveTensorDict wrote: " +
+              StatusText(reloaded.status()));
   }
   if (reloaded->tensors.keys() != dict->tensors.keys()) {
     Violation("the round trip changed the dict's keys or their order");
@@ -337,8 +338,8 @@ void RunTorchFileInput(const uint8_t* data, size_t size) {
   for (const auto& item : dict->tensors) {
     const torch::Tensor& again = reloaded->tensors[item.key()];
     if (!BitwiseEqual(item.value(), again)) {
-      Violation(absl::StrCat("the round trip changed tensor '", item.key(), "': ",
-                             Describe(item.value()), " became ", Describe(again)));
+      Violation(absl::StrCat("the round trip changed tensor '", item.key(),
+                             "': ", Describe(item.value()), " became ", Describe(again)));
     }
   }
 }
@@ -400,8 +401,9 @@ void RunCheckpointInput(const uint8_t* data, size_t size) {
 
   const std::string results = absl::StrCat(
       "\n  verify:    ", StatusText(verified), "\n  full:      ", StatusText(full.status()),
-      "\n  resharded: ", StatusText(resharded.status()), "\n  local:     ",
-      StatusText(local.status()), "\n  (input replaced ", kCheckpointFiles[layout.file],
+      "\n  resharded: ", StatusText(resharded.status()),
+      "\n  local:     ", StatusText(local.status()), "\n  (input replaced ",
+      kCheckpointFiles[layout.file],
       layout.fix_file_checksum ? ", manifest checksum fixed up)" : ")");
   // `ckpt convert`: the full state dict written as one torch.save file, which
   // must load back bitwise equal.
@@ -423,8 +425,8 @@ void RunCheckpointInput(const uint8_t* data, size_t size) {
     }
   }
   if (verified.ok() != converted.ok()) {
-    Violation(absl::StrCat("verify and convert disagree (convert: ", StatusText(converted), "):",
-                           results));
+    Violation(absl::StrCat("verify and convert disagree (convert: ", StatusText(converted),
+                           "):", results));
   }
   if (verified.ok()) {
     if (!full.ok() || !resharded.ok() || !local.ok()) {
@@ -465,7 +467,8 @@ void RunDcpInput(const uint8_t* data, size_t size) {
 
   auto ckpt = DcpCheckpoint::Open(dir);
   if (!ckpt.ok()) {
-    if (pristine) Violation("the template DCP checkpoint does not open: " + StatusText(ckpt.status()) + input);
+    if (pristine)
+      Violation("the template DCP checkpoint does not open: " + StatusText(ckpt.status()) + input);
     return;
   }
   const std::vector<DcpCheckpoint::TensorInfo> tensors = ckpt->tensors();
@@ -484,9 +487,9 @@ void RunDcpInput(const uint8_t* data, size_t size) {
     auto second = LoadRange(*ckpt, info, half, numel - half);
     const std::string results = absl::StrCat(
         "\n  tensor:      '", info.key, "' ", c10::toString(info.dtype), " [",
-        absl::StrJoin(info.shape, ", "), "]",
-        "\n  whole:       ", StatusText(whole.status()), "\n  first half:  ",
-        StatusText(first.status()), "\n  second half: ", StatusText(second.status()), input);
+        absl::StrJoin(info.shape, ", "), "]", "\n  whole:       ", StatusText(whole.status()),
+        "\n  first half:  ", StatusText(first.status()),
+        "\n  second half: ", StatusText(second.status()), input);
     if (whole.ok() != (first.ok() && second.ok())) {
       Violation("the whole load and the loads of its halves disagree:" + results);
     }
@@ -508,34 +511,34 @@ void RunDcpInput(const uint8_t* data, size_t size) {
   }
   const std::vector<std::string> objects = ckpt->objects();
   if (pristine && objects.size() != t.objects.size()) {
-    Violation(absl::StrCat("the template's ", t.objects.size(), " objects open as ",
-                           objects.size(), input));
+    Violation(absl::StrCat("the template's ", t.objects.size(), " objects open as ", objects.size(),
+                           input));
   }
   for (size_t i = 0; i < objects.size(); ++i) {
     auto value = ckpt->LoadObject(objects[i]);
     if (!pristine) continue;
     if (!value.ok() || objects[i] != t.objects[i].first || !(*value == t.objects[i].second)) {
-      Violation(absl::StrCat("the template's object '", t.objects[i].first, "' loads as '",
-                             objects[i], "': ", value.ok() ? c10::str(*value) : StatusText(value.status()),
-                             input));
+      Violation(
+          absl::StrCat("the template's object '", t.objects[i].first, "' loads as '", objects[i],
+                       "': ", value.ok() ? c10::str(*value) : StatusText(value.status()), input));
     }
   }
 }
 
-absl::Status WriteProjectSeeds(const std::string& torch_file_dir,
-                               const std::string& checkpoint_dir,
+absl::Status WriteProjectSeeds(const std::string& torch_file_dir, const std::string& checkpoint_dir,
                                const std::string& dcp_dir) {
   // A dict of every dtype, including views, a 0-dim and an empty tensor.
   TensorDict tensors;
   const torch::Tensor base = torch::arange(24, torch::kFloat).reshape({4, 6});
   tensors.insert("float", base);
   tensors.insert("transposed", base.t());
-  tensors.insert("strided", base.index({torch::indexing::Slice(), torch::indexing::Slice(1, 6, 2)}));
+  tensors.insert("strided",
+                 base.index({torch::indexing::Slice(), torch::indexing::Slice(1, 6, 2)}));
   tensors.insert("scalar", torch::tensor(3.25, torch::kDouble));
   tensors.insert("empty", torch::zeros({0, 3}, torch::kInt));
-  for (auto dtype : {torch::kHalf, torch::kBFloat16, torch::kDouble, torch::kChar, torch::kByte,
-                     torch::kShort, torch::kInt, torch::kLong, torch::kBool, torch::kComplexFloat,
-                     torch::kComplexDouble}) {
+  for (auto dtype :
+       {torch::kHalf, torch::kBFloat16, torch::kDouble, torch::kChar, torch::kByte, torch::kShort,
+        torch::kInt, torch::kLong, torch::kBool, torch::kComplexFloat, torch::kComplexDouble}) {
     tensors.insert(absl::StrCat("dtype_", c10::toString(dtype)),
                    torch::arange(5, torch::kFloat).sub(2).to(dtype));
   }

@@ -72,8 +72,7 @@ void RunDcpInput(const uint8_t* data, size_t size);
 // `torch_file_dir`, the template checkpoint's files into `checkpoint_dir`
 // and the template DCP directory's files into `dcp_dir` (each of the last
 // two prefixed by its selector byte). The directories must exist.
-absl::Status WriteProjectSeeds(const std::string& torch_file_dir,
-                               const std::string& checkpoint_dir,
+absl::Status WriteProjectSeeds(const std::string& torch_file_dir, const std::string& checkpoint_dir,
                                const std::string& dcp_dir);
 
 }  // namespace fuzz

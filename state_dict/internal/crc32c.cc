@@ -100,8 +100,7 @@ class ShiftTable {
   uint32_t by_byte_[4][256];
 };
 
-__attribute__((target("sse4.2"))) inline uint64_t CrcWord(uint64_t reg,
-                                                         const unsigned char* p) {
+__attribute__((target("sse4.2"))) inline uint64_t CrcWord(uint64_t reg, const unsigned char* p) {
   uint64_t word;
   std::memcpy(&word, p, sizeof(word));
   return _mm_crc32_u64(reg, word);

@@ -48,13 +48,9 @@ constexpr uint64_t kWritebackBytes = uint64_t{8} << 20;
 constexpr size_t kReadBufferBytes = size_t{4} << 20;
 
 AtomicFileWriter::AtomicFileWriter(std::string path, std::string tmp, int fd)
-    : path_(std::move(path)),
-      tmp_(std::move(tmp)),
-      fd_(fd),
-      buffer_(new char[kWriteBufferBytes]) {}
+    : path_(std::move(path)), tmp_(std::move(tmp)), fd_(fd), buffer_(new char[kWriteBufferBytes]) {}
 
-absl::StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Open(
-    const std::string& path) {
+absl::StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Open(const std::string& path) {
   // The pid and a per-process counter keep concurrent writers (ranks sharing
   // a file system, a background save beside a foreground one) apart; a
   // leftover temporary from a crashed writer is never read by anyone.
@@ -154,8 +150,7 @@ absl::Status AtomicFileWriter::Commit() {
   return FsyncDirectory(Dirname(path_));
 }
 
-absl::Status WriteFileAtomically(const std::string& path,
-                                 absl::string_view contents) {
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
   auto writer = AtomicFileWriter::Open(path);
   if (!writer.ok()) return writer.status();
   absl::Status status = (*writer)->Append(contents.data(), contents.size());

@@ -70,8 +70,7 @@ absl::StatusOr<FileChecksum> ChecksumFile(const std::string& path);
 // Writes `contents` to `path` atomically and durably: a temporary file in the
 // same directory is written, fsynced and renamed over `path`, then the
 // directory is fsynced so the rename itself survives a power loss.
-absl::Status WriteFileAtomically(const std::string& path,
-                                 absl::string_view contents);
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
 
 // Reads a whole file. NotFound when it does not exist.
 absl::StatusOr<std::string> ReadFile(const std::string& path);

@@ -4,11 +4,11 @@
 
 // Evaluates `expr` (an absl::StatusOr<T>); returns its status from the
 // enclosing function on error, else moves its value into `lhs`.
-#define STATE_DICT_ASSIGN_OR_RETURN(lhs, expr)  \
-  do {                                          \
-    auto _state_dict_value = (expr);            \
-    if (!_state_dict_value.ok()) {              \
-      return _state_dict_value.status();        \
-    }                                           \
-    lhs = *std::move(_state_dict_value);        \
+#define STATE_DICT_ASSIGN_OR_RETURN(lhs, expr) \
+  do {                                         \
+    auto _state_dict_value = (expr);           \
+    if (!_state_dict_value.ok()) {             \
+      return _state_dict_value.status();       \
+    }                                          \
+    lhs = *std::move(_state_dict_value);       \
   } while (false)

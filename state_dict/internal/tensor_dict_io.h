@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "state_dict/internal/file_io.h"
-#include "state_dict/internal/unpickler.h"
+#include "state_dict/archive/torch_archive_reader.h"
 #include "state_dict/pytorch_format.h"
 
 namespace state_dict {
@@ -44,8 +44,7 @@ struct LiveTensors {
   std::function<void()> written;
 };
 absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
-                                                  const std::string& path,
-                                                  const LiveTensors* live);
+                                                  const std::string& path, const LiveTensors* live);
 
 // SaveIValue's torch.save archive, appended to `file` at its current end
 // (zip offsets relative to the archive's first byte): DCP's .distcp files

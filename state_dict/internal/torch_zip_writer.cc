@@ -83,23 +83,23 @@ TorchZipWriter::TorchZipWriter(AtomicFileWriter& file, std::string archive_name)
 absl::StatusOr<uint32_t> TorchZipWriter::WriteRecord(absl::string_view name, const void* data,
                                                      size_t size) {
   if (finished_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot add record '", name, "' to ", file_.path(), ": the archive is finished"));
+    return absl::FailedPreconditionError(absl::StrCat("cannot add record '", name, "' to ",
+                                                      file_.path(), ": the archive is finished"));
   }
   Entry entry{absl::StrCat(archive_name_, "/", name), file_.bytes() - base_, size, 0};
   if (entry.name.size() > 0xFFFF) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot add record '", name, "' to ", file_.path(), ": its name has ",
-        entry.name.size(), " bytes, a zip name at most 65535"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot add record '", name, "' to ", file_.path(), ": its name has ",
+                     entry.name.size(), " bytes, a zip name at most 65535"));
   }
   const bool large_size = entry.size >= kZip64Threshold;
   const bool large_offset = entry.offset >= kZip64Threshold;
   // As miniz: the local ZIP64 field carries the size and a compressed size
   // of 0 (not known yet when it writes the header), and the offset.
   const uint64_t zero = 0;
-  const std::string zip64 = Zip64Extra(large_size ? &entry.size : nullptr,
-                                       large_size ? &zero : nullptr,
-                                       large_offset ? &entry.offset : nullptr);
+  const std::string zip64 =
+      Zip64Extra(large_size ? &entry.size : nullptr, large_size ? &zero : nullptr,
+                 large_offset ? &entry.offset : nullptr);
   const uint64_t unpadded =
       entry.offset + kZipLocalHeaderSize + entry.name.size() + zip64.size() + 4;
   const uint64_t padding = (kDataAlignment - unpadded % kDataAlignment) % kDataAlignment;
@@ -147,8 +147,7 @@ absl::StatusOr<uint32_t> TorchZipWriter::WriteRecord(absl::string_view name, con
 absl::Status TorchZipWriter::Finish() {
   // The version torch.load checks, as PyTorchStreamWriter writes it for
   // archives that use no newer feature.
-  const std::string version =
-      absl::StrCat(caffe2::serialize::kMinProducedFileFormatVersion, "\n");
+  const std::string version = absl::StrCat(caffe2::serialize::kMinProducedFileFormatVersion, "\n");
   auto written = WriteRecord("version", version.data(), version.size());
   if (!written.ok()) return written.status();
   // LibTorch 2.x's writer adds the byte order of the tensor data and an id
@@ -176,9 +175,9 @@ absl::Status TorchZipWriter::Finish() {
   Bytes directory;
   for (const Entry& e : entries_) {
     const bool large_size = e.size >= kZip64Threshold;
-    const std::string zip64 = Zip64Extra(large_size ? &e.size : nullptr,
-                                         large_size ? &e.size : nullptr,
-                                         e.offset >= kZip64Threshold ? &e.offset : nullptr);
+    const std::string zip64 =
+        Zip64Extra(large_size ? &e.size : nullptr, large_size ? &e.size : nullptr,
+                   e.offset >= kZip64Threshold ? &e.offset : nullptr);
     const uint64_t size32 = std::min(e.size, kZip64Threshold);
     directory.u32(kZipCentralHeaderSignature).u16(0).u16(0).u16(Flags(e.size)).u16(0).u16(0).u16(0);
     directory.u32(e.crc32).u32(size32).u32(size32);

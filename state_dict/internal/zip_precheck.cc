@@ -53,12 +53,8 @@ uint16_t Le16(const char* p) {
   const auto* u = reinterpret_cast<const unsigned char*>(p);
   return static_cast<uint16_t>(u[0] | (u[1] << 8));
 }
-uint32_t Le32(const char* p) {
-  return Le16(p) | (static_cast<uint32_t>(Le16(p + 2)) << 16);
-}
-uint64_t Le64(const char* p) {
-  return Le32(p) | (static_cast<uint64_t>(Le32(p + 4)) << 32);
-}
+uint32_t Le32(const char* p) { return Le16(p) | (static_cast<uint32_t>(Le16(p + 2)) << 16); }
+uint64_t Le64(const char* p) { return Le32(p) | (static_cast<uint64_t>(Le32(p + 4)) << 32); }
 
 // As miniz decides (mz_zip_reader_is_file_a_directory): a name ending in
 // '/', or the DOS directory attribute.
@@ -127,8 +123,9 @@ class ArchiveCheck {
     // is one, in its constructor (and leaks miniz's state when that throws).
     for (const ZipEntry* e : Find(entries, folder + ".data/serialization_id")) {
       std::string contents;
-      status = ReadSmallRecord(*e, absl::StrCat("serialization id record '", absl::CEscape(e->name), "'"),
-                               kMaxSerializationIdBytes, contents);
+      status = ReadSmallRecord(
+          *e, absl::StrCat("serialization id record '", absl::CEscape(e->name), "'"),
+          kMaxSerializationIdBytes, contents);
       if (!status.ok()) return status;
     }
     // The reader takes ".data/version" when there is one, else "version";
@@ -161,11 +158,12 @@ class ArchiveCheck {
     out.resize(static_cast<size_t>(size));
     size_t done = 0;
     while (done < out.size()) {
-      const ssize_t n = ::pread(fd_, &out[done], out.size() - done,
-                                static_cast<off_t>(base_ + offset + done));
+      const ssize_t n =
+          ::pread(fd_, &out[done], out.size() - done, static_cast<off_t>(base_ + offset + done));
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return Bad(absl::StrCat("cannot read its ", what, ": ",
-                                          n < 0 ? std::strerror(errno) : "unexpected end"));
+      if (n <= 0)
+        return Bad(absl::StrCat("cannot read its ", what, ": ",
+                                n < 0 ? std::strerror(errno) : "unexpected end"));
       done += static_cast<size_t>(n);
     }
     return absl::OkStatus();
@@ -175,7 +173,8 @@ class ArchiveCheck {
   // 22 bytes: it may be followed by a comment), and the ZIP64 end record
   // when its locator precedes it.
   absl::Status ReadEndRecords() {
-    if (size_ < kZipEndSize) return Bad(absl::StrCat("it is ", size_, " bytes, too short for a zip"));
+    if (size_ < kZipEndSize)
+      return Bad(absl::StrCat("it is ", size_, " bytes, too short for a zip"));
     const uint64_t tail_size = std::min<uint64_t>(size_, kZipEndSize + kMaxCommentSize);
     std::string tail;
     absl::Status status = ReadAt(size_ - tail_size, tail_size, tail, "end of central directory");
@@ -199,8 +198,8 @@ class ArchiveCheck {
     cd_offset_ = Le32(end + 16);
     if (end_offset >= kZip64LocatorSize) {
       std::string locator;
-      status = ReadAt(end_offset - kZip64LocatorSize, kZip64LocatorSize, locator,
-                      "ZIP64 end locator");
+      status =
+          ReadAt(end_offset - kZip64LocatorSize, kZip64LocatorSize, locator, "ZIP64 end locator");
       if (!status.ok()) return status;
       if (Le32(locator.data()) == kZip64LocatorSignature) {
         std::string end64;
@@ -220,8 +219,8 @@ class ArchiveCheck {
       }
     }
     if (cd_offset_ > end_offset || cd_size_ > end_offset - cd_offset_) {
-      return Bad(absl::StrCat("its central directory (", cd_size_, " bytes at offset ",
-                              cd_offset_, ") overlaps its end records at ", end_offset));
+      return Bad(absl::StrCat("its central directory (", cd_size_, " bytes at offset ", cd_offset_,
+                              ") overlaps its end records at ", end_offset));
     }
     if (entries_ > cd_size_ / kZipCentralHeaderSize) {
       return Bad(absl::StrCat("it claims ", entries_, " records in a ", cd_size_,
@@ -261,16 +260,16 @@ class ArchiveCheck {
       // miniz extracts a directory as nothing, leaving the reader's buffer
       // uninitialised: a record with bytes must not be marked as one.
       if (IsDirectory(e) && (e.compressed != 0 || e.uncompressed != 0)) {
-        return Bad(absl::StrCat(where, " ('", absl::CEscape(e.name), "') holds ",
-                                e.uncompressed, " bytes but is marked as a directory"));
+        return Bad(absl::StrCat(where, " ('", absl::CEscape(e.name), "') holds ", e.uncompressed,
+                                " bytes but is marked as a directory"));
       }
       // miniz (and so LibTorch's reader) extracts stored and deflated records
       // only; another method's sizes are claims nothing can check (a
       // method-33 data.pkl claiming 2.5 GB in a 1.4 KB file was allocated
       // before anything noticed: found by the torch_file fuzzer).
       if (e.method != kZipStored && e.method != kZipDeflated) {
-        return Bad(absl::StrCat(where, " ('", absl::CEscape(e.name),
-                                "') uses compression method ", e.method,
+        return Bad(absl::StrCat(where, " ('", absl::CEscape(e.name), "') uses compression method ",
+                                e.method,
                                 ": expected 0 (stored) or 8 (deflated), the only ones "
                                 "PyTorch's reader extracts"));
       }
@@ -278,8 +277,8 @@ class ArchiveCheck {
       // the claimed size before inflating: a record claiming more would make
       // a tiny file allocate gigabytes, then fail to inflate anyway.
       if (e.method == kZipDeflated && e.uncompressed / kMaxDeflateRatio > e.compressed + 1) {
-        return Bad(absl::StrCat(where, " ('", absl::CEscape(e.name), "') claims ",
-                                e.uncompressed, " bytes from ", e.compressed,
+        return Bad(absl::StrCat(where, " ('", absl::CEscape(e.name), "') claims ", e.uncompressed,
+                                " bytes from ", e.compressed,
                                 " deflated bytes, more than deflate can expand to"));
       }
       // Every size must fit in the file before anything is allocated from
@@ -288,9 +287,9 @@ class ArchiveCheck {
       // only read when the record is.
       if (e.local_header > size_ || kZipLocalHeaderSize > size_ - e.local_header ||
           e.compressed > size_ - e.local_header - kZipLocalHeaderSize) {
-        return Bad(absl::StrCat(where, " ('", absl::CEscape(e.name), "') declares ",
-                                e.compressed, " bytes at offset ", e.local_header,
-                                ", past the end of the ", size_, "-byte file"));
+        return Bad(absl::StrCat(where, " ('", absl::CEscape(e.name), "') declares ", e.compressed,
+                                " bytes at offset ", e.local_header, ", past the end of the ",
+                                size_, "-byte file"));
       }
       // The same for a stored record that claims more bytes than it stores
       // (2.x's getRecord allocates the claim first: a bit flip in a size
@@ -334,7 +333,7 @@ class ArchiveCheck {
 
   // Entries whose name equals `name` ignoring ASCII case, as miniz compares.
   static std::vector<const ZipEntry*> Find(const std::vector<ZipEntry>& entries,
-                                        const std::string& name) {
+                                           const std::string& name) {
     std::vector<const ZipEntry*> out;
     for (const ZipEntry& e : entries) {
       if (e.name.size() != name.size()) continue;
@@ -389,8 +388,8 @@ class ArchiveCheck {
                            : tinfl_decompress_mem_to_mem(&contents[0], contents.size(),
                                                          stored.data(), stored.size(), 0);
       if (n != contents.size()) {
-        return Bad(absl::StrCat("its ", what, " does not inflate to its recorded ",
-                                e.uncompressed, " bytes"));
+        return Bad(absl::StrCat("its ", what, " does not inflate to its recorded ", e.uncompressed,
+                                " bytes"));
       }
     }
     const uint32_t crc = ZipCrc32(contents);
@@ -426,8 +425,8 @@ class ArchiveCheck {
     return absl::OkStatus();
   }
 
-  const std::string file_;  // what is opened
-  const std::string name_;  // a region's name
+  const std::string file_;   // what is opened
+  const std::string name_;   // a region's name
   const std::string& path_;  // what errors name
   ZipDirectory& out_;
   const FileRegion* region_ = nullptr;
@@ -444,8 +443,7 @@ class ArchiveCheck {
 std::optional<uint64_t> ZipDataOffset(const ZipEntry& e, const char* local_header) {
   if (Le32(local_header) != kZipLocalHeaderSignature) return std::nullopt;
   // Name length at byte 26, extra field length at byte 28.
-  return e.local_header + kZipLocalHeaderSize + Le16(local_header + 26) +
-         Le16(local_header + 28);
+  return e.local_header + kZipLocalHeaderSize + Le16(local_header + 26) + Le16(local_header + 28);
 }
 
 DeclaredBytes DeclaredRecordBytes(const ZipDirectory& directory) {
@@ -482,9 +480,9 @@ absl::StatusOr<std::unique_ptr<ZipRecordReader>> ZipRecordReader::Open(
                         absl::StrCat("cannot stat ", path, ": ", std::strerror(error)));
   }
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
-  if (directory.whole_file ? file_bytes != directory.file_bytes
-                           : file_bytes < directory.base ||
-                                 file_bytes - directory.base < directory.file_bytes) {
+  if (directory.whole_file
+          ? file_bytes != directory.file_bytes
+          : file_bytes < directory.base || file_bytes - directory.base < directory.file_bytes) {
     return reader->Error(absl::StrCat("it changed while being read (", directory.file_bytes,
                                       " bytes, then ", st.st_size, ")"));
   }
@@ -500,8 +498,8 @@ absl::Status ZipRecordReader::Error(absl::string_view what) const {
 absl::Status ZipRecordReader::ReadAt(uint64_t offset, char* out, size_t size) {
   size_t done = 0;
   while (done < size) {
-    const ssize_t n = ::pread(fd_, out + done, size - done,
-                              static_cast<off_t>(directory_.base + offset + done));
+    const ssize_t n =
+        ::pread(fd_, out + done, size - done, static_cast<off_t>(directory_.base + offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       const int error = errno;
@@ -528,8 +526,8 @@ absl::StatusOr<uint64_t> ZipRecordReader::DataOffset(const ZipEntry& e) {
   if (!status.ok()) return status;
   const std::optional<uint64_t> offset = ZipDataOffset(e, header);
   if (!offset.has_value()) {
-    return Error(absl::StrCat("the local header of record '", absl::CEscape(e.name),
-                              "' is damaged"));
+    return Error(
+        absl::StrCat("the local header of record '", absl::CEscape(e.name), "' is damaged"));
   }
   const uint64_t data = *offset;
   if (data > size || e.compressed > size - data) {
@@ -551,8 +549,8 @@ absl::Status ZipRecordReader::ReadInto(const ZipEntry& e, char* out) {
   return ReadAt(*offset, out, static_cast<size_t>(e.uncompressed));
 }
 
-absl::Status ZipRecordReader::ReadInPieces(
-    const ZipEntry& e, const std::function<void(const char*, size_t)>& piece) {
+absl::Status ZipRecordReader::ReadInPieces(const ZipEntry& e,
+                                           const std::function<void(const char*, size_t)>& piece) {
   auto offset = DataOffset(e);
   if (!offset.ok()) return offset.status();
   if (e.method == kZipDeflated) return Inflate(e, *offset, nullptr, &piece);
@@ -617,11 +615,11 @@ absl::Status ZipRecordReader::Inflate(const ZipEntry& e, uint64_t offset, char* 
     }
     size_t in_size = in_end - in_at;
     size_t out_size = out_capacity - out_at;
-    const uint32_t flags = (read < e.compressed ? kHasMoreInput : 0) |
-                           (out == nullptr ? 0 : kNonWrappingOutput);
-    const int status = tinfl_decompress(
-        inflater.get(), reinterpret_cast<const uint8_t*>(input_.get()) + in_at, &in_size,
-        out_start, out_start + out_at, &out_size, flags);
+    const uint32_t flags =
+        (read < e.compressed ? kHasMoreInput : 0) | (out == nullptr ? 0 : kNonWrappingOutput);
+    const int status =
+        tinfl_decompress(inflater.get(), reinterpret_cast<const uint8_t*>(input_.get()) + in_at,
+                         &in_size, out_start, out_start + out_at, &out_size, flags);
     in_at += in_size;
     if (out == nullptr) {
       // Only the declared bytes are handed on.

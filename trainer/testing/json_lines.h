@@ -31,10 +31,9 @@ inline std::optional<nlohmann::json> ParseJsonLine(const std::string& line) {
       /*allow_exceptions=*/false);
   if (object.is_discarded() || key_repeated || !object.is_object()) return std::nullopt;
   for (const nlohmann::json& value : object) {
-    const bool numbers = value.is_array() && std::all_of(value.begin(), value.end(),
-                                                         [](const nlohmann::json& v) {
-                                                           return v.is_number();
-                                                         });
+    const bool numbers =
+        value.is_array() && std::all_of(value.begin(), value.end(),
+                                        [](const nlohmann::json& v) { return v.is_number(); });
     if (!value.is_number() && !value.is_null() && !numbers) return std::nullopt;
   }
   return object;

@@ -61,8 +61,8 @@ inline StepLog ReadLog(const std::string& path, int expected_world_size) {
     auto object = ParseJsonLine(line);
     EXPECT_TRUE(object.has_value()) << "not JSON: " << line;
     if (!object) continue;
-    for (const char* key : {"step", "loss", "lr", "step_time_s", "tokens_per_s",
-                            "peak_rss_bytes", "sharded_state_bytes", "world_size"}) {
+    for (const char* key : {"step", "loss", "lr", "step_time_s", "tokens_per_s", "peak_rss_bytes",
+                            "sharded_state_bytes", "world_size"}) {
       EXPECT_EQ(object->count(key), 1u) << key << " missing in " << line;
     }
     const auto peak_rss = object->at("peak_rss_bytes").get<std::vector<double>>();

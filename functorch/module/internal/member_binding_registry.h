@@ -25,8 +25,7 @@ std::shared_ptr<const MemberBinding> find_member_binding(std::type_index type);
 // Defined in stock_module_bindings.cc; the table calls it once, when it is
 // created, passing its own insert function (not the public registration,
 // which would re-enter the table's initialisation).
-using BindingSink =
-    std::function<void(std::type_index, std::string, ModuleMemberBinder)>;
+using BindingSink = std::function<void(std::type_index, std::string, ModuleMemberBinder)>;
 void register_stock_module_bindings(const BindingSink& put);
 
 }  // namespace internal

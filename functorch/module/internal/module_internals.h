@@ -15,8 +15,7 @@ namespace functorch {
 namespace internal {
 
 using TensorRegistry = torch::OrderedDict<std::string, torch::Tensor>;
-using ChildRegistry =
-    torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>;
+using ChildRegistry = torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>;
 
 TensorRegistry& parameter_registry(torch::nn::Module& module);
 TensorRegistry& buffer_registry(torch::nn::Module& module);

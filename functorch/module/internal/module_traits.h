@@ -21,9 +21,7 @@ struct ModuleTraits;
 template <typename Contained>
 struct ModuleTraits<torch::nn::ModuleHolder<Contained>> {
   using Holder = torch::nn::ModuleHolder<Contained>;
-  static std::shared_ptr<torch::nn::Module> ptr(const Holder& m) {
-    return m.ptr();
-  }
+  static std::shared_ptr<torch::nn::Module> ptr(const Holder& m) { return m.ptr(); }
   template <typename... Args>
   static decltype(auto) forward(const Holder& m, Args&&... args) {
     return m.ptr()->forward(std::forward<Args>(args)...);
@@ -39,9 +37,7 @@ template <typename Impl>
 struct ModuleTraits<std::shared_ptr<Impl>> {
   static_assert(std::is_base_of<torch::nn::Module, Impl>::value,
                 "expected a std::shared_ptr to a torch::nn::Module subclass");
-  static std::shared_ptr<torch::nn::Module> ptr(const std::shared_ptr<Impl>& m) {
-    return m;
-  }
+  static std::shared_ptr<torch::nn::Module> ptr(const std::shared_ptr<Impl>& m) { return m; }
   template <typename... Args>
   static decltype(auto) forward(const std::shared_ptr<Impl>& m, Args&&... args) {
     return m->forward(std::forward<Args>(args)...);
@@ -54,15 +50,11 @@ struct ModuleTraits<std::shared_ptr<Impl>> {
 
 template <>
 struct ModuleTraits<torch::nn::AnyModule> {
-  static std::shared_ptr<torch::nn::Module> ptr(const torch::nn::AnyModule& m) {
-    return m.ptr();
-  }
+  static std::shared_ptr<torch::nn::Module> ptr(const torch::nn::AnyModule& m) { return m.ptr(); }
   // The AnyValue route: whatever the contained forward returns, boxed.
   template <typename... Args>
-  static torch::nn::AnyValue forward(const torch::nn::AnyModule& m,
-                                     Args&&... args) {
-    return const_cast<torch::nn::AnyModule&>(m).any_forward(
-        std::forward<Args>(args)...);
+  static torch::nn::AnyValue forward(const torch::nn::AnyModule& m, Args&&... args) {
+    return const_cast<torch::nn::AnyModule&>(m).any_forward(std::forward<Args>(args)...);
   }
   template <typename Derived>
   static Derived clone(const Derived& m) {

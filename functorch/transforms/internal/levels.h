@@ -19,8 +19,8 @@ namespace internal {
 class VmapLevel {
  public:
   VmapLevel(int64_t batch_size, at::functorch::RandomnessType randomness)
-      : level_(at::functorch::initAndPushDynamicLayer(
-            at::functorch::TransformType::Vmap, batch_size, randomness)) {}
+      : level_(at::functorch::initAndPushDynamicLayer(at::functorch::TransformType::Vmap,
+                                                      batch_size, randomness)) {}
   ~VmapLevel() { at::functorch::popDynamicLayerAndDeleteMetadata(); }
   VmapLevel(const VmapLevel&) = delete;
   VmapLevel& operator=(const VmapLevel&) = delete;
@@ -60,10 +60,9 @@ class GradLevel {
 class JvpLevel {
  public:
   JvpLevel()
-      : level_(at::functorch::initAndPushDynamicLayer(
-            at::functorch::TransformType::Jvp, std::nullopt, std::nullopt,
-            std::nullopt,
-            /*prev_fwd_grad_mode=*/fw_grad_mode())),
+      : level_(at::functorch::initAndPushDynamicLayer(at::functorch::TransformType::Jvp,
+                                                      std::nullopt, std::nullopt, std::nullopt,
+                                                      /*prev_fwd_grad_mode=*/fw_grad_mode())),
         prev_fwd_grad_mode_(fw_grad_mode()) {
     c10::AutogradState::get_tls_state().set_fw_grad_mode(true);
   }
@@ -76,9 +75,7 @@ class JvpLevel {
   int64_t level() const { return level_; }
 
  private:
-  static bool fw_grad_mode() {
-    return c10::AutogradState::get_tls_state().get_fw_grad_mode();
-  }
+  static bool fw_grad_mode() { return c10::AutogradState::get_tls_state().get_fw_grad_mode(); }
   int64_t level_;
   bool prev_fwd_grad_mode_;
 };
@@ -88,16 +85,12 @@ class JvpLevel {
 // enable_inplace_requires_grad).
 class InplaceRequiresGradAllowed {
  public:
-  InplaceRequiresGradAllowed()
-      : prev_(at::functorch::getInplaceRequiresGradAllowed()) {
+  InplaceRequiresGradAllowed() : prev_(at::functorch::getInplaceRequiresGradAllowed()) {
     at::functorch::setInplaceRequiresGradAllowed(true);
   }
-  ~InplaceRequiresGradAllowed() {
-    at::functorch::setInplaceRequiresGradAllowed(prev_);
-  }
+  ~InplaceRequiresGradAllowed() { at::functorch::setInplaceRequiresGradAllowed(prev_); }
   InplaceRequiresGradAllowed(const InplaceRequiresGradAllowed&) = delete;
-  InplaceRequiresGradAllowed& operator=(const InplaceRequiresGradAllowed&) =
-      delete;
+  InplaceRequiresGradAllowed& operator=(const InplaceRequiresGradAllowed&) = delete;
 
  private:
   bool prev_;

@@ -32,8 +32,7 @@ class Golden {
     const std::string path = runfile("functorch/transforms/testdata/" + file);
     std::ifstream in(path, std::ios::binary);
     EXPECT_TRUE(in.good()) << "cannot open " << path;
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
-                            std::istreambuf_iterator<char>());
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     dict_ = torch::pickle_load(bytes).toGenericDict();
   }
   bool has(const std::string& key) const { return dict_.contains(key); }
@@ -56,8 +55,7 @@ inline const Golden& golden() {
 }
 
 inline ::testing::AssertionResult AllClose(const torch::Tensor& actual,
-                                           const torch::Tensor& expected,
-                                           double rtol = 1e-6,
+                                           const torch::Tensor& expected, double rtol = 1e-6,
                                            double atol = 1e-7) {
   if (!actual.defined() || !expected.defined()) {
     return ::testing::AssertionFailure() << "undefined tensor";
@@ -69,24 +67,23 @@ inline ::testing::AssertionResult AllClose(const torch::Tensor& actual,
   if (!torch::allclose(actual.to(expected.dtype()), expected, rtol, atol)) {
     return ::testing::AssertionFailure()
            << "values differ, max abs diff "
-           << (actual.to(expected.dtype()) - expected).abs().max().item<double>()
-           << "\nactual:\n" << actual << "\nexpected:\n" << expected;
+           << (actual.to(expected.dtype()) - expected).abs().max().item<double>() << "\nactual:\n"
+           << actual << "\nexpected:\n"
+           << expected;
   }
   return ::testing::AssertionSuccess();
 }
 
 // Expects `statement` to throw a c10::Error whose message contains `text`.
-#define EXPECT_THROW_WITH(statement, text)                                  \
-  do {                                                                      \
-    try {                                                                   \
-      statement;                                                            \
-      ADD_FAILURE() << "expected an error containing: " << (text);          \
-    } catch (const c10::Error& e) {                                         \
-      EXPECT_NE(std::string(e.what_without_backtrace()).find(text),         \
-                std::string::npos)                                          \
-          << "message: " << e.what_without_backtrace()                      \
-          << "\nexpected to contain: " << (text);                           \
-    }                                                                       \
+#define EXPECT_THROW_WITH(statement, text)                                                     \
+  do {                                                                                         \
+    try {                                                                                      \
+      statement;                                                                               \
+      ADD_FAILURE() << "expected an error containing: " << (text);                             \
+    } catch (const c10::Error& e) {                                                            \
+      EXPECT_NE(std::string(e.what_without_backtrace()).find(text), std::string::npos)         \
+          << "message: " << e.what_without_backtrace() << "\nexpected to contain: " << (text); \
+    }                                                                                          \
   } while (0)
 
 }  // namespace testing

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Issue 25, item 5: what a checkpoint adds to the trainer's peak RSS, on the
+# trainer's own state (trainer_bench's size: --layers 8 --dim 512, AdamW),
+# 1 and 2 ranks. Each case is one trainer run of two steps, without and
+# with checkpoints (each run its own processes: peak RSS is a per-process
+# high-water mark; the trainer's --log-json reports it per rank with each
+# step, so step 2's record holds step 1's save). Prints, per (ranks,
+# format), the largest increase over ranks against the checkpoint's size on
+# disk and its largest tensor.
+#
+#   benchmarks/run_checkpoint_memory.sh [--out DIR] [--layers N] [--dim N]
+#
+# Takes ~2 minutes on 2 cores. SHARDED saves write views of the live flat
+# parameters and optimizer state (state_dict/fsdp/README.md); FULL gathers
+# every tensor to rank 0, which holds the whole model and optimizer state
+# once more by definition.
+set -euo pipefail
+
+out=""
+layers=8
+dim=512
+while (($#)); do
+  case "$1" in
+    --out) out="${2:?--out needs DIR}"; shift 2 ;;
+    --layers) layers="${2:?--layers needs N}"; shift 2 ;;
+    --dim) dim="${2:?--dim needs N}"; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run_checkpoint_memory.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ -n "$out" && "$out" != /* ]] && out="$PWD/$out"
+cd "$(dirname "$0")/.."
+out=${out:-$(mktemp -d /tmp/checkpoint_memory.XXXXXX)}
+mkdir -p "$out"
+PY="${TORCHFSDP_PYTHON:-${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/python3}"
+[[ -x "$PY" ]] || {
+  echo "run_checkpoint_memory.sh: $PY missing: run tools/setup.sh --with-python" >&2
+  exit 1
+}
+
+bazel build //trainer:trainer >&2
+trainer="$(bazel info bazel-bin 2>/dev/null)/trainer/trainer"
+
+run() {  # name ranks [trainer flags...]
+  local name=$1 ranks=$2
+  shift 2
+  echo "== $(date -u +%H:%M:%S) load $(cut -d' ' -f1 /proc/loadavg): $name" >&2
+  rm -rf "$out/ckpt_$name"
+  "$trainer" --nproc "$ranks" --model transformer --data synthetic --layers "$layers" \
+    --dim "$dim" --optimizer adamw --steps 2 --warmup-steps 1 --log-json "$out/$name.jsonl" \
+    "$@" >"$out/$name.txt" 2>&1 || { cat "$out/$name.txt" >&2; exit 1; }
+}
+for ranks in 1 2; do
+  run "r${ranks}_none" "$ranks"
+  for format in sharded full; do
+    run "r${ranks}_${format}" "$ranks" --checkpoint-dir "$out/ckpt_r${ranks}_${format}" \
+      --checkpoint-every 1 --checkpoint-format "$format"
+  done
+done
+
+"$PY" - "$out" <<'EOF'
+import glob, json, os, sys
+out = sys.argv[1]
+MiB = 1024.0 * 1024.0
+
+def peaks(name):
+    for line in open(os.path.join(out, name + ".jsonl")):
+        record = json.loads(line)
+        if "peak_rss_bytes" in record:
+            found = record["peak_rss_bytes"]
+    return found
+
+def largest_tensor(step_dir):
+    import torch
+    biggest, total = 0, 0
+    for path in glob.glob(os.path.join(step_dir, "*.pt")):
+        for key, value in torch.load(path, map_location="cpu", weights_only=True).items():
+            if torch.is_tensor(value):
+                biggest = max(biggest, value.numel() * value.element_size())
+    for path in glob.glob(os.path.join(step_dir, "*")):
+        total += os.path.getsize(path)
+    return biggest, total
+
+print(f"{'ranks':>5} {'format':>8} {'peak RSS no ckpt':>17} {'with ckpt':>10} "
+      f"{'added':>8} {'ckpt size':>10} {'largest tensor':>15} {'added/size':>11}")
+for ranks in (1, 2):
+    base = peaks(f"r{ranks}_none")
+    for fmt in ("sharded", "full"):
+        with_ckpt = peaks(f"r{ranks}_{fmt}")
+        added = max(w - b for w, b in zip(with_ckpt, base))
+        step_dir = sorted(glob.glob(os.path.join(out, f"ckpt_r{ranks}_{fmt}", "step_*")))[-1]
+        biggest, total = largest_tensor(step_dir)
+        print(f"{ranks:>5} {fmt:>8} {max(base) / MiB:>13.1f} MiB {max(with_ckpt) / MiB:>6.1f} MiB "
+              f"{added / MiB:>4.1f} MiB {total / MiB:>6.1f} MiB {biggest / MiB:>11.1f} MiB "
+              f"{added / total:>11.3f}")
+EOF

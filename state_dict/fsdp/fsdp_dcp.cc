@@ -1,0 +1,139 @@
+#include "state_dict/fsdp/fsdp_dcp.h"
+
+#include <vector>
+
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include "absl/strings/str_cat.h"
+#include "state_dict/dcp.h"
+#include "state_dict/fsdp/fsdp_optim_state_dict.h"
+#include "state_dict/fsdp/fsdp_state_dict.h"
+#include "state_dict/optim_state.h"
+
+namespace state_dict {
+namespace {
+
+constexpr char kModel[] = "model.";
+constexpr char kOptimState[] = "optim.state.";
+
+// "<fqn>/<entry>" (our optimizer entry names) <-> "optim.state.<fqn>.<entry>":
+// entry names have no dots or slashes, FQNs no slashes.
+bool SplitLast(const std::string& name, char separator, std::string* fqn, std::string* entry) {
+  const size_t at = name.rfind(separator);
+  if (at == std::string::npos || at == 0 || at + 1 == name.size()) return false;
+  *fqn = name.substr(0, at);
+  *entry = name.substr(at + 1);
+  return true;
+}
+
+// The options Python's optimizer of this kind has that LibTorch's lacks, at
+// the values LibTorch's behaviour matches: Python's load_state_dict and
+// dcp.load (strict about missing keys) need them all.
+void AddPythonOnlyOptions(const torch::optim::Optimizer& optimizer, OptimParamGroup& group) {
+  auto add = [&](const char* key, c10::IValue value) {
+    if (!group.options.contains(key)) group.options.insert(key, std::move(value));
+  };
+  add("foreach", c10::IValue());
+  add("differentiable", false);
+  add("fused", c10::IValue());
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer) == nullptr) {
+    add("capturable", false);
+    add("decoupled_weight_decay", dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr);
+  }
+}
+
+}  // namespace
+
+absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataParallel& model,
+                              const torch::optim::Optimizer* optimizer) {
+  auto state = GetModelStateDict(model, StateDictType::kSharded);
+  if (!state.ok()) return state.status();
+  DcpShard shard;
+  for (const auto& item : ShardToSave(*state)) {
+    shard.tensors.push_back(DcpShard::Tensor{{"model", item.key()}, item.value()});
+  }
+  if (optimizer != nullptr) {
+    auto optim = GetOptimStateDict(model, *optimizer, StateDictType::kSharded);
+    if (!optim.ok()) return optim.status();
+    for (const auto& item : ShardToSave(optim->sharded)) {
+      std::string fqn, entry;
+      if (!SplitLast(item.key(), '/', &fqn, &entry)) {
+        return absl::InternalError(
+            absl::StrCat("optimizer entry '", item.key(), "' is not '<parameter>/<entry>'"));
+      }
+      shard.tensors.push_back(DcpShard::Tensor{{"optim", "state", fqn, entry}, item.value()});
+    }
+    if (state->rank == 0) {
+      auto groups = NamedParamGroups(model, *optimizer);
+      if (!groups.ok()) return groups.status();
+      for (size_t i = 0; i < groups->size(); ++i) {
+        OptimParamGroup& group = (*groups)[i];
+        AddPythonOnlyOptions(*optimizer, group);
+        const int64_t index = static_cast<int64_t>(i);
+        for (const auto& option : group.options) {
+          shard.objects.push_back(
+              DcpShard::Object{{"optim", "param_groups", index, option.key()}, option.value()});
+        }
+        c10::impl::GenericList params(c10::StringType::get());
+        for (const ParamKey& key : group.params) params.push_back(std::get<std::string>(key));
+        shard.objects.push_back(
+            DcpShard::Object{{"optim", "param_groups", index, "params"}, c10::IValue(params)});
+      }
+    }
+  }
+  return SaveDcpShard(dir, state->rank, shard);
+}
+
+absl::Status LoadFsdpDcp(const std::string& dir, fsdp::FullyShardedDataParallel& model,
+                         torch::optim::Optimizer* optimizer) {
+  auto ckpt = DcpCheckpoint::Open(dir);
+  if (!ckpt.ok()) return ckpt.status();
+  // Our names -> DCP's, for the requests.
+  auto read = [&](const std::string& prefix_model) {
+    return [&, prefix_model](const ShardRequests& requests) -> absl::StatusOr<ShardedStateDict> {
+      ShardRequests renamed;
+      std::vector<std::string> ours;
+      for (const auto& [name, request] : requests) {
+        std::string fqn, entry;
+        std::string key = absl::StrCat(prefix_model, name);
+        if (prefix_model.empty() && SplitLast(name, '/', &fqn, &entry)) {
+          key = absl::StrCat(kOptimState, fqn, ".", entry);
+        }
+        renamed.emplace_back(key, request);
+        ours.push_back(name);
+      }
+      auto loaded = ckpt->LoadResharded(renamed);
+      if (!loaded.ok()) return loaded.status();
+      ShardedStateDict out;
+      for (size_t i = 0; i < ours.size(); ++i) {
+        out.insert(ours[i], loaded->find(renamed[i].first) != nullptr
+                                ? *loaded->find(renamed[i].first)
+                                : ShardedTensor{});
+      }
+      return out;
+    };
+  };
+  // Both are read and checked before either is written: the optimizer's
+  // load validates everything before it changes the optimizer, the model's
+  // likewise; the optimizer goes first so that a bad optimizer entry leaves
+  // the model untouched too.
+  if (optimizer != nullptr) {
+    std::vector<ShardedEntryInfo> entries;
+    for (const auto& t : ckpt->tensors()) {
+      std::string rest = t.key, fqn, entry;
+      if (rest.rfind(kOptimState, 0) != 0) continue;
+      rest = rest.substr(sizeof(kOptimState) - 1);
+      if (!SplitLast(rest, '.', &fqn, &entry)) continue;
+      entries.push_back(ShardedEntryInfo{absl::StrCat(fqn, "/", entry), t.shape, t.dtype});
+    }
+    if (auto s = LoadShardedOptimFrom(model, *optimizer, absl::StrCat("DCP checkpoint ", dir),
+                                      entries, read(""));
+        !s.ok()) {
+      return s;
+    }
+  }
+  return LoadModelShardedFrom(model, read(kModel));
+}
+
+}  // namespace state_dict
