@@ -40,7 +40,7 @@ using testing::RunPython;
 // load: dcp.load dir/ckpt (ours) into a fresh model + optimizer, the third
 //       step on batches.pt's x3, full params to dir/py_after_ours.pt.
 constexpr char kPython[] = R"PY(
-import sys, torch, torch.nn as nn, torch.distributed as dist
+import os, sys, torch, torch.nn as nn, torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict, StateDictOptions
@@ -101,6 +101,12 @@ def run(rank, kind, mode, d):
     # Every rank's collectives done before any tears its group down.
     dist.barrier()
     dist.destroy_process_group()
+    # torch 2.15 + Gloo: a worker thread can drop its last reference to a
+    # finished collective during interpreter finalization and abort the
+    # process ("terminate called without an active exception"; PyTorch
+    # issue 190489, see benchmarks/python/ddp_step.py). Everything is
+    # written: end without finalizing.
+    sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
 
 if __name__ == "__main__":
     kind, mode, d = sys.argv[1], sys.argv[2], sys.argv[3]
