@@ -101,11 +101,7 @@ def run(rank, kind, mode, d):
     # Every rank's collectives done before any tears its group down.
     dist.barrier()
     dist.destroy_process_group()
-    # torch 2.15 + Gloo: a worker thread can drop its last reference to a
-    # finished collective during interpreter finalization and abort the
-    # process ("terminate called without an active exception"; PyTorch
-    # issue 190489, see benchmarks/python/ddp_step.py). Everything is
-    # written: end without finalizing.
+    # Without finalizing: PyTorch issue 190489 (see state_dict/dcp_test.cc).
     sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
 
 if __name__ == "__main__":
