@@ -2,16 +2,22 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <torch/types.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "comm/collectives.h"
 #include "state_dict/checkpoint.h"
+#include "state_dict/dcp.h"
+#include "state_dict/fsdp/fsdp_dcp.h"
 #include "state_dict/fsdp/fsdp_optim_state_dict.h"
 #include "state_dict/fsdp/fsdp_state_dict.h"
 #include "state_dict/optim_state.h"
@@ -250,7 +256,165 @@ absl::StatusOr<int64_t> LoadResumeCheckpoint(const Options& o, const comm::Proce
              : ResumeSharded(*step_dir, o, model, optimizer);
 }
 
+// --import-dcp / --export-dcp: "trainer.step" and "trainer.seed" are the
+// nested {"trainer": {"step": ..., "seed": ...}} of Python's dcp.save.
+const state_dict::DcpKeyPath kDcpStepPath = {"trainer", "step"};
+const state_dict::DcpKeyPath kDcpSeedPath = {"trainer", "seed"};
+
+std::string ImportContext(const Options& o) {
+  return absl::StrCat("--import-dcp='", o.import_dcp, "'");
+}
+
+// "trainer.step" / "trainer.seed" of the checkpoint: a python int.
+absl::StatusOr<int64_t> DcpInt(const Options& o, const state_dict::DcpCheckpoint& ckpt,
+                               const char* key) {
+  auto value = ckpt.LoadObject(key);
+  if (absl::IsNotFound(value.status())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ImportContext(o), ": the DCP checkpoint has no '", key,
+                     "' entry: expected one saved as dcp.save({\"model\": ..., \"optim\": ..., "
+                     "\"trainer\": {\"step\": N, \"seed\": S}}) (the trainer's --export-dcp, "
+                     "tools/trainer_mirror.py)"));
+  }
+  if (!value.ok()) return InContext(ImportContext(o), value.status());
+  if (!value->isInt()) {
+    return absl::InvalidArgumentError(absl::StrCat(ImportContext(o), ": '", key, "' is a ",
+                                                   value->tagKind(), ": expected a python int"));
+  }
+  return value->toInt();
+}
+
+// The per-parameter state entries --optimizer keeps (LibTorch's and
+// Python's alike: MakeOptimizer's AdamW and Adam without amsgrad, SGD with
+// momentum).
+std::set<std::string> OptimizerEntries(OptimizerKind kind) {
+  if (kind == OptimizerKind::kSgd) return {"momentum_buffer"};
+  return {"exp_avg", "exp_avg_sq", "step"};
+}
+
+// The checkpoint's optimizer state is --optimizer's: the same entries, and
+// for Adam / AdamW the same kind of weight decay (Python's param groups say
+// which: decoupled_weight_decay). Loading another optimizer's state would
+// fail later, inside the first step, with a message naming neither.
+absl::Status CheckDcpOptimizer(const Options& o, const state_dict::DcpCheckpoint& ckpt) {
+  constexpr char kOptimState[] = "optim.state.";
+  std::set<std::string> entries;
+  for (const auto& t : ckpt.tensors()) {
+    if (!absl::StartsWith(t.key, kOptimState)) continue;
+    entries.insert(t.key.substr(t.key.rfind('.') + 1));
+  }
+  const std::set<std::string> expected = OptimizerEntries(o.optimizer);
+  if (entries != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ImportContext(o), ": its optimizer state has the entries {", absl::StrJoin(entries, ", "),
+        "} (", kOptimState, "<parameter>.<entry>): expected {", absl::StrJoin(expected, ", "),
+        "}, --optimizer=", Name(o.optimizer),
+        "'s (a checkpoint of another optimizer, or of the model alone)"));
+  }
+  if (o.optimizer == OptimizerKind::kSgd) return absl::OkStatus();
+  constexpr char kDecoupled[] = "optim.param_groups.0.decoupled_weight_decay";
+  auto decoupled = ckpt.LoadObject(kDecoupled);
+  if (absl::IsNotFound(decoupled.status())) return absl::OkStatus();  // older PyTorch
+  if (!decoupled.ok()) return InContext(ImportContext(o), decoupled.status());
+  if (decoupled->isBool() && decoupled->toBool() != (o.optimizer == OptimizerKind::kAdamW)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ImportContext(o), ": '", kDecoupled, "' is ", decoupled->toBool() ? "True" : "False",
+        ": the checkpoint was trained with ", decoupled->toBool() ? "adamw" : "adam",
+        ", expected --optimizer=", Name(o.optimizer), "'s state"));
+  }
+  return absl::OkStatus();
+}
+
+// One rank's part of ImportDcp (no collectives).
+absl::StatusOr<int64_t> ImportDcpOnRank(const Options& o, fsdp::FullyShardedDataParallel& model,
+                                        torch::optim::Optimizer& optimizer) {
+  const std::string what = ImportContext(o);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(o.import_dcp, ec)) {
+    return absl::NotFoundError(absl::StrCat(what, ": no such directory"));
+  }
+  auto ckpt = state_dict::DcpCheckpoint::Open(o.import_dcp);
+  if (!ckpt.ok()) return InContext(what, ckpt.status());
+  auto step = DcpInt(o, *ckpt, kStepKey);
+  if (!step.ok()) return step.status();
+  auto seed = DcpInt(o, *ckpt, kSeedKey);
+  if (!seed.ok()) return seed.status();
+  if (*seed != o.seed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--seed=", o.seed, ": ", what, " was trained with seed ", *seed, " ('", kSeedKey,
+        "'); pass --seed=", *seed, " to continue its run (a step's batch depends on the seed)"));
+  }
+  if (*step < 0 || *step >= o.steps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--steps=", o.steps, ": ", what, " is at step ", *step, " ('", kStepKey,
+        "'): expected a step in [0, --steps) (--steps is the whole run's length, counting the "
+        "steps before the checkpoint)"));
+  }
+  if (auto s = CheckDcpOptimizer(o, *ckpt); !s.ok()) return s;
+  if (auto s = state_dict::LoadFsdpDcp(o.import_dcp, model, &optimizer); !s.ok()) {
+    return InContext(what, s);
+  }
+  return *step;
+}
+
 }  // namespace
+
+absl::StatusOr<int64_t> ImportDcp(const Options& o, const comm::ProcessGroup& group,
+                                  fsdp::FullyShardedDataParallel& model,
+                                  torch::optim::Optimizer& optimizer) {
+  auto step = ImportDcpOnRank(o, model, optimizer);
+  const std::string what = ImportContext(o);
+  if (auto s = AgreeOnStatus(group, step.status(), what); !s.ok()) return s;
+  if (group.rank() == 0) {
+    std::printf("trainer: continuing from DCP checkpoint %s (step %lld)\n", o.import_dcp.c_str(),
+                static_cast<long long>(*step));
+    std::fflush(stdout);
+  }
+  return *step;
+}
+
+absl::Status CheckDcpExportTarget(const Options& o, const comm::ProcessGroup& group) {
+  if (o.export_dcp.empty()) return absl::OkStatus();
+  absl::Status usable = absl::OkStatus();
+  const std::string what = absl::StrCat("--export-dcp='", o.export_dcp, "'");
+  if (group.rank() == 0) {
+    std::error_code ec;
+    if (std::filesystem::exists(o.export_dcp + "/.metadata", ec)) {
+      usable = absl::AlreadyExistsError(absl::StrCat(
+          what, " already holds a DCP checkpoint (", o.export_dcp,
+          "/.metadata): expected a new or empty directory (DCP has no way to replace one "
+          "safely)"));
+    } else if (std::filesystem::exists(o.export_dcp, ec) &&
+               !std::filesystem::is_directory(o.export_dcp, ec)) {
+      usable = absl::FailedPreconditionError(absl::StrCat(what, ": exists and is not a directory"));
+    }
+  }
+  return AgreeOnStatus(group, usable, what);
+}
+
+absl::Status ExportDcp(const Options& o, const comm::ProcessGroup& group,
+                       fsdp::FullyShardedDataParallel& model,
+                       const torch::optim::Optimizer& optimizer, int64_t step) {
+  const std::string what = absl::StrCat("--export-dcp='", o.export_dcp, "' step ", step);
+  // Python ints, as dcp.save saves them.
+  const std::vector<state_dict::DcpShard::Object> trainer_state = {
+      {kDcpStepPath, c10::IValue(step)}, {kDcpSeedPath, c10::IValue(o.seed)}};
+  const absl::Status saved =
+      state_dict::SaveFsdpDcpShard(o.export_dcp, model, &optimizer, trainer_state);
+  // Also the barrier: every rank's shard is written before rank 0 commits.
+  if (auto s = AgreeOnStatus(group, InContext(what, saved), what); !s.ok()) return s;
+  absl::Status committed = absl::OkStatus();
+  if (group.rank() == 0) {
+    committed = state_dict::CommitDcpCheckpoint(o.export_dcp, group.size());
+  }
+  if (auto s = AgreeOnStatus(group, InContext(what, committed), what); !s.ok()) return s;
+  if (group.rank() == 0) {
+    std::printf("trainer: wrote DCP checkpoint %s (step %lld)\n", o.export_dcp.c_str(),
+                static_cast<long long>(step));
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::optional<std::string>> ChooseResumeCheckpoint(const std::string& dir,
                                                                   const comm::ProcessGroup& group) {
@@ -286,13 +450,15 @@ absl::StatusOr<int64_t> ResumeTrainer(const Options& o, const comm::ProcessGroup
                                       fsdp::FullyShardedDataParallel& model,
                                       torch::optim::Optimizer& optimizer) {
   if (o.resume) return LoadResumeCheckpoint(o, group, model, optimizer);
-  if (o.checkpoint_dir.empty()) return 0;
-  auto existing = state_dict::LatestCheckpoint(o.checkpoint_dir);
-  if (existing.ok()) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "--checkpoint-dir='", o.checkpoint_dir, "' already holds a checkpoint (", *existing,
-        "): pass --resume to continue that run, or use an empty directory"));
+  if (!o.checkpoint_dir.empty()) {
+    auto existing = state_dict::LatestCheckpoint(o.checkpoint_dir);
+    if (existing.ok()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "--checkpoint-dir='", o.checkpoint_dir, "' already holds a checkpoint (", *existing,
+          "): pass --resume to continue that run, or use an empty directory"));
+    }
   }
+  if (!o.import_dcp.empty()) return ImportDcp(o, group, model, optimizer);
   return 0;
 }
 

@@ -11,7 +11,21 @@
 //   gathered onto rank 0, which writes one model.pt that Python's torch.load
 //   opens ("model.<fqn>", "optim.<fqn>.<entry>", "trainer.step",
 //   "trainer.seed").
-// Either resumes on any world size and strategy (reshard on load). The batch
+// Either resumes on any world size and strategy (reshard on load).
+//
+// PyTorch's distributed checkpoints (DCP, torch.distributed.checkpoint) move
+// a run between Python and the trainer: --import-dcp D continues from D,
+// --export-dcp D writes D after the last step (state_dict/fsdp/fsdp_dcp.h),
+// keyed as Python FSDP / fully_shard save
+//   dcp.save({"model": msd, "optim": osd,
+//             "trainer": {"step": step, "seed": seed}}, checkpoint_id=D)
+// ("model.<fqn>", "optim.state.<fqn>.<entry>", "optim.param_groups.<i>.<opt>",
+// "trainer.step" and "trainer.seed" python ints); tools/trainer_mirror.py is
+// the trainer's model, data and schedule in Python that reads and writes them.
+// DCP is an import/export format, not a checkpoint format (no checksums,
+// state_dict/dcp.h): --checkpoint-dir's checkpoints stay the trainer's own.
+//
+// The batch
 // of a step is a function of (seed, step) and the model has no randomness in
 // training (no dropout), so model + optimizer + step is everything a resumed
 // run needs to continue the exact loss sequence.
@@ -35,12 +49,42 @@ namespace trainer {
 // The step training continues after. With --resume: the step of the
 // checkpoint (options.resume_from, else ChooseResumeCheckpoint's), whose
 // model and optimizer state are loaded into `model` and `optimizer`.
-// Without: 0, once --checkpoint-dir is known to hold no checkpoint
+// Without: once --checkpoint-dir is known to hold no checkpoint
 // (checkpoints are never overwritten; caught now rather than at the first
-// save, after minutes of training).
+// save, after minutes of training), --import-dcp's step (ImportDcp), else 0.
+// A restarted rank that finds a checkpoint resumes from it (options.resume
+// set by trainer_main), not from --import-dcp, which is older.
 absl::StatusOr<int64_t> ResumeTrainer(const Options& options, const comm::ProcessGroup& group,
                                       fsdp::FullyShardedDataParallel& model,
                                       torch::optim::Optimizer& optimizer);
+
+// --import-dcp: loads the DCP directory's model and optimizer state into
+// `model` and `optimizer` (each rank reads only the chunks it needs; any
+// world size and layout it was saved with) and returns its "trainer.step",
+// the step training continues after. Errors name --import-dcp and the
+// directory: no such directory or no `.metadata` (NotFound), no
+// "trainer.step" / "trainer.seed" int, a seed other than --seed, a step not
+// below --steps, optimizer state of another --optimizer (InvalidArgument),
+// a damaged directory or entries that do not fit the model (what
+// state_dict says). DCP has no checksums: flipped bytes inside a tensor
+// load as they are.
+// Every rank stops when one fails.
+absl::StatusOr<int64_t> ImportDcp(const Options& options, const comm::ProcessGroup& group,
+                                  fsdp::FullyShardedDataParallel& model,
+                                  torch::optim::Optimizer& optimizer);
+
+// --export-dcp, before training: AlreadyExists when the directory already
+// holds a DCP checkpoint (a `.metadata`), so that a run is not lost at its
+// end; DCP has no commit protocol to overwrite one safely.
+absl::Status CheckDcpExportTarget(const Options& options, const comm::ProcessGroup& group);
+
+// --export-dcp, after the last step `step`: every rank writes its shard
+// (state_dict::SaveFsdpDcpShard, with "trainer.step" and "trainer.seed" as
+// python ints), then, once all have, rank 0 writes `.metadata`
+// (state_dict::CommitDcpCheckpoint), which makes the directory a checkpoint.
+absl::Status ExportDcp(const Options& options, const comm::ProcessGroup& group,
+                       fsdp::FullyShardedDataParallel& model,
+                       const torch::optim::Optimizer& optimizer, int64_t step);
 
 // The checkpoint to resume from, chosen once for the job: rank 0 takes the
 // newest under `dir` that verifies, setting damaged newer ones aside with a

@@ -181,6 +181,12 @@ void DefineFlags(CLI::App& app, Options& o) {
             "write checkpoints in the background while the next step runs (its optimizer step "
             "waits until the state is written)");
   AddSwitch(app, "--resume", o.resume, "continue from the newest checkpoint in --checkpoint-dir");
+  AddPath(app, "--import-dcp", o.import_dcp, "a directory path",
+          "continue from this torch.distributed.checkpoint directory (model, optimizer, "
+          "trainer.step, trainer.seed), e.g. Python FSDP's");
+  AddPath(app, "--export-dcp", o.export_dcp, "a directory path",
+          "after the last step, write a torch.distributed.checkpoint directory here for "
+          "Python's dcp.load");
   AddPath(app, "--log-json", o.log_json, "a file path", "one JSON object per step (rank 0)");
 }
 
@@ -235,6 +241,18 @@ absl::Status ValidateOptions(const Options& o) {
   if (o.resume && o.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError(
         "--resume: expected --checkpoint-dir to name the directory to resume from");
+  }
+  if (!o.import_dcp.empty() && o.resume) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--import-dcp='", o.import_dcp,
+        "': expected no --resume (a run starts from one of the two: the DCP directory, or "
+        "--checkpoint-dir's newest checkpoint)"));
+  }
+  if (!o.export_dcp.empty() && o.export_dcp == o.import_dcp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--export-dcp='", o.export_dcp,
+                     "': expected a directory other than --import-dcp's (a DCP directory is "
+                     "written once, never over the checkpoint it came from)"));
   }
   if (o.async_checkpoint && o.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError(
@@ -366,6 +384,8 @@ std::vector<std::string> ToArgs(const Options& o) {
   // Not --max-restarts: restarting is the launcher's job, not the ranks'.
   if (o.timeout_s > 0) a.push_back("--timeout=" + Exact(o.timeout_s));
   if (!o.checkpoint_dir.empty()) a.push_back("--checkpoint-dir=" + o.checkpoint_dir);
+  if (!o.import_dcp.empty()) a.push_back("--import-dcp=" + o.import_dcp);
+  if (!o.export_dcp.empty()) a.push_back("--export-dcp=" + o.export_dcp);
   if (!o.log_json.empty()) a.push_back("--log-json=" + o.log_json);
   return a;
 }

@@ -107,6 +107,16 @@ struct Options {
   // Not a flag: the checkpoint a restarted rank resumes from, already chosen
   // for the job (ChooseResumeCheckpoint). Empty: --resume chooses.
   std::string resume_from;
+  // A PyTorch distributed checkpoint (torch.distributed.checkpoint, DCP) to
+  // continue from, e.g. one Python FSDP / fully_shard saved
+  // (tools/trainer_mirror.py): model, optimizer state, "trainer.step" and
+  // "trainer.seed" are loaded before the first step, which is step + 1.
+  // Empty: none. Not with --resume (a restart's checkpoint, being newer,
+  // takes its place).
+  std::string import_dcp;
+  // Where to write a DCP directory of the model, optimizer, step and seed
+  // after the last step, for Python's dcp.load. Empty: none.
+  std::string export_dcp;
   std::string log_json;  // empty: no JSON log
 
   bool help = false;
@@ -117,7 +127,8 @@ struct Options {
 absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args);
 
 // Consistency checks between flags: dim % heads == 0, text data needs
-// vocab >= 256, --resume needs --checkpoint-dir, ... (hand-written: CLI11's
+// vocab >= 256, --resume needs --checkpoint-dir and excludes --import-dcp,
+// --export-dcp differs from --import-dcp, ... (hand-written: CLI11's
 // needs() could say only "--resume requires --checkpoint-dir", and not the
 // arithmetic ones; single values are checked by the parser).
 absl::Status ValidateOptions(const Options& options);

@@ -205,6 +205,39 @@ TEST(OptionsTest, AsyncCheckpointFlag) {
       HasSubstr("--async-checkpoint='maybe'"));
 }
 
+TEST(OptionsTest, DcpFlags) {
+  auto o = ParseOptions({"--import-dcp", "/tmp/py_step3", "--export-dcp=/tmp/cpp_step6"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->import_dcp, "/tmp/py_step3");
+  EXPECT_EQ(o->export_dcp, "/tmp/cpp_step6");
+  auto again = ParseOptions(ToArgs(*o));  // the ranks get both
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->import_dcp, "/tmp/py_step3");
+  EXPECT_EQ(again->export_dcp, "/tmp/cpp_step6");
+  auto defaults = ParseOptions({});
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->import_dcp, "");
+  EXPECT_EQ(defaults->export_dcp, "");
+  EXPECT_THAT(ToArgs(*defaults), ::testing::Not(::testing::Contains(HasSubstr("-dcp"))));
+  // Either flag alone, and with checkpoints of the trainer's own format.
+  EXPECT_TRUE(ParseOptions({"--export-dcp", "/tmp/a", "--checkpoint-dir", "/tmp/c"}).ok());
+  EXPECT_TRUE(ParseOptions({"--import-dcp", "/tmp/a", "--checkpoint-dir", "/tmp/c"}).ok());
+
+  auto message = [](std::vector<std::string> args) {
+    const absl::Status s = ParseOptions(args).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  };
+  EXPECT_EQ(message({"--import-dcp", "/tmp/a", "--resume", "--checkpoint-dir", "/tmp/c"}),
+            "--import-dcp='/tmp/a': expected no --resume (a run starts from one of the two: the "
+            "DCP directory, or --checkpoint-dir's newest checkpoint)");
+  EXPECT_THAT(message({"--import-dcp", "/tmp/a", "--export-dcp", "/tmp/a"}),
+              AllOf(HasSubstr("--export-dcp='/tmp/a'"), HasSubstr("other than --import-dcp's")));
+  EXPECT_EQ(message({"--import-dcp="}), "--import-dcp='': expected a value");
+  EXPECT_EQ(message({"--export-dcp", ""}), "--export-dcp='': expected a directory path");
+  EXPECT_EQ(message({"--import-dcp"}), "--import-dcp: missing value (expected DIR)");
+}
+
 TEST(OptionsTest, CommandLineDetails) {
   auto message = [](std::vector<std::string> args) {
     return std::string(ParseOptions(args).status().message());

@@ -147,6 +147,7 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
   const std::vector<torch::Tensor> params = fsdp_model.parameters();
   std::unique_ptr<torch::optim::Optimizer> optimizer = MakeOptimizer(o, params);
 
+  if (auto s = CheckDcpExportTarget(o, group); !s.ok()) return s;
   auto resumed_after = ResumeTrainer(o, group, fsdp_model, *optimizer);
   if (!resumed_after.ok()) return resumed_after.status();
   TrainResult result;
@@ -273,6 +274,10 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
   }
   if (async != nullptr) {
     if (auto s = FinishAsyncSave(o, group, *async, /*block=*/true); !s.ok()) return s;
+  }
+  if (!o.export_dcp.empty()) {
+    const int64_t last_step = result.first_step - 1 + static_cast<int64_t>(result.losses.size());
+    if (auto s = ExportDcp(o, group, fsdp_model, *optimizer, last_step); !s.ok()) return s;
   }
   if (is_main) {
     const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();

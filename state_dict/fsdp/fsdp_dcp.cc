@@ -1,5 +1,6 @@
 #include "state_dict/fsdp/fsdp_dcp.h"
 
+#include <variant>
 #include <vector>
 
 #include <torch/optim/adamw.h>
@@ -14,7 +15,9 @@
 namespace state_dict {
 namespace {
 
-constexpr char kModel[] = "model.";
+constexpr char kModel[] = "model";
+constexpr char kOptim[] = "optim";
+constexpr char kModelPrefix[] = "model.";
 constexpr char kOptimState[] = "optim.state.";
 
 // "<fqn>/<entry>" (our optimizer entry names) <-> "optim.state.<fqn>.<entry>":
@@ -25,6 +28,20 @@ bool SplitLast(const std::string& name, char separator, std::string* fqn, std::s
   *fqn = name.substr(0, at);
   *entry = name.substr(at + 1);
   return true;
+}
+
+// "trainer.step" for {"trainer", "step"}: the flattened key, for messages.
+std::string JoinPath(const DcpKeyPath& path) {
+  std::string out;
+  for (const auto& part : path) {
+    if (!out.empty()) out += '.';
+    if (const std::string* s = std::get_if<std::string>(&part)) {
+      out += *s;
+    } else {
+      out += std::to_string(std::get<int64_t>(part));
+    }
+  }
+  return out;
 }
 
 // The options Python's optimizer of this kind has that LibTorch's lacks, at
@@ -46,7 +63,17 @@ void AddPythonOnlyOptions(const torch::optim::Optimizer& optimizer, OptimParamGr
 }  // namespace
 
 absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataParallel& model,
-                              const torch::optim::Optimizer* optimizer) {
+                              const torch::optim::Optimizer* optimizer,
+                              const std::vector<DcpShard::Object>& extra_objects) {
+  for (const DcpShard::Object& o : extra_objects) {
+    const std::string* first = o.path.empty() ? nullptr : std::get_if<std::string>(&o.path[0]);
+    if (o.path.empty() || (first != nullptr && (*first == kModel || *first == kOptim))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SaveFsdpDcpShard: extra object '", JoinPath(o.path),
+          "': expected a non-empty key path outside 'model' and 'optim' (the model's and the "
+          "optimizer's state)"));
+    }
+  }
   auto state = GetModelStateDict(model, StateDictType::kSharded);
   if (!state.ok()) return state.status();
   DcpShard shard;
@@ -81,6 +108,9 @@ absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataPara
             DcpShard::Object{{"optim", "param_groups", index, "params"}, c10::IValue(params)});
       }
     }
+  }
+  if (state->rank == 0) {
+    shard.objects.insert(shard.objects.end(), extra_objects.begin(), extra_objects.end());
   }
   return SaveDcpShard(dir, state->rank, shard);
 }
@@ -133,7 +163,7 @@ absl::Status LoadFsdpDcp(const std::string& dir, fsdp::FullyShardedDataParallel&
       return s;
     }
   }
-  return LoadModelShardedFrom(model, read(kModel));
+  return LoadModelShardedFrom(model, read(kModelPrefix));
 }
 
 }  // namespace state_dict

@@ -17,8 +17,9 @@
 // and world size; what we save loads into Python FSDP and FSDP2 with
 // dcp.load (checked in fsdp_dcp_test against Python itself).
 //
-//   // every rank:
-//   SaveFsdpDcpShard(dir, model, &optimizer);
+//   // every rank (the last argument, optional: values beside the state,
+//   // as dcp.save({..., "trainer": {"step": 12}}) saves a python int):
+//   SaveFsdpDcpShard(dir, model, &optimizer, {{{"trainer", "step"}, int64_t{12}}});
 //   barrier;
 //   if (rank == 0) CommitDcpCheckpoint(dir, world_size);
 //
@@ -35,11 +36,13 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <torch/optim/optimizer.h>
 
 #include "absl/status/status.h"
 #include "fsdp/fully_sharded_data_parallel.h"
+#include "state_dict/dcp.h"
 
 namespace state_dict {
 
@@ -50,8 +53,19 @@ namespace state_dict {
 // decoupled_weight_decay for AdamW). Collective (the optimizer's sharded
 // state dict is). Commit with CommitDcpCheckpoint (dcp.h) after every rank
 // returned.
+//
+// `extra_objects`: other values to save beside them, as Python's dcp.save
+// saves the non-tensor leaves of its state dict (torch.save's bytes of a
+// python int, float, str, ...): {{"trainer", "step"}, int64_t{12}} is the
+// entry "trainer.step", which Python's
+// dcp.load({"trainer": {"step": 0}}, ...) fills in, and
+// DcpCheckpoint::LoadObject("trainer.step") reads. Rank 0's are saved (DCP
+// keeps one copy of a value every rank has); pass the same on every rank.
+// InvalidArgument for a path under "model" or "optim" (the state's own) or an
+// empty one.
 absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataParallel& model,
-                              const torch::optim::Optimizer* optimizer);
+                              const torch::optim::Optimizer* optimizer,
+                              const std::vector<DcpShard::Object>& extra_objects = {});
 
 // Loads `dir` into the model and, when `optimizer` is not null, the
 // optimizer's per-parameter state. Every rank reads only the chunks that
