@@ -3,15 +3,16 @@
 # fuzzes each for a bounded time, starting from the committed corpus and
 # regressions: torch_file and checkpoint (state_dict's file loaders,
 # state_dict/fuzz/), dcp (state_dict's torch.distributed.checkpoint reader,
+# state_dict/fuzz/), safetensors (state_dict's safetensors loader,
 # state_dict/fuzz/) and rendezvous (comm's TCPStore client against a peer's
 # replies, comm/fuzz/). Exits non-zero on a crash, an oracle violation, a
 # leak, a timeout or an out-of-memory input; the input is kept under the
 # build directory's artifacts/ and the last lines of the fuzzer's log are
 # printed.
 #
-# Usage: tools/fuzz.sh [--seconds N] [--target torch_file|checkpoint|dcp|rendezvous]
+# Usage: tools/fuzz.sh [--seconds N] [--target torch_file|checkpoint|dcp|safetensors|rendezvous]
 #   --seconds N   fuzzing time per target (default 50)
-#   --target T    only this target (default: all four)
+#   --target T    only this target (default: all five)
 # Environment: FUZZ_BUILD_DIR (objects, binaries, the growing working corpus
 # and artifacts; default ~/.cache/torchfsdp_fuzz).
 #
@@ -22,11 +23,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=50
-targets=(torch_file checkpoint dcp rendezvous)
+targets=(torch_file checkpoint dcp safetensors rendezvous)
 while (($#)); do
   case "$1" in
     --seconds) seconds="${2:?--seconds needs a number}"; shift 2 ;;
-    --target) targets=("${2:?--target needs torch_file, checkpoint, dcp or rendezvous}"); shift 2 ;;
+    --target) targets=("${2:?--target needs torch_file, checkpoint, dcp, safetensors or rendezvous}"); shift 2 ;;
     *) echo "fuzz.sh: unknown argument '$1' (expected --seconds N, --target T)" >&2; exit 2 ;;
   esac
 done
@@ -35,8 +36,9 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || ((seconds < 1)); then
   exit 2
 fi
 for t in "${targets[@]}"; do
-  [[ "$t" == torch_file || "$t" == checkpoint || "$t" == dcp || "$t" == rendezvous ]] ||
-    { echo "fuzz.sh: unknown target '$t' (expected torch_file, checkpoint, dcp or rendezvous)" >&2; exit 2; }
+  [[ "$t" == torch_file || "$t" == checkpoint || "$t" == dcp || "$t" == safetensors ||
+     "$t" == rendezvous ]] ||
+    { echo "fuzz.sh: unknown target '$t' (expected torch_file, checkpoint, dcp, safetensors or rendezvous)" >&2; exit 2; }
 done
 # Where a target's committed corpus/ and regressions/ live.
 fuzz_dir() {

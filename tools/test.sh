@@ -5,8 +5,9 @@
 # entry each for the formatting check, fuzzing and the CUDA build: after the
 # Bazel tests, `tools/format.sh --check` checks that every .cc/.h file is as
 # clang-format 14 and .clang-format would write it (tools/format.sh formats
-# them), tools/fuzz.sh fuzzes the file loaders, the DCP reader and the rendezvous
-# client for 50 s per target (200 s in all),
+# them), tools/fuzz.sh fuzzes the file loaders, the DCP reader, the
+# safetensors loader and the rendezvous client for 50 s per target (250 s in
+# all),
 # and `bazel build --config=cuda //...` compiles and links every target
 # against LibTorch's CUDA libraries and NCCL (no GPU needed; nothing CUDA
 # runs here). All three are skipped when extra arguments are given: a configured

@@ -63,6 +63,16 @@ TEST(CorpusReplayTest, TorchFileCorpusAndRegressionsKeepTheOracles) {
   }
 }
 
+TEST(CorpusReplayTest, SafetensorsCorpusAndRegressionsKeepTheOracles) {
+  const std::vector<fs::path> inputs = Inputs("safetensors");
+  ASSERT_GE(inputs.size(), 9u) << "the safetensors corpus is missing";
+  for (const fs::path& input : inputs) {
+    SCOPED_TRACE(input.string());
+    const std::string bytes = ReadAll(input);
+    RunSafetensorsInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  }
+}
+
 TEST(CorpusReplayTest, CheckpointCorpusAndRegressionsKeepTheOracles) {
   const std::vector<fs::path> inputs = Inputs("checkpoint");
   ASSERT_GE(inputs.size(), 5u) << "the checkpoint corpus is missing";

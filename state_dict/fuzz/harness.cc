@@ -19,6 +19,7 @@
 #include "state_dict/internal/crc32c.h"
 #include "state_dict/manifest.h"
 #include "state_dict/pytorch_format.h"
+#include "state_dict/safetensors.h"
 #include "state_dict/sharded_tensor.h"
 
 namespace state_dict {
@@ -341,6 +342,49 @@ void RunTorchFileInput(const uint8_t* data, size_t size) {
       Violation(absl::StrCat("the round trip changed tensor '", item.key(),
                              "': ", Describe(item.value()), " became ", Describe(again)));
     }
+  }
+}
+
+void RunSafetensorsInput(const uint8_t* data, size_t size) {
+  const std::string path = ScratchDirectory() + "/input.safetensors";
+  WriteBytesOrDie(path, data, size);
+  auto loaded = LoadSafetensors(path);
+  if (!loaded.ok()) return;
+  int64_t bytes = 0;
+  for (const auto& item : loaded->tensors) {
+    int64_t tensor_bytes;
+    if (__builtin_mul_overflow(item.value().numel(), item.value().element_size(), &tensor_bytes) ||
+        __builtin_add_overflow(bytes, tensor_bytes, &bytes)) {
+      Violation("LoadSafetensors accepted tensors whose byte count overflows");
+    }
+  }
+  if (bytes > static_cast<int64_t>(size)) {
+    Violation(absl::StrCat("LoadSafetensors accepted ", bytes, " tensor bytes from a file of ",
+                           size, " bytes"));
+  }
+
+  const std::string copy = ScratchDirectory() + "/roundtrip.safetensors";
+  absl::Status saved = SaveSafetensors(loaded->tensors, copy, loaded->metadata);
+  if (!saved.ok()) Violation("SaveSafetensors rejected a loaded file: " + StatusText(saved));
+  auto reloaded = LoadSafetensors(copy);
+  if (!reloaded.ok()) {
+    Violation("LoadSafetensors rejected what SaveSafetensors wrote: " +
+              StatusText(reloaded.status()));
+  }
+  if (reloaded->tensors.keys() != loaded->tensors.keys()) {
+    Violation("the round trip changed the tensors' names or their order");
+  }
+  for (const auto& item : loaded->tensors) {
+    const torch::Tensor& again = reloaded->tensors[item.key()];
+    if (!BitwiseEqual(item.value(), again)) {
+      Violation(absl::StrCat("the round trip changed tensor '", item.key(),
+                             "': ", Describe(item.value()), " became ", Describe(again)));
+    }
+  }
+  std::map<std::string, std::string> expected = loaded->metadata;
+  expected.emplace("format", "pt");
+  if (reloaded->metadata != expected) {
+    Violation("the round trip changed the metadata");
   }
 }
 

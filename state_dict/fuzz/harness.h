@@ -68,6 +68,15 @@ constexpr int kDcpFiles = 3;  // .metadata, __0_0.distcp, __1_0.distcp
 // bounded by the files' sizes (libFuzzer's -rss_limit_mb catches the rest).
 void RunDcpInput(const uint8_t* data, size_t size);
 
+// The input is a whole safetensors file, loaded with LoadSafetensors.
+// Oracle: when it loads, SaveSafetensors of the tensors and metadata writes
+// a file that loads back with the same names in the same order, each tensor
+// of the same dtype and shape with bitwise equal elements, and the same
+// metadata (plus the {"format": "pt"} SaveSafetensors adds when the file had
+// no "format"). Memory stays bounded by the file's size: the loader allocates
+// nothing a header declares beyond the bytes the file holds.
+void RunSafetensorsInput(const uint8_t* data, size_t size);
+
 // Writes the project-made seeds: SaveTensorDict / SaveIValue outputs into
 // `torch_file_dir`, the template checkpoint's files into `checkpoint_dir`
 // and the template DCP directory's files into `dcp_dir` (each of the last

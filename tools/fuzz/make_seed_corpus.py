@@ -15,6 +15,11 @@ selector byte, seed the checkpoint fuzzer (state_dict/fuzz/corpus/checkpoint/).
 For the dcp fuzzer it writes the `.metadata` and `__0_0.distcp` of a
 1-process torch.distributed.checkpoint save (`dcp.save(..., no_dist=True)`),
 prefixed with their selector bytes (state_dict/fuzz/corpus/dcp/).
+For the safetensors fuzzer it writes files of Python's safetensors.torch
+save_file (every dtype the format shares with torch, bf16 included, empty
+and 0-dim tensors, metadata) and, by hand, headers that lie: overlapping,
+out-of-range and gapped offsets, a header length past the file or over the
+format's limit (state_dict/fuzz/corpus/safetensors/).
 Then, unless --no-project-seeds, it runs //state_dict/fuzz:write_project_seeds
 (bazel) for the files the project itself writes (SaveTensorDict, SaveIValue,
 the fuzzers' template checkpoint and template DCP directory). Rerunning it
@@ -245,17 +250,54 @@ def write_dcp_seeds():
                 f.write(bytes([selector]) + data)
 
 
+def write_safetensors_seeds():
+    """Python's save_file outputs, and hand-made files whose headers lie."""
+    import json
+    import struct
+    from safetensors.torch import save_file
+    out = os.path.join(CORPUS, "safetensors")
+    torch.manual_seed(7)
+    save_file({"weight": torch.randn(3, 4), "bias": torch.arange(5, dtype=torch.int64),
+               "half": torch.linspace(-1, 1, 6).to(torch.bfloat16).reshape(2, 3)},
+              os.path.join(out, "py_model.safetensors"), metadata={"format": "pt"})
+    dtypes = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
+              torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64]
+    save_file({str(dt).replace("torch.", ""): (torch.arange(4) % 2).to(dt) for dt in dtypes},
+              os.path.join(out, "py_every_dtype.safetensors"))
+    save_file({"empty": torch.zeros(0, 3), "scalar": torch.tensor(2.5)},
+              os.path.join(out, "py_empty_and_scalar.safetensors"), metadata={"note": "seed"})
+
+    def raw(name, header, data, length=None):
+        text = json.dumps(header).encode()
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(struct.pack("<Q", len(text) if length is None else length) + text + data)
+
+    eight = bytes(range(8))
+    raw("hostile_overlap.safetensors",
+        {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+         "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, eight)
+    raw("hostile_out_of_range.safetensors",
+        {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, eight)
+    raw("hostile_gap.safetensors",
+        {"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, eight)
+    raw("hostile_header_past_file.safetensors", {"a": {}}, b"", length=1 << 40)
+    raw("hostile_header_over_limit.safetensors", {"a": {}}, b"", length=100_000_001)
+    raw("hostile_shape_overflow.safetensors",
+        {"a": {"dtype": "F64", "shape": [1 << 62, 1 << 62], "data_offsets": [0, 8]}}, eight)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-project-seeds", action="store_true",
                         help="only the Python-made seeds (no bazel run)")
     args = parser.parse_args()
-    for target in ("torch_file", "checkpoint", "dcp"):
+    for target in ("torch_file", "checkpoint", "dcp", "safetensors"):
         os.makedirs(os.path.join(CORPUS, target), exist_ok=True)
     expectations = []
     write_python_seeds(expectations)
     write_checkpoint_seeds()
     write_dcp_seeds()
+    write_safetensors_seeds()
     with open(os.path.join(CORPUS, "python_seeds.txt"), "w") as f:
         f.write("# Written by tools/fuzz/make_seed_corpus.py; checked by corpus_replay_test.\n")
         f.write("# <file> tensor <key> <dtype> <shape|-> <sum>   (a dict of tensors)\n")
