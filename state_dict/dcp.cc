@@ -163,6 +163,8 @@ std::vector<DcpChunk> FlatRangeToBoxes(const std::vector<int64_t>& shape, FlatRa
   return out;
 }
 
+}  // namespace
+
 std::string FlatKey(const DcpKeyPath& path) {
   std::vector<std::string> parts;
   for (const auto& part : path) {
@@ -172,8 +174,6 @@ std::string FlatKey(const DcpKeyPath& path) {
   }
   return absl::StrJoin(parts, ".");
 }
-
-}  // namespace
 
 absl::StatusOr<DcpCheckpoint> DcpCheckpoint::Open(const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/", kMetadataFile);

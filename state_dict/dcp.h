@@ -101,6 +101,10 @@ class DcpCheckpoint {
 // the parts joined with dots.
 using DcpKeyPath = std::vector<std::variant<std::string, int64_t>>;
 
+// The flattened key of `path` ("optim.param_groups.0.lr"), as the metadata
+// and DcpCheckpoint name it.
+std::string FlatKey(const DcpKeyPath& path);
+
 // What one rank saves.
 struct DcpShard {
   struct Tensor {

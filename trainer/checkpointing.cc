@@ -351,7 +351,7 @@ absl::StatusOr<int64_t> ImportDcpOnRank(const Options& o, fsdp::FullyShardedData
         "steps before the checkpoint)"));
   }
   if (auto s = CheckDcpOptimizer(o, *ckpt); !s.ok()) return s;
-  if (auto s = state_dict::LoadFsdpDcp(o.import_dcp, model, &optimizer); !s.ok()) {
+  if (auto s = state_dict::LoadFsdpDcp(*ckpt, model, &optimizer); !s.ok()) {
     return InContext(what, s);
   }
   return *step;

@@ -30,20 +30,6 @@ bool SplitLast(const std::string& name, char separator, std::string* fqn, std::s
   return true;
 }
 
-// "trainer.step" for {"trainer", "step"}: the flattened key, for messages.
-std::string JoinPath(const DcpKeyPath& path) {
-  std::string out;
-  for (const auto& part : path) {
-    if (!out.empty()) out += '.';
-    if (const std::string* s = std::get_if<std::string>(&part)) {
-      out += *s;
-    } else {
-      out += std::to_string(std::get<int64_t>(part));
-    }
-  }
-  return out;
-}
-
 // The options Python's optimizer of this kind has that LibTorch's lacks, at
 // the values LibTorch's behaviour matches: Python's load_state_dict and
 // dcp.load (strict about missing keys) need them all.
@@ -69,7 +55,7 @@ absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataPara
     const std::string* first = o.path.empty() ? nullptr : std::get_if<std::string>(&o.path[0]);
     if (o.path.empty() || (first != nullptr && (*first == kModel || *first == kOptim))) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "SaveFsdpDcpShard: extra object '", JoinPath(o.path),
+          "SaveFsdpDcpShard: extra object '", FlatKey(o.path),
           "': expected a non-empty key path outside 'model' and 'optim' (the model's and the "
           "optimizer's state)"));
     }
@@ -119,6 +105,11 @@ absl::Status LoadFsdpDcp(const std::string& dir, fsdp::FullyShardedDataParallel&
                          torch::optim::Optimizer* optimizer) {
   auto ckpt = DcpCheckpoint::Open(dir);
   if (!ckpt.ok()) return ckpt.status();
+  return LoadFsdpDcp(*ckpt, model, optimizer);
+}
+
+absl::Status LoadFsdpDcp(const DcpCheckpoint& ckpt, fsdp::FullyShardedDataParallel& model,
+                         torch::optim::Optimizer* optimizer) {
   // Our names -> DCP's, for the requests.
   auto read = [&](const std::string& prefix_model) {
     return [&, prefix_model](const ShardRequests& requests) -> absl::StatusOr<ShardedStateDict> {
@@ -133,7 +124,7 @@ absl::Status LoadFsdpDcp(const std::string& dir, fsdp::FullyShardedDataParallel&
         renamed.emplace_back(key, request);
         ours.push_back(name);
       }
-      auto loaded = ckpt->LoadResharded(renamed);
+      auto loaded = ckpt.LoadResharded(renamed);
       if (!loaded.ok()) return loaded.status();
       ShardedStateDict out;
       for (size_t i = 0; i < ours.size(); ++i) {
@@ -150,15 +141,15 @@ absl::Status LoadFsdpDcp(const std::string& dir, fsdp::FullyShardedDataParallel&
   // the model untouched too.
   if (optimizer != nullptr) {
     std::vector<ShardedEntryInfo> entries;
-    for (const auto& t : ckpt->tensors()) {
+    for (const auto& t : ckpt.tensors()) {
       std::string rest = t.key, fqn, entry;
       if (rest.rfind(kOptimState, 0) != 0) continue;
       rest = rest.substr(sizeof(kOptimState) - 1);
       if (!SplitLast(rest, '.', &fqn, &entry)) continue;
       entries.push_back(ShardedEntryInfo{absl::StrCat(fqn, "/", entry), t.shape, t.dtype});
     }
-    if (auto s = LoadShardedOptimFrom(model, *optimizer, absl::StrCat("DCP checkpoint ", dir),
-                                      entries, read(""));
+    if (auto s = LoadShardedOptimFrom(
+            model, *optimizer, absl::StrCat("DCP checkpoint ", ckpt.dir()), entries, read(""));
         !s.ok()) {
       return s;
     }

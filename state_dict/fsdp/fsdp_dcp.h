@@ -72,5 +72,9 @@ absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataPara
 // overlap its ranges.
 absl::Status LoadFsdpDcp(const std::string& dir, fsdp::FullyShardedDataParallel& model,
                          torch::optim::Optimizer* optimizer);
+// The same from a checkpoint already open (its metadata read once, e.g. by
+// a caller that first checked its objects).
+absl::Status LoadFsdpDcp(const DcpCheckpoint& checkpoint, fsdp::FullyShardedDataParallel& model,
+                         torch::optim::Optimizer* optimizer);
 
 }  // namespace state_dict
