@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -91,6 +92,36 @@ bool BitwiseEqual(const torch::Tensor& a, const torch::Tensor& b) {
 
 std::string Describe(const torch::Tensor& t) {
   return absl::StrCat(c10::toString(t.scalar_type()), " ", c10::str(t.sizes()));
+}
+
+// The bytes of all of `tensors`' elements; nullopt when the count overflows.
+std::optional<int64_t> TotalBytes(const TensorDict& tensors) {
+  int64_t bytes = 0;
+  for (const auto& item : tensors) {
+    int64_t tensor_bytes;
+    if (__builtin_mul_overflow(item.value().numel(), item.value().element_size(), &tensor_bytes) ||
+        __builtin_add_overflow(bytes, tensor_bytes, &bytes)) {
+      return std::nullopt;
+    }
+  }
+  return bytes;
+}
+
+// The round-trip oracles' check: `again` (what was saved and loaded back)
+// has `loaded`'s names in the same order and bitwise equal tensors.
+// `context` is appended to a violation's message.
+void ExpectSameTensors(const TensorDict& loaded, const TensorDict& again,
+                       const std::string& context = "") {
+  if (again.keys() != loaded.keys()) {
+    Violation("the round trip changed the tensors' names or their order" + context);
+  }
+  for (const auto& item : loaded) {
+    const torch::Tensor& reloaded = again[item.key()];
+    if (!BitwiseEqual(item.value(), reloaded)) {
+      Violation(absl::StrCat("the round trip changed tensor '", item.key(), "': ",
+                             Describe(item.value()), " became ", Describe(reloaded), context));
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -315,15 +346,8 @@ void RunTorchFileInput(const uint8_t* data, size_t size) {
     Violation(
         absl::StrCat("LoadTensorDict accepted a file LoadIValue rejects: ", StatusText(value)));
   }
-  int64_t bytes = 0;
-  for (const auto& item : dict->tensors) {
-    int64_t tensor_bytes;
-    if (__builtin_mul_overflow(item.value().numel(), item.value().element_size(), &tensor_bytes) ||
-        __builtin_add_overflow(bytes, tensor_bytes, &bytes)) {
-      return;  // larger than any round trip we make
-    }
-  }
-  if (bytes > kMaxRoundTripBytes) return;
+  const std::optional<int64_t> bytes = TotalBytes(dict->tensors);
+  if (!bytes.has_value() || *bytes > kMaxRoundTripBytes) return;  // larger than any we make
 
   const std::string copy = ScratchDirectory() + "/roundtrip.pt";
   absl::Status saved = SaveTensorDict(dict->tensors, copy);
@@ -333,16 +357,7 @@ void RunTorchFileInput(const uint8_t* data, size_t size) {
     Violation("LoadTensorDict rejected what SaveTensorDict wrote: " +
               StatusText(reloaded.status()));
   }
-  if (reloaded->tensors.keys() != dict->tensors.keys()) {
-    Violation("the round trip changed the dict's keys or their order");
-  }
-  for (const auto& item : dict->tensors) {
-    const torch::Tensor& again = reloaded->tensors[item.key()];
-    if (!BitwiseEqual(item.value(), again)) {
-      Violation(absl::StrCat("the round trip changed tensor '", item.key(),
-                             "': ", Describe(item.value()), " became ", Describe(again)));
-    }
-  }
+  ExpectSameTensors(dict->tensors, reloaded->tensors);
 }
 
 void RunSafetensorsInput(const uint8_t* data, size_t size) {
@@ -350,16 +365,10 @@ void RunSafetensorsInput(const uint8_t* data, size_t size) {
   WriteBytesOrDie(path, data, size);
   auto loaded = LoadSafetensors(path);
   if (!loaded.ok()) return;
-  int64_t bytes = 0;
-  for (const auto& item : loaded->tensors) {
-    int64_t tensor_bytes;
-    if (__builtin_mul_overflow(item.value().numel(), item.value().element_size(), &tensor_bytes) ||
-        __builtin_add_overflow(bytes, tensor_bytes, &bytes)) {
-      Violation("LoadSafetensors accepted tensors whose byte count overflows");
-    }
-  }
-  if (bytes > static_cast<int64_t>(size)) {
-    Violation(absl::StrCat("LoadSafetensors accepted ", bytes, " tensor bytes from a file of ",
+  const std::optional<int64_t> bytes = TotalBytes(loaded->tensors);
+  if (!bytes.has_value()) Violation("LoadSafetensors accepted tensors whose byte count overflows");
+  if (*bytes > static_cast<int64_t>(size)) {
+    Violation(absl::StrCat("LoadSafetensors accepted ", *bytes, " tensor bytes from a file of ",
                            size, " bytes"));
   }
 
@@ -371,16 +380,7 @@ void RunSafetensorsInput(const uint8_t* data, size_t size) {
     Violation("LoadSafetensors rejected what SaveSafetensors wrote: " +
               StatusText(reloaded.status()));
   }
-  if (reloaded->tensors.keys() != loaded->tensors.keys()) {
-    Violation("the round trip changed the tensors' names or their order");
-  }
-  for (const auto& item : loaded->tensors) {
-    const torch::Tensor& again = reloaded->tensors[item.key()];
-    if (!BitwiseEqual(item.value(), again)) {
-      Violation(absl::StrCat("the round trip changed tensor '", item.key(),
-                             "': ", Describe(item.value()), " became ", Describe(again)));
-    }
-  }
+  ExpectSameTensors(loaded->tensors, reloaded->tensors);
   std::map<std::string, std::string> expected = loaded->metadata;
   expected.emplace("format", "pt");
   if (reloaded->metadata != expected) {
@@ -458,14 +458,7 @@ void RunCheckpointInput(const uint8_t* data, size_t size) {
     if (converted.ok()) {
       auto back = LoadTensorDict(out);
       converted = back.status();
-      if (back.ok() && back->tensors.keys() != full->keys()) {
-        Violation("the converted file loads back with other keys:" + results);
-      }
-      for (const auto& item : back.ok() ? back->tensors : TensorDict()) {
-        if (!BitwiseEqual(item.value(), (*full)[item.key()])) {
-          Violation(absl::StrCat("the converted file's '", item.key(), "' differs", results));
-        }
-      }
+      if (back.ok()) ExpectSameTensors(*full, back->tensors, " (convert):" + results);
     }
   }
   if (verified.ok() != converted.ok()) {
