@@ -11,9 +11,9 @@
 #   benchmarks/run_checkpoint_memory.sh [--out DIR] [--layers N] [--dim N]
 #
 # Takes ~2 minutes on 2 cores. SHARDED saves write views of the live flat
-# parameters and optimizer state (state_dict/fsdp/README.md); FULL gathers
-# every tensor to rank 0, which holds the whole model and optimizer state
-# once more by definition.
+# parameters and optimizer state (state_dict/fsdp/README.md); FULL saves
+# gather one tensor at a time onto rank 0 just before writing it
+# (state_dict/fsdp/fsdp_full_checkpoint.h).
 set -euo pipefail
 
 out=""

@@ -262,6 +262,38 @@ Work broadcast(const ProcessGroup& group, const at::Tensor& tensor, int root) {
   return make_work(state, kOp, std::move(work), nullptr, {tensor}, "root", nullptr, root);
 }
 
+namespace {
+
+void check_peer(const internal::GroupState& state, const char* op, const char* arg, int peer) {
+  TORCH_CHECK(peer >= 0 && peer < state.size, "comm::", op, ": ", arg, "=", peer,
+              ": expected a rank of the group in [0, ", state.size,
+              ") (a group rank, not a world rank)");
+  TORCH_CHECK(peer != state.rank, "comm::", op, ": ", arg, "=", peer,
+              " is this rank: expected another rank of the group");
+}
+
+}  // namespace
+
+Work send(const ProcessGroup& group, const at::Tensor& tensor, int dst, int tag) {
+  constexpr const char* kOp = "send";
+  const auto& state = member_state(group, kOp);
+  check_flat(state, kOp, "tensor", tensor);
+  check_peer(state, kOp, "dst", dst);
+  std::vector<at::Tensor> tensors{tensor};
+  auto work = state.pg->send(tensors, dst, tag);
+  return make_work(state, kOp, std::move(work), nullptr, {tensor}, "dst", nullptr, dst);
+}
+
+Work recv(const ProcessGroup& group, const at::Tensor& tensor, int src, int tag) {
+  constexpr const char* kOp = "recv";
+  const auto& state = member_state(group, kOp);
+  check_flat(state, kOp, "tensor", tensor);
+  check_peer(state, kOp, "src", src);
+  std::vector<at::Tensor> tensors{tensor};
+  auto work = state.pg->recv(tensors, src, tag);
+  return make_work(state, kOp, std::move(work), nullptr, {tensor}, "src", nullptr, src);
+}
+
 Work barrier(const ProcessGroup& group) {
   constexpr const char* kOp = "barrier";
   const auto& state = member_state(group, kOp);

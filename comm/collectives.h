@@ -45,4 +45,13 @@ Work broadcast(const ProcessGroup& group, const at::Tensor& tensor, int root = 0
 
 Work barrier(const ProcessGroup& group);
 
+// Point to point (torch.distributed.isend / irecv): `tensor` goes to rank
+// `dst`, which receives it into a tensor of the same dtype and numel with
+// recv(group, t, src=this rank). Ranks are group ranks, and neither may be
+// the caller's own. Pairs match in the order they were posted (`tag` keeps
+// interleaved streams between the same two ranks apart). Like every
+// collective here, wait() is bounded by the group's timeout.
+Work send(const ProcessGroup& group, const at::Tensor& tensor, int dst, int tag = 0);
+Work recv(const ProcessGroup& group, const at::Tensor& tensor, int src, int tag = 0);
+
 }  // namespace comm

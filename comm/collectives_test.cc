@@ -88,6 +88,29 @@ void check_all_collectives(ProcessGroup& pg) {
       at::Tensor b = input_of(rank, n + 2, dtype);
       broadcast(pg, b, world - 1).wait();
       EXPECT_TRUE(b.equal(input_of(world - 1, n + 2, dtype))) << "broadcast " << where;
+
+      // send / recv around a ring (every rank sends and receives at once),
+      // then every other rank to rank 0 on two tags posted out of order.
+      at::Tensor from_left = at::empty({n + 1}, dtype);
+      const int left = (rank + world - 1) % world;
+      Work sent = send(pg, input_of(rank, n + 1, dtype), (rank + 1) % world);
+      recv(pg, from_left, left).wait();
+      sent.wait();
+      EXPECT_TRUE(from_left.equal(input_of(left, n + 1, dtype))) << "ring recv " << where;
+      if (rank == 0) {
+        for (int src = 1; src < world; ++src) {
+          at::Tensor second = at::empty({n}, dtype);
+          at::Tensor first = at::empty({n}, dtype);
+          Work w2 = recv(pg, second, src, /*tag=*/2);
+          recv(pg, first, src, /*tag=*/1).wait();
+          w2.wait();
+          EXPECT_TRUE(first.equal(input_of(src, n, dtype))) << "tag 1 from " << src << where;
+          EXPECT_TRUE(second.equal(input_of(src + 5, n, dtype))) << "tag 2 from " << src << where;
+        }
+      } else {
+        send(pg, input_of(rank, n, dtype), 0, /*tag=*/1).wait();
+        send(pg, input_of(rank + 5, n, dtype), 0, /*tag=*/2).wait();
+      }
     }
   }
   barrier(pg).wait();
@@ -159,6 +182,10 @@ TEST(Collectives, BadArgumentsAreClearErrors) {
               HasSubstr("input has 4 elements: expected group size 1 x output's 3 = 3"));
   EXPECT_THAT(message([&] { broadcast(*pg, v, 1); }),
               HasSubstr("root=1: expected a rank of the group in [0, 1)"));
+  EXPECT_THAT(message([&] { send(*pg, v, 1); }),
+              HasSubstr("send: dst=1: expected a rank of the group in [0, 1)"));
+  EXPECT_THAT(message([&] { recv(*pg, v, 0); }),
+              HasSubstr("recv: src=0 is this rank: expected another rank"));
   EXPECT_THAT(message([&] { all_reduce(*pg, at::ones({4}, at::kLong), ReduceOp::kAvg); }),
               HasSubstr("ReduceOp avg on dtype Long"));
   EXPECT_THAT(message([&] { all_reduce(*pg, at::ones({4}, at::kComplexFloat)); }),

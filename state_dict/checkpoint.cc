@@ -62,19 +62,20 @@ absl::Status WriteCheckpointFile(const std::string& path, absl::string_view byte
   return status;
 }
 
-// Streams `tensors` into the data file `path` and records its size and
-// checksums in `file`, whose entries with data are in `tensors`' order
-// (data-less "-" entries are skipped); then runs the test hook.
-absl::Status WriteDataFile(const std::string& path, const TensorDict& tensors, ManifestFile& file,
-                           const internal::LiveTensors* live) {
-  auto written = internal::WriteTensorDict(tensors, path, live);
+// Records in `file` the size and checksums of the data file `path` just
+// written (`written`, its tensors keyed `keys` in order); `file`'s entries
+// with data are in that order (data-less "-" entries are skipped). Then
+// runs the test hook.
+absl::Status RecordDataFile(const std::string& path,
+                            const absl::StatusOr<WrittenTensorDict>& written,
+                            const std::vector<std::string>& keys, ManifestFile& file) {
   if (!written.ok()) return written.status();
   file.bytes = written->bytes;
   file.crc32c = written->crc32c;
   size_t i = 0;
   for (ManifestTensor& t : file.tensors) {
     if (t.key == kNoData) continue;
-    if (i >= written->tensor_crc32c.size() || tensors[i].key() != t.key) {
+    if (i >= written->tensor_crc32c.size() || i >= keys.size() || keys[i] != t.key) {
       return absl::InternalError(absl::StrCat("writing ", path, ": manifest entry '", t.key,
                                               "' does not match the written tensors"));
     }
@@ -82,6 +83,12 @@ absl::Status WriteDataFile(const std::string& path, const TensorDict& tensors, M
   }
   if (internal::AfterFileWrittenHook()) internal::AfterFileWrittenHook()(path);
   return absl::OkStatus();
+}
+
+// Streams `tensors` into the data file `path` (RecordDataFile).
+absl::Status WriteDataFile(const std::string& path, const TensorDict& tensors, ManifestFile& file,
+                           const internal::LiveTensors* live) {
+  return RecordDataFile(path, internal::WriteTensorDict(tensors, path, live), tensors.keys(), file);
 }
 
 absl::Status CheckName(const std::string& name) {
@@ -101,6 +108,39 @@ absl::Status PrepareStepDirectory(const std::string& step_dir) {
         absl::StrCat("checkpoint ", step_dir, " is already complete; refusing to overwrite it"));
   }
   return internal::CreateDirectories(step_dir);
+}
+
+// A FULL checkpoint of `specs`' tensors: checks their names, writes
+// model.pt through `write_data(path, file)` (which fills in the file's size
+// and checksums), then the MANIFEST.
+absl::Status SaveFullCheckpointFile(
+    const std::string& root, int64_t step, const std::vector<TensorSpec>& specs,
+    const std::function<absl::Status(const std::string&, ManifestFile&)>& write_data) {
+  const std::string dir = StepDirectory(root, step);
+  ManifestFile file;
+  file.name = kFullFileName;
+  for (const TensorSpec& spec : specs) {
+    absl::Status status = CheckName(spec.key);
+    if (!status.ok()) return status;
+    ManifestTensor t;
+    t.key = t.name = spec.key;
+    t.dtype = spec.dtype;
+    t.global_shape = spec.shape;
+    int64_t numel = 1;
+    for (int64_t d : spec.shape) numel *= d;
+    t.range = FlatRange{0, numel};
+    file.tensors.push_back(std::move(t));
+  }
+  absl::Status status = PrepareStepDirectory(dir);
+  if (!status.ok()) return status;
+  status = write_data(dir + "/" + kFullFileName, file);
+  if (!status.ok()) return status;
+  Manifest m;
+  m.kind = CheckpointKind::kFull;
+  m.step = step;
+  m.world_size = 1;
+  m.files.push_back(std::move(file));
+  return WriteCheckpointFile(dir + "/" + kManifestFileName, FormatManifest(m));
 }
 
 // The product of `shape`, or -1 when it overflows int64 (a damaged manifest).
@@ -459,6 +499,18 @@ absl::Status SaveFullCheckpoint(const std::string& root, int64_t step, const Ten
   return internal::SaveFullCheckpoint(root, step, state, nullptr);
 }
 
+absl::Status SaveFullCheckpoint(const std::string& root, int64_t step,
+                                const std::vector<TensorSpec>& tensors,
+                                const TensorSource& source) {
+  std::vector<std::string> keys;
+  for (const TensorSpec& spec : tensors) keys.push_back(spec.key);
+  return SaveFullCheckpointFile(
+      root, step, tensors, [&](const std::string& path, ManifestFile& file) {
+        return RecordDataFile(path, internal::WriteTensorRecords(tensors, source, path, nullptr),
+                              keys, file);
+      });
+}
+
 absl::Status SaveShard(const std::string& root, int64_t step, int rank, int world_size,
                        const ShardedStateDict& shard) {
   return internal::SaveShard(root, step, rank, world_size, shard, nullptr);
@@ -468,32 +520,17 @@ namespace internal {
 
 absl::Status SaveFullCheckpoint(const std::string& root, int64_t step, const TensorDict& state,
                                 const LiveTensors* live) {
-  const std::string dir = StepDirectory(root, step);
-  ManifestFile file;
-  file.name = kFullFileName;
+  std::vector<TensorSpec> specs;
   for (const auto& item : state) {
-    absl::Status status = CheckName(item.key());
-    if (!status.ok()) return status;
     if (!item.value().defined()) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", item.key(), "' is undefined"));
     }
-    ManifestTensor t;
-    t.key = t.name = item.key();
-    t.dtype = item.value().scalar_type();
-    t.global_shape = item.value().sizes().vec();
-    t.range = FlatRange{0, item.value().numel()};
-    file.tensors.push_back(std::move(t));
+    specs.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
   }
-  absl::Status status = PrepareStepDirectory(dir);
-  if (!status.ok()) return status;
-  status = WriteDataFile(dir + "/" + kFullFileName, state, file, live);
-  if (!status.ok()) return status;
-  Manifest m;
-  m.kind = CheckpointKind::kFull;
-  m.step = step;
-  m.world_size = 1;
-  m.files.push_back(std::move(file));
-  return WriteCheckpointFile(dir + "/" + kManifestFileName, FormatManifest(m));
+  return SaveFullCheckpointFile(root, step, specs,
+                                [&](const std::string& path, ManifestFile& file) {
+                                  return WriteDataFile(path, state, file, live);
+                                });
 }
 
 absl::Status SaveShard(const std::string& root, int64_t step, int rank, int world_size,

@@ -63,6 +63,15 @@ std::string StepDirectory(const std::string& root, int64_t step);
 // step already has a complete checkpoint (never overwritten in place).
 absl::Status SaveFullCheckpoint(const std::string& root, int64_t step, const TensorDict& state);
 
+// The same FULL checkpoint of the tensors `tensors` describes, their data
+// produced one at a time by `source` (TensorSpec and TensorSource:
+// pytorch_format.h): a save that never holds more than one tensor's data,
+// such as state gathered onto one rank tensor by tensor
+// (state_dict/fsdp/fsdp_full_checkpoint.h). An error from `source` stops
+// the save with nothing committed and is returned as it is.
+absl::Status SaveFullCheckpoint(const std::string& root, int64_t step,
+                                const std::vector<TensorSpec>& tensors, const TensorSource& source);
+
 // SHARDED checkpoint, one rank's part: writes rank_<rank>.pt (a dict of the
 // rank's pieces; a tensor's first piece is keyed by its name, later ones
 // "<name>#<k>") and then rank_<rank>.meta. Every rank should list every

@@ -94,19 +94,21 @@ absl::StatusOr<c10::IValue> LoadIValue(const std::string& path, const LoadOption
 
 namespace {
 
-// A CPU tensor of `t`'s dtype and shape, contiguous, over a storage of the
+// A CPU tensor of `dtype` and `shape`, contiguous, over a storage of the
 // right size that holds no memory. The pickler reads only a tensor's
 // metadata (dtype, storage size, offset, shape, strides) and keeps a
 // reference to each tensor it will need the data of; handing it these
 // stand-ins keeps the pickling step from pinning (or copying) any data, so
 // that the records can then be written one tensor at a time.
-at::Tensor MetadataOnlyTensor(const at::Tensor& t) {
-  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
+at::Tensor MetadataOnlyTensor(at::ScalarType dtype, const std::vector<int64_t>& shape) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
                        c10::DataPtr(nullptr, c10::Device(c10::kCPU)),
                        /*allocator=*/nullptr, /*resizable=*/false);
-  return at::empty({0}, at::TensorOptions().dtype(t.scalar_type()))
-      .set_(storage, 0, t.sizes(), c10::contiguous_strides(t.sizes()));
+  return at::empty({0}, at::TensorOptions().dtype(dtype))
+      .set_(storage, 0, shape, c10::contiguous_strides(shape));
 }
 
 }  // namespace
@@ -116,90 +118,144 @@ absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
   return internal::WriteTensorDict(tensors, path, nullptr);
 }
 
+absl::StatusOr<WrittenTensorDict> WriteTensorDict(const std::vector<TensorSpec>& specs,
+                                                  const TensorSource& source,
+                                                  const std::string& path) {
+  return internal::WriteTensorRecords(specs, source, path, nullptr);
+}
+
 namespace internal {
 
-absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
-                                                  const std::string& path,
-                                                  const LiveTensors* live) {
-  // A live tensor changed in place since the save was asked for: its bytes
-  // (or another's) may be from a later state than the rest.
-  auto unchanged = [&](const std::string& key, const at::Tensor& t) {
-    auto recorded = live->versions.find(t.unsafeGetTensorImpl());
-    if (recorded == live->versions.end()) {
-      return absl::InternalError(
-          absl::StrCat("saving ", path, ": tensor '", key, "' has no version recorded"));
-    }
-    const int64_t now = static_cast<int64_t>(t._version());
-    if (now == recorded->second) return absl::OkStatus();
-    return absl::DataLossError(
-        absl::StrCat("cannot save ", path, ": tensor '", key,
-                     "' was changed in place while it was being saved (version ", recorded->second,
-                     " when the save was asked for, now ", now,
-                     "); leave the state unchanged until the save has written it"));
-  };
+absl::StatusOr<WrittenTensorDict> WriteTensorRecords(
+    const std::vector<TensorSpec>& specs, const TensorSource& source, const std::string& path,
+    const std::function<absl::Status()>& before_commit) {
   // The data.pkl program, pickled from stand-ins (see MetadataOnlyTensor).
   c10::Dict<std::string, at::Tensor> stand_ins;
-  std::vector<const at::Tensor*> sources;  // by the pickler's storage order
   std::map<const c10::StorageImpl*, size_t> index_of_storage;
-  for (const auto& item : tensors) {
-    if (!item.value().defined()) {
+  for (const TensorSpec& spec : specs) {
+    int64_t numel = 1;
+    for (int64_t d : spec.shape) {
+      if (d < 0 || __builtin_mul_overflow(numel, d, &numel)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("cannot save tensor '", spec.key, "' to ", path, ": its shape [",
+                         c10::Join(", ", spec.shape), "] is not a valid shape"));
+      }
+    }
+    if (stand_ins.contains(spec.key)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("cannot save tensor '", item.key(), "' to ", path, ": it is undefined"));
+          absl::StrCat("cannot save ", path, ": tensor '", spec.key, "' is listed twice"));
     }
-    if (item.value().layout() != c10::kStrided || item.value().is_quantized()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot save tensor '", item.key(), "' to ", path,
-          ": only dense tensors are "
-          "supported, it has layout ",
-          c10::str(item.value().layout()), item.value().is_quantized() ? " (quantized)" : ""));
-    }
-    at::Tensor stand_in = MetadataOnlyTensor(item.value());
-    index_of_storage.emplace(stand_in.storage().unsafeGetStorageImpl(), sources.size());
-    sources.push_back(&item.value());
-    stand_ins.insert(item.key(), std::move(stand_in));
+    at::Tensor stand_in = MetadataOnlyTensor(spec.dtype, spec.shape);
+    index_of_storage.emplace(stand_in.storage().unsafeGetStorageImpl(), index_of_storage.size());
+    stand_ins.insert(spec.key, std::move(stand_in));
   }
   auto pickled = Pickle(c10::IValue(stand_ins), "tensors", path);
   if (!pickled.ok()) return pickled.status();
   const std::vector<at::Tensor>& records = pickled->records;
+  // The pickler lists each storage once, in the dict's order: the source is
+  // asked for tensor i as record data/<i> is written.
+  if (records.size() != specs.size()) {
+    return absl::InternalError(absl::StrCat("saving ", path, ": the pickler listed ",
+                                            records.size(), " storages for ", specs.size(),
+                                            " tensors"));
+  }
+  for (size_t i = 0; i < records.size(); ++i) {
+    auto found = index_of_storage.find(records[i].storage().unsafeGetStorageImpl());
+    if (found == index_of_storage.end() || found->second != i) {
+      return absl::InternalError(absl::StrCat(
+          "saving ", path, ": the pickler listed the storages out of the dict's order"));
+    }
+  }
 
   auto file = internal::AtomicFileWriter::Open(path);
   if (!file.ok()) return file.status();
   internal::TorchZipWriter zip(**file);
   WrittenTensorDict out;
-  out.tensor_crc32c.resize(sources.size());
+  out.tensor_crc32c.resize(specs.size());
   // The same records, in the same order, as torch::pickle_save: the
   // storages as data/<i>, then data.pkl (and `version` at the end).
-  for (size_t i = 0; i < records.size(); ++i) {
-    auto found = index_of_storage.find(records[i].storage().unsafeGetStorageImpl());
-    if (found == index_of_storage.end()) {
-      return absl::InternalError(absl::StrCat(
-          "saving ", path, ": the pickler listed a storage that is not a tensor of the dict"));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const TensorSpec& spec = specs[i];
+    absl::StatusOr<at::Tensor> produced = source(i);
+    if (!produced.ok()) return produced.status();
+    if (!produced->defined() || produced->scalar_type() != spec.dtype ||
+        produced->sizes() != at::IntArrayRef(spec.shape)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot save tensor '", spec.key, "' to ", path, ": its data is ",
+                       produced->defined() ? absl::StrCat(c10::toString(produced->scalar_type()),
+                                                          " of shape ", c10::str(produced->sizes()))
+                                           : std::string("undefined"),
+                       ", expected ", c10::toString(spec.dtype), " of shape [",
+                       c10::Join(", ", spec.shape), "]"));
+    }
+    if (produced->layout() != c10::kStrided || produced->is_quantized()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot save tensor '", spec.key, "' to ", path,
+          ": only dense tensors are supported, it has layout ", c10::str(produced->layout()),
+          produced->is_quantized() ? " (quantized)" : ""));
     }
     // At most one tensor is copied at a time (when it is not a contiguous
     // CPU tensor already); the copy is freed before the next one.
-    const at::Tensor data = sources[found->second]->detach().to(at::kCPU).contiguous();
+    at::Tensor data = produced->detach().to(at::kCPU).contiguous();
+    *produced = at::Tensor();
     auto crc32c = zip.WriteRecord(absl::StrCat("data/", i), data.data_ptr(), data.nbytes());
     if (!crc32c.ok()) return crc32c.status();
-    out.tensor_crc32c[found->second] = *crc32c;
+    out.tensor_crc32c[i] = *crc32c;
   }
   auto pickle_crc32c = zip.WriteRecord("data.pkl", pickled->pickle.data(), pickled->pickle.size());
   if (!pickle_crc32c.ok()) return pickle_crc32c.status();
   absl::Status finished = zip.Finish();
   if (!finished.ok()) return finished;
-  if (live != nullptr) {
-    // Versions only grow: a tensor changed before (or while) its bytes were
-    // written, and whose change has finished, shows here.
-    for (const auto& item : tensors) {
-      absl::Status status = unchanged(item.key(), item.value());
-      if (!status.ok()) return status;
-    }
-    if (live->written) live->written();
+  if (before_commit) {
+    absl::Status status = before_commit();
+    if (!status.ok()) return status;
   }
   out.bytes = (*file)->bytes();
   out.crc32c = (*file)->crc32c();
   absl::Status status = (*file)->Commit();
   if (!status.ok()) return status;
   return out;
+}
+
+absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
+                                                  const std::string& path,
+                                                  const LiveTensors* live) {
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const auto& item : tensors) {
+    if (!item.value().defined()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot save tensor '", item.key(), "' to ", path, ": it is undefined"));
+    }
+    specs.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
+  }
+  auto from_dict = [&](size_t i) -> absl::StatusOr<at::Tensor> { return tensors[i].value(); };
+  std::function<absl::Status()> before_commit;
+  if (live != nullptr) {
+    // Versions only grow: a tensor changed before (or while) its bytes were
+    // written, and whose change has finished, shows here.
+    before_commit = [&]() -> absl::Status {
+      for (const auto& item : tensors) {
+        const at::Tensor& t = item.value();
+        auto recorded = live->versions.find(t.unsafeGetTensorImpl());
+        if (recorded == live->versions.end()) {
+          return absl::InternalError(
+              absl::StrCat("saving ", path, ": tensor '", item.key(), "' has no version recorded"));
+        }
+        const int64_t now = static_cast<int64_t>(t._version());
+        if (now != recorded->second) {
+          return absl::DataLossError(
+              absl::StrCat("cannot save ", path, ": tensor '", item.key(),
+                           "' was changed in place while it was being saved (version ",
+                           recorded->second, " when the save was asked for, now ", now,
+                           "); leave the state unchanged until the save has written it"));
+        }
+      }
+      if (live->written) live->written();
+      return absl::OkStatus();
+    };
+  }
+  return WriteTensorRecords(specs, from_dict, path, before_commit);
 }
 
 }  // namespace internal

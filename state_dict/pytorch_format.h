@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,29 @@ struct WrittenTensorDict {
 // SaveTensorDict that also reports the file's size and checksums (for
 // checkpoint manifests).
 absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
+                                                  const std::string& path);
+
+// A tensor of a file whose data is produced only when its record is
+// written, so that a save never holds more than one tensor's data: state
+// gathered from other ranks one tensor at a time (state_dict/fsdp's
+// SaveFsdpFullCheckpoint), or computed on the fly.
+struct TensorSpec {
+  std::string key;
+  torch::Dtype dtype = torch::kFloat;
+  std::vector<int64_t> shape;
+};
+// Tensor i's data: of spec i's dtype and shape, any device and strides.
+// Called once per tensor, for i = 0, 1, ... in order; the writer drops each
+// tensor before asking for the next. An error stops the save (nothing is
+// written) and is returned as it is.
+using TensorSource = std::function<absl::StatusOr<torch::Tensor>(size_t i)>;
+
+// WriteTensorDict of the tensors `specs` describe, their data taken from
+// `source` one at a time: the same file WriteTensorDict writes for a dict of
+// those tensors. Data of another dtype or shape than its spec is an
+// InvalidArgument naming the key.
+absl::StatusOr<WrittenTensorDict> WriteTensorDict(const std::vector<TensorSpec>& specs,
+                                                  const TensorSource& source,
                                                   const std::string& path);
 
 // How a load treats a file it may not trust.

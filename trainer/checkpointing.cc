@@ -18,6 +18,7 @@
 #include "state_dict/checkpoint.h"
 #include "state_dict/dcp.h"
 #include "state_dict/fsdp/fsdp_dcp.h"
+#include "state_dict/fsdp/fsdp_full_checkpoint.h"
 #include "state_dict/fsdp/fsdp_optim_state_dict.h"
 #include "state_dict/fsdp/fsdp_state_dict.h"
 #include "state_dict/optim_state.h"
@@ -61,32 +62,81 @@ absl::Status SaveShardedTrainerState(const Options& o, fsdp::FullyShardedDataPar
   return state_dict::SaveModelCheckpoint(o.checkpoint_dir, step, *both);
 }
 
-// FULL: the model's and the optimizer's FULL state dicts gathered onto
-// rank 0 (collective), which writes one model.pt: "model.<fqn>",
-// "optim.<fqn>.<entry>" (e.g. "optim.blocks.0.fc1.weight.exp_avg"),
-// "trainer.step", "trainer.seed".
+// "<fqn>" -> "model.<fqn>", "<fqn>/<entry>" -> "optim.<fqn>.<entry>".
+std::string FullFileKey(const std::string& sharded_name) {
+  const size_t slash = sharded_name.find('/');
+  if (slash == std::string::npos) return absl::StrCat(kModelPrefix, sharded_name);
+  return absl::StrCat(kOptimPrefix, sharded_name.substr(0, slash), ".",
+                      sharded_name.substr(slash + 1));
+}
+
+// What model.pt holds, as this rank's SHARDED pieces (views of the live
+// state): "model.<fqn>", "optim.<fqn>.<entry>" (e.g.
+// "optim.blocks.0.fc1.weight.exp_avg"), "trainer.step", "trainer.seed".
+absl::StatusOr<state_dict::FsdpModelStateDict> FullFileState(
+    const Options& o, fsdp::FullyShardedDataParallel& model,
+    const torch::optim::Optimizer& optimizer, int64_t step) {
+  auto state = state_dict::GetModelStateDict(model, state_dict::StateDictType::kSharded);
+  if (!state.ok()) return state.status();
+  auto optim = state_dict::ShardedOptimStateDict(model, optimizer);
+  if (!optim.ok()) return optim.status();
+  auto both = state_dict::MergeShardedStateDicts(std::move(*state), *optim);
+  if (!both.ok()) return both.status();
+  state_dict::FsdpModelStateDict out = *both;
+  out.sharded.clear();
+  out.replicated.clear();
+  for (const auto& item : both->sharded) out.sharded.insert(FullFileKey(item.key()), item.value());
+  for (const std::string& name : both->replicated) out.replicated.push_back(FullFileKey(name));
+  out.sharded.insert(kStepKey, Scalar(step));
+  out.sharded.insert(kSeedKey, Scalar(o.seed));
+  out.replicated.push_back(kStepKey);
+  out.replicated.push_back(kSeedKey);
+  return out;
+}
+
+// FULL: one model.pt (FullFileState's entries) written by rank 0, each
+// tensor gathered onto it just before its record is written
+// (SaveFsdpFullCheckpoint): the save adds one tensor to rank 0's memory.
+// --async-checkpoint writes in the background, where rank 0 cannot ask the
+// other ranks for tensors while they train: there the FULL state dicts are
+// gathered onto rank 0 first (the whole state, once), and written in the
+// same order, to the same bytes.
 absl::Status SaveFullTrainerState(const Options& o, fsdp::FullyShardedDataParallel& model,
-                                  const torch::optim::Optimizer& optimizer, int64_t step,
-                                  bool is_main, state_dict::AsyncCheckpointer* async) {
+                                  const torch::optim::Optimizer& optimizer,
+                                  const comm::ProcessGroup& group, int64_t step,
+                                  state_dict::AsyncCheckpointer* async) {
+  auto file_state = FullFileState(o, model, optimizer, step);
+  if (!file_state.ok()) return file_state.status();
+  if (async == nullptr) {
+    return state_dict::SaveFsdpFullCheckpoint(o.checkpoint_dir, step, *file_state, group);
+  }
   state_dict::StateDictConfig rank0_only;
   rank0_only.rank0_only = true;
   auto state = state_dict::GetModelStateDict(model, state_dict::StateDictType::kFull, rank0_only);
   if (!state.ok()) return state.status();
   auto optim = state_dict::FullOptimStateDict(model, optimizer, /*rank0_only=*/true);
   if (!optim.ok()) return optim.status();
-  if (!is_main) return absl::OkStatus();
-  state_dict::TensorDict out;
-  for (const auto& item : state->full) out.insert(kModelPrefix + item.key(), item.value());
+  if (group.rank() != 0) return absl::OkStatus();
+  std::map<std::string, torch::Tensor> gathered;
+  for (const auto& item : state->full) gathered[FullFileKey(item.key())] = item.value();
   for (const auto& [key, entries] : optim->state) {
     for (const auto& entry : entries) {
-      out.insert(absl::StrCat(kOptimPrefix, std::get<std::string>(key), ".", entry.key()),
-                 entry.value());
+      gathered[FullFileKey(absl::StrCat(std::get<std::string>(key), "/", entry.key()))] =
+          entry.value();
     }
   }
-  out.insert(kStepKey, torch::tensor({step}, torch::kInt64));
-  out.insert(kSeedKey, torch::tensor({o.seed}, torch::kInt64));
-  if (async != nullptr) return async->SaveFullInPlace(o.checkpoint_dir, step, out);
-  return state_dict::SaveFullCheckpoint(o.checkpoint_dir, step, out);
+  gathered[kStepKey] = torch::tensor({step}, torch::kInt64);
+  gathered[kSeedKey] = torch::tensor({o.seed}, torch::kInt64);
+  state_dict::TensorDict out;
+  for (const auto& item : file_state->sharded) {
+    auto found = gathered.find(item.key());
+    if (found == gathered.end()) {
+      return absl::InternalError(
+          absl::StrCat("FULL checkpoint: '", item.key(), "' is missing from the FULL state dicts"));
+    }
+    out.insert(item.key(), found->second);
+  }
+  return async->SaveFullInPlace(o.checkpoint_dir, step, out);
 }
 
 // Every rank learns whether `local` failed anywhere: a rank that failed
@@ -470,11 +520,10 @@ absl::Status SaveTrainerCheckpoint(const Options& o, fsdp::FullyShardedDataParal
     if (auto s = FinishAsyncSave(o, group, *async, /*block=*/true); !s.ok()) return s;
   }
   state_dict::AsyncCheckpointer* saver = async != nullptr ? &async->saver : nullptr;
-  const bool is_main = group.rank() == 0;
   const std::string what = CheckpointContext(o, step);
   absl::Status saved = o.checkpoint_format == CheckpointFormat::kSharded
                            ? SaveShardedTrainerState(o, model, optimizer, step, saver)
-                           : SaveFullTrainerState(o, model, optimizer, step, is_main, saver);
+                           : SaveFullTrainerState(o, model, optimizer, group, step, saver);
   if (auto s = AgreeOnStatus(group, InContext(what, saved), what); !s.ok()) return s;
   if (async != nullptr) {
     async->step = step;

@@ -7,10 +7,11 @@
 //   each original parameter and of its optimizer state (SHARDED model +
 //   optimizer state dicts, no gathering) plus "trainer.step" / "trainer.seed"
 //   with rank 0's; rank 0 commits once all are durable.
-//   --checkpoint-format=full: the FULL model and optimizer state dicts are
-//   gathered onto rank 0, which writes one model.pt that Python's torch.load
-//   opens ("model.<fqn>", "optim.<fqn>.<entry>", "trainer.step",
-//   "trainer.seed").
+//   --checkpoint-format=full: rank 0 writes one model.pt that Python's
+//   torch.load opens ("model.<fqn>", "optim.<fqn>.<entry>", "trainer.step",
+//   "trainer.seed"), each tensor gathered onto it just before its record
+//   is written (state_dict/fsdp/fsdp_full_checkpoint.h; with
+//   --async-checkpoint the whole FULL state is gathered first).
 // Either resumes on any world size and strategy (reshard on load).
 //
 // PyTorch's distributed checkpoints (DCP, torch.distributed.checkpoint) move

@@ -46,6 +46,13 @@ struct LiveTensors {
 absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
                                                   const std::string& path, const LiveTensors* live);
 
+// The streamed WriteTensorDict under both: `before_commit` (may be empty)
+// runs once every record is written and the file is complete, before its
+// fsync and rename; its error leaves nothing behind.
+absl::StatusOr<WrittenTensorDict> WriteTensorRecords(
+    const std::vector<TensorSpec>& specs, const TensorSource& source, const std::string& path,
+    const std::function<absl::Status()>& before_commit);
+
 // SaveIValue's torch.save archive, appended to `file` at its current end
 // (zip offsets relative to the archive's first byte): DCP's .distcp files
 // hold one per item.

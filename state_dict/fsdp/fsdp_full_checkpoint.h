@@ -1,0 +1,53 @@
+// A FULL checkpoint of an FSDP model (and optimizer) written without
+// gathering the model: rank 0 writes model.pt (state_dict/checkpoint.h's
+// SaveFullCheckpoint), and each tensor travels to it from the ranks that
+// hold its pieces just before its record is written. So a FULL save adds
+// one tensor (the largest) to rank 0's memory and nothing to the others',
+// where GetModelStateDict(kFull) + SaveFullCheckpoint holds the whole model
+// (and FullOptimStateDict its state) on rank 0 first.
+//
+// PyTorch: FSDP's FULL_STATE_DICT with rank0_only and offload_to_cpu, then
+// torch.save on rank 0 — the same file, which torch.load reads as a dict of
+// full tensors; Python gathers a unit at a time and holds the whole dict
+// before torch.save writes it.
+//
+//   auto model_sd = GetModelStateDict(model, StateDictType::kSharded);
+//   auto optim_sd = ShardedOptimStateDict(model, optimizer);
+//   auto both = MergeShardedStateDicts(*model_sd, *optim_sd);
+//   // every rank, collectively:
+//   SaveFsdpFullCheckpoint(root, step, *both, group);
+//
+// Entries are written under their SHARDED names ("<fqn>", "<fqn>/<entry>"
+// for the optimizer's), in the dict's order, each in its global shape and
+// dtype; rename them (and add entries, e.g. the trainer's step, as
+// replicated one-piece tensors) in the dict before the call. Where rank 0
+// holds a whole tensor (replicated entries, NO_SHARD, a parameter inside
+// its shard) it is written from rank 0's view without a copy.
+//
+// Errors (every rank returns one, nobody is left waiting): ranks whose
+// dicts differ in names, dtypes or shapes, a rank with more than one piece
+// of a tensor, pieces that leave part of a tensor uncovered
+// (InvalidArgument naming the tensor and the ranks); rank 0's write failing
+// (its error on rank 0, FailedPrecondition "... failed on rank 0" elsewhere; the
+// ranks still sending are drained, nothing is committed); a rank that
+// dies or stops answering (comm's timeout: Unavailable).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "comm/process_group.h"
+#include "state_dict/fsdp/fsdp_state_dict.h"
+
+namespace state_dict {
+
+// Collective over `group` (the group `state` was taken on: its world size
+// and rank). `state` must be kSharded (GetModelStateDict, possibly merged
+// with ShardedOptimStateDict). Rank 0 of `group` writes
+// "<root>/step_<step>" (AlreadyExists if complete already).
+absl::Status SaveFsdpFullCheckpoint(const std::string& root, int64_t step,
+                                    const FsdpModelStateDict& state,
+                                    const comm::ProcessGroup& group);
+
+}  // namespace state_dict
