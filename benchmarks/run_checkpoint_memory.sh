@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Issue 25, item 5: what a checkpoint adds to the trainer's peak RSS, on the
 # trainer's own state (trainer_bench's size: --layers 8 --dim 512, AdamW),
-# 1 and 2 ranks. Each case is one trainer run of two steps, without and
-# with checkpoints (each run its own processes: peak RSS is a per-process
-# high-water mark; the trainer's --log-json reports it per rank with each
-# step, so step 2's record holds step 1's save). Prints, per (ranks,
-# format), the largest increase over ranks against the checkpoint's size on
-# disk and its largest tensor.
+# 1 and 2 ranks. Each case is one trainer run of three steps, without and
+# with a checkpoint after step 2 (each run its own processes: peak RSS is a
+# per-process high-water mark; the trainer's --log-json reports it per rank
+# with each step, so step 3's record holds step 2's save and step 2's does
+# not). Prints, per (ranks, format), against the checkpoint's size on disk
+# and its largest tensor, the largest increase over ranks of
+#   across runs:  step 3's peak with the checkpoint - without it, which
+#                 carries the run-to-run spread of the peak (a few MiB);
+#   within a run: step 3's peak - step 2's with the checkpoint, minus the
+#                 same of the run without (the steady state's growth).
 #
 #   benchmarks/run_checkpoint_memory.sh [--out DIR] [--layers N] [--dim N]
 #
@@ -47,14 +51,14 @@ run() {  # name ranks [trainer flags...]
   echo "== $(date -u +%H:%M:%S) load $(cut -d' ' -f1 /proc/loadavg): $name" >&2
   rm -rf "$out/ckpt_$name"
   "$trainer" --nproc "$ranks" --model transformer --data synthetic --layers "$layers" \
-    --dim "$dim" --optimizer adamw --steps 2 --warmup-steps 1 --log-json "$out/$name.jsonl" \
+    --dim "$dim" --optimizer adamw --steps 3 --warmup-steps 1 --log-json "$out/$name.jsonl" \
     "$@" >"$out/$name.txt" 2>&1 || { cat "$out/$name.txt" >&2; exit 1; }
 }
 for ranks in 1 2; do
   run "r${ranks}_none" "$ranks"
   for format in sharded full; do
     run "r${ranks}_${format}" "$ranks" --checkpoint-dir "$out/ckpt_r${ranks}_${format}" \
-      --checkpoint-every 1 --checkpoint-format "$format"
+      --checkpoint-every 2 --checkpoint-format "$format"
   done
 done
 
@@ -64,10 +68,12 @@ out = sys.argv[1]
 MiB = 1024.0 * 1024.0
 
 def peaks(name):
+    """Per step, the per-rank peak RSS its --log-json record reports."""
+    found = {}
     for line in open(os.path.join(out, name + ".jsonl")):
         record = json.loads(line)
         if "peak_rss_bytes" in record:
-            found = record["peak_rss_bytes"]
+            found[record["step"]] = record["peak_rss_bytes"]
     return found
 
 def largest_tensor(step_dir):
@@ -82,15 +88,19 @@ def largest_tensor(step_dir):
     return biggest, total
 
 print(f"{'ranks':>5} {'format':>8} {'peak RSS no ckpt':>17} {'with ckpt':>10} "
-      f"{'added':>8} {'ckpt size':>10} {'largest tensor':>15} {'added/size':>11}")
+      f"{'added across runs':>18} {'within a run':>13} {'ckpt size':>10} "
+      f"{'largest tensor':>15} {'across/size':>12}")
 for ranks in (1, 2):
     base = peaks(f"r{ranks}_none")
     for fmt in ("sharded", "full"):
         with_ckpt = peaks(f"r{ranks}_{fmt}")
-        added = max(w - b for w, b in zip(with_ckpt, base))
+        across = max(w - b for w, b in zip(with_ckpt[3], base[3]))
+        within = max((w3 - w2) - (b3 - b2) for w3, w2, b3, b2 in
+                     zip(with_ckpt[3], with_ckpt[2], base[3], base[2]))
         step_dir = sorted(glob.glob(os.path.join(out, f"ckpt_r{ranks}_{fmt}", "step_*")))[-1]
         biggest, total = largest_tensor(step_dir)
-        print(f"{ranks:>5} {fmt:>8} {max(base) / MiB:>13.1f} MiB {max(with_ckpt) / MiB:>6.1f} MiB "
-              f"{added / MiB:>4.1f} MiB {total / MiB:>6.1f} MiB {biggest / MiB:>11.1f} MiB "
-              f"{added / total:>11.3f}")
+        print(f"{ranks:>5} {fmt:>8} {max(base[3]) / MiB:>13.1f} MiB "
+              f"{max(with_ckpt[3]) / MiB:>6.1f} MiB {across / MiB:>14.1f} MiB "
+              f"{within / MiB:>9.1f} MiB {total / MiB:>6.1f} MiB {biggest / MiB:>11.1f} MiB "
+              f"{across / total:>12.3f}")
 EOF
