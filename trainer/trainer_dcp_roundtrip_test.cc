@@ -37,8 +37,10 @@
 //
 // Runtime: ~26 s on 2 cores (four Python runs of a few seconds each, mostly
 // torch's import and torchrun; the C++ runs take ~1-3 s each).
+#include <signal.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -47,6 +49,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -56,6 +59,7 @@
 #include "gtest/gtest.h"
 #include "state_dict/dcp.h"
 #include "torch_python.h"
+#include "trainer/testing/processes.h"
 #include "trainer/testing/run_trainer.h"
 
 namespace trainer {
@@ -273,6 +277,56 @@ TEST(TrainerDcpRoundTrip, PythonToCppToPythonMatchesAnUninterruptedPythonRun) {
   const DcpState part2_state = ReadDcp(dir + "/cpp_step" + n2);
   EXPECT_EQ(part2_state.step, 2 * kN);
   EXPECT_EQ(part2_state.seed, 0);
+}
+
+// A run started from --import-dcp that loses a rank restarts (--max-restarts)
+// from its own newest checkpoint, not from the imported one, which is older:
+// the steps after the restart have the losses of an uninterrupted run from
+// the same import.
+TEST(TrainerDcpRoundTrip, RestartedRanksResumeTheirCheckpointNotTheImport) {
+  constexpr int64_t kImportStep = 4, kSteps = 300;
+  const std::string dir = TempDir("dcp_import_restart");
+  const std::string imported = dir + "/imported";
+  RunResult exported = RunTrainer(kTrainerOnly + kShared + "--nproc 2 --steps " +
+                                  std::to_string(kImportStep) + " --export-dcp " + imported);
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  const std::string run = kTrainerOnly + kShared + "--nproc 2 --steps " + std::to_string(kSteps) +
+                          " --import-dcp " + imported;
+  RunResult uninterrupted = RunTrainer(run + " --log-json " + dir + "/want.jsonl");
+  ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.output;
+  const testing::StepLog want = ReadLog(dir + "/want.jsonl", 2);
+  ASSERT_EQ(want.losses.size(), static_cast<size_t>(kSteps - kImportStep));
+
+  const std::string log = dir + "/log.jsonl";
+  const pid_t trainer = testing::StartTrainer(run + " --checkpoint-every 10 --checkpoint-dir " +
+                                                  dir + "/ckpt --max-restarts 1 --log-json " + log,
+                                              dir + "/out.txt");
+  std::vector<pid_t> ranks;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (std::chrono::steady_clock::now() < deadline) {
+    ranks = testing::ChildrenOf(trainer);
+    const auto steps = testing::LoggedSteps(log);
+    if (ranks.size() == 2 && !steps.empty() && steps.back() >= kImportStep + 25) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_LT(std::chrono::steady_clock::now(), deadline) << testing::ReadAll(dir + "/out.txt");
+  ASSERT_EQ(kill(ranks[1], SIGKILL), 0);
+  ASSERT_EQ(testing::WaitExit(trainer), 0) << testing::ReadAll(dir + "/out.txt");
+  const std::string output = testing::ReadAll(dir + "/out.txt");
+  EXPECT_THAT(output, HasSubstr("trainer: restart 1: resuming from " + dir + "/ckpt/step_"))
+      << output;
+  // Imported once, by the first attempt only.
+  const std::string continuing = "trainer: continuing from DCP checkpoint " + imported;
+  EXPECT_EQ(output.find(continuing), output.rfind(continuing)) << output;
+  // The log holds the first attempt's steps, then the resumed ones: the last
+  // half match the uninterrupted run.
+  const testing::StepLog got = ReadLog(log, 2);
+  ASSERT_GE(got.losses.size(), want.losses.size());
+  EXPECT_EQ(got.steps.back(), kSteps);
+  const size_t tail = want.losses.size() / 2;
+  ExpectSameLosses(std::vector<double>(got.losses.end() - tail, got.losses.end()),
+                   std::vector<double>(want.losses.end() - tail, want.losses.end()), 1e-6,
+                   "after the restart");
 }
 
 // The flags' errors name the flag, the directory and what is wrong (a

@@ -7,9 +7,10 @@
 //   takes a third step on the same batch as Python's third step: the
 //   parameters agree (the update depends on Adam's moments and step count,
 //   so the optimizer state arrived too).
-// - our FSDP on 3 ranks trains 2 steps and saves; Python FSDP and FSDP2 on
-//   2 ranks dcp.load model and optimizer and take the third step: again the
-//   same parameters as ours.
+// - our FSDP on 3 ranks trains 2 steps and saves (with values beside the
+//   state: an int, a float, a str); Python FSDP and FSDP2 on 2 ranks
+//   dcp.load model, optimizer and those values and take the third step:
+//   again the same parameters as ours.
 #include "state_dict/fsdp/fsdp_dcp.h"
 
 #include <filesystem>
@@ -91,6 +92,10 @@ def run(rank, kind, mode, d):
             sd = {"model": msd, "optim": osd}
             dcp.load(sd, checkpoint_id=d + "/ckpt")
             set_state_dict(m, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        # The values saved beside the state (SaveFsdpDcpShard's extra objects).
+        extra = {"trainer": {"step": 0, "loss": 0.0, "tag": ""}}
+        dcp.load(extra, checkpoint_id=d + "/ckpt")
+        assert extra == {"trainer": {"step": 2, "loss": 0.25, "tag": "ours"}}, extra
         assert opt.param_groups[0]["lr"] == 0.01, opt.param_groups[0]["lr"]
         x3 = torch.load(d + "/batches.pt")["x3"]
         out = d + "/py_after_ours.pt"
@@ -219,12 +224,30 @@ TEST_P(OurCheckpoint, ContinuesInPython) {
     torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(0.01));
     Step(model, opt, batches->tensors["x1"]);
     Step(model, opt, batches->tensors["x2"]);
-    auto saved = SaveFsdpDcpShard(dir + "/ckpt", model, &opt);
+    // Values beside the state, as dcp.save saves a dict's non-tensor leaves;
+    // paths inside the state's own are refused.
+    for (const DcpKeyPath& taken : {DcpKeyPath{"model", "x"}, DcpKeyPath{"optim"}, DcpKeyPath{}}) {
+      absl::Status refused = SaveFsdpDcpShard(dir + "/refused", model, &opt, {{taken, 1}});
+      EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    }
+    auto saved = SaveFsdpDcpShard(dir + "/ckpt", model, &opt,
+                                  {{{"trainer", "step"}, int64_t{2}},
+                                   {{"trainer", "loss"}, 0.25},
+                                   {{"trainer", "tag"}, std::string("ours")}});
     ASSERT_TRUE(saved.ok()) << saved;
     comm::barrier(pg).wait();
     if (pg.rank() == 0) {
       auto committed = CommitDcpCheckpoint(dir + "/ckpt", pg.size());
       ASSERT_TRUE(committed.ok()) << committed;
+      auto checkpoint = DcpCheckpoint::Open(dir + "/ckpt");
+      ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+      auto step = checkpoint->LoadObject("trainer.step");
+      auto loss = checkpoint->LoadObject("trainer.loss");
+      auto tag = checkpoint->LoadObject("trainer.tag");
+      ASSERT_TRUE(step.ok() && loss.ok() && tag.ok());
+      EXPECT_EQ(step->toInt(), 2);
+      EXPECT_EQ(loss->toDouble(), 0.25);
+      EXPECT_EQ(tag->toStringRef(), "ours");
     }
     Step(model, opt, batches->tensors["x3"]);
     TensorDict after = Full(model);
