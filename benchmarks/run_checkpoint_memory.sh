@@ -14,6 +14,7 @@
 #
 #   benchmarks/run_checkpoint_memory.sh [--out DIR] [--layers N] [--dim N]
 #
+# Formats: sharded and full, each synchronous and with --async-checkpoint.
 # Takes ~2 minutes on 2 cores. SHARDED saves write views of the live flat
 # parameters and optimizer state (state_dict/fsdp/README.md); FULL saves
 # gather one tensor at a time onto rank 0 just before writing it
@@ -59,6 +60,8 @@ for ranks in 1 2; do
   for format in sharded full; do
     run "r${ranks}_${format}" "$ranks" --checkpoint-dir "$out/ckpt_r${ranks}_${format}" \
       --checkpoint-every 2 --checkpoint-format "$format"
+    run "r${ranks}_${format}-async" "$ranks" --checkpoint-every 2 --async-checkpoint \
+      --checkpoint-dir "$out/ckpt_r${ranks}_${format}-async" --checkpoint-format "$format"
   done
 done
 
@@ -87,19 +90,19 @@ def largest_tensor(step_dir):
         total += os.path.getsize(path)
     return biggest, total
 
-print(f"{'ranks':>5} {'format':>8} {'peak RSS no ckpt':>17} {'with ckpt':>10} "
+print(f"{'ranks':>5} {'format':>13} {'peak RSS no ckpt':>17} {'with ckpt':>10} "
       f"{'added across runs':>18} {'within a run':>13} {'ckpt size':>10} "
       f"{'largest tensor':>15} {'across/size':>12}")
 for ranks in (1, 2):
     base = peaks(f"r{ranks}_none")
-    for fmt in ("sharded", "full"):
+    for fmt in ("sharded", "sharded-async", "full", "full-async"):
         with_ckpt = peaks(f"r{ranks}_{fmt}")
         across = max(w - b for w, b in zip(with_ckpt[3], base[3]))
         within = max((w3 - w2) - (b3 - b2) for w3, w2, b3, b2 in
                      zip(with_ckpt[3], with_ckpt[2], base[3], base[2]))
         step_dir = sorted(glob.glob(os.path.join(out, f"ckpt_r{ranks}_{fmt}", "step_*")))[-1]
         biggest, total = largest_tensor(step_dir)
-        print(f"{ranks:>5} {fmt:>8} {max(base[3]) / MiB:>13.1f} MiB "
+        print(f"{ranks:>5} {fmt:>13} {max(base[3]) / MiB:>13.1f} MiB "
               f"{max(with_ckpt[3]) / MiB:>6.1f} MiB {across / MiB:>14.1f} MiB "
               f"{within / MiB:>9.1f} MiB {total / MiB:>6.1f} MiB {biggest / MiB:>11.1f} MiB "
               f"{across / total:>12.3f}")

@@ -61,6 +61,11 @@ absl::Status AsyncCheckpointer::StartInPlace(
   return started;
 }
 
+absl::Status AsyncCheckpointer::StartInPlace(std::function<absl::Status()> write) {
+  return StartInPlace({},
+                      [write = std::move(write)](const internal::LiveTensors&) { return write(); });
+}
+
 absl::Status AsyncCheckpointer::SaveFullInPlace(const std::string& root, int64_t step,
                                                 const TensorDict& state,
                                                 std::function<absl::Status()> then) {

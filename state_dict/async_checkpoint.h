@@ -85,6 +85,12 @@ class AsyncCheckpointer {
                                std::function<absl::Status()> then = nullptr);
   absl::Status SaveShardInPlace(const std::string& root, int64_t step, int rank, int world_size,
                                 const ShardedStateDict& shard);
+  // The in-place building block for saves of other shapes (e.g. a FULL
+  // checkpoint whose tensors travel to rank 0 over a group of their own,
+  // state_dict/fsdp/fsdp_full_checkpoint.h): runs `write` in the background;
+  // WaitUntilWritten() returns once `write` has returned. The caller leaves
+  // the tensors `write` reads unchanged until then (no version check here).
+  absl::Status StartInPlace(std::function<absl::Status()> write);
   // Blocks until the in-place save in flight has handed every byte of the
   // state to the kernel (or ended); at once when there is none.
   void WaitUntilWritten();

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "comm/collectives.h"
+#include "comm/subgroups.h"
 #include "state_dict/checkpoint.h"
 #include "state_dict/dcp.h"
 #include "state_dict/fsdp/fsdp_dcp.h"
@@ -97,46 +98,28 @@ absl::StatusOr<state_dict::FsdpModelStateDict> FullFileState(
 // FULL: one model.pt (FullFileState's entries) written by rank 0, each
 // tensor gathered onto it just before its record is written
 // (SaveFsdpFullCheckpoint): the save adds one tensor to rank 0's memory.
-// --async-checkpoint writes in the background, where rank 0 cannot ask the
-// other ranks for tensors while they train: there the FULL state dicts are
-// gathered onto rank 0 first (the whole state, once), and written in the
-// same order, to the same bytes.
+// --async-checkpoint runs the same save in the background, over a group of
+// its own (the training's collectives go on meanwhile on the main group);
+// the optimizer waits for it (WaitUntilWritten) as for every in-place save.
 absl::Status SaveFullTrainerState(const Options& o, fsdp::FullyShardedDataParallel& model,
                                   const torch::optim::Optimizer& optimizer,
-                                  const comm::ProcessGroup& group, int64_t step,
-                                  state_dict::AsyncCheckpointer* async) {
+                                  const comm::ProcessGroup& group, int64_t step, AsyncSave* async) {
   auto file_state = FullFileState(o, model, optimizer, step);
   if (!file_state.ok()) return file_state.status();
   if (async == nullptr) {
     return state_dict::SaveFsdpFullCheckpoint(o.checkpoint_dir, step, *file_state, group);
   }
-  state_dict::StateDictConfig rank0_only;
-  rank0_only.rank0_only = true;
-  auto state = state_dict::GetModelStateDict(model, state_dict::StateDictType::kFull, rank0_only);
-  if (!state.ok()) return state.status();
-  auto optim = state_dict::FullOptimStateDict(model, optimizer, /*rank0_only=*/true);
-  if (!optim.ok()) return optim.status();
-  if (group.rank() != 0) return absl::OkStatus();
-  std::map<std::string, torch::Tensor> gathered;
-  for (const auto& item : state->full) gathered[FullFileKey(item.key())] = item.value();
-  for (const auto& [key, entries] : optim->state) {
-    for (const auto& entry : entries) {
-      gathered[FullFileKey(absl::StrCat(std::get<std::string>(key), "/", entry.key()))] =
-          entry.value();
-    }
+  if (!async->transfer_group) {
+    std::vector<int> everyone(static_cast<size_t>(group.size()));
+    for (int r = 0; r < group.size(); ++r) everyone[static_cast<size_t>(r)] = r;
+    auto made = comm::new_group(group, everyone);
+    if (!made.ok()) return made.status();
+    async->transfer_group = *made;
   }
-  gathered[kStepKey] = torch::tensor({step}, torch::kInt64);
-  gathered[kSeedKey] = torch::tensor({o.seed}, torch::kInt64);
-  state_dict::TensorDict out;
-  for (const auto& item : file_state->sharded) {
-    auto found = gathered.find(item.key());
-    if (found == gathered.end()) {
-      return absl::InternalError(
-          absl::StrCat("FULL checkpoint: '", item.key(), "' is missing from the FULL state dicts"));
-    }
-    out.insert(item.key(), found->second);
-  }
-  return async->SaveFullInPlace(o.checkpoint_dir, step, out);
+  return async->saver.StartInPlace([root = o.checkpoint_dir, step, state = *std::move(file_state),
+                                    transfer = *async->transfer_group] {
+    return state_dict::SaveFsdpFullCheckpoint(root, step, state, transfer);
+  });
 }
 
 // Every rank learns whether `local` failed anywhere: a rank that failed
@@ -523,7 +506,7 @@ absl::Status SaveTrainerCheckpoint(const Options& o, fsdp::FullyShardedDataParal
   const std::string what = CheckpointContext(o, step);
   absl::Status saved = o.checkpoint_format == CheckpointFormat::kSharded
                            ? SaveShardedTrainerState(o, model, optimizer, step, saver)
-                           : SaveFullTrainerState(o, model, optimizer, group, step, saver);
+                           : SaveFullTrainerState(o, model, optimizer, group, step, async);
   if (auto s = AgreeOnStatus(group, InContext(what, saved), what); !s.ok()) return s;
   if (async != nullptr) {
     async->step = step;

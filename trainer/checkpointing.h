@@ -10,8 +10,7 @@
 //   --checkpoint-format=full: rank 0 writes one model.pt that Python's
 //   torch.load opens ("model.<fqn>", "optim.<fqn>.<entry>", "trainer.step",
 //   "trainer.seed"), each tensor gathered onto it just before its record
-//   is written (state_dict/fsdp/fsdp_full_checkpoint.h; with
-//   --async-checkpoint the whole FULL state is gathered first).
+//   is written (state_dict/fsdp/fsdp_full_checkpoint.h).
 // Either resumes on any world size and strategy (reshard on load).
 //
 // PyTorch's distributed checkpoints (DCP, torch.distributed.checkpoint) move
@@ -102,6 +101,10 @@ absl::StatusOr<std::optional<std::string>> ChooseResumeCheckpoint(const std::str
 struct AsyncSave {
   state_dict::AsyncCheckpointer saver;
   int64_t step = 0;
+  // FULL: the group the background save sends its tensors to rank 0 over
+  // (made at the first save), so that they never interleave with the
+  // training's collectives on the main group.
+  std::optional<comm::ProcessGroup> transfer_group;
 };
 
 // Writes the checkpoint of `step` in --checkpoint-format; a sharded one is
