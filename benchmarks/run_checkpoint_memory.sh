@@ -14,8 +14,11 @@
 #
 #   benchmarks/run_checkpoint_memory.sh [--out DIR] [--layers N] [--dim N]
 #
-# Formats: sharded and full, each synchronous and with --async-checkpoint.
-# Takes ~2 minutes on 2 cores. SHARDED saves write views of the live flat
+# Formats: sharded and full, each synchronous and with --async-checkpoint;
+# and --export-dcp, which runs after the last step's record: for it, the
+# largest peak RSS of the run's processes (getrusage) with and without.
+# Takes ~2 minutes on 2 cores; the checkpoints are removed at the end (the
+# logs stay in --out). SHARDED saves write views of the live flat
 # parameters and optimizer state (state_dict/fsdp/README.md); FULL saves
 # gather one tensor at a time onto rank 0 just before writing it
 # (state_dict/fsdp/fsdp_full_checkpoint.h).
@@ -29,7 +32,7 @@ while (($#)); do
     --out) out="${2:?--out needs DIR}"; shift 2 ;;
     --layers) layers="${2:?--layers needs N}"; shift 2 ;;
     --dim) dim="${2:?--dim needs N}"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_checkpoint_memory.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -50,8 +53,14 @@ run() {  # name ranks [trainer flags...]
   local name=$1 ranks=$2
   shift 2
   echo "== $(date -u +%H:%M:%S) load $(cut -d' ' -f1 /proc/loadavg): $name" >&2
-  rm -rf "$out/ckpt_$name"
-  "$trainer" --nproc "$ranks" --model transformer --data synthetic --layers "$layers" \
+  rm -rf "$out/ckpt_$name" "$out/dcp_$name"
+  # The largest peak RSS of the run's processes (getrusage of the children:
+  # the launcher and its ranks) to $name.maxrss, in KiB.
+  "$PY" -c 'import resource, subprocess, sys
+code = subprocess.call(sys.argv[2:])
+open(sys.argv[1], "w").write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
+sys.exit(code)' "$out/$name.maxrss" \
+    "$trainer" --nproc "$ranks" --model transformer --data synthetic --layers "$layers" \
     --dim "$dim" --optimizer adamw --steps 3 --warmup-steps 1 --log-json "$out/$name.jsonl" \
     "$@" >"$out/$name.txt" 2>&1 || { cat "$out/$name.txt" >&2; exit 1; }
 }
@@ -63,6 +72,7 @@ for ranks in 1 2; do
     run "r${ranks}_${format}-async" "$ranks" --checkpoint-every 2 --async-checkpoint \
       --checkpoint-dir "$out/ckpt_r${ranks}_${format}-async" --checkpoint-format "$format"
   done
+  run "r${ranks}_dcp-export" "$ranks" --export-dcp "$out/dcp_r${ranks}_dcp-export"
 done
 
 "$PY" - "$out" <<'EOF'
@@ -106,4 +116,16 @@ for ranks in (1, 2):
               f"{max(with_ckpt[3]) / MiB:>6.1f} MiB {across / MiB:>14.1f} MiB "
               f"{within / MiB:>9.1f} MiB {total / MiB:>6.1f} MiB {biggest / MiB:>11.1f} MiB "
               f"{across / total:>12.3f}")
+    # --export-dcp writes after the last step's record: the whole run's
+    # largest peak (any process) with it, against the run without.
+    def maxrss(name):
+        return int(open(os.path.join(out, name + ".maxrss")).read()) * 1024
+    added = maxrss(f"r{ranks}_dcp-export") - maxrss(f"r{ranks}_none")
+    dcp_dir = os.path.join(out, f"dcp_r{ranks}_dcp-export")
+    dcp_size = sum(os.path.getsize(os.path.join(dcp_dir, f)) for f in os.listdir(dcp_dir))
+    print(f"{ranks:>5} {'dcp-export':>13} {maxrss(f'r{ranks}_none') / MiB:>13.1f} MiB "
+          f"{maxrss(f'r{ranks}_dcp-export') / MiB:>6.1f} MiB {added / MiB:>14.1f} MiB "
+          f"{'-':>13} {dcp_size / MiB:>6.1f} MiB {'':>15} {added / dcp_size:>12.3f}")
 EOF
+# The checkpoints (about 5 GB per run of this script) are not kept.
+rm -rf "$out"/ckpt_* "$out"/dcp_*

@@ -197,19 +197,40 @@ absl::Status SaveFsdpFullCheckpoint(const std::string& root, int64_t step,
 
     const bool is_writer = group.rank() == 0;
     // Tensor i on rank 0: its own piece when that is all of it (no copy),
-    // else a fresh tensor its pieces are received into.
+    // else the part of a buffer its pieces are received into.
+    auto whole_on_rank0 = [&](size_t i) {
+      const std::optional<ShardPiece>& own = to_send[i];
+      const std::vector<int>& senders = plan->senders[i];
+      return senders.size() == 1 && senders[0] == 0 && own &&
+             own->range.numel == sharded[i].value().global_numel();
+    };
+    int64_t largest_received = 0;
+    for (size_t i = 0; i < sharded.size(); ++i) {
+      if (whole_on_rank0(i)) continue;
+      const ShardedTensor& t = sharded[i].value();
+      largest_received = std::max<int64_t>(
+          largest_received, t.global_numel() * static_cast<int64_t>(c10::elementSize(t.dtype)));
+    }
     size_t produced = 0;
+    at::Tensor receive_buffer;
     auto gather = [&](size_t i) -> absl::StatusOr<torch::Tensor> {
       produced = i + 1;
       const ShardedTensor& t = sharded[i].value();
       const std::optional<ShardPiece>& own = to_send[i];
       const std::vector<int>& senders = plan->senders[i];
-      if (senders.size() == 1 && senders[0] == 0 && own && own->range.numel == t.global_numel()) {
-        return own->data.view(t.global_shape);
+      if (whole_on_rank0(i)) return own->data.view(t.global_shape);
+      // Every tensor is received into one buffer, kept for the whole save
+      // (the writer is done with a tensor before it asks for the next): one
+      // allocation of the largest tensor's bytes, not one per tensor.
+      const at::Device device = own ? own->data.device() : at::Device(at::kCPU);
+      const int64_t bytes = t.global_numel() * static_cast<int64_t>(c10::elementSize(t.dtype));
+      if (!receive_buffer.defined() || receive_buffer.device() != device ||
+          receive_buffer.numel() < bytes) {
+        receive_buffer = at::Tensor();
+        receive_buffer = at::empty({std::max(bytes, largest_received)},
+                                   at::TensorOptions().dtype(at::kByte).device(device));
       }
-      at::Tensor full =
-          at::empty({t.global_numel()},
-                    at::TensorOptions().dtype(t.dtype).device(own ? own->data.device() : at::kCPU));
+      at::Tensor full = receive_buffer.narrow(0, 0, bytes).view(t.dtype);
       std::vector<comm::Work> receiving;
       for (int r : senders) {
         const FlatRange range = plan->range(i, r);
