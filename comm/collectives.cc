@@ -264,34 +264,32 @@ Work broadcast(const ProcessGroup& group, const at::Tensor& tensor, int root) {
 
 namespace {
 
-void check_peer(const internal::GroupState& state, const char* op, const char* arg, int peer) {
+// send (to `peer`) or recv (from `peer`): the checks and the Work are the
+// same; the argument is named as each function names it.
+Work point_to_point(const ProcessGroup& group, const at::Tensor& tensor, int peer, int tag,
+                    bool sending) {
+  const char* op = sending ? "send" : "recv";
+  const char* arg = sending ? "dst" : "src";
+  const auto& state = member_state(group, op);
+  check_flat(state, op, "tensor", tensor);
   TORCH_CHECK(peer >= 0 && peer < state.size, "comm::", op, ": ", arg, "=", peer,
               ": expected a rank of the group in [0, ", state.size,
               ") (a group rank, not a world rank)");
   TORCH_CHECK(peer != state.rank, "comm::", op, ": ", arg, "=", peer,
               " is this rank: expected another rank of the group");
+  std::vector<at::Tensor> tensors{tensor};
+  auto work = sending ? state.pg->send(tensors, peer, tag) : state.pg->recv(tensors, peer, tag);
+  return make_work(state, op, std::move(work), nullptr, {tensor}, arg, nullptr, peer);
 }
 
 }  // namespace
 
 Work send(const ProcessGroup& group, const at::Tensor& tensor, int dst, int tag) {
-  constexpr const char* kOp = "send";
-  const auto& state = member_state(group, kOp);
-  check_flat(state, kOp, "tensor", tensor);
-  check_peer(state, kOp, "dst", dst);
-  std::vector<at::Tensor> tensors{tensor};
-  auto work = state.pg->send(tensors, dst, tag);
-  return make_work(state, kOp, std::move(work), nullptr, {tensor}, "dst", nullptr, dst);
+  return point_to_point(group, tensor, dst, tag, /*sending=*/true);
 }
 
 Work recv(const ProcessGroup& group, const at::Tensor& tensor, int src, int tag) {
-  constexpr const char* kOp = "recv";
-  const auto& state = member_state(group, kOp);
-  check_flat(state, kOp, "tensor", tensor);
-  check_peer(state, kOp, "src", src);
-  std::vector<at::Tensor> tensors{tensor};
-  auto work = state.pg->recv(tensors, src, tag);
-  return make_work(state, kOp, std::move(work), nullptr, {tensor}, "src", nullptr, src);
+  return point_to_point(group, tensor, src, tag, /*sending=*/false);
 }
 
 Work barrier(const ProcessGroup& group) {

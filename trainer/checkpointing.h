@@ -95,9 +95,9 @@ absl::StatusOr<std::optional<std::string>> ChooseResumeCheckpoint(const std::str
                                                                   const comm::ProcessGroup& group);
 
 // --async-checkpoint: the save in flight; `step` is 0 when there is none.
-// Every rank records the step (a FULL save runs on rank 0 only), so all take
-// part in finishing it. The optimizer may change the state only after
-// saver.WaitUntilWritten().
+// Every rank records the step and takes part in finishing it (a FULL save:
+// rank 0 writes, the others send it their pieces). The optimizer may change
+// the state only after saver.WaitUntilWritten().
 struct AsyncSave {
   state_dict::AsyncCheckpointer saver;
   int64_t step = 0;
