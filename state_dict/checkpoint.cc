@@ -110,6 +110,15 @@ absl::Status PrepareStepDirectory(const std::string& step_dir) {
   return internal::CreateDirectories(step_dir);
 }
 
+// The product of `shape`, or -1 when it overflows int64 (a damaged manifest).
+int64_t CheckedNumel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) return -1;
+  }
+  return n;
+}
+
 // A FULL checkpoint of `specs`' tensors: checks their names, writes
 // model.pt through `write_data(path, file)` (which fills in the file's size
 // and checksums), then the MANIFEST.
@@ -122,12 +131,16 @@ absl::Status SaveFullCheckpointFile(
   for (const TensorSpec& spec : specs) {
     absl::Status status = CheckName(spec.key);
     if (!status.ok()) return status;
+    const int64_t numel = CheckedNumel(spec.shape);
+    if (numel < 0 ||
+        std::any_of(spec.shape.begin(), spec.shape.end(), [](int64_t d) { return d < 0; })) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", spec.key, "' has shape ", Shape(spec.shape), ", which is not a valid shape"));
+    }
     ManifestTensor t;
     t.key = t.name = spec.key;
     t.dtype = spec.dtype;
     t.global_shape = spec.shape;
-    int64_t numel = 1;
-    for (int64_t d : spec.shape) numel *= d;
     t.range = FlatRange{0, numel};
     file.tensors.push_back(std::move(t));
   }
@@ -141,15 +154,6 @@ absl::Status SaveFullCheckpointFile(
   m.world_size = 1;
   m.files.push_back(std::move(file));
   return WriteCheckpointFile(dir + "/" + kManifestFileName, FormatManifest(m));
-}
-
-// The product of `shape`, or -1 when it overflows int64 (a damaged manifest).
-int64_t CheckedNumel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (__builtin_mul_overflow(n, d, &n)) return -1;
-  }
-  return n;
 }
 
 // Whether `key` is one SaveShard gives a piece of `name`: the name itself
@@ -520,14 +524,9 @@ namespace internal {
 
 absl::Status SaveFullCheckpoint(const std::string& root, int64_t step, const TensorDict& state,
                                 const LiveTensors* live) {
-  std::vector<TensorSpec> specs;
-  for (const auto& item : state) {
-    if (!item.value().defined()) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", item.key(), "' is undefined"));
-    }
-    specs.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
-  }
-  return SaveFullCheckpointFile(root, step, specs,
+  auto specs = TensorSpecsOf(state, StepDirectory(root, step));
+  if (!specs.ok()) return specs.status();
+  return SaveFullCheckpointFile(root, step, *specs,
                                 [&](const std::string& path, ManifestFile& file) {
                                   return WriteDataFile(path, state, file, live);
                                 });

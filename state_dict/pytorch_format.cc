@@ -217,9 +217,8 @@ absl::StatusOr<WrittenTensorDict> WriteTensorRecords(
   return out;
 }
 
-absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
-                                                  const std::string& path,
-                                                  const LiveTensors* live) {
+absl::StatusOr<std::vector<TensorSpec>> TensorSpecsOf(const TensorDict& tensors,
+                                                      const std::string& path) {
   std::vector<TensorSpec> specs;
   specs.reserve(tensors.size());
   for (const auto& item : tensors) {
@@ -229,6 +228,14 @@ absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
     }
     specs.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
   }
+  return specs;
+}
+
+absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
+                                                  const std::string& path,
+                                                  const LiveTensors* live) {
+  auto specs = TensorSpecsOf(tensors, path);
+  if (!specs.ok()) return specs.status();
   auto from_dict = [&](size_t i) -> absl::StatusOr<at::Tensor> { return tensors[i].value(); };
   std::function<absl::Status()> before_commit;
   if (live != nullptr) {
@@ -255,7 +262,7 @@ absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
       return absl::OkStatus();
     };
   }
-  return WriteTensorRecords(specs, from_dict, path, before_commit);
+  return WriteTensorRecords(*specs, from_dict, path, before_commit);
 }
 
 }  // namespace internal

@@ -41,28 +41,6 @@ state_dict::ShardedTensor Scalar(int64_t value) {
   return st;
 }
 
-// SHARDED: every rank writes its pieces of the model and the optimizer
-// state (no gathering), the trainer's step and seed go with rank 0's.
-absl::Status SaveShardedTrainerState(const Options& o, fsdp::FullyShardedDataParallel& model,
-                                     const torch::optim::Optimizer& optimizer, int64_t step,
-                                     state_dict::AsyncCheckpointer* async) {
-  auto state = state_dict::GetModelStateDict(model, state_dict::StateDictType::kSharded);
-  if (!state.ok()) return state.status();
-  auto optim = state_dict::ShardedOptimStateDict(model, optimizer);
-  if (!optim.ok()) return optim.status();
-  auto both = state_dict::MergeShardedStateDicts(std::move(*state), *optim);
-  if (!both.ok()) return both.status();
-  both->sharded.insert(kStepKey, Scalar(step));
-  both->sharded.insert(kSeedKey, Scalar(o.seed));
-  both->replicated.push_back(kStepKey);
-  both->replicated.push_back(kSeedKey);
-  if (async != nullptr) {  // --async-checkpoint: written from the live state meanwhile
-    return async->SaveShardInPlace(o.checkpoint_dir, step, both->rank, both->world_size,
-                                   state_dict::ShardToSave(*both));
-  }
-  return state_dict::SaveModelCheckpoint(o.checkpoint_dir, step, *both);
-}
-
 // "<fqn>" -> "model.<fqn>", "<fqn>/<entry>" -> "optim.<fqn>.<entry>".
 std::string FullFileKey(const std::string& sharded_name) {
   const size_t slash = sharded_name.find('/');
@@ -71,31 +49,49 @@ std::string FullFileKey(const std::string& sharded_name) {
                       sharded_name.substr(slash + 1));
 }
 
-// What model.pt holds, as this rank's SHARDED pieces (views of the live
-// state): "model.<fqn>", "optim.<fqn>.<entry>" (e.g.
-// "optim.blocks.0.fc1.weight.exp_avg"), "trainer.step", "trainer.seed".
-absl::StatusOr<state_dict::FsdpModelStateDict> FullFileState(
+// What a checkpoint holds, as this rank's SHARDED pieces (views of the live
+// state): the model's and the optimizer's entries ("<fqn>", "<fqn>/<entry>";
+// with `rename`, under the names it gives), then "trainer.step" and
+// "trainer.seed", which rank 0 writes.
+absl::StatusOr<state_dict::FsdpModelStateDict> TrainerShardedState(
     const Options& o, fsdp::FullyShardedDataParallel& model,
-    const torch::optim::Optimizer& optimizer, int64_t step) {
+    const torch::optim::Optimizer& optimizer, int64_t step,
+    std::string (*rename)(const std::string&) = nullptr) {
   auto state = state_dict::GetModelStateDict(model, state_dict::StateDictType::kSharded);
   if (!state.ok()) return state.status();
   auto optim = state_dict::ShardedOptimStateDict(model, optimizer);
   if (!optim.ok()) return optim.status();
   auto both = state_dict::MergeShardedStateDicts(std::move(*state), *optim);
   if (!both.ok()) return both.status();
-  state_dict::FsdpModelStateDict out = *both;
-  out.sharded.clear();
-  out.replicated.clear();
-  for (const auto& item : both->sharded) out.sharded.insert(FullFileKey(item.key()), item.value());
-  for (const std::string& name : both->replicated) out.replicated.push_back(FullFileKey(name));
-  out.sharded.insert(kStepKey, Scalar(step));
-  out.sharded.insert(kSeedKey, Scalar(o.seed));
-  out.replicated.push_back(kStepKey);
-  out.replicated.push_back(kSeedKey);
-  return out;
+  if (rename != nullptr) {
+    state_dict::ShardedStateDict renamed;
+    for (const auto& item : both->sharded) renamed.insert(rename(item.key()), item.value());
+    both->sharded = std::move(renamed);
+    for (std::string& name : both->replicated) name = rename(name);
+  }
+  both->sharded.insert(kStepKey, Scalar(step));
+  both->sharded.insert(kSeedKey, Scalar(o.seed));
+  both->replicated.push_back(kStepKey);
+  both->replicated.push_back(kSeedKey);
+  return both;
 }
 
-// FULL: one model.pt (FullFileState's entries) written by rank 0, each
+// SHARDED: every rank writes its pieces of the model and the optimizer
+// state (no gathering), the trainer's step and seed go with rank 0's.
+absl::Status SaveShardedTrainerState(const Options& o, fsdp::FullyShardedDataParallel& model,
+                                     const torch::optim::Optimizer& optimizer, int64_t step,
+                                     state_dict::AsyncCheckpointer* async) {
+  auto both = TrainerShardedState(o, model, optimizer, step);
+  if (!both.ok()) return both.status();
+  if (async != nullptr) {  // --async-checkpoint: written from the live state meanwhile
+    return async->SaveShardInPlace(o.checkpoint_dir, step, both->rank, both->world_size,
+                                   state_dict::ShardToSave(*both));
+  }
+  return state_dict::SaveModelCheckpoint(o.checkpoint_dir, step, *both);
+}
+
+// FULL: one model.pt ("model.<fqn>", "optim.<fqn>.<entry>", e.g.
+// "optim.blocks.0.fc1.weight.exp_avg", "trainer.step", "trainer.seed") written by rank 0, each
 // tensor gathered onto it just before its record is written
 // (SaveFsdpFullCheckpoint): the save adds one tensor to rank 0's memory.
 // --async-checkpoint runs the same save in the background, over a group of
@@ -104,7 +100,7 @@ absl::StatusOr<state_dict::FsdpModelStateDict> FullFileState(
 absl::Status SaveFullTrainerState(const Options& o, fsdp::FullyShardedDataParallel& model,
                                   const torch::optim::Optimizer& optimizer,
                                   const comm::ProcessGroup& group, int64_t step, AsyncSave* async) {
-  auto file_state = FullFileState(o, model, optimizer, step);
+  auto file_state = TrainerShardedState(o, model, optimizer, step, FullFileKey);
   if (!file_state.ok()) return file_state.status();
   if (async == nullptr) {
     return state_dict::SaveFsdpFullCheckpoint(o.checkpoint_dir, step, *file_state, group);

@@ -46,6 +46,11 @@ struct LiveTensors {
 absl::StatusOr<WrittenTensorDict> WriteTensorDict(const TensorDict& tensors,
                                                   const std::string& path, const LiveTensors* live);
 
+// The spec of each tensor of `tensors`, in order; InvalidArgument naming the
+// tensor and `path` for an undefined one.
+absl::StatusOr<std::vector<TensorSpec>> TensorSpecsOf(const TensorDict& tensors,
+                                                      const std::string& path);
+
 // The streamed WriteTensorDict under both: `before_commit` (may be empty)
 // runs once every record is written and the file is complete, before its
 // fsync and rename; its error leaves nothing behind.
