@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/mm_ops.h>
 #include <ATen/ops/mse_loss_backward_ops.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -149,6 +150,29 @@ at::Tensor nll_loss_backward_decomposed(const at::Tensor& grad_output, const at:
   return grad_input * at::where(valid, go, 0);
 }
 
+// vmap's rule for mm, ahead of ATen's (FuncTorchVmapMode is dispatched before
+// FuncTorchBatched). When the contraction is 1, mm is an outer product: ATen's
+// rule makes it a bmm with k = 1, in which MKL's beta-scaling and packing
+// passes cost 3-4x the products themselves (74 % of per-sample gradients
+// through a linear layer, whose weight gradient is x^T . grad_out for one
+// example). A broadcast multiply computes the same single rounded product per
+// element. Every other mm, and every mm this cannot express exactly (mixed
+// dtypes, which mm refuses; integer or non-strided tensors), goes on to ATen's
+// rule unchanged.
+at::Tensor mm_outer_product_under_vmap(c10::DispatchKeySet ks, const at::Tensor& self,
+                                       const at::Tensor& mat2) {
+  const bool outer_product =
+      self.dim() == 2 && mat2.dim() == 2 && self.sym_size(1) == 1 && mat2.sym_size(0) == 1 &&
+      self.scalar_type() == mat2.scalar_type() &&
+      (at::isFloatingType(self.scalar_type()) || at::isComplexType(self.scalar_type())) &&
+      self.layout() == at::kStrided && mat2.layout() == at::kStrided &&
+      self.device() == mat2.device();
+  if (outer_product) return at::mul(self, mat2);
+  return at::_ops::mm::redispatch(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
+                                                           c10::DispatchKey::FuncTorchVmapMode),
+                                  self, mat2);
+}
+
 bool needs_derivative(const at::Tensor& t) {
   if (!t.defined()) return false;
   return (c10::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined();
@@ -250,6 +274,10 @@ void register_decompositions() {
     batched->impl("huber_loss_backward", TORCH_FN(huber_loss_backward_decomposed));
     batched->impl("nll_loss_forward", TORCH_FN(nll_loss_forward_decomposed));
     batched->impl("nll_loss_backward", TORCH_FN(nll_loss_backward_decomposed));
+    // Not an override: FuncTorchVmapMode has only a fallthrough for mm.
+    auto* vmap_mode = new torch::Library(torch::Library::IMPL, "aten",
+                                         c10::DispatchKey::FuncTorchVmapMode, __FILE__, __LINE__);
+    vmap_mode->impl("mm", TORCH_FN(mm_outer_product_under_vmap));
     auto* autograd = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradCPU,
                                         __FILE__, __LINE__);
     autograd->impl("mse_loss_backward", TORCH_FN(mse_loss_backward_autograd));

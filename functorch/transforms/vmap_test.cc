@@ -26,12 +26,16 @@
 // a throwing function leaves the DynamicLayer stack empty, the typed layer.
 
 #include <ATen/functorch/DynamicLayer.h>
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -46,6 +50,8 @@ using testing::golden;
 using torch::Tensor;
 
 Tensor mul(const Tensor& a, const Tensor& b) { return a * b; }
+// torch::mm is overloaded (out_dtype); vmap needs one function.
+Tensor mm(const Tensor& a, const Tensor& b) { return torch::mm(a, b); }
 
 size_t stack_depth() { return at::functorch::getDynamicLayerStack().size(); }
 
@@ -80,6 +86,79 @@ TEST_F(VmapTest, IsVectorizedNotALoop) {
   })(x);
   EXPECT_EQ(calls, 1);
   EXPECT_TRUE(AllClose(out, x * 2));
+}
+
+// Ops dispatched on this thread while `f` runs (RecordFunction sees every
+// dispatcher call, not redispatches). Its callbacks are plain function
+// pointers, hence the thread_local.
+thread_local std::vector<std::string>* recorded_ops = nullptr;
+
+template <typename F>
+std::vector<std::string> ops_called(F&& f) {
+  std::vector<std::string> names;
+  recorded_ops = &names;
+  auto handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction& fn)
+                                     -> std::unique_ptr<at::ObserverContext> {
+        recorded_ops->emplace_back(fn.name());
+        return nullptr;
+      }).scopes({at::RecordScope::FUNCTION}));
+  f();
+  at::removeCallback(handle);
+  recorded_ops = nullptr;
+  return names;
+}
+
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+TEST_F(VmapTest, MmWithContractionOneIsAMultiplyWithTheSameBits) {
+  // The per-sample weight gradient of a linear layer, x^T . grad_out for one
+  // example, is such an mm. Each element is one rounded product either way.
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kComplexFloat}) {
+    Tensor a = torch::randn({7, 5, 1}, dtype), b = torch::randn({7, 1, 4}, dtype);
+    Tensor out;
+    auto names = ops_called([&] { out = vmap(mm)(a, b); });
+    EXPECT_TRUE(torch::equal(out, torch::bmm(a, b))) << dtype;
+    EXPECT_TRUE(contains(names, "aten::mul")) << dtype;
+    EXPECT_FALSE(contains(names, "aten::bmm")) << dtype;
+    // One side batched, either side; the batch dim elsewhere.
+    EXPECT_TRUE(torch::equal(vmap(mm, {0, std::nullopt})(a, b[0]), torch::matmul(a, b[0])));
+    EXPECT_TRUE(torch::equal(vmap(mm, {std::nullopt, 0})(a[0], b), torch::matmul(a[0], b)));
+    EXPECT_TRUE(torch::equal(vmap(mm, {2, 0})(a.permute({1, 2, 0}), b), torch::bmm(a, b)));
+  }
+}
+
+TEST_F(VmapTest, MmWithALongerContractionKeepsATenRule) {
+  Tensor a = torch::randn({7, 5, 3}), b = torch::randn({7, 3, 4});
+  Tensor out;
+  auto names = ops_called([&] { out = vmap(mm)(a, b); });
+  EXPECT_TRUE(contains(names, "aten::bmm"));
+  EXPECT_TRUE(AllClose(out, torch::bmm(a, b)));
+  // What mm refuses, it still refuses under vmap: mixed dtypes, wrong ranks.
+  Tensor d = torch::randn({7, 1, 4}, torch::kDouble);
+  EXPECT_THROW(vmap(mm)(a.narrow(2, 0, 1), d), c10::Error);
+  EXPECT_THROW(vmap(mm)(torch::randn({7, 5}), torch::randn({7, 1, 4})), c10::Error);
+  // Integer mm (not rewritten) agrees with the loop.
+  Tensor ia = torch::randint(-5, 5, {7, 5, 1}), ib = torch::randint(-5, 5, {7, 1, 4});
+  EXPECT_TRUE(torch::equal(vmap(mm)(ia, ib), torch::bmm(ia, ib)));
+}
+
+TEST_F(VmapTest, MmWithContractionOneComposesWithAutodiff) {
+  Tensor a = torch::randn({6, 5, 1}, torch::kDouble), b = torch::randn({6, 1, 4}, torch::kDouble);
+  Tensor w = torch::randn({6, 5, 4}, torch::kDouble);
+  // grad outside vmap: the multiply is what the outer autograd records.
+  auto weighted = [&w](Tensor a, Tensor b) { return (vmap(mm)(a, b) * w).sum(); };
+  Tree g = grad(weighted, {0, 1})(a, b);
+  EXPECT_TRUE(AllClose(g[0], torch::bmm(w, b.transpose(1, 2)), 1e-12, 1e-12));
+  EXPECT_TRUE(AllClose(g[1], torch::bmm(a.transpose(1, 2), w), 1e-12, 1e-12));
+  // jvp through it: the product rule.
+  Tensor ta = torch::randn_like(a), tb = torch::randn_like(b);
+  auto [primal, tangent] = jvp([](Tensor a, Tensor b) { return vmap(mm)(a, b); },
+                               std::make_tuple(a, b), std::make_tuple(ta, tb));
+  EXPECT_TRUE(AllClose(primal, torch::bmm(a, b), 1e-12, 1e-12));
+  EXPECT_TRUE(AllClose(tangent, torch::bmm(ta, b) + torch::bmm(a, tb), 1e-12, 1e-12));
 }
 
 TEST_F(VmapTest, SingleAndMultipleInputs) {

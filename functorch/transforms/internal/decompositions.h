@@ -15,6 +15,13 @@
 //                     forward-mode AD (what hessian = jacfwd(jacrev) needs:
 //                     mse_loss_backward's own forward formula writes into a
 //                     ZeroTensor and throws).
+//   FuncTorchVmapMode aten::mm (ours, not Python's): an mm with contraction 1
+//                     under vmap is an outer product and runs as a broadcast
+//                     multiply, with the same bits, instead of ATen's rule's
+//                     k = 1 bmm (MKL's slow path; the per-sample weight
+//                     gradient of a linear layer). Other mm go on to ATen's
+//                     FuncTorchBatched rule. Only a fallthrough lives at this
+//                     key for mm, so no ATen kernel is overridden.
 //   AutogradCPU       aten::mse_loss_backward, when a forward or reverse
 //                     derivative of it is wanted (jvp(grad(f)) without vmap);
 //                     otherwise the fused kernel runs as before.
