@@ -225,6 +225,10 @@ void TimeSteps(benchmark::State& state, Step&& step) {
   state.counters["setup_peak_rss_MiB"] = MaxPeakRssMiB(group);
   ResetPeakRss();
   state.counters["step_base_rss_MiB"] = MaxOverRanksMiB(group, CurrentRssBytes());
+  // What of step_base_rss is live tensors and other heap objects, as the
+  // allocator counts them (the rest is the binary, libraries and free pages
+  // the allocator keeps).
+  state.counters["step_base_allocated_MiB"] = MaxOverRanksMiB(group, AllocatedBytes());
   step();
   for (auto _ : state) step();
 }
