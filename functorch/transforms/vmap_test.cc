@@ -128,6 +128,12 @@ TEST_F(VmapTest, MmWithContractionOneIsAMultiplyWithTheSameBits) {
     EXPECT_TRUE(torch::equal(vmap(mm, {std::nullopt, 0})(a[0], b), torch::matmul(a[0], b)));
     EXPECT_TRUE(torch::equal(vmap(mm, {2, 0})(a.permute({1, 2, 0}), b), torch::bmm(a, b)));
   }
+  // Nested: each level's mm reaches the rule.
+  Tensor a = torch::randn({3, 7, 5, 1}), b = torch::randn({3, 7, 1, 4});
+  Tensor out;
+  auto names = ops_called([&] { out = vmap(vmap(mm))(a, b); });
+  EXPECT_TRUE(torch::equal(out, torch::matmul(a, b)));
+  EXPECT_FALSE(contains(names, "aten::bmm"));
 }
 
 TEST_F(VmapTest, MmWithALongerContractionKeepsATenRule) {
