@@ -32,10 +32,10 @@ cc_library(
     name = "libtorch_cuda",
     hdrs = [":cuda_check.h"],
     includes = ["cuda_include", "nccl_include"],
-    # No `defines`: the code that differs under CUDA sets TORCHFSDP_CUDA
-    # (and USE_C10D_NCCL, which ProcessGroupNCCL.hpp needs) in its own
-    # local_defines, so the rest of the tree compiles the same in both
-    # configurations and --config=cuda recompiles only that code.
+    # No `defines`, and only binaries and //comm:nccl depend on this target
+    # (its include directories reach their dependents): the rest of the tree
+    # compiles the same in both configurations, and --config=cuda recompiles
+    # only //comm:nccl and the binaries' own sources.
     linkopts = [
         "-Wl,--no-as-needed",
         "-ltorch_cuda",

@@ -7,21 +7,43 @@
 # clang-format 14 and .clang-format would write it (tools/format.sh formats
 # them), tools/fuzz.sh fuzzes the file loaders, the DCP reader, the
 # safetensors loader and the rendezvous client for 50 s per target (250 s in
-# all),
-# and `bazel build --config=cuda //...` compiles and links every target
-# against LibTorch's CUDA libraries and NCCL (no GPU needed; nothing CUDA
-# runs here). All three are skipped when extra arguments are given: a configured
-# run (--config=asan, a test filter) is a rerun of the Bazel tests, and the
-# fuzzers carry their own sanitizers.
+# all), and `bazel build --config=cuda` builds what differs under CUDA (the
+# NCCL plug-in //comm:nccl and the binaries that link it, against LibTorch's
+# CUDA libraries and NCCL; no GPU needed, nothing CUDA runs here; every other
+# target compiles the same in both configurations, so nothing else is
+# rebuilt). All three are skipped when extra arguments are given: a
+# configured run (--config=asan, a test filter) is a rerun of the Bazel
+# tests, and the fuzzers carry their own sanitizers.
+#
+# Before the last line it prints how long each phase took (set-up, build,
+# tests, format, fuzz, CUDA build), so a slow CI run says where its time went.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-tools/setup.sh --with-python || exit 1
+timings=()
+# phase NAME COMMAND...: runs COMMAND and records its wall time under NAME.
+phase() {
+  local name=$1 start=$SECONDS rc
+  shift
+  "$@"
+  rc=$?
+  timings+=("$(printf '%-12s %5d s' "$name" $((SECONDS - start)))")
+  return "$rc"
+}
+
+phase set-up tools/setup.sh --with-python || exit 1
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-bazel test //... --test_summary=short "$@" 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+# Built first on its own so the timings separate compiling from testing; a
+# target that fails to build is counted by `bazel test` below.
+phase build bazel build //... --keep_going "$@"
+run_tests() {
+  bazel test //... --test_summary=short "$@" 2>&1 | tee "$log"
+  return "${PIPESTATUS[0]}"
+}
+phase tests run_tests "$@"
+status=$?
 
 # A target marked flaky that failed and then passed on a retry is FLAKY in
 # Bazel's summary: counted as passed (Bazel's exit status says so too) and
@@ -32,33 +54,33 @@ grep -E '^//[^ ]+ +(\(cached\) )?FLAKY' "$log" | sed 's/^/flaky (passed on a ret
 if ((status != 0 && failed == 0)); then
   failed=1  # the build itself failed before any test ran
 fi
+
+# count NAME COMMAND...: one more passed or failed entry for COMMAND.
+count() {
+  local name=$1
+  shift
+  if phase "$name" "$@"; then
+    echo "$name: PASSED"
+    passed=$((passed + 1))
+  else
+    echo "$name: FAILED"
+    failed=$((failed + 1))
+    ((status == 0)) && status=1
+  fi
+}
+cuda_build() {
+  bazel build --config=cuda //... //comm:nccl 2>&1 | tail -5
+  return "${PIPESTATUS[0]}"
+}
 if (($# == 0)); then
-  if tools/format.sh --check; then
-    echo "format: PASSED"
-    passed=$((passed + 1))
-  else
-    echo "format: FAILED"
-    failed=$((failed + 1))
-    ((status == 0)) && status=1
-  fi
-  if tools/fuzz.sh --seconds 50; then
-    echo "fuzz: PASSED"
-    passed=$((passed + 1))
-  else
-    echo "fuzz: FAILED"
-    failed=$((failed + 1))
-    ((status == 0)) && status=1
-  fi
-  if bazel build --config=cuda //... 2>&1 | tail -5; ((PIPESTATUS[0] == 0)); then
-    echo "cuda build: PASSED"
-    passed=$((passed + 1))
-  else
-    echo "cuda build: FAILED"
-    failed=$((failed + 1))
-    ((status == 0)) && status=1
-  fi
+  count format tools/format.sh --check
+  count fuzz tools/fuzz.sh --seconds 50
+  count "cuda build" cuda_build
 else
   echo "format, fuzz, cuda build: skipped (extra arguments given to bazel test)"
 fi
+echo "time per phase:"
+printf '  %s\n' "${timings[@]}"
+echo "  total        $(printf '%5d' "$SECONDS") s"
 echo "${passed} passed, ${failed} failed"
 exit "$status"

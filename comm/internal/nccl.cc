@@ -11,6 +11,7 @@
 
 namespace comm {
 namespace internal {
+namespace {
 
 absl::StatusOr<int> cuda_device_count() {
   // c10::cuda::device_count() is 0, with a warning, when there is no driver
@@ -40,5 +41,12 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
 }
 
+// //comm:nccl is alwayslink: linking it is what makes "nccl" available.
+[[maybe_unused]] const bool registered = [] {
+  register_nccl_hooks({&cuda_device_count, &make_nccl_backend});
+  return true;
+}();
+
+}  // namespace
 }  // namespace internal
 }  // namespace comm
