@@ -15,6 +15,8 @@
 #    against the torch of $PYTHON (default: python3, else the project's
 #    venv) and third_party/gpu_deps (tools/gpu_bundle.sh). JOBS=N limits
 #    ninja's parallelism. --no-build reuses the binaries already built.
+#    CMake's source lists are benchmarks/gpu/sources.cmake, generated from
+#    the BUILD files (tools/gpu_cmake.py; regenerated here when stale).
 # 3. gpu_check (one PASS/FAIL line per check).
 # 4. MFU: the trainer (--device cuda --nproc 1 --mixed-precision bf16, a
 #    12-layer, 1024-wide transformer, seq 1024, global batch 16, 30 steps,
@@ -47,7 +49,7 @@ for arg in "$@"; do
     --no-build) do_build=0 ;;
     --no-check) do_check=0 ;;
     --no-mfu) do_mfu=0 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "run_gpu.sh: unknown argument '$arg' (--help lists them)" >&2; exit 2 ;;
   esac
 done
@@ -124,10 +126,23 @@ if [ "$do_build" = 1 ]; then
       rc=1
     else
       jobs="${JOBS:-$(nproc)}"
+      # The source lists come from the BUILD files (tools/gpu_cmake.py): when
+      # the committed benchmarks/gpu/sources.cmake is stale, build from a
+      # fresh one rather than fail at link time on the GPU machine.
+      mkdir -p "$BUILD_DIR"
+      sources="$ROOT/benchmarks/gpu/sources.cmake"
+      if ! "$PYTHON" "$ROOT/tools/gpu_cmake.py" --check > "$BUILD_DIR/gpu_cmake_check.log" 2>&1; then
+        if "$PYTHON" "$ROOT/tools/gpu_cmake.py" > "$BUILD_DIR/sources.cmake" 2>> "$BUILD_DIR/gpu_cmake_check.log"; then
+          sources="$BUILD_DIR/sources.cmake"
+          say "build: benchmarks/gpu/sources.cmake differs from the BUILD files (//tools:gpu_cmake_test fails; python3 tools/gpu_cmake.py --write fixes it): building from a fresh copy"
+        else
+          say "build: tools/gpu_cmake.py failed (see $BUILD_DIR/gpu_cmake_check.log): building from the committed sources.cmake"
+        fi
+      fi
       say "build: cmake + ninja -j$jobs into $BUILD_DIR, TORCH_DIR=$torch_dir, GPU_DEPS=$deps"
       {
         cmake -S "$ROOT/benchmarks/gpu" -B "$BUILD_DIR" -G Ninja \
-          -DTORCH_DIR="$torch_dir" -DGPU_DEPS="$deps" &&
+          -DTORCH_DIR="$torch_dir" -DGPU_DEPS="$deps" -DTORCHFSDP_SOURCES="$sources" &&
         ninja -C "$BUILD_DIR" -j"$jobs" gpu_check trainer
       } > "$build_log" 2>&1
       rc=$?
@@ -144,6 +159,17 @@ fi
 for binary in "$GPU_CHECK" "$TRAINER"; do
   if [ ! -x "$binary" ]; then
     say "build: $binary does not exist (run without --no-build)"
+    exit 1
+  fi
+  # Every library a CMake-built binary loads must be found without
+  # LD_LIBRARY_PATH (the wheel and the bundle are on its DT_RPATH).
+  missing=""
+  if [ "$use_bazel" = 0 ]; then
+    missing="$(LD_LIBRARY_PATH='' ldd "$binary" 2>&1 | grep 'not found')"
+  fi
+  if [ -n "$missing" ]; then
+    say "build: $binary cannot start: the loader does not find:"
+    say "$missing"
     exit 1
   fi
 done

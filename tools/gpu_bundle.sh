@@ -70,6 +70,25 @@ rm -f "$DEST.tmp/bundle/lib/libtcmalloc_minimal_debug"*
 # Dangling links (a -dev package's libfoo.so whose target package is not
 # bundled) would only confuse the linker.
 find "$DEST.tmp/bundle/lib" -xtype l -delete
+# What the bundled libraries need in turn must be bundled too, or be the
+# C/C++ runtime every machine has: the GPU machine has no Debian packages,
+# and the CMake-built binaries reach the bundle's libraries (libabsl_status
+# needing libabsl_cord) through their DT_RPATH.
+runtime='^(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so'
+unbundled=""
+for lib in "$DEST.tmp/bundle/lib"/*.so*; do
+  [ -L "$lib" ] && continue
+  for needed in $(readelf -d "$lib" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+    if [ ! -e "$DEST.tmp/bundle/lib/$needed" ] && ! [[ "$needed" =~ $runtime ]]; then
+      unbundled+="  $(basename "$lib") needs $needed"$'\n'
+    fi
+  done
+done
+if [ -n "$unbundled" ]; then
+  printf 'gpu_bundle.sh: libraries needed by the bundle but not in it (add their packages to PACKAGES):\n%s' \
+    "$unbundled" >&2
+  exit 1
+fi
 # The Debian package versions, for the record.
 for deb in "$WORK"/*.deb; do
   # shellcheck disable=SC2016  # dpkg's ${field} syntax, not the shell's
