@@ -42,7 +42,7 @@
 // in forward (BatchNorm running statistics) are updated again, as in PyTorch.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <type_traits>
 #include <utility>

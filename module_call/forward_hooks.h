@@ -30,7 +30,7 @@
 // not register or remove hooks of the module it runs for.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>

@@ -13,7 +13,7 @@
 // (is_tensor_output), flattened to a vector.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstddef>
 #include <functional>

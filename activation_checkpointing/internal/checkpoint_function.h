@@ -3,7 +3,7 @@
 // function-of-tensors glue is module_call/tensor_function.h.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <functional>
 #include <string>

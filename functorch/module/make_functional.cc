@@ -1,7 +1,9 @@
 #include "functorch/module/make_functional.h"
 
 #include <c10/util/Exception.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/ordered_dict.h>
+#include <torch/types.h>
 
 #include <typeindex>
 #include <unordered_map>

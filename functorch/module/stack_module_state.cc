@@ -2,8 +2,12 @@
 
 #include "functorch/module/make_functional.h"
 
+#include <algorithm>
+#include <string>
+
 #include <c10/util/Exception.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
 
 namespace functorch {
 namespace {

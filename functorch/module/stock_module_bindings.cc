@@ -6,7 +6,18 @@
 // of these types and checks that each registry entry is bound.
 #include "functorch/module/internal/member_binding_registry.h"
 
-#include <torch/nn.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/parameterdict.h>
+#include <torch/nn/modules/container/parameterlist.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/instancenorm.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/loss.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/modules/pooling.h>
+#include <torch/nn/modules/rnn.h>
 
 namespace functorch {
 namespace internal {

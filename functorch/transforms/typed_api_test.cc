@@ -10,7 +10,14 @@
 //     this file would stop building and the suite would fail.
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <map>
 #include <string>

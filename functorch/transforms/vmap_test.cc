@@ -28,7 +28,8 @@
 #include <ATen/functorch/DynamicLayer.h>
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <map>

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdlib>
 #include <fstream>
