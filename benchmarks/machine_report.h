@@ -33,20 +33,20 @@
 #include <utility>
 #include <vector>
 
-#include "comm/compute_layout.h"
+#include "host/compute_layout.h"
 
 namespace benchmarks {
 
 // Exits with status 2 and the reason when OMP_NUM_THREADS is malformed.
 inline void UseAllCores(const char* binary) {
-  auto layout = comm::ApplyThreadLayout(1, 0);
+  auto layout = host::ApplyThreadLayout(1, 0);
   if (!layout.ok()) {
     std::fprintf(stderr, "%s: %s\n", binary, std::string(layout.status().message()).c_str());
     std::exit(2);
   }
   if (!layout->warning.empty())
     std::fprintf(stderr, "%s: warning: %s\n", binary, layout->warning.c_str());
-  std::fprintf(stderr, "%s: compute: %s\n", binary, comm::DescribeComputeLayout(1).c_str());
+  std::fprintf(stderr, "%s: compute: %s\n", binary, host::DescribeComputeLayout(1).c_str());
 }
 
 // OpenBLAS's pool size and the kernel it picked, looked up at run time

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "comm/collectives.h"
-#include "comm/compute_layout.h"
+#include "host/compute_layout.h"
 #include "launcher/launch.h"
 
 namespace benchmarks {
@@ -63,7 +63,7 @@ int RunOnLocalRanks(int argc, char** argv, const MultiRankBenchmark& spec) {
     const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
     std::printf(
         "%s: compute: %s\n", spec.name.c_str(),
-        comm::DescribeComputeLayout(local_world != nullptr ? std::atoi(local_world) : group->size())
+        host::DescribeComputeLayout(local_world != nullptr ? std::atoi(local_world) : group->size())
             .c_str());
     std::fflush(stdout);
   }

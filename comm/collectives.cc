@@ -1,6 +1,10 @@
 #include "comm/collectives.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/amax.h>
+#include <ATen/ops/amin.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sum.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <memory>

@@ -3,7 +3,17 @@
 // handles.
 #include "comm/collectives.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
 
 #include <string>
 #include <vector>
@@ -11,8 +21,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "comm/testing/multiprocess.h"
 #include "launcher/launch.h"
+#include "testing/multiprocess.h"
 
 namespace comm {
 namespace {

@@ -18,11 +18,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "comm/internal/group_state.h"
+#include "comm/internal/nccl.h"
 #include "comm/internal/store_client.h"
 #include "comm/slurm.h"
-#ifdef TORCHFSDP_CUDA
-#include "comm/internal/nccl.h"
-#endif
 
 namespace comm {
 
@@ -293,6 +291,20 @@ absl::StatusOr<RankEnvironment> read_rank_environment() {
 }
 
 namespace internal {
+namespace {
+
+NcclHooks*& registered_nccl_hooks() {
+  static NcclHooks* hooks = nullptr;
+  return hooks;
+}
+
+}  // namespace
+
+void register_nccl_hooks(const NcclHooks& hooks) {
+  registered_nccl_hooks() = new NcclHooks(hooks);  // lives as long as the process
+}
+
+const NcclHooks* nccl_hooks() { return registered_nccl_hooks(); }
 
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_backend_group(
     const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -300,19 +312,18 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_backend_group(
   const bool mixed = backend == kGlooCpuNcclCuda;
   const bool with_gloo = backend == "gloo" || mixed;
   const bool with_nccl = backend == "nccl" || mixed;
+  const NcclHooks* nccl = nccl_hooks();
   if (with_nccl) {
-#ifndef TORCHFSDP_CUDA
-    return absl::UnimplementedError(
-        absl::StrCat("backend '", backend,
-                     "' is not available in this build: it was compiled "
-                     "without CUDA (build with --config=cuda against a CUDA LibTorch, "
-                     "such as the torch wheel, to get ProcessGroupNCCL); use backend "
-                     "'gloo' (CPU tensors)"));
-#else
-    if (auto devices = internal::cuda_device_count(); !devices.ok()) {
+    if (nccl == nullptr) {
+      return absl::UnimplementedError(absl::StrCat(
+          "backend '", backend,
+          "' is not available in this build: the binary does not link //comm:nccl "
+          "(build with --config=cuda against a CUDA LibTorch, such as the torch wheel, "
+          "to get ProcessGroupNCCL); use backend 'gloo' (CPU tensors)"));
+    }
+    if (auto devices = nccl->cuda_device_count(); !devices.ok()) {
       return devices.status();
     }
-#endif
   } else if (!with_gloo) {
     return absl::InvalidArgumentError(
         absl::StrCat("backend '", backend, "': expected 'gloo', or in CUDA builds 'nccl' or '",
@@ -338,21 +349,18 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_backend_group(
       }
       auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
       group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
-#ifdef TORCHFSDP_CUDA
-      // As torch.distributed's "gloo": CUDA tensors go through Gloo too.
-      if (!with_nccl) {
+      // As torch.distributed's "gloo": CUDA tensors go through Gloo too
+      // (where the binary can have CUDA tensors at all).
+      if (!with_nccl && nccl != nullptr) {
         group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
       }
-#endif
       group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
     }
-#ifdef TORCHFSDP_CUDA
     if (with_nccl) {
       group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL,
-                        internal::make_nccl_backend(store, rank, size, timeout));
+                        nccl->make_nccl_backend(store, rank, size, timeout));
       group->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
     }
-#endif
     return group;
   } catch (const std::exception& e) {
     return absl::DeadlineExceededError(
@@ -363,22 +371,22 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_backend_group(
 
 }  // namespace internal
 
-absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options) {
-  if (options.timeout.count() <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("timeout=", options.timeout.count(), " ms: expected a positive duration"));
-  }
-  if (options.backend != "gloo") {
-    // Fail before any rendezvous, so every rank reports it at once.
-    auto probe = internal::make_backend_group(options.backend, {}, 0, 1, options.timeout, "");
-    if (!probe.ok()) return probe.status();
-  }
-  const std::chrono::milliseconds rendezvous_timeout =
-      options.rendezvous_timeout.count() > 0 ? options.rendezvous_timeout : options.timeout;
+bool is_nccl_available() { return internal::nccl_hooks() != nullptr; }
+
+namespace {
+
+struct RankAndSize {
+  int rank = -1;
+  int world_size = -1;
+};
+
+// The rank and world size `options` give, else the environment's: env://
+// reads them as read_rank_environment() does (RANK and WORLD_SIZE, or srun's
+// variables), the other methods from RANK and WORLD_SIZE.
+absl::StatusOr<RankAndSize> rank_and_world_size(const InitOptions& options) {
   int rank = options.rank;
   int world_size = options.world_size;
-  const bool env_method = options.init_method == "env://";
-  if (env_method && (rank < 0 || world_size < 0)) {
+  if (options.init_method == "env://" && (rank < 0 || world_size < 0)) {
     auto env = read_rank_environment();
     if (!env.ok()) return env.status();
     if (rank < 0) rank = env->rank;
@@ -403,10 +411,14 @@ absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank=", rank, ": expected an integer in [0, world_size=", world_size, ")"));
   }
+  return RankAndSize{rank, world_size};
+}
 
-  absl::StatusOr<Rendezvous> rendezvous;
-  const std::string& method = options.init_method;
-  if (env_method) {
+// Connects to the store `method` names (env://, tcp://HOST:PORT or
+// file:///PATH) as rank `rank` of `world_size`.
+absl::StatusOr<Rendezvous> open_rendezvous(const std::string& method, int rank, int world_size,
+                                           std::chrono::milliseconds rendezvous_timeout) {
+  if (method == "env://") {
     auto slurm = slurm_rank_environment();
     if (!slurm.ok()) return slurm.status();
     const char* addr =
@@ -422,9 +434,9 @@ absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options) {
     if (!port.ok()) return port.status();
     auto server = store_server_from_env();
     if (!server.ok()) return server.status();
-    rendezvous =
-        connect_tcp(addr, *port, rank, world_size, rendezvous_timeout, "MASTER_PORT", *server);
-  } else if (absl::StartsWith(method, "tcp://")) {
+    return connect_tcp(addr, *port, rank, world_size, rendezvous_timeout, "MASTER_PORT", *server);
+  }
+  if (absl::StartsWith(method, "tcp://")) {
     const std::string host_port = method.substr(6);
     const auto colon = host_port.rfind(':');
     int port = 0;
@@ -433,9 +445,10 @@ absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options) {
       return absl::InvalidArgumentError(
           absl::StrCat("init_method='", method, "': expected tcp://HOST:PORT"));
     }
-    rendezvous = connect_tcp(host_port.substr(0, colon), port, rank, world_size, rendezvous_timeout,
-                             "init_method port");
-  } else if (absl::StartsWith(method, "file://")) {
+    return connect_tcp(host_port.substr(0, colon), port, rank, world_size, rendezvous_timeout,
+                       "init_method port");
+  }
+  if (absl::StartsWith(method, "file://")) {
     const std::string path = method.substr(7);
     if (path.empty() || path[0] != '/') {
       return absl::InvalidArgumentError(
@@ -445,15 +458,35 @@ absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options) {
       c10::intrusive_ptr<c10d::Store> store =
           c10::make_intrusive<c10d::FileStore>(path, world_size);
       store->setTimeout(rendezvous_timeout);
-      rendezvous = Rendezvous{store, method, "", c10d_add(store)};
+      return Rendezvous{store, method, "", c10d_add(store)};
     } catch (const std::exception& e) {
       return absl::UnavailableError(
           absl::StrCat("cannot open the FileStore at '", path, "': ", describe(e)));
     }
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "init_method='", method, "': expected 'env://', 'tcp://HOST:PORT' or 'file:///PATH'"));
   }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "init_method='", method, "': expected 'env://', 'tcp://HOST:PORT' or 'file:///PATH'"));
+}
+
+}  // namespace
+
+absl::StatusOr<ProcessGroup> init_process_group(const InitOptions& options) {
+  if (options.timeout.count() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout=", options.timeout.count(), " ms: expected a positive duration"));
+  }
+  if (options.backend != "gloo") {
+    // Fail before any rendezvous, so every rank reports it at once.
+    auto probe = internal::make_backend_group(options.backend, {}, 0, 1, options.timeout, "");
+    if (!probe.ok()) return probe.status();
+  }
+  const std::chrono::milliseconds rendezvous_timeout =
+      options.rendezvous_timeout.count() > 0 ? options.rendezvous_timeout : options.timeout;
+  auto ranks = rank_and_world_size(options);
+  if (!ranks.ok()) return ranks.status();
+  const int rank = ranks->rank;
+  const int world_size = ranks->world_size;
+  auto rendezvous = open_rendezvous(options.init_method, rank, world_size, rendezvous_timeout);
   if (!rendezvous.ok()) return rendezvous.status();
   // Wait (up to the rendezvous timeout) until every rank has reached the
   // store, so Gloo's own connection step, bounded by the collective timeout,

@@ -41,6 +41,12 @@ inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minute
 // bookkeeping such as agreeing on a checkpoint's status).
 inline constexpr char kGlooCpuNcclCuda[] = "cpu:gloo,cuda:nccl";
 
+// PyTorch's torch.distributed.is_nccl_available(): whether this binary can
+// make "nccl" groups, i.e. links //comm:nccl (what --config=cuda adds to the
+// project's binaries; a binary of your own adds it to its deps). Whether a
+// GPU is present is checked when a group is made.
+bool is_nccl_available();
+
 // A value type (cheap to copy; copies share the underlying c10d group).
 // A process that is not a member of a group still holds a ProcessGroup for
 // it (as torch.distributed's new_group returns NON_GROUP_MEMBER): is_member()

@@ -21,8 +21,8 @@
 
 #include "comm/collectives.h"
 #include "comm/testing/hostile_peer.h"
-#include "comm/testing/multiprocess.h"
 #include "launcher/launch.h"
+#include "testing/multiprocess.h"
 
 namespace comm {
 namespace {
@@ -113,10 +113,10 @@ TEST_F(EnvTest, ExplicitArgumentsAreChecked) {
               HasSubstr("backend 'mpi': expected 'gloo'"));
   options.backend = "nccl";
   auto nccl = init_process_group(options).status();
-  // The CPU build has no ProcessGroupNCCL; the CUDA build (--config=cuda)
+  // A binary without //comm:nccl has no ProcessGroupNCCL; with it
   // on a machine without a GPU refuses before any rendezvous.
   if (nccl.code() == absl::StatusCode::kUnimplemented) {
-    EXPECT_THAT(message(nccl), HasSubstr("compiled without CUDA"));
+    EXPECT_THAT(message(nccl), HasSubstr("does not link //comm:nccl"));
   } else {
     EXPECT_EQ(nccl.code(), absl::StatusCode::kFailedPrecondition) << nccl;
     EXPECT_THAT(message(nccl), HasSubstr("needs a CUDA GPU"));

@@ -3,7 +3,13 @@
 // the shape errors of PyTorch (FSDP's _init_utils).
 #include "comm/subgroups.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
 
 #include <vector>
 
@@ -12,7 +18,7 @@
 
 #include "comm/collectives.h"
 #include "comm/device_mesh.h"
-#include "comm/testing/multiprocess.h"
+#include "testing/multiprocess.h"
 
 namespace comm {
 namespace {

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "activation_checkpointing/apply_activation_checkpointing.h"
-#include "comm/testing/multiprocess.h"
+#include "testing/multiprocess.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 
 namespace fsdp {

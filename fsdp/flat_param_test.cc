@@ -17,7 +17,7 @@
 
 #include "comm/collectives.h"
 #include "comm/device_mesh.h"
-#include "comm/testing/multiprocess.h"
+#include "testing/multiprocess.h"
 #include "functorch/module/named_member_accessor.h"
 
 namespace fsdp {

@@ -148,23 +148,23 @@ absl::StatusOr<int> pick_free_port() {
   return static_cast<int>(ntohs(addr.sin_port));
 }
 
-// One attempt: starts the local ranks, forwards their output and waits for
-// them (see launch()). `deadline` bounds the whole job (Clock::time_point::max()
-// without --timeout); `hooks` (multi-node restarts only, else null) learn of
-// this node's first failure and say when another node failed.
-static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
-                                                const std::string& program,
-                                                const comm::ThreadLayout& layout, int port,
-                                                int attempt, Clock::time_point deadline,
-                                                const AttemptHooks* hooks) {
+namespace {
+
+// The environment of every local rank of one attempt, as execve takes it.
+// Every string the children need is built before forking: between fork and
+// exec only async-signal-safe calls are allowed (the parent may have threads).
+struct RankEnvironments {
+  std::vector<std::vector<std::string>> strings;
+  std::vector<std::vector<char*>> pointers;  // into `strings`
+};
+
+RankEnvironments rank_environments(const LaunchOptions& options, const host::ThreadLayout& layout,
+                                   int port, int attempt) {
   const int nproc = options.nproc_per_node;
   const int world = nproc * options.nnodes;
-  std::vector<std::string> argv_strings = options.command;
-  std::vector<char*> argv = c_strings(argv_strings);
-  // Every string the children need is built here: between fork and exec
-  // only async-signal-safe calls are allowed (the parent may have threads).
-  std::vector<std::vector<std::string>> env_strings(nproc);
-  std::vector<std::vector<char*>> envs(nproc);
+  RankEnvironments envs;
+  envs.strings.resize(nproc);
+  envs.pointers.resize(nproc);
   for (int local = 0; local < nproc; ++local) {
     std::map<std::string, std::string> vars = options.env;
     const int rank = options.node_rank * nproc + local;
@@ -181,145 +181,213 @@ static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
     if (options.collective_timeout.count() > 0) {
       vars[kCollectiveTimeoutVariable] = std::to_string(options.collective_timeout.count());
     }
-    env_strings[local] = child_environment(vars, options.unset_env);
-    envs[local] = c_strings(env_strings[local]);
+    envs.strings[local] = child_environment(vars, options.unset_env);
+    envs.pointers[local] = c_strings(envs.strings[local]);
   }
+  return envs;
+}
 
-  // Grandchildren whose rank dies are re-parented to us, so they can be
-  // reaped rather than left to init.
-  prctl(PR_SET_CHILD_SUBREAPER, 1);
-  const pid_t launcher_pid = getpid();
-  std::vector<Child> children(nproc);
-  absl::Status spawn_error;
-  for (int local = 0; local < nproc; ++local) {
-    Child& child = children[local];
-    child.rank = options.node_rank * nproc + local;
-    int out_pipe[2], err_pipe[2];
-    if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
-      spawn_error = absl::ResourceExhaustedError(absl::StrCat("pipe(): ", errno_text(errno)));
-      break;
-    }
-    const pid_t pid = fork();
-    if (pid < 0) {
-      spawn_error = absl::ResourceExhaustedError(absl::StrCat("fork(): ", errno_text(errno)));
-      close(out_pipe[0]);
+// In the forked child: becomes the rank (execve) or exits 127.
+// Async-signal-safe calls only.
+[[noreturn]] void exec_rank(pid_t launcher_pid, const int out_pipe[2], const int err_pipe[2],
+                            const std::string& program, char* const* argv, char* const* envp) {
+  setpgid(0, 0);  // its own process group, killed as a whole
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != launcher_pid) _exit(127);  // launcher already gone
+  dup2(out_pipe[1], STDOUT_FILENO);
+  dup2(err_pipe[1], STDERR_FILENO);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  // A rank writing to a dead peer's socket gets EPIPE, an error its
+  // collective reports, instead of dying of SIGPIPE and being blamed
+  // for the peer's failure (as Python ranks: the interpreter ignores
+  // SIGPIPE too). An ignored disposition survives execve.
+  struct sigaction ignore_pipe {};
+  ignore_pipe.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &ignore_pipe, nullptr);
+  execve(program.c_str(), argv, envp);
+  const char message[] = "launcher::launch: execve failed\n";
+  ssize_t ignored = write(STDERR_FILENO, message, sizeof message - 1);
+  (void)ignored;
+  _exit(127);
+}
+
+// The local ranks of one attempt: spawned, their output forwarded, reaped,
+// and ended together when one fails, another node fails, the deadline
+// passes or the launcher is told to stop (see launch()).
+class Attempt {
+ public:
+  Attempt(const LaunchOptions& options, Clock::time_point deadline, const AttemptHooks* hooks)
+      : options_(options),
+        deadline_(deadline),
+        hooks_(hooks),
+        children_(options.nproc_per_node),
+        ended_by_us_(options.nproc_per_node, false) {}
+
+  // Forks and execs every local rank. A pipe or fork failure ends the ranks
+  // already started; finish() returns it.
+  void spawn(const std::string& program, const std::vector<char*>& argv,
+             const RankEnvironments& envs) {
+    // Grandchildren whose rank dies are re-parented to us, so they can be
+    // reaped rather than left to init.
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    const pid_t launcher_pid = getpid();
+    const int nproc = options_.nproc_per_node;
+    for (int local = 0; local < nproc; ++local) {
+      Child& child = children_[local];
+      child.rank = options_.node_rank * nproc + local;
+      int out_pipe[2], err_pipe[2];
+      if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
+        spawn_error_ = absl::ResourceExhaustedError(absl::StrCat("pipe(): ", errno_text(errno)));
+        break;
+      }
+      const pid_t pid = fork();
+      if (pid < 0) {
+        spawn_error_ = absl::ResourceExhaustedError(absl::StrCat("fork(): ", errno_text(errno)));
+        close(out_pipe[0]);
+        close(out_pipe[1]);
+        close(err_pipe[0]);
+        close(err_pipe[1]);
+        break;
+      }
+      if (pid == 0) {
+        exec_rank(launcher_pid, out_pipe, err_pipe, program, argv.data(),
+                  envs.pointers[local].data());
+      }
+      setpgid(pid, pid);  // also from the parent, to win the race with kill()
       close(out_pipe[1]);
-      close(err_pipe[0]);
       close(err_pipe[1]);
-      break;
+      child.pid = pid;
+      child.out_fd = out_pipe[0];
+      child.err_fd = err_pipe[0];
+      fcntl(child.out_fd, F_SETFL, O_NONBLOCK);
+      fcntl(child.err_fd, F_SETFL, O_NONBLOCK);
     }
-    if (pid == 0) {
-      // Child: async-signal-safe calls only.
-      setpgid(0, 0);  // its own process group, killed as a whole
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != launcher_pid) _exit(127);  // launcher already gone
-      dup2(out_pipe[1], STDOUT_FILENO);
-      dup2(err_pipe[1], STDERR_FILENO);
-      sigset_t none;
-      sigemptyset(&none);
-      sigprocmask(SIG_SETMASK, &none, nullptr);
-      // A rank writing to a dead peer's socket gets EPIPE, an error its
-      // collective reports, instead of dying of SIGPIPE and being blamed
-      // for the peer's failure (as Python ranks: the interpreter ignores
-      // SIGPIPE too). An ignored disposition survives execve.
-      struct sigaction ignore_pipe {};
-      ignore_pipe.sa_handler = SIG_IGN;
-      sigaction(SIGPIPE, &ignore_pipe, nullptr);
-      execve(program.c_str(), argv.data(), envs[local].data());
-      const char message[] = "launcher::launch: execve failed\n";
-      ssize_t ignored = write(STDERR_FILENO, message, sizeof message - 1);
-      (void)ignored;
-      _exit(127);
+    if (!spawn_error_.ok()) {
+      ending_ = true;
+      term_sent_ = Clock::now();
+      signal_all(SIGTERM);
     }
-    setpgid(pid, pid);  // also from the parent, to win the race with kill()
-    close(out_pipe[1]);
-    close(err_pipe[1]);
-    child.pid = pid;
-    child.out_fd = out_pipe[0];
-    child.err_fd = err_pipe[0];
-    fcntl(child.out_fd, F_SETFL, O_NONBLOCK);
-    fcntl(child.err_fd, F_SETFL, O_NONBLOCK);
   }
 
-  LaunchResult result;
-  bool ending = false;  // SIGTERM sent to the survivors
-  Clock::time_point term_sent;
-  bool killed = false;
-  auto end_all = [&](int signal) {
-    for (auto& c : children) {
-      // A stopped process acts on SIGTERM only once continued: kill it.
-      if (c.pid > 0 && !c.reaped) kill(-c.pid, c.stop_signal != 0 ? SIGKILL : signal);
-    }
-  };
-  // "rank 1 (pid 123) hung (stopped by signal 19 (Stopped (signal)) 5.1 s
-  // before and never continued); " for each rank stopped now, or "".
-  auto describe_hung = [&]() {
-    std::string text;
-    for (const auto& c : children) {
-      if (c.reaped || c.stop_signal == 0) continue;
-      result.hung_ranks.push_back(c.rank);
-      const auto tenths =
-          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - c.stopped_at)
-              .count() /
-          100;
-      absl::StrAppend(&text, "rank ", c.rank, " (pid ", c.pid, ") hung (stopped by signal ",
-                      c.stop_signal, " (", strsignal(c.stop_signal), ") ", tenths / 10, ".",
-                      tenths % 10, " s before and never continued); ");
-    }
-    return text;
-  };
-  if (!spawn_error.ok()) {
-    ending = true;
-    term_sent = Clock::now();
-    end_all(SIGTERM);
-  }
-  std::vector<bool> ended_by_us(nproc, false);
-
-  while (true) {
-    // Forward output.
-    std::vector<pollfd> fds;
-    std::vector<std::pair<int, bool>> owners;  // (child index, is_stderr)
-    for (int i = 0; i < nproc; ++i) {
-      if (children[i].out_fd >= 0) {
-        fds.push_back({children[i].out_fd, POLLIN, 0});
-        owners.push_back({i, false});
-      }
-      if (children[i].err_fd >= 0) {
-        fds.push_back({children[i].err_fd, POLLIN, 0});
-        owners.push_back({i, true});
-      }
-    }
-    if (!fds.empty()) {
-      poll(fds.data(), fds.size(), 50);
-      for (size_t k = 0; k < fds.size(); ++k) {
-        if (fds[k].revents == 0) continue;
-        Child& c = children[owners[k].first];
-        const bool is_err = owners[k].second;
-        int& fd = is_err ? c.err_fd : c.out_fd;
-        if (!drain(options, c.rank, is_err, fd, is_err ? c.err_partial : c.out_partial,
-                   is_err ? &c.last_err_line : nullptr)) {
-          close(fd);
-          fd = -1;
+  // Forwards output and reaps until every rank is reaped and its pipes are
+  // closed (or, once ending, the kill grace has passed); ends the ranks
+  // when one fails, another node fails, the deadline passes or a stop
+  // signal arrives.
+  void supervise() {
+    while (true) {
+      forward_output();
+      reap();
+      if (finished()) break;
+      // Another node failed (multi-node restarts).
+      if (!ending_ && hooks_ != nullptr) {
+        if (auto remote = hooks_->poll()) {
+          result_.exit_code = remote->first;
+          result_.summary = absl::StrCat(remote->second, "; ended this node's ranks");
+          end_ranks();
         }
       }
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      // Timeout and external stop.
+      if (!ending_ && Clock::now() > deadline_) {
+        result_.timed_out = true;
+        result_.exit_code = 124;
+        result_.summary = absl::StrCat(describe_hung(), "timeout: ranks still running after ",
+                                       options_.timeout.count(), " ms were ended");
+        end_ranks();
+      }
+      if (!ending_ && options_.stop_signal != nullptr && options_.stop_signal->load() != 0) {
+        const int sig = options_.stop_signal->load();
+        result_.exit_code = 128 + sig;
+        result_.summary = absl::StrCat("launcher received signal ", sig, " (", strsignal(sig),
+                                       "); ended the ranks");
+        end_ranks();
+      }
+      if (ending_ && !killed_ && Clock::now() - term_sent_ > options_.kill_grace) {
+        signal_all(SIGKILL);
+        killed_ = true;
+      }
     }
+  }
 
-    // Reap.
+  // Closes the pipes, reaps what is left, and returns the attempt's result
+  // (or the error that stopped spawning).
+  absl::StatusOr<LaunchResult> finish() {
+    for (auto& c : children_) {
+      if (c.out_fd >= 0) close(c.out_fd);
+      if (c.err_fd >= 0) close(c.err_fd);
+    }
+    // Reap re-parented grandchildren (killed with their rank's process
+    // group), so none lingers even as a zombie; bounded, since the caller may
+    // have unrelated children of its own.
+    const auto reap_deadline = Clock::now() + std::chrono::milliseconds(500);
+    while (Clock::now() < reap_deadline) {
+      const pid_t reaped = waitpid(-1, nullptr, WNOHANG);
+      if (reaped < 0) break;  // ECHILD: none left
+      if (reaped == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!spawn_error_.ok()) return spawn_error_;
+
+    for (size_t i = 0; i < children_.size(); ++i) {
+      const Child& child = children_[i];
+      RankExit exit;
+      exit.rank = child.rank;
+      exit.pid = child.pid;
+      if (WIFEXITED(child.status)) exit.exit_code = WEXITSTATUS(child.status);
+      if (WIFSIGNALED(child.status)) exit.term_signal = WTERMSIG(child.status);
+      exit.ended_by_launcher = ended_by_us_[i];
+      result_.ranks.push_back(exit);
+    }
+    return result_;
+  }
+
+ private:
+  // Forwards what the ranks wrote, waiting up to 50 ms for it.
+  void forward_output() {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<int, bool>> owners;  // (child index, is_stderr)
+    for (size_t i = 0; i < children_.size(); ++i) {
+      if (children_[i].out_fd >= 0) {
+        fds.push_back({children_[i].out_fd, POLLIN, 0});
+        owners.push_back({static_cast<int>(i), false});
+      }
+      if (children_[i].err_fd >= 0) {
+        fds.push_back({children_[i].err_fd, POLLIN, 0});
+        owners.push_back({static_cast<int>(i), true});
+      }
+    }
+    if (fds.empty()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      return;
+    }
+    poll(fds.data(), fds.size(), 50);
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      Child& c = children_[owners[k].first];
+      const bool is_err = owners[k].second;
+      int& fd = is_err ? c.err_fd : c.out_fd;
+      if (!drain(options_, c.rank, is_err, fd, is_err ? c.err_partial : c.out_partial,
+                 is_err ? &c.last_err_line : nullptr)) {
+        close(fd);
+        fd = -1;
+      }
+    }
+  }
+
+  // Collects every rank that stopped, continued or ended since last asked.
+  void reap() {
     int status = 0;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED)) > 0) {
-      for (int i = 0; i < nproc; ++i) {
-        Child& c = children[i];
+      for (Child& c : children_) {
         if (c.pid != pid) continue;
         if (WIFSTOPPED(status)) {
           c.stop_signal = WSTOPSIG(status);
           c.stopped_at = Clock::now();
-          options.on_event(absl::StrCat("rank ", c.rank, " (pid ", c.pid,
-                                        ") was stopped by signal ", c.stop_signal, " (",
-                                        strsignal(c.stop_signal), ")"));
-          if (ending) kill(-c.pid, SIGKILL);
+          options_.on_event(absl::StrCat("rank ", c.rank, " (pid ", c.pid,
+                                         ") was stopped by signal ", c.stop_signal, " (",
+                                         strsignal(c.stop_signal), ")"));
+          if (ending_) kill(-c.pid, SIGKILL);
           continue;
         }
         if (WIFCONTINUED(status)) {
@@ -329,122 +397,124 @@ static absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options,
         c.reaped = true;
         c.status = status;
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        if (failed && !ending) {
-          // What the rank said last is usually why it failed: read what is
-          // still in its stderr pipe before quoting it.
-          pollfd pending{c.err_fd, POLLIN, 0};
-          while (c.err_fd >= 0 && poll(&pending, 1, 0) > 0) {
-            if (!drain(options, c.rank, true, c.err_fd, c.err_partial, &c.last_err_line)) {
-              close(c.err_fd);
-              c.err_fd = -1;
-            }
-          }
-          result.first_failed_rank = c.rank;
-          result.exit_code = shell_status(status);
-          const std::string hung = describe_hung();
-          result.summary = absl::StrCat(hung, "rank ", c.rank, " (pid ", c.pid, ") ",
-                                        describe_status(status), " first");
-          if (!hung.empty()) absl::StrAppend(&result.summary, ", waiting for it");
-          if (!c.last_err_line.empty()) {
-            absl::StrAppend(&result.summary, " (its last error line: \"", c.last_err_line, "\")");
-          }
-          absl::StrAppend(&result.summary, "; ended the other ranks");
-          if (hooks != nullptr) hooks->on_failure(result.exit_code, result.summary);
-          ending = true;
-          term_sent = Clock::now();
-          for (int j = 0; j < nproc; ++j) {
-            if (!children[j].reaped) ended_by_us[j] = true;
-          }
-          end_all(SIGTERM);
-        }
+        if (failed && !ending_) on_first_failure(c);
         // The rank's own process group may hold grandchildren: end them.
         kill(-c.pid, SIGKILL);
       }
     }
+  }
 
+  // The first rank of this attempt to fail: the result says why, and the
+  // other ranks are ended.
+  void on_first_failure(Child& c) {
+    // What the rank said last is usually why it failed: read what is
+    // still in its stderr pipe before quoting it.
+    pollfd pending{c.err_fd, POLLIN, 0};
+    while (c.err_fd >= 0 && poll(&pending, 1, 0) > 0) {
+      if (!drain(options_, c.rank, true, c.err_fd, c.err_partial, &c.last_err_line)) {
+        close(c.err_fd);
+        c.err_fd = -1;
+      }
+    }
+    result_.first_failed_rank = c.rank;
+    result_.exit_code = shell_status(c.status);
+    const std::string hung = describe_hung();
+    result_.summary = absl::StrCat(hung, "rank ", c.rank, " (pid ", c.pid, ") ",
+                                   describe_status(c.status), " first");
+    if (!hung.empty()) absl::StrAppend(&result_.summary, ", waiting for it");
+    if (!c.last_err_line.empty()) {
+      absl::StrAppend(&result_.summary, " (its last error line: \"", c.last_err_line, "\")");
+    }
+    absl::StrAppend(&result_.summary, "; ended the other ranks");
+    if (hooks_ != nullptr) hooks_->on_failure(result_.exit_code, result_.summary);
+    end_ranks();
+  }
+
+  // True once every rank is reaped and its pipes are closed, or every rank
+  // is reaped and the kill grace after ending has passed. Starts that grace
+  // when the last rank is reaped: grandchildren may keep the pipes open.
+  bool finished() {
     bool all_reaped = true;
-    for (auto& c : children) all_reaped = all_reaped && (c.pid < 0 || c.reaped);
+    for (auto& c : children_) all_reaped = all_reaped && (c.pid < 0 || c.reaped);
     bool all_closed = true;
-    for (auto& c : children) all_closed = all_closed && c.out_fd < 0 && c.err_fd < 0;
-    if (all_reaped && (all_closed || (ending && Clock::now() - term_sent > options.kill_grace))) {
-      break;
+    for (auto& c : children_) all_closed = all_closed && c.out_fd < 0 && c.err_fd < 0;
+    if (all_reaped &&
+        (all_closed || (ending_ && Clock::now() - term_sent_ > options_.kill_grace))) {
+      return true;
     }
-    if (all_reaped && !ending) {
+    if (all_reaped && !ending_) {
       // Grandchildren may keep the pipes open; give them a moment, then stop.
-      ending = true;
-      term_sent = Clock::now();
+      ending_ = true;
+      term_sent_ = Clock::now();
     }
+    return false;
+  }
 
-    // Another node failed (multi-node restarts).
-    if (!ending && hooks != nullptr) {
-      if (auto remote = hooks->poll()) {
-        result.exit_code = remote->first;
-        result.summary = absl::StrCat(remote->second, "; ended this node's ranks");
-        ending = true;
-        term_sent = Clock::now();
-        for (int j = 0; j < nproc; ++j) {
-          if (!children[j].reaped) ended_by_us[j] = true;
-        }
-        end_all(SIGTERM);
-      }
+  // Sends SIGTERM to every rank still running (SIGKILL after the grace, in
+  // supervise()), marking them as ended by the launcher.
+  void end_ranks() {
+    ending_ = true;
+    term_sent_ = Clock::now();
+    for (size_t j = 0; j < children_.size(); ++j) {
+      if (!children_[j].reaped) ended_by_us_[j] = true;
     }
+    signal_all(SIGTERM);
+  }
 
-    // Timeout and external stop.
-    if (!ending && Clock::now() > deadline) {
-      result.timed_out = true;
-      result.exit_code = 124;
-      result.summary = absl::StrCat(describe_hung(), "timeout: ranks still running after ",
-                                    options.timeout.count(), " ms were ended");
-      ending = true;
-      term_sent = Clock::now();
-      for (int j = 0; j < nproc; ++j) {
-        if (!children[j].reaped) ended_by_us[j] = true;
-      }
-      end_all(SIGTERM);
-    }
-    if (!ending && options.stop_signal != nullptr && options.stop_signal->load() != 0) {
-      const int sig = options.stop_signal->load();
-      result.exit_code = 128 + sig;
-      result.summary = absl::StrCat("launcher received signal ", sig, " (", strsignal(sig),
-                                    "); ended the ranks");
-      ending = true;
-      term_sent = Clock::now();
-      for (int j = 0; j < nproc; ++j) {
-        if (!children[j].reaped) ended_by_us[j] = true;
-      }
-      end_all(SIGTERM);
-    }
-    if (ending && !killed && Clock::now() - term_sent > options.kill_grace) {
-      end_all(SIGKILL);
-      killed = true;
+  void signal_all(int signal) {
+    for (auto& c : children_) {
+      // A stopped process acts on SIGTERM only once continued: kill it.
+      if (c.pid > 0 && !c.reaped) kill(-c.pid, c.stop_signal != 0 ? SIGKILL : signal);
     }
   }
-  for (auto& c : children) {
-    if (c.out_fd >= 0) close(c.out_fd);
-    if (c.err_fd >= 0) close(c.err_fd);
-  }
-  // Reap re-parented grandchildren (killed above with their rank's process
-  // group), so none lingers even as a zombie; bounded, since the caller may
-  // have unrelated children of its own.
-  const auto reap_deadline = Clock::now() + std::chrono::milliseconds(500);
-  while (Clock::now() < reap_deadline) {
-    const pid_t reaped = waitpid(-1, nullptr, WNOHANG);
-    if (reaped < 0) break;  // ECHILD: none left
-    if (reaped == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  if (!spawn_error.ok()) return spawn_error;
 
-  for (int i = 0; i < nproc; ++i) {
-    RankExit exit;
-    exit.rank = children[i].rank;
-    exit.pid = children[i].pid;
-    if (WIFEXITED(children[i].status)) exit.exit_code = WEXITSTATUS(children[i].status);
-    if (WIFSIGNALED(children[i].status)) exit.term_signal = WTERMSIG(children[i].status);
-    exit.ended_by_launcher = ended_by_us[i];
-    result.ranks.push_back(exit);
+  // "rank 1 (pid 123) hung (stopped by signal 19 (Stopped (signal)) 5.1 s
+  // before and never continued); " for each rank stopped now, or "".
+  std::string describe_hung() {
+    std::string text;
+    for (const auto& c : children_) {
+      if (c.reaped || c.stop_signal == 0) continue;
+      result_.hung_ranks.push_back(c.rank);
+      const auto tenths =
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - c.stopped_at)
+              .count() /
+          100;
+      absl::StrAppend(&text, "rank ", c.rank, " (pid ", c.pid, ") hung (stopped by signal ",
+                      c.stop_signal, " (", strsignal(c.stop_signal), ") ", tenths / 10, ".",
+                      tenths % 10, " s before and never continued); ");
+    }
+    return text;
   }
-  return result;
+
+  const LaunchOptions& options_;
+  const Clock::time_point deadline_;
+  const AttemptHooks* const hooks_;
+  std::vector<Child> children_;
+  std::vector<bool> ended_by_us_;
+  absl::Status spawn_error_;
+  LaunchResult result_;
+  bool ending_ = false;  // SIGTERM sent to the survivors
+  Clock::time_point term_sent_;
+  bool killed_ = false;
+};
+
+// One attempt: starts the local ranks, forwards their output and waits for
+// them (see launch()). `deadline` bounds the whole job (Clock::time_point::max()
+// without --timeout); `hooks` (multi-node restarts only, else null) learn of
+// this node's first failure and say when another node failed.
+absl::StatusOr<LaunchResult> run_attempt(const LaunchOptions& options, const std::string& program,
+                                         const host::ThreadLayout& layout, int port, int attempt,
+                                         Clock::time_point deadline, const AttemptHooks* hooks) {
+  std::vector<std::string> argv_strings = options.command;
+  std::vector<char*> argv = c_strings(argv_strings);
+  RankEnvironments envs = rank_environments(options, layout, port, attempt);
+  Attempt ranks(options, deadline, hooks);
+  ranks.spawn(program, argv, envs);
+  ranks.supervise();
+  return ranks.finish();
 }
+
+}  // namespace
 
 absl::StatusOr<LaunchResult> launch(const LaunchOptions& given) {
   // Unset callbacks print; everything below calls them.
@@ -533,7 +603,7 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& given) {
   }
 }
 
-absl::StatusOr<comm::ThreadLayout> thread_layout(const LaunchOptions& options) {
+absl::StatusOr<host::ThreadLayout> thread_layout(const LaunchOptions& options) {
   const char* omp = std::getenv("OMP_NUM_THREADS");
   for (const std::string& name : options.unset_env) {
     if (name == "OMP_NUM_THREADS") omp = nullptr;
@@ -541,7 +611,7 @@ absl::StatusOr<comm::ThreadLayout> thread_layout(const LaunchOptions& options) {
   if (auto it = options.env.find("OMP_NUM_THREADS"); it != options.env.end()) {
     omp = it->second.c_str();
   }
-  return comm::PlanThreadLayout(options.nproc_per_node, options.threads_per_rank, omp);
+  return host::PlanThreadLayout(options.nproc_per_node, options.threads_per_rank, omp);
 }
 
 }  // namespace launcher

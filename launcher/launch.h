@@ -1,6 +1,6 @@
 // Starts the local ranks of a distributed job, as torchrun does: the library
 // behind //tools:launch (its flags: launcher/flags.h), the trainer's --nproc
-// and comm/testing/multiprocess.h.
+// and testing/multiprocess.h.
 //
 // PyTorch: torchrun (torch.distributed.run) and its elastic agent.
 //
@@ -14,7 +14,7 @@
 // Each rank is a child process with RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, GROUP_RANK (node rank), MASTER_ADDR and MASTER_PORT set,
 // and OMP_NUM_THREADS from thread_layout(): the ranks on this node share its
-// cores (see comm/thread_layout.h). Its stdout/stderr
+// cores (see host/thread_layout.h). Its stdout/stderr
 // lines are prefixed "[rank K] ". When a rank fails (non-zero exit or killed
 // by a signal) the others get SIGTERM, then SIGKILL after `kill_grace` (a
 // stopped rank gets SIGKILL at once: SIGTERM would wait for a SIGCONT).
@@ -64,7 +64,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "comm/thread_layout.h"
+#include "host/thread_layout.h"
 
 namespace launcher {
 
@@ -149,7 +149,7 @@ absl::StatusOr<LaunchResult> launch(const LaunchOptions& options);
 
 // The thread layout launch() gives the ranks of `options`; callers print it
 // (and its warning) before launching.
-absl::StatusOr<comm::ThreadLayout> thread_layout(const LaunchOptions& options);
+absl::StatusOr<host::ThreadLayout> thread_layout(const LaunchOptions& options);
 
 // A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0).
 absl::StatusOr<int> pick_free_port();

@@ -174,7 +174,7 @@ TEST(Launcher, RanksGetTheThreadLayoutAsOmpNumThreads) {
   auto result = launch(options);
   ASSERT_TRUE(result.ok()) << result.status();
   const std::string expected =
-      "OMP_NUM_THREADS=" + std::to_string(std::max(1, comm::AvailableCores() / 2));
+      "OMP_NUM_THREADS=" + std::to_string(std::max(1, host::AvailableCores() / 2));
   EXPECT_THAT(captured.out, ::testing::Contains("[rank 1] " + expected));
 
   Captured requested;

@@ -11,7 +11,7 @@
 #include "comm/collectives.h"
 #include "comm/process_group.h"
 #include "comm/subgroups.h"
-#include "comm/testing/multiprocess.h"
+#include "testing/multiprocess.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "functorch/module/functional_call.h"
 #include "functorch/transforms/transforms.h"

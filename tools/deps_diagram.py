@@ -1,20 +1,46 @@
 #!/usr/bin/env python3
-"""The package dependency diagram, generated from the BUILD files.
+"""The package dependency diagram, generated from the BUILD files, and the
+layering checked against the BUILD files and the #include lines.
 
-    python3 tools/deps_diagram.py           print the diagram
-    python3 tools/deps_diagram.py --write   put it into README.md (between the
-                                            deps-diagram markers)
-    python3 tools/deps_diagram.py --check   exit 1 when README.md's copy differs
-                                            (printing the diff), on a cycle or an
-                                            upward arrow, on a package not placed
-                                            in LAYERS, or when a component's
-                                            README misses one of its .h/.cc files
+    python3 tools/deps_diagram.py             print the diagram
+    python3 tools/deps_diagram.py --write     put it into README.md (between the
+                                              deps-diagram markers)
+    python3 tools/deps_diagram.py --check     exit 1 when README.md's copy differs
+                                              (printing the diff), on a cycle or an
+                                              upward arrow (BUILD or #include), on a
+                                              package not placed in LAYERS, or when a
+                                              component's README misses one of its
+                                              .h/.cc files
+    python3 tools/deps_diagram.py --self-test plant arrows in a small temporary tree
+                                              and check that --check's include rule
+                                              finds exactly them
 
 Reads the BUILD files with a small parser (no `bazel query`, so it runs inside
 a test): a package's arrows are the labels in the deps, srcs, hdrs, data and
 actual attributes of its production targets (not tests, not testonly
-targets: a test may use anything). Python 3 standard library only.
-//tools:deps_diagram_test runs --check.
+targets: a test may use anything). The diagram shows these arrows.
+
+The #include lines are read too, so that a dependency a BUILD file does not
+declare (or declares through another target) cannot run up the house either.
+Every production file is read: a .cc or .h file under a package's folder
+(the package is the nearest folder above it with a BUILD file), except
+  - a file named `*_test.cc`;
+  - a file in a folder named `testing`, `fuzz` or `testdata` at any depth
+    (test helpers, fuzz targets and fixtures: `comm/testing/`, `testing/`,
+    `comm/fuzz/`);
+  - a file that its package's BUILD names only in the srcs / hdrs /
+    textual_hdrs of test rules (`*_test`) and `testonly` targets
+    (`launcher/launch_test_child.cc`, `tests/fsdp_test_models.h`).
+Each `#include "path"` whose path is a file of this repository (from the
+root, else from the including file's folder; `<...>` includes and quoted
+ones of other repositories, such as "absl/...", are not ours) is an arrow
+from the file's package to the included file's package. An arrow within one
+package is fine; one to a lower layer is fine; one to the same layer (another
+package) or above fails --check, as a BUILD arrow does, naming the file and
+line. So does a production file that includes a test-only file (one of the
+first two kinds above), or a file of a package not placed in LAYERS.
+Python 3 standard library only. //tools:deps_diagram_test runs --self-test
+and --check.
 """
 
 import argparse
@@ -28,9 +54,11 @@ import sys
 # Every Bazel package with production targets must be listed here (a new one
 # fails --check until it is placed).
 LAYERS = [
-    ["functorch/module", "functorch/transforms", "comm", "module_call", "state_dict"],
-    ["fsdp", "activation_checkpointing", "launcher"],
-    ["state_dict/fsdp"],
+    ["functorch/module", "functorch/transforms", "comm", "module_call", "host", "formats"],
+    ["fsdp", "activation_checkpointing", "launcher", "state_dict"],  # state_dict: on formats
+    # testing: testonly helpers (RunOnRanks) above the launcher; not drawn,
+    # since the diagram shows production targets only.
+    ["state_dict/fsdp", "testing"],
     ["trainer"],
     ["", "tools", "benchmarks"],  # "" is the root package (//:trainer)
 ]
@@ -208,10 +236,137 @@ def read_graph(root):
     return graph
 
 
+# ---- #include lines ------------------------------------------------------
+
+INCLUDE_LINE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
+SOURCE_SUFFIXES = (".cc", ".h")
+TEST_FOLDERS = {"testing", "fuzz", "testdata"}
+FILE_ATTRIBUTES = ("srcs", "hdrs", "textual_hdrs")
+
+
+def package_of(path, packages):
+    """The package (a folder with a BUILD file) that holds `path`, a file
+    relative to the root; None outside every package."""
+    folder = os.path.dirname(path)
+    while True:
+        if folder in packages:
+            return folder
+        if not folder:
+            return None
+        folder = os.path.dirname(folder)
+
+
+def label(package):
+    return "//" + package if package else "the root package //"
+
+
+def in_test_folder(path):
+    return any(part in TEST_FOLDERS for part in path.split("/")[:-1])
+
+
+def test_only_files(root, package, build_path):
+    """Files (relative to the root) that the package's BUILD names only in
+    test rules and testonly targets."""
+    with open(build_path, encoding="utf-8") as f:
+        rules = parse_build(f.read())
+    test_named, production_named = set(), set()
+    for kind, attributes in rules:
+        test_only = (kind.endswith("_test")
+                     or attributes.get("testonly", "False").strip() in ("True", "1"))
+        for attribute in FILE_ATTRIBUTES:
+            for double, single in string_literals(attributes.get(attribute, "")):
+                name = (double or single).lstrip(":")
+                if name.startswith(("//", "@")):
+                    continue
+                path = package + "/" + name if package else name
+                (test_named if test_only else production_named).add(path)
+    return test_named - production_named
+
+
+def production_files(root):
+    """{path: package} for every production .cc/.h file (see the docstring)."""
+    builds = find_build_files(root)
+    packages = {package for package, _ in builds}
+    excluded = set()
+    for package, build_path in builds:
+        excluded |= test_only_files(root, package, build_path)
+    files = {}
+    for directory, dirs, names in os.walk(root):
+        rel = os.path.relpath(directory, root)
+        rel = "" if rel == "." else rel.replace(os.sep, "/")
+        dirs[:] = sorted(
+            d for d in dirs
+            if d not in SKIPPED_DIRS and not d.startswith("bazel-") and not d.startswith(".")
+        )
+        for name in sorted(names):
+            path = rel + "/" + name if rel else name
+            if (not name.endswith(SOURCE_SUFFIXES) or name.endswith("_test.cc")
+                    or in_test_folder(path) or path in excluded):
+                continue
+            package = package_of(path, packages)
+            if package is not None:
+                files[path] = package
+    return files, packages
+
+
+def include_arrows(root):
+    """[(file, line number, included path, from package, to package)] for the
+    #include lines of production files that name a file of another package."""
+    files, packages = production_files(root)
+    arrows = []
+    for path, package in sorted(files.items()):
+        with open(os.path.join(root, path), encoding="utf-8", errors="replace") as f:
+            lines = f.read().split("\n")
+        for number, line in enumerate(lines, 1):
+            match = INCLUDE_LINE.match(line)
+            if not match:
+                continue
+            included = match.group(1)
+            from_root = os.path.normpath(included)
+            beside = os.path.normpath(os.path.join(os.path.dirname(path), included))
+            if not from_root.startswith("..") and os.path.isfile(os.path.join(root, from_root)):
+                target = from_root.replace(os.sep, "/")
+            elif not beside.startswith("..") and os.path.isfile(os.path.join(root, beside)):
+                target = beside.replace(os.sep, "/")
+            else:
+                continue  # not a file of this repository
+            target_package = package_of(target, packages)
+            if target_package is None or (target_package == package
+                                          and not in_test_folder(target)):
+                continue
+            arrows.append((path, number, included, package, target_package, target))
+    return arrows
+
+
+def include_problems(root, layers_list=None):
+    layers = layer_of(layers_list)
+    problems, unplaced = [], set()
+    for path, number, included, package, dep, target in include_arrows(root):
+        where = f'{path}:{number}: #include "{included}"'
+        if in_test_folder(target) or target.endswith("_test.cc"):
+            problems.append(f"{where}: a production file of {label(package)} includes a "
+                            "test-only file (testing/, fuzz/ or testdata/ folder): expected "
+                            "production code only")
+        elif package not in layers or dep not in layers:
+            missing = package if package not in layers else dep
+            if missing not in unplaced:  # once per package: the first include says it
+                unplaced.add(missing)
+                problems.append(f"{where}: {label(package)} -> {label(dep)}, and "
+                                f"{label(missing)} is not placed in LAYERS "
+                                "(tools/deps_diagram.py)")
+        elif layers[dep] >= layers[package]:
+            direction = "upward" if layers[dep] > layers[package] else "sideways"
+            problems.append(
+                f"{direction} include: {where}: {label(package)} (layer {layers[package]}) -> "
+                f"{label(dep)} (layer {layers[dep]}): expected an include of its own package "
+                "or a lower layer only")
+    return problems
+
+
 # ---- checks -------------------------------------------------------------
 
-def layer_of():
-    return {package: i for i, layer in enumerate(LAYERS) for package in layer}
+def layer_of(layers_list=None):
+    return {package: i for i, layer in enumerate(layers_list or LAYERS) for package in layer}
 
 
 def find_cycles(graph):
@@ -405,6 +560,61 @@ def readme_problems(graph, root):
     return problems, notes
 
 
+# ---- --self-test ------------------------------------------------------------
+
+SELF_TEST_LAYERS = [["low", "side"], ["high"]]
+SELF_TEST_TREE = {
+    "low/BUILD": 'cc_library(name = "low", srcs = ["low.cc"], hdrs = ["low.h"])\n'
+                 'cc_binary(name = "child", testonly = True, srcs = ["child.cc"])\n'
+                 'cc_test(name = "low_test", srcs = ["low_test.cc", "shared.h"])\n'
+                 'cc_library(name = "shared", hdrs = ["shared.h"])\n',
+    "low/low.h": '#pragma once\n',
+    "low/low.cc": '#include "low/low.h"\n#include <vector>\n#include "absl/strings/str_cat.h"\n'
+                  '#include "high/high.h"\n',                        # planted: upward
+    "low/shared.h": '#include "high/high.h"\n',                     # planted: test and prod
+    "low/internal/impl.h": '#include "../low.h"\n#include "../../side/side.h"\n',  # sideways
+    "low/child.cc": '#include "high/high.h"\n',                     # testonly target: exempt
+    "low/low_test.cc": '#include "high/high.h"\n',                  # a test: exempt
+    "low/testing/helper.h": '#include "high/high.h"\n',             # testing/: exempt
+    "low/fuzz/fuzzer.cc": '#include "high/high.h"\n',               # fuzz/: exempt
+    "side/BUILD": 'cc_library(name = "side", hdrs = ["side.h"])\n',
+    "side/side.h": '// #include "high/high.h" (a comment)\n',
+    "high/BUILD": 'cc_library(name = "high", hdrs = ["high.h"], deps = ["//low"])\n',
+    "high/high.h": '#include "low/low.h"\n#include "low/testing/helper.h"\n',  # planted: test-only
+    "high/high_test.cc": '#include "low/testing/helper.h"\n',
+}
+SELF_TEST_EXPECTED = [
+    'high/high.h:2: #include "low/testing/helper.h": a production file',
+    'sideways include: low/internal/impl.h:2: #include "../../side/side.h": //low (layer 0) -> '
+    '//side (layer 0)',
+    'upward include: low/low.cc:4: #include "high/high.h": //low (layer 0) -> //high (layer 1)',
+    'upward include: low/shared.h:1: #include "high/high.h": //low (layer 0) -> //high (layer 1)',
+]
+
+
+def self_test():
+    """Plants upward, sideways and test-only includes (and exempt ones) in a
+    temporary tree; fails unless include_problems reports exactly them."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as root:
+        for path, text in SELF_TEST_TREE.items():
+            os.makedirs(os.path.join(root, os.path.dirname(path)), exist_ok=True)
+            with open(os.path.join(root, path), "w", encoding="utf-8") as f:
+                f.write(text)
+        problems = sorted(include_problems(root, SELF_TEST_LAYERS))
+    unexpected = [p for p in problems if not any(p.startswith(e) for e in SELF_TEST_EXPECTED)]
+    missed = [e for e in SELF_TEST_EXPECTED if not any(p.startswith(e) for p in problems)]
+    for line in unexpected:
+        print("self-test: reported but not planted: " + line)
+    for line in missed:
+        print("self-test: planted but not reported: " + line)
+    if unexpected or missed or len(problems) != len(SELF_TEST_EXPECTED):
+        print(f"self-test failed: {len(problems)} problems, {len(SELF_TEST_EXPECTED)} planted")
+        return 1
+    print(f"self-test: the {len(problems)} planted include arrows were reported, and only they")
+    return 0
+
+
 # ---- main -------------------------------------------------------------------
 
 def main():
@@ -412,14 +622,19 @@ def main():
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help="update README.md's copy")
     mode.add_argument("--check", action="store_true",
-                      help="fail when README.md differs or the graph or tables are wrong")
+                      help="fail when README.md differs or the graph, includes or tables "
+                      "are wrong")
+    mode.add_argument("--self-test", action="store_true",
+                      help="check the include rule on a small planted tree")
     parser.add_argument("--root", default=os.path.join(os.path.dirname(__file__), ".."),
                         help="the source tree (default: this script's repository)")
     args = parser.parse_args()
     root = os.path.realpath(args.root)
+    if args.self_test:
+        return self_test()
 
     graph = read_graph(root)
-    problems = graph_problems(graph)
+    problems = graph_problems(graph) + include_problems(root)
     diagram = render(graph)
     readme_path = os.path.join(root, "README.md")
 
@@ -469,7 +684,8 @@ def main():
     if not failed:
         print(f"dependency diagram up to date: {len(graph)} packages, "
               f"{sum(len(n['deps']) for n in graph.values())} arrows, "
-              "no cycles, no upward arrows; component READMEs list their files")
+              f"{len(include_arrows(root))} #include lines across packages, "
+              "no cycles, no upward or sideways arrows; component READMEs list their files")
     return 1 if failed else 0
 
 

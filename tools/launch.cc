@@ -5,7 +5,7 @@
 //
 // Starts N local ranks of PROGRAM with RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and OMP_NUM_THREADS set (see
-// launcher/launch.h and comm/thread_layout.h; the layout is printed first),
+// launcher/launch.h and host/thread_layout.h; the layout is printed first),
 // prefixes their output with "[rank K] ", and exits with the status of the
 // first rank that failed (128 + signal if it was killed, 124 on --timeout,
 // 2 on bad usage). With --max-restarts N a failed group is restarted (all

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/testing/multiprocess.h"
+#include "testing/multiprocess.h"
 #include "trainer/options.h"
 #include "trainer/train.h"
 

@@ -48,7 +48,7 @@ struct Options {
   // otherwise, so the default of 2 does not clash with `launch --nproc 4`.
   bool nproc_given = false;
   // Intra-op threads per rank (LibTorch's pool and OpenBLAS); 0: automatic,
-  // OMP_NUM_THREADS if set, else cores / ranks (comm/thread_layout.h).
+  // OMP_NUM_THREADS if set, else cores / ranks (host/thread_layout.h).
   int threads_per_rank = 0;
   // Collective timeout of the process groups, in seconds: a rank waiting
   // this long for a peer that hung fails. 0: the launcher's

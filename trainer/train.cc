@@ -19,7 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "comm/collectives.h"
-#include "comm/compute_layout.h"
+#include "host/compute_layout.h"
 #include "comm/slurm.h"
 #include "state_dict/optim_state.h"
 #include "trainer/checkpointing.h"
@@ -180,7 +180,7 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
         static_cast<long long>(result.first_step), static_cast<long long>(o.steps));
     const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
     std::printf("trainer: compute: %s\n",
-                comm::DescribeComputeLayout(local_world != nullptr ? std::atoi(local_world) : world)
+                host::DescribeComputeLayout(local_world != nullptr ? std::atoi(local_world) : world)
                     .c_str());
     std::fflush(stdout);
     if (!o.log_json.empty()) {

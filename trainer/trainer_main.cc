@@ -37,7 +37,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "c10/util/Exception.h"
-#include "comm/compute_layout.h"
+#include "host/compute_layout.h"
 #include "comm/process_group.h"
 #include "comm/slurm.h"
 #include "launcher/launch.h"
@@ -167,7 +167,7 @@ absl::Status ResumeIfRestarted(trainer::Options& options, const comm::ProcessGro
 int RunRank(trainer::Options options) {
   // Started by our own launcher, OMP_NUM_THREADS already says this; an
   // outside launcher's ranks take the flag here.
-  if (options.threads_per_rank > 0) comm::SetComputeThreads(options.threads_per_rank);
+  if (options.threads_per_rank > 0) host::SetComputeThreads(options.threads_per_rank);
   if (options.max_restarts > 0) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
                     "--max-restarts=", options.max_restarts,
@@ -206,7 +206,7 @@ int RunRank(trainer::Options options) {
 int RunSingleProcess(const trainer::Options& options) {
   auto timeout = CollectiveTimeout(options);
   if (!timeout.ok()) return Fail(timeout.status(), 2);
-  auto layout = comm::ApplyThreadLayout(1, options.threads_per_rank);
+  auto layout = host::ApplyThreadLayout(1, options.threads_per_rank);
   if (!layout.ok()) return Fail(layout.status(), 2);
   if (!layout->warning.empty()) {
     std::fprintf(stderr, "trainer: warning: %s\n", layout->warning.c_str());

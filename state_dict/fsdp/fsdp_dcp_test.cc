@@ -20,7 +20,7 @@
 #include <torch/torch.h>
 
 #include "comm/collectives.h"
-#include "comm/testing/multiprocess.h"
+#include "testing/multiprocess.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "module_call/wrap_policy.h"
 #include "state_dict/dcp.h"

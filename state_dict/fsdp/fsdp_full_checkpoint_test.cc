@@ -15,7 +15,7 @@
 
 #include "comm/collectives.h"
 #include "comm/device_mesh.h"
-#include "comm/testing/multiprocess.h"
+#include "testing/multiprocess.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "module_call/call.h"
 #include "module_call/wrap_policy.h"

@@ -16,7 +16,7 @@
 #include "comm/collectives.h"
 #include "comm/device_mesh.h"
 #include "comm/subgroups.h"
-#include "comm/testing/multiprocess.h"
+#include "testing/multiprocess.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "functorch/module/named_member_accessor.h"
 #include "module_call/call.h"

@@ -1,4 +1,4 @@
-#include "comm/thread_layout.h"
+#include "host/thread_layout.h"
 
 #include <sched.h>
 
@@ -8,7 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace comm {
+namespace host {
 
 namespace {
 
@@ -82,4 +82,4 @@ absl::StatusOr<ThreadLayout> PlanThreadLayout(int local_ranks, int requested_thr
   return layout;
 }
 
-}  // namespace comm
+}  // namespace host

@@ -21,6 +21,10 @@
 // call would rendezvous again on the port the first one used and fail. Each
 // call costs a process start per rank (~0.3-1 s on 2 cores), so group several
 // checks into one body.
+//
+// It lives in //testing, above the launcher it starts ranks with (comm's own
+// tests use it too); its namespace stays comm::testing, as its body is a
+// comm::ProcessGroup's.
 #pragma once
 
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "comm/testing/multiprocess.h"
+#include "testing/multiprocess.h"
 
 #include <unistd.h>
 
@@ -24,20 +24,20 @@ namespace {
 constexpr const char kRankOfVariable[] = "COMM_TESTING_RANK_OF";
 constexpr const char kTimeoutVariable[] = "COMM_TESTING_COLLECTIVE_TIMEOUT_MS";
 
-std::string current_test_name() {
+std::string CurrentTestName() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   if (info == nullptr) return "";
   return absl::StrCat(info->test_suite_name(), ".", info->name());
 }
 
-std::string message_of(const std::exception& e) {
+std::string MessageOf(const std::exception& e) {
   if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
     return c10_error->what_without_backtrace();
   }
   return e.what();
 }
 
-int run_in_rank(const std::function<void(ProcessGroup&)>& body, const RunOptions& options) {
+int RunInRank(const std::function<void(ProcessGroup&)>& body, const RunOptions& options) {
   InitOptions init;
   if (const char* ms = std::getenv(kTimeoutVariable)) {
     init.timeout = std::chrono::milliseconds(std::atoll(ms));
@@ -53,7 +53,7 @@ int run_in_rank(const std::function<void(ProcessGroup&)>& body, const RunOptions
   try {
     body(*group);
   } catch (const std::exception& e) {
-    ADD_FAILURE() << "rank " << group->rank() << ": the body threw: " << message_of(e);
+    ADD_FAILURE() << "rank " << group->rank() << ": the body threw: " << MessageOf(e);
     // Peers may be blocked in a collective with us: no closing barrier.
     return 0;
   }
@@ -62,7 +62,7 @@ int run_in_rank(const std::function<void(ProcessGroup&)>& body, const RunOptions
   try {
     barrier(*group).wait();
   } catch (const std::exception& e) {
-    ADD_FAILURE() << "rank " << group->rank() << ": the closing barrier failed: " << message_of(e);
+    ADD_FAILURE() << "rank " << group->rank() << ": the closing barrier failed: " << MessageOf(e);
   }
   return 0;
 }
@@ -73,9 +73,9 @@ bool IsRankProcess() { return std::getenv(kRankOfVariable) != nullptr; }
 
 int RunOnRanks(int world_size, const std::function<void(ProcessGroup&)>& body,
                const RunOptions& options) {
-  if (IsRankProcess()) return run_in_rank(body, options);
+  if (IsRankProcess()) return RunInRank(body, options);
 
-  const std::string test = current_test_name();
+  const std::string test = CurrentTestName();
   if (test.empty()) {
     ADD_FAILURE() << "comm::testing::RunOnRanks must be called from a TEST body";
     return -1;

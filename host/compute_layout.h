@@ -1,20 +1,24 @@
-// Applies a ThreadLayout (comm/thread_layout.h) inside a process, and says
+// Applies a ThreadLayout (host/thread_layout.h) inside a process, and says
 // what the process actually computes with: its intra-op threads, the BLAS
 // library LibTorch's matmuls land in and its threads, and the allocator.
 //
-// Ranks started by comm::launch get OMP_NUM_THREADS and need nothing here; a
-// process computing on its own (one trainer rank, a benchmark) must apply
-// the layout, because LibTorch 1.13 otherwise sizes its pool from cpuinfo's
-// physical-core count (1 on some VMs), and OpenBLAS's OpenMP build then
-// follows LibTorch's pool down to 1 thread.
+// Ranks started by launcher::launch (//tools:launch, the trainer's --nproc)
+// get OMP_NUM_THREADS and need nothing here; a process computing on its own
+// (one trainer rank, a benchmark) must apply the layout, because without
+// OMP_NUM_THREADS LibTorch sizes its intra-op pool itself, from the count of
+// physical cores (MKL's or cpuinfo's), which on some VMs is below the CPUs
+// the process may use (one core for two CPUs). The torch wheel's BLAS is MKL
+// inside libtorch_cpu, which at::set_num_threads sizes too; a LibTorch built
+// against a system OpenBLAS (TORCHFSDP_LIBTORCH) has a pool of its own, which
+// SetComputeThreads also sizes.
 #pragma once
 
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "comm/thread_layout.h"
+#include "host/thread_layout.h"
 
-namespace comm {
+namespace host {
 
 // Sets LibTorch's intra-op threads and, when the BLAS is OpenBLAS, its
 // threads too (OpenBLAS sizes its pool from OMP_NUM_THREADS at load time,
@@ -30,4 +34,4 @@ absl::StatusOr<ThreadLayout> ApplyThreadLayout(int local_ranks, int requested_th
 // 1 thread); allocator: tcmalloc".
 std::string DescribeComputeLayout(int local_ranks);
 
-}  // namespace comm
+}  // namespace host

@@ -1,9 +1,9 @@
-#include "comm/thread_layout.h"
+#include "host/thread_layout.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace comm {
+namespace host {
 namespace {
 
 using ::testing::HasSubstr;
@@ -55,4 +55,4 @@ TEST(ThreadLayoutTest, BadValuesNameTheirSource) {
 }
 
 }  // namespace
-}  // namespace comm
+}  // namespace host

@@ -1,11 +1,12 @@
 // How many intra-op threads each local rank runs with, so that ranks x
 // threads fill the machine's cores without oversubscribing them.
 //
-// LibTorch's OpenMP pool and OpenBLAS both size themselves from
-// OMP_NUM_THREADS, so one number per rank governs both; Gloo's I/O threads
-// mostly sleep in epoll and are not counted. The launcher sets
-// OMP_NUM_THREADS for every rank from this plan; a process that trains in
-// place (one rank, no launcher) applies it with at::set_num_threads.
+// LibTorch's OpenMP pool and its BLAS (the torch wheel's MKL, or an
+// OpenBLAS) size themselves from OMP_NUM_THREADS, so one number per rank
+// governs both; Gloo's I/O threads mostly sleep in epoll and are not counted.
+// The launcher sets OMP_NUM_THREADS for every rank from this plan; a process
+// that trains in place (one rank, no launcher) applies it with
+// ApplyThreadLayout (host/compute_layout.h). No LibTorch here.
 //
 // Precedence: an explicit request (a --threads-per-rank flag) over an
 // OMP_NUM_THREADS already in the environment over the automatic
@@ -16,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace comm {
+namespace host {
 
 struct ThreadLayout {
   enum class Source { kAutomatic, kRequested, kEnvironment };
@@ -46,4 +47,4 @@ int AvailableCores();
 absl::StatusOr<ThreadLayout> PlanThreadLayout(int local_ranks, int requested_threads,
                                               const char* omp_num_threads);
 
-}  // namespace comm
+}  // namespace host

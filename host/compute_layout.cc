@@ -1,6 +1,7 @@
-#include "comm/compute_layout.h"
+#include "host/compute_layout.h"
 
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 
 #include <dlfcn.h>
 
@@ -8,11 +9,10 @@
 #include <fstream>
 #include <string>
 
-#include "ATen/Parallel.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
-namespace comm {
+namespace host {
 
 namespace {
 
@@ -84,4 +84,4 @@ std::string DescribeComputeLayout(int local_ranks) {
                       MappedLibrary("libtcmalloc").empty() ? "glibc malloc" : "tcmalloc");
 }
 
-}  // namespace comm
+}  // namespace host
