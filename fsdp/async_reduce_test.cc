@@ -6,7 +6,11 @@
 // recomputation is differentiated (where its backward peaks).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <unistd.h>
 
 #include <chrono>

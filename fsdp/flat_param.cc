@@ -287,7 +287,7 @@ FlatParamHandle::~FlatParamHandle() {
   }
 }
 
-void FlatParamHandle::init_flat_param(const std::vector<std::string>& param_fqns) {
+void FlatParamHandle::collect_orig_params(const std::vector<std::string>& param_fqns) {
   TORCH_CHECK(!param_fqns.empty(), "FlatParamHandle: param_fqns is empty: ",
               "expected the names of the parameters this unit owns (a unit ",
               "with no parameters needs no handle)");
@@ -344,7 +344,10 @@ void FlatParamHandle::init_flat_param(const std::vector<std::string>& param_fqns
     auto found = index_of.find(item.value().unsafeGetTensorImpl());
     if (found != index_of.end()) infos_[found->second].alias_fqns.push_back(item.key());
   }
+}
 
+void FlatParamHandle::init_flat_param(const std::vector<std::string>& param_fqns) {
+  collect_orig_params(param_fqns);
   const at::Tensor& first = orig_params_.front();
   param_dtype_ = first.scalar_type();
   compute_device_ = options_.compute_device.value_or(first.device());

@@ -244,7 +244,8 @@ class FlatParamHandle {
   // once the reduce-scatter is done; it is started by advance_reduce_grad()
   // or issue_reduce_grad(). Every rank must start the collectives of its
   // handles in the same order: callers with several handles advance them in
-  // the order they were started (see fully_sharded_data_parallel.cc).
+  // the order they were started (see Runtime::poll_reductions and
+  // Runtime::finish_reductions in fsdp/internal/runtime.cc).
   //
   // If a collective failed (peer died, timeout) the calls below throw that
   // error and the pending reduction is dropped (never waited on again).
@@ -328,7 +329,13 @@ class FlatParamHandle {
  private:
   enum class State { kSharded, kUnsharding, kUnsharded };
 
+  // The constructor's work: collect_orig_params, then flatten, shard and
+  // point the originals at the shard.
   void init_flat_param(const std::vector<std::string>& param_fqns);
+  // Checks `param_fqns` (listed once, parameters of the module, floating
+  // point, one dtype and device, uniform requires_grad unless
+  // use_orig_params) and fills infos_ (names, aliases) and orig_params_.
+  void collect_orig_params(const std::vector<std::string>& param_fqns);
   void point_originals_at_shard();
   void sync_orig_grads_from_flat();
   bool orig_grads_were_cleared() const;

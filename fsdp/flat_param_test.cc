@@ -6,7 +6,13 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <chrono>
 #include <string>

@@ -6,9 +6,19 @@
 // the same FSDP run without it; state dict keys; peak gathered bytes).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
+#include <algorithm>
+#include <chrono>
 #include <iostream>
+#include <limits>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>

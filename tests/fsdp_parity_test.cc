@@ -8,8 +8,11 @@
 // Sequential's Linears: FSDP units and a module of the root unit), against
 // the same uncheckpointed single-process reference.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/optim/adam.h>
+#include <torch/types.h>
 
+#include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 

@@ -4,8 +4,14 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
+#include <map>
 #include <string>
 #include <vector>
 

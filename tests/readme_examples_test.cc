@@ -1,7 +1,15 @@
 // The README's examples, compiled and checked, so the README cannot drift
 // from the APIs it shows. Each TEST mirrors one README snippet.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <filesystem>
 #include <map>

@@ -110,7 +110,34 @@ void Runtime::init() {
   // Names of every module; the ignored subtrees.
   const auto named_modules = root_->named_modules("", /*include_self=*/true);
   for (const auto& item : named_modules) fqn_of_[item.value().get()] = item.key();
-  std::unordered_set<const torch::nn::Module*> ignored_modules;
+  const Ignored ignored = collect_ignored(named_modules);
+
+  std::unordered_map<const c10::TensorImpl*, int> param_owner;
+  for (auto& [fqn, module] : auto_wrap(ignored)) add_unit(fqn, module, ignored, param_owner);
+  check_shared_parameters(named_modules, param_owner);
+
+  at::NoGradGuard no_grad;
+  for (const auto& item : root_->named_parameters()) {
+    if (param_owner.count(item.value().unsafeGetTensorImpl()) == 0) {
+      unmanaged_params_.emplace_back(item.key(), item.value());
+    }
+  }
+  if (options_.sync_module_states) {
+    for (const auto& b : root_->buffers()) broadcast_from_rank0(b);
+    for (const auto& p : unmanaged_params_) broadcast_from_rank0(p.second);
+  }
+  if (options_.mixed_precision.buffer_dtype) {
+    cast_buffers(*root_, *options_.mixed_precision.buffer_dtype);
+  }
+
+  register_post_backward_hooks();
+  for (const auto& item : owner_of_) Registry::get().add(item.first, shared_from_this());
+  register_forward_hooks();
+}
+
+Runtime::Ignored Runtime::collect_ignored(
+    const torch::OrderedDict<std::string, ModulePtr>& named_modules) const {
+  Ignored ignored;
   for (size_t i = 0; i < options_.ignored_modules.size(); ++i) {
     const auto& m = options_.ignored_modules[i];
     TORCH_CHECK(m != nullptr, "FullyShardedDataParallel: ignored_modules[", i, "] is null");
@@ -121,10 +148,10 @@ void Runtime::init() {
                 m->name(), ") is not a submodule of the wrapped module");
     TORCH_CHECK(m.get() != root_.get(), "FullyShardedDataParallel: ignored_modules[", i,
                 "] is the wrapped module itself: expected a submodule");
-    for (const auto& sub : m->modules(/*include_self=*/true)) ignored_modules.insert(sub.get());
+    for (const auto& sub : m->modules(/*include_self=*/true)) ignored.modules.insert(sub.get());
   }
   for (const auto& item : named_modules) {
-    if (ignored_modules.count(item.value().get()) != 0) continue;
+    if (ignored.modules.count(item.value().get()) != 0) continue;
     TORCH_CHECK(Registry::get().find(item.value().get()) == nullptr,
                 "FullyShardedDataParallel: submodule '", item.key(), "' (", item.value()->name(),
                 ") is already managed by another "
@@ -132,37 +159,37 @@ void Runtime::init() {
                 "auto_wrap_policy make the nested units (or list it in "
                 "ignored_modules)");
   }
-  std::unordered_set<const c10::TensorImpl*> ignored_params;
-  for (const auto* m : ignored_modules) {
+  for (const auto* m : ignored.modules) {
     for (const auto& p : m->parameters(/*recurse=*/false)) {
-      ignored_params.insert(p.unsafeGetTensorImpl());
+      ignored.params.insert(p.unsafeGetTensorImpl());
     }
   }
-  {
-    std::unordered_set<const c10::TensorImpl*> all_params;
-    for (const auto& p : root_->parameters()) all_params.insert(p.unsafeGetTensorImpl());
-    for (size_t i = 0; i < options_.ignored_states.size(); ++i) {
-      const auto& t = options_.ignored_states[i];
-      TORCH_CHECK(t.defined() && all_params.count(t.unsafeGetTensorImpl()) != 0,
-                  "FullyShardedDataParallel: ignored_states[", i, "] is not a parameter ",
-                  "of the wrapped module: ignored_states expects the module's own "
-                  "parameter tensors");
-      ignored_params.insert(t.unsafeGetTensorImpl());
-    }
+  std::unordered_set<const c10::TensorImpl*> all_params;
+  for (const auto& p : root_->parameters()) all_params.insert(p.unsafeGetTensorImpl());
+  for (size_t i = 0; i < options_.ignored_states.size(); ++i) {
+    const auto& t = options_.ignored_states[i];
+    TORCH_CHECK(t.defined() && all_params.count(t.unsafeGetTensorImpl()) != 0,
+                "FullyShardedDataParallel: ignored_states[", i, "] is not a parameter ",
+                "of the wrapped module: ignored_states expects the module's own "
+                "parameter tensors");
+    ignored.params.insert(t.unsafeGetTensorImpl());
   }
+  return ignored;
+}
 
-  // Auto-wrap: post-order over the tree, counting each parameter once.
+std::vector<std::pair<std::string, ModulePtr>> Runtime::auto_wrap(const Ignored& ignored) const {
+  // Post-order over the tree, counting each parameter once.
   std::vector<std::pair<std::string, ModulePtr>> unit_modules;
   std::unordered_set<const c10::TensorImpl*> counted;
   std::function<int64_t(const ModulePtr&, const std::string&)> visit =
       [&](const ModulePtr& module, const std::string& fqn) -> int64_t {
-    if (ignored_modules.count(module.get()) != 0) return 0;
+    if (ignored.modules.count(module.get()) != 0) return 0;
     int64_t numel = 0;
     for (const auto& child : module->named_children()) {
       numel += visit(child.value(), fqn.empty() ? child.key() : fqn + "." + child.key());
     }
     for (const auto& p : module->parameters(/*recurse=*/false)) {
-      if (!p.defined() || ignored_params.count(p.unsafeGetTensorImpl()) != 0) continue;
+      if (!p.defined() || ignored.params.count(p.unsafeGetTensorImpl()) != 0) continue;
       if (counted.insert(p.unsafeGetTensorImpl()).second) numel += p.numel();
     }
     if (module.get() == root_.get()) return numel;
@@ -174,67 +201,71 @@ void Runtime::init() {
   };
   visit(root_, "");
   unit_modules.emplace_back("", root_);
+  return unit_modules;
+}
 
-  // One handle per unit, deepest first, each over what no earlier unit took.
-  FlatParamOptions handle_options;
-  handle_options.sharding_strategy = options_.sharding_strategy;
-  handle_options.mixed_precision = options_.mixed_precision;
-  handle_options.offload_params = options_.cpu_offload.offload_params;
-  handle_options.use_orig_params = options_.use_orig_params;
-  handle_options.compute_device = options_.device_id;
-  std::unordered_map<const c10::TensorImpl*, int> param_owner;
-  for (auto& [fqn, module] : unit_modules) {
-    const int index = static_cast<int>(units_.size());
-    auto unit = std::make_unique<Unit>();
-    unit->fqn = fqn;
-    unit->module = module;
-    unit->is_root = module.get() == root_.get();
-    std::vector<ModulePtr> owned;
-    for (const auto& sub : module->modules(/*include_self=*/true)) {
-      if (ignored_modules.count(sub.get()) != 0 || owner_of_.count(sub.get()) != 0) continue;
-      owner_of_[sub.get()] = index;
-      owned.push_back(sub);
-    }
-    unit_of_[module.get()] = index;
-    // Deferred initialisation: materialise this unit's modules only now, so
-    // at most one unit is ever unsharded in memory.
-    bool any_meta = false;
-    for (const auto& sub : owned) {
-      for (const auto& p : sub->parameters(false)) any_meta |= p.defined() && p.is_meta();
-      for (const auto& b : sub->buffers(false)) any_meta |= b.defined() && b.is_meta();
-    }
-    if (any_meta) {
-      TORCH_CHECK(options_.param_init_fn != nullptr, "FullyShardedDataParallel: unit ",
-                  unit_name(fqn),
-                  " has parameters or buffers on the meta device: "
-                  "expected Options::param_init_fn to materialise them (LibTorch "
-                  "modules have no reset_parameters() FSDP could call)");
-      for (const auto& sub : owned) options_.param_init_fn(*sub);
-      for (const auto& sub : owned) {
-        for (const auto& p : sub->named_parameters(false)) {
-          TORCH_CHECK(!p.value().defined() || !p.value().is_meta(),
-                      "FullyShardedDataParallel: param_init_fn left parameter '", p.key(), "' of ",
-                      unit_name(fqn), " on the meta device");
-        }
-      }
-    }
-    std::vector<std::string> names;
-    for (const auto& p : module->named_parameters(/*recurse=*/true)) {
-      const auto* impl = p.value().unsafeGetTensorImpl();
-      if (!p.value().defined() || ignored_params.count(impl) != 0) continue;
-      if (param_owner.count(impl) != 0) continue;
-      param_owner[impl] = index;
-      if (options_.sync_module_states) broadcast_from_rank0(p.value());
-      names.push_back(p.key());
-    }
-    if (!names.empty()) {
-      unit->handle = std::make_unique<FlatParamHandle>(
-          module, names, shard_group_, handle_options,
-          is_hybrid(options_.sharding_strategy) ? replicate_group_ : comm::ProcessGroup());
-    }
-    units_.push_back(std::move(unit));
+void Runtime::add_unit(const std::string& fqn, const ModulePtr& module, const Ignored& ignored,
+                       std::unordered_map<const c10::TensorImpl*, int>& param_owner) {
+  const int index = static_cast<int>(units_.size());
+  auto unit = std::make_unique<Unit>();
+  unit->fqn = fqn;
+  unit->module = module;
+  unit->is_root = module.get() == root_.get();
+  std::vector<ModulePtr> owned;
+  for (const auto& sub : module->modules(/*include_self=*/true)) {
+    if (ignored.modules.count(sub.get()) != 0 || owner_of_.count(sub.get()) != 0) continue;
+    owner_of_[sub.get()] = index;
+    owned.push_back(sub);
   }
+  unit_of_[module.get()] = index;
+  materialize(fqn, owned);
+  std::vector<std::string> names;
+  for (const auto& p : module->named_parameters(/*recurse=*/true)) {
+    const auto* impl = p.value().unsafeGetTensorImpl();
+    if (!p.value().defined() || ignored.params.count(impl) != 0) continue;
+    if (param_owner.count(impl) != 0) continue;
+    param_owner[impl] = index;
+    if (options_.sync_module_states) broadcast_from_rank0(p.value());
+    names.push_back(p.key());
+  }
+  if (!names.empty()) {
+    FlatParamOptions handle_options;
+    handle_options.sharding_strategy = options_.sharding_strategy;
+    handle_options.mixed_precision = options_.mixed_precision;
+    handle_options.offload_params = options_.cpu_offload.offload_params;
+    handle_options.use_orig_params = options_.use_orig_params;
+    handle_options.compute_device = options_.device_id;
+    unit->handle = std::make_unique<FlatParamHandle>(
+        module, names, shard_group_, handle_options,
+        is_hybrid(options_.sharding_strategy) ? replicate_group_ : comm::ProcessGroup());
+  }
+  units_.push_back(std::move(unit));
+}
 
+void Runtime::materialize(const std::string& fqn, const std::vector<ModulePtr>& owned) {
+  bool any_meta = false;
+  for (const auto& sub : owned) {
+    for (const auto& p : sub->parameters(false)) any_meta |= p.defined() && p.is_meta();
+    for (const auto& b : sub->buffers(false)) any_meta |= b.defined() && b.is_meta();
+  }
+  if (!any_meta) return;
+  TORCH_CHECK(options_.param_init_fn != nullptr, "FullyShardedDataParallel: unit ", unit_name(fqn),
+              " has parameters or buffers on the meta device: "
+              "expected Options::param_init_fn to materialise them (LibTorch "
+              "modules have no reset_parameters() FSDP could call)");
+  for (const auto& sub : owned) options_.param_init_fn(*sub);
+  for (const auto& sub : owned) {
+    for (const auto& p : sub->named_parameters(false)) {
+      TORCH_CHECK(!p.value().defined() || !p.value().is_meta(),
+                  "FullyShardedDataParallel: param_init_fn left parameter '", p.key(), "' of ",
+                  unit_name(fqn), " on the meta device");
+    }
+  }
+}
+
+void Runtime::check_shared_parameters(
+    const torch::OrderedDict<std::string, ModulePtr>& named_modules,
+    const std::unordered_map<const c10::TensorImpl*, int>& param_owner) const {
   // A parameter used by modules of two different units would be read
   // sharded by one of them: PyTorch requires it inside one unit, too.
   for (const auto& item : named_modules) {
@@ -252,21 +283,9 @@ void Runtime::init() {
                   "ancestor wraps both");
     }
   }
+}
 
-  at::NoGradGuard no_grad;
-  for (const auto& item : root_->named_parameters()) {
-    if (param_owner.count(item.value().unsafeGetTensorImpl()) == 0) {
-      unmanaged_params_.emplace_back(item.key(), item.value());
-    }
-  }
-  if (options_.sync_module_states) {
-    for (const auto& b : root_->buffers()) broadcast_from_rank0(b);
-    for (const auto& p : unmanaged_params_) broadcast_from_rank0(p.second);
-  }
-  if (options_.mixed_precision.buffer_dtype) {
-    cast_buffers(*root_, *options_.mixed_precision.buffer_dtype);
-  }
-
+void Runtime::register_post_backward_hooks() {
   std::weak_ptr<Runtime> weak = weak_from_this();
   for (int i = 0; i < static_cast<int>(units_.size()); ++i) {
     auto& handle = units_[i]->handle;
@@ -278,8 +297,6 @@ void Runtime::init() {
       if (auto rt = weak.lock()) rt->post_backward(i);
     });
   }
-  for (const auto& item : owner_of_) Registry::get().add(item.first, shared_from_this());
-  register_forward_hooks();
 }
 
 }  // namespace internal

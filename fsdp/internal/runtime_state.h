@@ -25,6 +25,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -142,9 +143,32 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   int64_t peak_unsharded_bytes_ = 0;
 
  private:
-  // internal/init.cc
+  // internal/init.cc: the steps of init().
+  // The modules and parameters FSDP leaves alone (ignored_modules with
+  // their subtrees, ignored_states).
+  struct Ignored {
+    std::unordered_set<const torch::nn::Module*> modules;
+    std::unordered_set<const c10::TensorImpl*> params;
+  };
   void resolve_groups();
   void broadcast_from_rank0(const at::Tensor& tensor);
+  // Checks ignored_modules / ignored_states and that no module is managed
+  // by another FSDP already.
+  Ignored collect_ignored(const torch::OrderedDict<std::string, ModulePtr>& named_modules) const;
+  // The unit modules auto_wrap_policy picks, post-order, the root last.
+  std::vector<std::pair<std::string, ModulePtr>> auto_wrap(const Ignored& ignored) const;
+  // One unit: the modules it owns, deferred initialisation, its handle over
+  // the parameters no earlier unit took (recorded in `param_owner`).
+  void add_unit(const std::string& fqn, const ModulePtr& module, const Ignored& ignored,
+                std::unordered_map<const c10::TensorImpl*, int>& param_owner);
+  // Deferred initialisation: materialises the unit's meta-device modules
+  // only now, so at most one unit is ever unsharded in memory.
+  void materialize(const std::string& fqn, const std::vector<ModulePtr>& owned);
+  // A parameter used by modules of two units is an error.
+  void check_shared_parameters(
+      const torch::OrderedDict<std::string, ModulePtr>& named_modules,
+      const std::unordered_map<const c10::TensorImpl*, int>& param_owner) const;
+  void register_post_backward_hooks();
   // internal/runtime.cc
   void note_unsharded();
   void prefetch(int unit);
