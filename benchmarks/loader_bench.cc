@@ -34,7 +34,7 @@
 #include <torch/torch.h>
 
 #include "benchmarks/machine_report.h"
-#include "state_dict/pytorch_format.h"
+#include "state_dict/tensor_dict.h"
 
 namespace {
 

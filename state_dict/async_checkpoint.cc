@@ -40,10 +40,10 @@ void AsyncCheckpointer::WaitUntilWritten() {
 
 absl::Status AsyncCheckpointer::StartInPlace(
     const std::vector<at::Tensor>& tensors,
-    std::function<absl::Status(const internal::LiveTensors&)> save) {
+    std::function<absl::Status(const formats::LiveTensors&)> save) {
   absl::Status previous = Wait();
   if (!previous.ok()) return previous;
-  internal::LiveTensors live;
+  formats::LiveTensors live;
   for (const at::Tensor& t : tensors) {
     if (t.defined()) live.versions[t.unsafeGetTensorImpl()] = static_cast<int64_t>(t._version());
   }
@@ -63,14 +63,14 @@ absl::Status AsyncCheckpointer::StartInPlace(
 
 absl::Status AsyncCheckpointer::StartInPlace(std::function<absl::Status()> write) {
   return StartInPlace({},
-                      [write = std::move(write)](const internal::LiveTensors&) { return write(); });
+                      [write = std::move(write)](const formats::LiveTensors&) { return write(); });
 }
 
 absl::Status AsyncCheckpointer::SaveFullInPlace(const std::string& root, int64_t step,
                                                 const TensorDict& state,
                                                 std::function<absl::Status()> then) {
   return StartInPlace(state.values(), [root, step, state,
-                                       then = std::move(then)](const internal::LiveTensors& live) {
+                                       then = std::move(then)](const formats::LiveTensors& live) {
     absl::Status status = internal::SaveFullCheckpoint(root, step, state, &live);
     if (status.ok() && then) status = then();
     return status;
@@ -84,7 +84,7 @@ absl::Status AsyncCheckpointer::SaveShardInPlace(const std::string& root, int64_
     for (const ShardPiece& piece : item.value().pieces) pieces.push_back(piece.data);
   }
   return StartInPlace(pieces,
-                      [root, step, rank, world_size, shard](const internal::LiveTensors& live) {
+                      [root, step, rank, world_size, shard](const formats::LiveTensors& live) {
                         return internal::SaveShard(root, step, rank, world_size, shard, &live);
                       });
 }

@@ -44,14 +44,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "state_dict/checkpoint.h"
-#include "state_dict/pytorch_format.h"
 #include "state_dict/sharded_tensor.h"
+#include "state_dict/tensor_dict.h"
+
+namespace formats {
+struct LiveTensors;  // formats/torch_save/tensor_dict_io.h
+}  // namespace formats
 
 namespace state_dict {
-
-namespace internal {
-struct LiveTensors;  // internal/tensor_dict_io.h
-}  // namespace internal
 
 class AsyncCheckpointer {
  public:
@@ -120,7 +120,7 @@ class AsyncCheckpointer {
   // Runs `save` in the background with the versions of `tensors` now and a
   // callback that releases WaitUntilWritten().
   absl::Status StartInPlace(const std::vector<at::Tensor>& tensors,
-                            std::function<absl::Status(const internal::LiveTensors&)> save);
+                            std::function<absl::Status(const formats::LiveTensors&)> save);
   void MarkWritten();
 
   std::thread worker_;

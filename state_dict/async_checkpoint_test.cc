@@ -5,18 +5,18 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
+#include "formats/testing/python_interop.h"
 #include "state_dict/internal/live_checkpoint.h"
 #include "state_dict/testing/expect_same_state.h"
-#include "state_dict/testing/python_interop.h"
 
 namespace state_dict {
 namespace {
 
 using testing::ExpectSameState;
 
-using testing::TempDir;
+using formats::testing::TempDir;
 
 TensorDict MakeState(double scale) {
   TensorDict sd;
@@ -126,7 +126,7 @@ TEST(AsyncCheckpointerTest, LiveTensorChangedBeforeItWasWrittenFailsTheSave) {
   const std::string root = TempDir("async_in_place_changed");
   TensorDict live = MakeState(1);
   ASSERT_TRUE(SaveFullCheckpoint(root, 1, live).ok());
-  internal::LiveTensors versions;
+  formats::LiveTensors versions;
   for (const auto& item : live) {
     versions.versions[item.value().unsafeGetTensorImpl()] = item.value()._version();
   }
@@ -143,7 +143,7 @@ TEST(AsyncCheckpointerTest, LiveTensorChangedBeforeItWasWrittenFailsTheSave) {
   for (const auto& item : live) {
     shard.insert(item.key(), ShardFullTensor(item.value(), {FlatRange{0, item.value().numel()}}));
   }
-  internal::LiveTensors shard_versions;
+  formats::LiveTensors shard_versions;
   for (const auto& item : shard) {
     const at::Tensor& piece = item.value().pieces[0].data;
     shard_versions.versions[piece.unsafeGetTensorImpl()] = piece._version();

@@ -13,15 +13,13 @@
 #include <set>
 #include <utility>
 
-#include <torch/torch.h>
-
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "state_dict/internal/file_io.h"
-#include "state_dict/pytorch_format.h"
+#include "formats/io/file_io.h"
+#include "state_dict/tensor_dict.h"
 
 namespace state_dict {
 namespace internal {
@@ -55,7 +53,7 @@ std::string RankMetaName(int rank) { return absl::StrFormat("rank_%05d.meta", ra
 
 // Writes one file of a checkpoint durably, then runs the test hook.
 absl::Status WriteCheckpointFile(const std::string& path, absl::string_view bytes) {
-  absl::Status status = internal::WriteFileAtomically(path, bytes);
+  absl::Status status = formats::WriteFileAtomically(path, bytes);
   if (status.ok() && internal::AfterFileWrittenHook()) {
     internal::AfterFileWrittenHook()(path);
   }
@@ -87,8 +85,8 @@ absl::Status RecordDataFile(const std::string& path,
 
 // Streams `tensors` into the data file `path` (RecordDataFile).
 absl::Status WriteDataFile(const std::string& path, const TensorDict& tensors, ManifestFile& file,
-                           const internal::LiveTensors* live) {
-  return RecordDataFile(path, internal::WriteTensorDict(tensors, path, live), tensors.keys(), file);
+                           const formats::LiveTensors* live) {
+  return RecordDataFile(path, formats::WriteTensorDict(tensors, path, live), tensors.keys(), file);
 }
 
 absl::Status CheckName(const std::string& name) {
@@ -103,11 +101,11 @@ absl::Status CheckName(const std::string& name) {
 }
 
 absl::Status PrepareStepDirectory(const std::string& step_dir) {
-  if (internal::PathExists(step_dir + "/" + kManifestFileName)) {
+  if (formats::PathExists(step_dir + "/" + kManifestFileName)) {
     return absl::AlreadyExistsError(
         absl::StrCat("checkpoint ", step_dir, " is already complete; refusing to overwrite it"));
   }
-  return internal::CreateDirectories(step_dir);
+  return formats::CreateDirectories(step_dir);
 }
 
 // The product of `shape`, or -1 when it overflows int64 (a damaged manifest).
@@ -165,15 +163,18 @@ bool IsPieceKey(const std::string& key, const std::string& name) {
          absl::SimpleAtoi(absl::string_view(key).substr(name.size() + 1), &k) && k > 0;
 }
 
-// Everything about a checkpoint that can be checked without reading its data
-// files: the manifest's entries agree with one another and with the file
-// names the savers use; every tensor's pieces, over all files, cover its
-// global shape; every file is present with the recorded size.
-// VerifyCheckpoint and every load run this, then ReadVerifiedFile on each
-// file they read, so `verify` accepts exactly what a load accepts. Errors
-// name the manifest (or the missing/short file) and the entry.
-absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
-  const std::string manifest_path = step_dir + "/" + kManifestFileName;
+// Per name in a manifest: its global shape and dtype as first listed, and
+// its data pieces over all files.
+struct ManifestGlobal {
+  const ManifestTensor* first;
+  std::vector<FlatRange> pieces;
+};
+using ManifestGlobals = std::map<std::string, ManifestGlobal>;
+
+// ValidateManifest's first step: the manifest's step is its directory's,
+// and its files are the ones the savers write for its kind and world size.
+absl::Status CheckManifestFiles(const std::string& step_dir, const std::string& manifest_path,
+                                const Manifest& m) {
   auto bad = [&](absl::string_view what) {
     return absl::DataLossError(absl::StrCat("manifest ", manifest_path, ": ", what));
   };
@@ -218,77 +219,90 @@ absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
       }
     }
   }
-  // Per name: global shape and dtype as first listed, and the data pieces.
-  struct Global {
-    const ManifestTensor* first;
-    std::vector<FlatRange> pieces;
+  return absl::OkStatus();
+}
+
+// ValidateManifest's second step, for each file: its entries are ones the
+// savers write, within their tensors' shapes, listing no more data than the
+// file can hold, and agreeing with earlier entries of the same tensor;
+// records each tensor's pieces in `globals`.
+absl::Status CheckManifestFileEntries(const std::string& manifest_path, const Manifest& m,
+                                      const ManifestFile& f, ManifestGlobals& globals) {
+  auto bad = [&](absl::string_view what) {
+    return absl::DataLossError(absl::StrCat("manifest ", manifest_path, ": ", what));
   };
-  std::map<std::string, Global> globals;
-  for (const ManifestFile& f : m.files) {
-    std::set<std::string> keys;
-    // The data the file's entries claim cannot exceed what the file can
-    // hold: its size, or deflate's maximum expansion of it (1032:1) for
-    // archives with compressed records. What a load allocates from these
-    // entries is then bounded by the files' sizes.
-    uint64_t claimed_bytes = 0;
-    const uint64_t capacity =
-        f.bytes > UINT64_MAX / kMaxDeflateExpansion ? UINT64_MAX : f.bytes * kMaxDeflateExpansion;
-    for (const ManifestTensor& t : f.tensors) {
-      const std::string where = absl::StrCat("tensor '", t.name, "' in file ", f.name);
-      absl::Status status = CheckName(t.name);
-      if (!status.ok()) return bad(absl::StrCat(where, ": ", status.message()));
-      const int64_t numel = CheckedNumel(t.global_shape);
-      if (numel < 0)
-        return bad(absl::StrCat(where, ": shape ", Shape(t.global_shape),
-                                " has more elements than int64 holds"));
-      const FlatRange& r = t.range;
-      if (r.offset < 0 || r.numel < 0 || r.offset > numel - r.numel) {
-        return bad(absl::StrCat(where, ": its piece of ", r.numel, " elements at offset ", r.offset,
-                                " lies outside its ", numel, " elements (shape ",
-                                Shape(t.global_shape), ")"));
-      }
-      // The entries the savers write: a full file holds each tensor whole
-      // under its name; a rank file holds pieces under "<name>" and
-      // "<name>#<k>", or a data-less "-" entry recording shape and dtype.
-      const bool no_data = m.kind == CheckpointKind::kSharded && t.key == kNoData;
-      bool well_formed;
-      if (m.kind == CheckpointKind::kFull) {
-        well_formed = t.key == t.name && r.offset == 0 && r.numel == numel;
-      } else if (no_data) {
-        well_formed = r.offset == 0 && r.numel == 0;
-      } else {
-        well_formed = IsPieceKey(t.key, t.name);
-      }
-      if (!well_formed) {
-        return bad(absl::StrCat(where, ": key '", t.key, "' with piece [", r.offset, ", ", r.end(),
-                                ") is not an entry the checkpoint writer makes"));
-      }
-      if (!no_data && !keys.insert(t.key).second) {
-        return bad(absl::StrCat("file ", f.name, " lists key '", t.key, "' twice"));
-      }
-      uint64_t piece_bytes = 0;
-      if (!no_data &&
-          (__builtin_mul_overflow(static_cast<uint64_t>(r.numel),
-                                  static_cast<uint64_t>(c10::elementSize(t.dtype)), &piece_bytes) ||
-           __builtin_add_overflow(claimed_bytes, piece_bytes, &claimed_bytes) ||
-           claimed_bytes > capacity)) {
-        return bad(absl::StrCat(
-            "file ", f.name, " of ", f.bytes, " bytes cannot hold its tensors: ", where,
-            " brings the data listed for it past ", capacity, " bytes (", kMaxDeflateExpansion,
-            " times its size, deflate's "
-            "maximum expansion) with ",
-            r.numel, " elements of ", c10::toString(t.dtype)));
-      }
-      auto inserted = globals.emplace(t.name, Global{&t, {}});
-      const ManifestTensor& first = *inserted.first->second.first;
-      if (first.global_shape != t.global_shape || first.dtype != t.dtype) {
-        return bad(absl::StrCat(where, " is ", Shape(t.global_shape), " ", c10::toString(t.dtype),
-                                ", an earlier entry says ", Shape(first.global_shape), " ",
-                                c10::toString(first.dtype)));
-      }
-      if (!no_data && r.numel > 0) inserted.first->second.pieces.push_back(r);
+  std::set<std::string> keys;
+  // The data the file's entries claim cannot exceed what the file can
+  // hold: its size, or deflate's maximum expansion of it (1032:1) for
+  // archives with compressed records. What a load allocates from these
+  // entries is then bounded by the files' sizes.
+  uint64_t claimed_bytes = 0;
+  const uint64_t capacity =
+      f.bytes > UINT64_MAX / kMaxDeflateExpansion ? UINT64_MAX : f.bytes * kMaxDeflateExpansion;
+  for (const ManifestTensor& t : f.tensors) {
+    const std::string where = absl::StrCat("tensor '", t.name, "' in file ", f.name);
+    absl::Status status = CheckName(t.name);
+    if (!status.ok()) return bad(absl::StrCat(where, ": ", status.message()));
+    const int64_t numel = CheckedNumel(t.global_shape);
+    if (numel < 0)
+      return bad(absl::StrCat(where, ": shape ", Shape(t.global_shape),
+                              " has more elements than int64 holds"));
+    const FlatRange& r = t.range;
+    if (r.offset < 0 || r.numel < 0 || r.offset > numel - r.numel) {
+      return bad(absl::StrCat(where, ": its piece of ", r.numel, " elements at offset ", r.offset,
+                              " lies outside its ", numel, " elements (shape ",
+                              Shape(t.global_shape), ")"));
     }
+    // The entries the savers write: a full file holds each tensor whole
+    // under its name; a rank file holds pieces under "<name>" and
+    // "<name>#<k>", or a data-less "-" entry recording shape and dtype.
+    const bool no_data = m.kind == CheckpointKind::kSharded && t.key == kNoData;
+    bool well_formed;
+    if (m.kind == CheckpointKind::kFull) {
+      well_formed = t.key == t.name && r.offset == 0 && r.numel == numel;
+    } else if (no_data) {
+      well_formed = r.offset == 0 && r.numel == 0;
+    } else {
+      well_formed = IsPieceKey(t.key, t.name);
+    }
+    if (!well_formed) {
+      return bad(absl::StrCat(where, ": key '", t.key, "' with piece [", r.offset, ", ", r.end(),
+                              ") is not an entry the checkpoint writer makes"));
+    }
+    if (!no_data && !keys.insert(t.key).second) {
+      return bad(absl::StrCat("file ", f.name, " lists key '", t.key, "' twice"));
+    }
+    uint64_t piece_bytes = 0;
+    if (!no_data &&
+        (__builtin_mul_overflow(static_cast<uint64_t>(r.numel),
+                                static_cast<uint64_t>(c10::elementSize(t.dtype)), &piece_bytes) ||
+         __builtin_add_overflow(claimed_bytes, piece_bytes, &claimed_bytes) ||
+         claimed_bytes > capacity)) {
+      return bad(absl::StrCat(
+          "file ", f.name, " of ", f.bytes, " bytes cannot hold its tensors: ", where,
+          " brings the data listed for it past ", capacity, " bytes (", kMaxDeflateExpansion,
+          " times its size, deflate's "
+          "maximum expansion) with ",
+          r.numel, " elements of ", c10::toString(t.dtype)));
+    }
+    auto inserted = globals.emplace(t.name, ManifestGlobal{&t, {}});
+    const ManifestTensor& first = *inserted.first->second.first;
+    if (first.global_shape != t.global_shape || first.dtype != t.dtype) {
+      return bad(absl::StrCat(where, " is ", Shape(t.global_shape), " ", c10::toString(t.dtype),
+                              ", an earlier entry says ", Shape(first.global_shape), " ",
+                              c10::toString(first.dtype)));
+    }
+    if (!no_data && r.numel > 0) inserted.first->second.pieces.push_back(r);
   }
+  return absl::OkStatus();
+}
+
+// ValidateManifest's third step: every tensor's pieces, over all files,
+// cover its global shape.
+absl::Status CheckManifestCoverage(const std::string& manifest_path, ManifestGlobals& globals) {
+  auto bad = [&](absl::string_view what) {
+    return absl::DataLossError(absl::StrCat("manifest ", manifest_path, ": ", what));
+  };
   for (auto& entry : globals) {
     std::vector<FlatRange>& pieces = entry.second.pieces;
     std::sort(pieces.begin(), pieces.end(),
@@ -310,6 +324,12 @@ absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
                               numel, ") of its ", numel));
     }
   }
+  return absl::OkStatus();
+}
+
+// ValidateManifest's last step: every file is present with the recorded
+// size.
+absl::Status CheckManifestFilesOnDisk(const std::string& step_dir, const Manifest& m) {
   for (const ManifestFile& f : m.files) {
     struct stat st;
     const std::string path = step_dir + "/" + f.name;
@@ -328,6 +348,24 @@ absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
   return absl::OkStatus();
 }
 
+// Everything about a checkpoint that can be checked without reading its data
+// files: the manifest's entries agree with one another and with the file
+// names the savers use; every tensor's pieces, over all files, cover its
+// global shape; every file is present with the recorded size.
+// VerifyCheckpoint and every load run this, then ReadVerifiedFile on each
+// file they read, so `verify` accepts exactly what a load accepts. Errors
+// name the manifest (or the missing/short file) and the entry.
+absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
+  const std::string manifest_path = step_dir + "/" + kManifestFileName;
+  if (auto s = CheckManifestFiles(step_dir, manifest_path, m); !s.ok()) return s;
+  ManifestGlobals globals;
+  for (const ManifestFile& f : m.files) {
+    if (auto s = CheckManifestFileEntries(manifest_path, m, f, globals); !s.ok()) return s;
+  }
+  if (auto s = CheckManifestCoverage(manifest_path, globals); !s.ok()) return s;
+  return CheckManifestFilesOnDisk(step_dir, m);
+}
+
 // Reads one data file and checks it against its manifest entry completely
 // (size, checksum, keys, dtypes, sizes, per-tensor checksums). Returns the
 // file's tensors by key; with TensorData::kChecksumOnly (VerifyCheckpoint)
@@ -337,11 +375,11 @@ absl::Status ValidateManifest(const std::string& step_dir, const Manifest& m) {
 // (becoming its storage: the file's pages, copy-on-write; or through a fixed
 // buffer when only checksummed), its CRC-32C computed as it is read, and the whole file's
 // CRC-32C assembled from the records' and the bytes between them
-// (internal::ReadChecksummedTensorDict). Verify and every load run this same
+// (formats::ReadChecksummedTensorDict). Verify and every load run this same
 // function, so they accept and reject the same files.
 absl::StatusOr<TensorDict> ReadVerifiedFile(const std::string& step_dir, CheckpointKind kind,
                                             const ManifestFile& f,
-                                            internal::TensorData data = internal::TensorData::kRead,
+                                            formats::TensorData data = formats::TensorData::kRead,
                                             const std::set<std::string>& keep = {}) {
   const std::string path = step_dir + "/" + f.name;
   auto size_mismatch = [&](uint64_t bytes) {
@@ -354,13 +392,13 @@ absl::StatusOr<TensorDict> ReadVerifiedFile(const std::string& step_dir, Checkpo
         absl::StrFormat("checksum mismatch in file %s: crc32c %08x, the manifest records %08x; %s",
                         path, crc, f.crc32c, culprit));
   };
-  auto file = internal::ReadChecksummedTensorDict(path, data, keep);
+  auto file = formats::ReadChecksummedTensorDict(path, data, keep);
   if (!file.ok()) {
     // Not readable as a dict of tensors. Whether its bytes are the ones the
     // manifest records decides what is reported: damage (with the reader's
     // error as its culprit), or the reader's error itself. This second pass
     // runs on this error path only.
-    auto sum = internal::ChecksumFile(path);
+    auto sum = formats::ChecksumFile(path);
     if (!sum.ok()) {
       if (absl::IsNotFound(sum.status())) {
         return absl::NotFoundError(absl::StrCat("missing file ", path, " (rank ", f.rank, ")"));
@@ -393,7 +431,7 @@ absl::StatusOr<TensorDict> ReadVerifiedFile(const std::string& step_dir, Checkpo
                                               Shape(found->sizes().vec()),
                                               ", the manifest records ", Shape(want)));
     }
-    const std::optional<uint32_t> tensor_crc = internal::TensorCrc32c(file->record_crc32c, *found);
+    const std::optional<uint32_t> tensor_crc = formats::TensorCrc32c(file->record_crc32c, *found);
     if (!tensor_crc.has_value()) {  // ReadChecksummedTensorDict keeps what this needs
       return absl::InternalError(absl::StrCat("file ", path, ": tensor '", t.name,
                                               "' was read without the data its checksum needs"));
@@ -510,7 +548,7 @@ absl::Status SaveFullCheckpoint(const std::string& root, int64_t step,
   for (const TensorSpec& spec : tensors) keys.push_back(spec.key);
   return SaveFullCheckpointFile(
       root, step, tensors, [&](const std::string& path, ManifestFile& file) {
-        return RecordDataFile(path, internal::WriteTensorRecords(tensors, source, path, nullptr),
+        return RecordDataFile(path, formats::WriteTensorRecords(tensors, source, path, nullptr),
                               keys, file);
       });
 }
@@ -523,8 +561,8 @@ absl::Status SaveShard(const std::string& root, int64_t step, int rank, int worl
 namespace internal {
 
 absl::Status SaveFullCheckpoint(const std::string& root, int64_t step, const TensorDict& state,
-                                const LiveTensors* live) {
-  auto specs = TensorSpecsOf(state, StepDirectory(root, step));
+                                const formats::LiveTensors* live) {
+  auto specs = formats::TensorSpecsOf(state, StepDirectory(root, step));
   if (!specs.ok()) return specs.status();
   return SaveFullCheckpointFile(root, step, *specs,
                                 [&](const std::string& path, ManifestFile& file) {
@@ -533,7 +571,7 @@ absl::Status SaveFullCheckpoint(const std::string& root, int64_t step, const Ten
 }
 
 absl::Status SaveShard(const std::string& root, int64_t step, int rank, int world_size,
-                       const ShardedStateDict& shard, const LiveTensors* live) {
+                       const ShardedStateDict& shard, const formats::LiveTensors* live) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " is not in a world of size ", world_size));
@@ -570,7 +608,7 @@ absl::Status SaveShard(const std::string& root, int64_t step, int rank, int worl
   // this save fails, CommitShardedCheckpoint sees the rank as unfinished.
   const std::string meta_path = dir + "/" + RankMetaName(rank);
   if (::unlink(meta_path.c_str()) == 0) {
-    status = internal::FsyncDirectory(dir);
+    status = formats::FsyncDirectory(dir);
     if (!status.ok()) return status;
   }
   status = WriteDataFile(dir + "/" + file.name, pieces, file, live);
@@ -595,7 +633,7 @@ absl::Status CommitShardedCheckpoint(const std::string& root, int64_t step, int 
   std::map<std::string, std::pair<std::vector<int64_t>, c10::ScalarType>> globals;
   for (int r = 0; r < world_size; ++r) {
     const std::string meta_path = dir + "/" + RankMetaName(r);
-    auto text = internal::ReadFile(meta_path);
+    auto text = formats::ReadFile(meta_path);
     if (!text.ok()) {
       return absl::FailedPreconditionError(absl::StrCat("cannot commit ", dir, ": rank ", r,
                                                         " has not finished its shard (",
@@ -649,7 +687,7 @@ absl::Status CommitShardedCheckpoint(const std::string& root, int64_t step, int 
                                               meta_path, " failed: ", std::strerror(errno)));
     }
   }
-  return internal::FsyncDirectory(dir);
+  return formats::FsyncDirectory(dir);
 }
 
 absl::Status SaveShardedCheckpoint(const std::string& root, int64_t step,
@@ -664,7 +702,7 @@ absl::Status SaveShardedCheckpoint(const std::string& root, int64_t step,
 
 absl::StatusOr<Manifest> ReadManifest(const std::string& step_dir) {
   const std::string path = step_dir + "/" + kManifestFileName;
-  auto text = internal::ReadFile(path);
+  auto text = formats::ReadFile(path);
   if (!text.ok()) {
     if (absl::IsNotFound(text.status())) {
       return absl::NotFoundError(
@@ -690,7 +728,7 @@ absl::Status VerifyCheckpoint(const std::string& step_dir) {
       if (t.key != kNoData && overlapping.count(t.name) > 0) keep.insert(t.key);
     }
     auto contents =
-        ReadVerifiedFile(step_dir, m->kind, f, internal::TensorData::kChecksumOnly, keep);
+        ReadVerifiedFile(step_dir, m->kind, f, formats::TensorData::kChecksumOnly, keep);
     if (!contents.ok()) return contents.status();
     for (const ManifestTensor& t : f.tensors) {
       auto it = overlapping.find(t.name);

@@ -50,8 +50,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "state_dict/manifest.h"
-#include "state_dict/pytorch_format.h"
 #include "state_dict/sharded_tensor.h"
+#include "state_dict/tensor_dict.h"
 
 namespace state_dict {
 
@@ -65,7 +65,7 @@ absl::Status SaveFullCheckpoint(const std::string& root, int64_t step, const Ten
 
 // The same FULL checkpoint of the tensors `tensors` describes, their data
 // produced one at a time by `source` (TensorSpec and TensorSource:
-// pytorch_format.h): a save that never holds more than one tensor's data,
+// tensor_dict.h): a save that never holds more than one tensor's data,
 // such as state gathered onto one rank tensor by tensor
 // (state_dict/fsdp/fsdp_full_checkpoint.h). An error from `source` stops
 // the save with nothing committed and is returned as it is.

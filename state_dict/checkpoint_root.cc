@@ -14,8 +14,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "formats/io/file_io.h"
 #include "state_dict/checkpoint.h"
-#include "state_dict/internal/file_io.h"
 #include "state_dict/internal/live_checkpoint.h"
 
 namespace state_dict {
@@ -33,7 +33,7 @@ void SetBeforeRemoveHookForTesting(std::function<void(const std::string&)> hook)
 }  // namespace internal
 
 absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& root) {
-  auto names = internal::ListDirectory(root);
+  auto names = formats::ListDirectory(root);
   if (!names.ok()) return names.status();
   std::vector<std::pair<int64_t, std::string>> steps;
   for (const std::string& name : *names) {
@@ -70,7 +70,7 @@ void BeforeRemove(const std::string& path) {
 
 // rm -r of a directory no reader looks at any more (already renamed away).
 absl::Status RemoveTree(const std::string& path) {
-  auto names = internal::ListDirectory(path);
+  auto names = formats::ListDirectory(path);
   if (!names.ok()) return names.status();
   for (const std::string& name : *names) {
     const std::string child = path + "/" + name;
@@ -92,12 +92,12 @@ absl::Status RemoveTree(const std::string& path) {
 absl::Status RemoveStepDirectory(const std::string& root, const std::string& name) {
   const std::string from = root + "/" + name;
   const std::string to = absl::StrCat(root, "/", kRemovingPrefix, name);
-  if (internal::PathExists(to)) {  // debris of an earlier interrupted removal
+  if (formats::PathExists(to)) {  // debris of an earlier interrupted removal
     if (auto s = RemoveTree(to); !s.ok()) return s;
   }
   BeforeRemove(from);
   if (::rename(from.c_str(), to.c_str()) != 0) return ErrnoError("rename", from);
-  if (auto s = internal::FsyncDirectory(root); !s.ok()) return s;
+  if (auto s = formats::FsyncDirectory(root); !s.ok()) return s;
   return RemoveTree(to);
 }
 
@@ -110,7 +110,7 @@ absl::StatusOr<PruneReport> PruneCheckpoints(const std::string& root, int keep_l
                      ": expected at least 1 (the newest complete checkpoint "
                      "is never removed)"));
   }
-  auto names = internal::ListDirectory(root);
+  auto names = formats::ListDirectory(root);
   if (!names.ok()) return names.status();
   std::vector<std::pair<int64_t, std::string>> complete, torn;
   std::vector<std::string> removing;
@@ -163,11 +163,11 @@ constexpr char kDamagedPrefix[] = ".damaged.";
 absl::StatusOr<std::string> SetAside(const std::string& root, const std::string& name) {
   const std::string from = root + "/" + name;
   std::string to = absl::StrCat(root, "/", kDamagedPrefix, name);
-  for (int k = 1; internal::PathExists(to); ++k) {
+  for (int k = 1; formats::PathExists(to); ++k) {
     to = absl::StrCat(root, "/", kDamagedPrefix, name, ".", k);
   }
   if (::rename(from.c_str(), to.c_str()) != 0) return ErrnoError("rename", from);
-  if (auto s = internal::FsyncDirectory(root); !s.ok()) return s;
+  if (auto s = formats::FsyncDirectory(root); !s.ok()) return s;
   return to;
 }
 
@@ -182,8 +182,8 @@ bool IsDamage(const absl::Status& status) {
 absl::StatusOr<RecoveredCheckpoint> RecoverLatestCheckpoint(const std::string& root) {
   RecoveredCheckpoint out;
   // A root that does not exist yet is a job killed before its first save.
-  if (!internal::PathExists(root)) return out;
-  auto names = internal::ListDirectory(root);
+  if (!formats::PathExists(root)) return out;
+  auto names = formats::ListDirectory(root);
   if (!names.ok()) return names.status();
   std::vector<std::pair<int64_t, std::string>> steps;
   for (const std::string& name : *names) {

@@ -14,24 +14,24 @@
 #include <random>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "state_dict/internal/file_io.h"
+#include "formats/io/file_io.h"
+#include "formats/testing/file_bytes.h"
+#include "formats/testing/python_interop.h"
 #include "state_dict/internal/live_checkpoint.h"
 #include "state_dict/testing/expect_same_state.h"
-#include "state_dict/testing/file_bytes.h"
-#include "state_dict/testing/python_interop.h"
 
 namespace state_dict {
 namespace {
 
+using formats::testing::Slurp;
+using formats::testing::Spit;
 using testing::ExpectSameState;
-using testing::Slurp;
-using testing::Spit;
 
-using testing::TempDir;
+using formats::testing::TempDir;
 
 bool Contains(const absl::Status& status, const std::string& text) {
   return status.message().find(text) != absl::string_view::npos;
@@ -706,8 +706,8 @@ TEST(CheckpointTest, RecoverSetsDamagedNewerCheckpointsAside) {
   EXPECT_TRUE(VerifyCheckpoint(StepDirectory(root, 6)).ok());
   auto pruned = PruneCheckpoints(root, 1);
   ASSERT_TRUE(pruned.ok()) << pruned.status();
-  EXPECT_TRUE(internal::PathExists(root + "/.damaged.step_6"));
-  EXPECT_TRUE(internal::PathExists(root + "/.damaged.step_8.1"));
+  EXPECT_TRUE(formats::PathExists(root + "/.damaged.step_6"));
+  EXPECT_TRUE(formats::PathExists(root + "/.damaged.step_8.1"));
   // Nothing damaged left: a second call moves nothing.
   recovered = RecoverLatestCheckpoint(root);
   ASSERT_TRUE(recovered.ok()) << recovered.status();
@@ -750,7 +750,7 @@ TEST(CheckpointTest, PruneKeepsTheNewestAndRemovesOlderAndDebris) {
   EXPECT_EQ(report->removed,
             (std::vector<std::string>{StepDirectory(root, 1), StepDirectory(root, 2)}));
   EXPECT_TRUE(report->torn.empty());
-  auto left = internal::ListDirectory(root);
+  auto left = formats::ListDirectory(root);
   ASSERT_TRUE(left.ok());
   std::sort(left->begin(), left->end());
   EXPECT_EQ(*left,
@@ -807,7 +807,7 @@ TEST(CheckpointTest, PruneKilledAtAnyPointLeavesTheNewestLoadable) {
     }
     auto finish = PruneCheckpoints(root, 1);
     ASSERT_TRUE(finish.ok()) << "kill_at " << kill_at << ": " << finish.status();
-    auto left = internal::ListDirectory(root);
+    auto left = formats::ListDirectory(root);
     ASSERT_TRUE(left.ok());
     EXPECT_EQ(*left, std::vector<std::string>{"step_3"}) << "kill_at " << kill_at;
     if (!killed) break;  // past the last point the removal changes the disk

@@ -1,4 +1,4 @@
-// internal::ReadChecksummedTensorDict, the one-pass reader under every
+// formats::ReadChecksummedTensorDict, the one-pass reader under every
 // checkpoint load and verify (issue #16): it must read what LoadTensorDict
 // reads, accept and reject the same files, and checksum exactly the file's
 // bytes (ChecksumFile's values), in both of its modes.
@@ -11,26 +11,27 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/serialize.h>
+#include <torch/types.h>
 
 #include "absl/strings/str_cat.h"
+#include "formats/io/crc32c.h"
+#include "formats/io/file_io.h"
+#include "formats/testing/file_bytes.h"
+#include "formats/testing/python_interop.h"
+#include "formats/torch_save/tensor_dict_io.h"
 #include "state_dict/checkpoint.h"
-#include "state_dict/internal/crc32c.h"
-#include "state_dict/internal/file_io.h"
-#include "state_dict/internal/tensor_dict_io.h"
 #include "state_dict/manifest.h"
-#include "state_dict/pytorch_format.h"
-#include "state_dict/testing/file_bytes.h"
-#include "state_dict/testing/python_interop.h"
+#include "state_dict/tensor_dict.h"
 
 namespace state_dict {
 namespace {
 
-using testing::Slurp;
-using testing::Spit;
+using formats::testing::Slurp;
+using formats::testing::Spit;
 
-using internal::TensorData;
-using testing::TempDir;
+using formats::TensorData;
+using formats::testing::TempDir;
 
 bool BitwiseEqual(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
@@ -41,7 +42,7 @@ bool BitwiseEqual(const torch::Tensor& a, const torch::Tensor& b) {
 
 uint32_t CrcOf(const torch::Tensor& t) {
   const torch::Tensor c = t.contiguous();
-  return c.nbytes() == 0 ? 0u : internal::Crc32c(c.data_ptr(), c.nbytes());
+  return c.nbytes() == 0 ? 0u : formats::Crc32c(c.data_ptr(), c.nbytes());
 }
 
 bool HasData(const torch::Tensor& t) { return t.storage().data() != nullptr; }
@@ -65,11 +66,11 @@ TensorDict Sample() {
 void ExpectAgreesWithLoadTensorDict(const std::string& path) {
   auto plain = LoadTensorDict(path);
   ASSERT_TRUE(plain.ok()) << plain.status();
-  auto sum = internal::ChecksumFile(path);
+  auto sum = formats::ChecksumFile(path);
   ASSERT_TRUE(sum.ok()) << sum.status();
   for (TensorData mode : {TensorData::kRead, TensorData::kChecksumOnly}) {
     SCOPED_TRACE(mode == TensorData::kRead ? "kRead" : "kChecksumOnly");
-    auto got = internal::ReadChecksummedTensorDict(path, mode);
+    auto got = formats::ReadChecksummedTensorDict(path, mode);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(got->bytes, sum->bytes);
     EXPECT_EQ(got->crc32c, sum->crc32c);
@@ -80,7 +81,7 @@ void ExpectAgreesWithLoadTensorDict(const std::string& path) {
       EXPECT_EQ(t.sizes(), item.value().sizes()) << item.key();
       EXPECT_EQ(t.strides(), item.value().strides()) << item.key();
       EXPECT_EQ(t.storage_offset(), item.value().storage_offset()) << item.key();
-      const std::optional<uint32_t> crc = internal::TensorCrc32c(got->record_crc32c, t);
+      const std::optional<uint32_t> crc = formats::TensorCrc32c(got->record_crc32c, t);
       ASSERT_TRUE(crc.has_value()) << item.key();
       EXPECT_EQ(*crc, CrcOf(item.value())) << item.key();
       if (mode == TensorData::kRead) {
@@ -112,14 +113,14 @@ TEST(ChecksummedReadTest, DamageInALatePieceOfALargeRecordIsSeen) {
   std::string damaged = intact;
   damaged[late] = static_cast<char>(damaged[late] ^ 0x10);
   Spit(path, damaged);
-  auto sum = internal::ChecksumFile(path);
+  auto sum = formats::ChecksumFile(path);
   ASSERT_TRUE(sum.ok()) << sum.status();
   for (TensorData mode : {TensorData::kRead, TensorData::kChecksumOnly}) {
-    auto got = internal::ReadChecksummedTensorDict(path, mode);
+    auto got = formats::ReadChecksummedTensorDict(path, mode);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(got->crc32c, sum->crc32c);
     const std::optional<uint32_t> crc =
-        internal::TensorCrc32c(got->record_crc32c, got->loaded.tensors["big"]);
+        formats::TensorCrc32c(got->record_crc32c, got->loaded.tensors["big"]);
     ASSERT_TRUE(crc.has_value());
     EXPECT_NE(*crc, CrcOf(big));
   }
@@ -131,7 +132,7 @@ TEST(ChecksummedReadTest, ChecksumOnlyKeepsNoDataButWhatItIsAskedFor) {
   const std::string path = TempDir("checksummed_keep") + "/sd.pt";
   const TensorDict sd = Sample();
   ASSERT_TRUE(SaveTensorDict(sd, path).ok());
-  auto got = internal::ReadChecksummedTensorDict(path, TensorData::kChecksumOnly, {"weight"});
+  auto got = formats::ReadChecksummedTensorDict(path, TensorData::kChecksumOnly, {"weight"});
   ASSERT_TRUE(got.ok()) << got.status();
   for (const auto& item : got->loaded.tensors) {
     if (item.key() == "weight") {
@@ -148,7 +149,7 @@ TEST(ChecksummedReadTest, DeflatedRecordsReadAsLoadTensorDictReadsThem) {
   const std::string dir = TempDir("checksummed_deflated");
   ASSERT_TRUE(SaveTensorDict(Sample(), dir + "/stored.pt").ok());
   std::string output;
-  const int rc = testing::RunPython(
+  const int rc = formats::testing::RunPython(
       "import sys, zipfile\n"
       "with zipfile.ZipFile(sys.argv[1]) as src, zipfile.ZipFile(sys.argv[2], 'w') as dst:\n"
       "    for i, info in enumerate(src.infolist()):\n"
@@ -171,7 +172,7 @@ TEST(ChecksummedReadTest, ViewsOfOneStorageKeepTheirData) {
   dict.insert("strided", whole.view({10, 10}).t());
   ASSERT_TRUE(SaveIValue(c10::IValue(dict), path).ok());
   ExpectAgreesWithLoadTensorDict(path);
-  auto got = internal::ReadChecksummedTensorDict(path, TensorData::kChecksumOnly);
+  auto got = formats::ReadChecksummedTensorDict(path, TensorData::kChecksumOnly);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(HasData(got->loaded.tensors["head"]));
 }
@@ -203,19 +204,19 @@ TEST(ChecksummedReadTest, DamagedFilesAcceptedExactlyWhenLoadTensorDictAcceptsTh
     Spit(path, bytes);
     auto plain = LoadTensorDict(path);
     for (TensorData mode : {TensorData::kRead, TensorData::kChecksumOnly}) {
-      auto got = internal::ReadChecksummedTensorDict(path, mode);
+      auto got = formats::ReadChecksummedTensorDict(path, mode);
       ASSERT_EQ(got.ok(), plain.ok())
           << "one pass: " << got.status() << "\nLoadTensorDict: " << plain.status();
       if (!got.ok()) continue;
       EXPECT_EQ(got->bytes, bytes.size());
-      EXPECT_EQ(got->crc32c, internal::Crc32c(bytes.data(), bytes.size()));
+      EXPECT_EQ(got->crc32c, formats::Crc32c(bytes.data(), bytes.size()));
       ASSERT_EQ(got->loaded.tensors.keys(), plain->tensors.keys());
       for (const auto& item : plain->tensors) {
         const torch::Tensor& t = got->loaded.tensors[item.key()];
         if (mode == TensorData::kRead) {
           EXPECT_TRUE(BitwiseEqual(t, item.value())) << item.key();
         }
-        const std::optional<uint32_t> crc = internal::TensorCrc32c(got->record_crc32c, t);
+        const std::optional<uint32_t> crc = formats::TensorCrc32c(got->record_crc32c, t);
         ASSERT_TRUE(crc.has_value()) << item.key();
         EXPECT_EQ(*crc, CrcOf(item.value())) << item.key();
       }
@@ -246,7 +247,7 @@ TEST(ChecksummedReadTest, CheckpointWithADeflatedRankFileVerifiesAndLoads) {
   ASSERT_TRUE(SaveShardedCheckpoint(root, 1, shards).ok());
   const std::string dir = StepDirectory(root, 1);
   std::string output;
-  const int rc = testing::RunPython(
+  const int rc = formats::testing::RunPython(
       "import sys, zipfile\n"
       "with zipfile.ZipFile(sys.argv[1]) as src, zipfile.ZipFile(sys.argv[2], 'w',\n"
       "        compression=zipfile.ZIP_DEFLATED) as dst:\n"
@@ -263,9 +264,9 @@ TEST(ChecksummedReadTest, CheckpointWithADeflatedRankFileVerifiesAndLoads) {
   for (ManifestFile& f : manifest->files) {
     if (f.rank != 0) continue;
     f.bytes = deflated.size();
-    f.crc32c = internal::Crc32c(deflated.data(), deflated.size());
+    f.crc32c = formats::Crc32c(deflated.data(), deflated.size());
   }
-  ASSERT_TRUE(internal::WriteFileAtomically(dir + "/MANIFEST", FormatManifest(*manifest)).ok());
+  ASSERT_TRUE(formats::WriteFileAtomically(dir + "/MANIFEST", FormatManifest(*manifest)).ok());
 
   EXPECT_TRUE(VerifyCheckpoint(dir).ok()) << VerifyCheckpoint(dir);
   auto full = LoadFullStateDict(dir);

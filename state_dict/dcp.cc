@@ -11,19 +11,19 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "state_dict/archive/dcp_metadata.h"
-#include "state_dict/internal/file_io.h"
-#include "state_dict/internal/tensor_dict_io.h"
-#include "state_dict/archive/torch_archive_reader.h"
+#include "formats/dcp/dcp_metadata.h"
+#include "formats/io/file_io.h"
+#include "formats/torch_save/tensor_dict_io.h"
+#include "formats/torch_save/torch_archive_reader.h"
 
 namespace state_dict {
 namespace {
 
-using internal::DcpChunk;
-using internal::DcpEntry;
-using internal::DcpIndex;
-using internal::DcpMetadata;
-using internal::DcpStorage;
+using formats::DcpChunk;
+using formats::DcpEntry;
+using formats::DcpIndex;
+using formats::DcpMetadata;
+using formats::DcpStorage;
 
 constexpr char kMetadataFile[] = ".metadata";
 // Python's DCP reads `.metadata` and the files it names; these records of a
@@ -177,14 +177,14 @@ std::string FlatKey(const DcpKeyPath& path) {
 
 absl::StatusOr<DcpCheckpoint> DcpCheckpoint::Open(const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/", kMetadataFile);
-  if (!internal::PathExists(path)) {
+  if (!formats::PathExists(path)) {
     return absl::NotFoundError(
         absl::StrCat(dir, " is not a torch.distributed.checkpoint directory: it has no ",
                      kMetadataFile, " (an interrupted save, or not a DCP checkpoint)"));
   }
-  auto bytes = internal::ReadFile(path);
+  auto bytes = formats::ReadFile(path);
   if (!bytes.ok()) return bytes.status();
-  auto metadata = internal::ParseDcpMetadata(path, *bytes);
+  auto metadata = formats::ParseDcpMetadata(path, *bytes);
   if (!metadata.ok()) return metadata.status();
   // Chunks of one tensor must not overlap: a load copies each element from
   // the one chunk that has it. A sweep along the first dimension compares
@@ -294,7 +294,7 @@ absl::StatusOr<ShardedStateDict> DcpCheckpoint::LoadResharded(
     // records hold (themselves checked against the file) is refused here.
     // So a load's memory is bounded by the files' sizes.
     const uint64_t element_size = c10::elementSize(e.dtype);
-    std::vector<std::pair<const DcpChunk*, internal::FileRegion>> needed;
+    std::vector<std::pair<const DcpChunk*, formats::FileRegion>> needed;
     std::vector<std::vector<FlatRange>> filled(request.ranges.size());
     for (const DcpChunk& chunk : e.chunks) {
       const auto [first, last] = FlatSpan(e.size, chunk);
@@ -302,11 +302,11 @@ absl::StatusOr<ShardedStateDict> DcpCheckpoint::LoadResharded(
       for (const FlatRange& r : request.ranges) wanted |= r.offset <= last && first < r.end();
       if (!wanted) continue;
       const DcpStorage& where = metadata_->storage.at(DcpIndex{e.key, chunk.offsets});
-      internal::FileRegion region{absl::StrCat(dir_, "/", where.relative_path), where.offset,
-                                  where.length};
-      auto directory = internal::ReadTorchArchiveDirectory(region);
+      formats::FileRegion region{absl::StrCat(dir_, "/", where.relative_path), where.offset,
+                                 where.length};
+      auto directory = formats::ReadTorchArchiveDirectory(region);
       if (!directory.ok()) return directory.status();
-      const uint64_t holds = internal::DeclaredRecordBytes(*directory).storages;
+      const uint64_t holds = formats::DeclaredRecordBytes(*directory).storages;
       if (static_cast<uint64_t>(Volume(chunk.sizes)) > holds / element_size) {
         return absl::DataLossError(absl::StrCat(
             region.Name(), ": the chunk of '", absl::CEscape(key), "' at ", Dims(chunk.offsets),
@@ -346,7 +346,7 @@ absl::StatusOr<ShardedStateDict> DcpCheckpoint::LoadResharded(
           ShardPiece{r, at::empty({r.numel}, at::TensorOptions().dtype(e.dtype))});
     }
     for (const auto& [chunk, region] : needed) {
-      auto archive = internal::ReadTorchArchive(region);
+      auto archive = formats::ReadTorchArchive(region);
       if (!archive.ok()) return archive.status();
       if (!archive->value.isTensor()) {
         return absl::DataLossError(absl::StrCat(region.Name(), ": the chunk of '",
@@ -385,7 +385,7 @@ absl::StatusOr<c10::IValue> DcpCheckpoint::LoadObject(const std::string& key) co
           absl::StrCat("DCP checkpoint ", dir_, ": '", absl::CEscape(key), "' is a tensor"));
     }
     const DcpStorage& where = metadata_->storage.at(DcpIndex{key, std::nullopt});
-    auto archive = internal::ReadTorchArchive(internal::FileRegion{
+    auto archive = formats::ReadTorchArchive(formats::FileRegion{
         absl::StrCat(dir_, "/", where.relative_path), where.offset, where.length});
     if (!archive.ok()) return archive.status();
     return archive->value;
@@ -398,16 +398,16 @@ absl::Status SaveDcpShard(const std::string& dir, int rank, const DcpShard& shar
   if (rank < 0) {
     return absl::InvalidArgumentError(absl::StrCat("SaveDcpShard: rank ", rank, " is negative"));
   }
-  if (auto s = internal::CreateDirectories(dir); !s.ok()) return s;
+  if (auto s = formats::CreateDirectories(dir); !s.ok()) return s;
   const std::string file_name = DataFileName(rank);
-  auto file = internal::AtomicFileWriter::Open(absl::StrCat(dir, "/", file_name));
+  auto file = formats::AtomicFileWriter::Open(absl::StrCat(dir, "/", file_name));
   if (!file.ok()) return file.status();
   DcpMetadata part;
   for (const DcpShard::Tensor& t : shard.tensors) {
     DcpEntry entry;
     entry.key = FlatKey(t.path);
     if (auto s = ValidateShardedTensor(entry.key, t.tensor); !s.ok()) return s;
-    if (!internal::DcpDtypeName(t.tensor.dtype).has_value()) {
+    if (!formats::DcpDtypeName(t.tensor.dtype).has_value()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "'", entry.key, "' is ", c10::toString(t.tensor.dtype), ", which DCP cannot name"));
     }
@@ -424,7 +424,7 @@ absl::Status SaveDcpShard(const std::string& dir, int rank, const DcpShard& shar
                                     .clone();
         at += n;
         const uint64_t offset = (*file)->bytes();
-        if (auto s = internal::AppendTorchSave(data, **file); !s.ok()) return s;
+        if (auto s = formats::AppendTorchSave(data, **file); !s.ok()) return s;
         part.storage[DcpIndex{entry.key, box.offsets}] =
             DcpStorage{file_name, offset, (*file)->bytes() - offset};
         entry.chunks.push_back(std::move(box));
@@ -438,14 +438,14 @@ absl::Status SaveDcpShard(const std::string& dir, int rank, const DcpShard& shar
     entry.key = FlatKey(o.path);
     entry.is_bytes = true;
     const uint64_t offset = (*file)->bytes();
-    if (auto s = internal::AppendTorchSave(o.value, **file); !s.ok()) return s;
+    if (auto s = formats::AppendTorchSave(o.value, **file); !s.ok()) return s;
     part.storage[DcpIndex{entry.key, std::nullopt}] =
         DcpStorage{file_name, offset, (*file)->bytes() - offset};
     part.paths[entry.key] = o.path;
     part.entries.push_back(std::move(entry));
   }
   if (auto s = (*file)->Commit(); !s.ok()) return s;
-  return internal::WriteFileAtomically(PartFile(dir, rank), internal::SerializeDcpMetadata(part));
+  return formats::WriteFileAtomically(PartFile(dir, rank), formats::SerializeDcpMetadata(part));
 }
 
 absl::Status CommitDcpCheckpoint(const std::string& dir, int world_size) {
@@ -457,13 +457,13 @@ absl::Status CommitDcpCheckpoint(const std::string& dir, int world_size) {
   std::map<std::string, size_t> position;  // key -> index in merged.entries
   for (int rank = 0; rank < world_size; ++rank) {
     const std::string path = PartFile(dir, rank);
-    auto bytes = internal::ReadFile(path);
+    auto bytes = formats::ReadFile(path);
     if (!bytes.ok()) {
       return absl::FailedPreconditionError(
           absl::StrCat("cannot commit DCP checkpoint ", dir, ": rank ", rank,
                        " has not saved its shard (", bytes.status().message(), ")"));
     }
-    auto part = internal::ParseDcpMetadata(path, *bytes);
+    auto part = formats::ParseDcpMetadata(path, *bytes);
     if (!part.ok()) return part.status();
     for (DcpEntry& e : part->entries) {
       auto [it, inserted] = position.emplace(e.key, merged.entries.size());
@@ -515,8 +515,8 @@ absl::Status CommitDcpCheckpoint(const std::string& dir, int world_size) {
     }
   }
   merged.version = "1.0.0";
-  if (auto s = internal::WriteFileAtomically(absl::StrCat(dir, "/", kMetadataFile),
-                                             internal::SerializeDcpMetadata(merged));
+  if (auto s = formats::WriteFileAtomically(absl::StrCat(dir, "/", kMetadataFile),
+                                            formats::SerializeDcpMetadata(merged));
       !s.ok()) {
     return s;
   }

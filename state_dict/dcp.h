@@ -53,10 +53,11 @@
 #include "absl/status/statusor.h"
 #include "state_dict/sharded_tensor.h"
 
+namespace formats {
+struct DcpMetadata;  // formats/dcp/dcp_metadata.h
+}  // namespace formats
+
 namespace state_dict {
-namespace internal {
-struct DcpMetadata;
-}  // namespace internal
 
 // A DCP directory, its `.metadata` read and checked.
 class DcpCheckpoint {
@@ -90,10 +91,10 @@ class DcpCheckpoint {
   const std::string& dir() const { return dir_; }
 
  private:
-  DcpCheckpoint(std::string dir, std::shared_ptr<const internal::DcpMetadata> metadata)
+  DcpCheckpoint(std::string dir, std::shared_ptr<const formats::DcpMetadata> metadata)
       : dir_(std::move(dir)), metadata_(std::move(metadata)) {}
   std::string dir_;
-  std::shared_ptr<const internal::DcpMetadata> metadata_;
+  std::shared_ptr<const formats::DcpMetadata> metadata_;
 };
 
 // A key's place in the nested state dict Python's DCP rebuilds (its

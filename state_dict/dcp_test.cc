@@ -13,18 +13,19 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
-#include "state_dict/pytorch_format.h"
+#include "formats/testing/python_interop.h"
 #include "state_dict/sharded_tensor.h"
-#include "state_dict/testing/python_interop.h"
+#include "state_dict/tensor_dict.h"
 
 namespace state_dict {
 namespace {
 
-using testing::PythonTorchAvailable;
-using testing::RunPython;
-using testing::TempDir;
+using formats::testing::PythonTorchAvailable;
+using formats::testing::RunPython;
+using formats::testing::TempDir;
 
 void RequirePython() {
   ASSERT_TRUE(PythonTorchAvailable()) << "the Python of the build's torch wheel cannot import "

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "state_dict/internal/crc32c.h"
+#include "formats/io/crc32c.h"
 #include "state_dict/internal/status_macros.h"
 
 namespace state_dict {
@@ -97,7 +97,7 @@ std::string FormatManifest(const Manifest& m) {
     }
   }
   if (m.format_version >= 2) {
-    const uint32_t crc = internal::Crc32c(out.data(), out.size());
+    const uint32_t crc = formats::Crc32c(out.data(), out.size());
     absl::StrAppend(&out, "end crc32c ", absl::Hex(crc, absl::kZeroPad8), "\n");
   } else {
     out += "end\n";
@@ -105,77 +105,12 @@ std::string FormatManifest(const Manifest& m) {
   return out;
 }
 
-absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& source) {
-  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
-  // A complete manifest ends with "end\n" or "end crc32c <hex>\n" (so the
-  // split's last piece is "").
-  if (lines.size() < 2 || lines.back() != "" ||
-      !(lines[lines.size() - 2] == "end" || absl::StartsWith(lines[lines.size() - 2], "end "))) {
-    return absl::DataLossError(
-        absl::StrCat("manifest ", source, " is incomplete (no final 'end' line)"));
-  }
-  const absl::string_view end_line = lines[lines.size() - 2];
-  const size_t covered = text.size() - end_line.size() - 1;  // bytes before "end"
-  lines.resize(lines.size() - 2);
-  Manifest m;
-  if (lines.size() < 4) {
-    return absl::DataLossError(absl::StrCat("manifest ", source, " is too short"));
-  }
-  {
-    Line header(source, 1, lines[0]);
-    int64_t version;
-    STATE_DICT_ASSIGN_OR_RETURN(version, header.IntField(0, kMagic));
-    if (version > kCheckpointFormatVersion) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("manifest ", source, " has format version ", version,
-                       ", newer than this build reads (up to ", kCheckpointFormatVersion,
-                       "); use a newer build"));
-    }
-    if (version < 1) return header.Error("format version must be >= 1");
-    m.format_version = static_cast<int>(version);
-  }
-  {
-    // Checked before any other field is believed.
-    Line end(source, static_cast<int>(lines.size() + 1), end_line);
-    if (m.format_version == 1) {
-      if (end_line != "end") return end.Error("expected 'end' (format version 1)");
-    } else {
-      if (end.size() != 3 || end.word(0) != "end") {
-        return end.Error("expected 'end crc32c <8 hex digits>'");
-      }
-      uint32_t recorded;
-      STATE_DICT_ASSIGN_OR_RETURN(recorded, end.CrcField(1));
-      const uint32_t actual = internal::Crc32c(text.data(), covered);
-      if (actual != recorded) {
-        return absl::DataLossError(absl::StrCat(
-            "manifest ", source, " is damaged: its ", covered,
-            " bytes before the 'end' line have "
-            "crc32c ",
-            absl::Hex(actual, absl::kZeroPad8), ", the manifest records ",
-            absl::Hex(recorded, absl::kZeroPad8), " (edited or corrupted after it was written)"));
-      }
-    }
-  }
-  {
-    Line line(source, 2, lines[1]);
-    std::string kind;
-    STATE_DICT_ASSIGN_OR_RETURN(kind, line.Field(0, "kind"));
-    if (kind == "full") {
-      m.kind = CheckpointKind::kFull;
-    } else if (kind == "sharded") {
-      m.kind = CheckpointKind::kSharded;
-    } else {
-      return line.Error(absl::StrCat("unknown kind '", kind, "'"));
-    }
-  }
-  STATE_DICT_ASSIGN_OR_RETURN(m.step, Line(source, 3, lines[2]).IntField(0, "step"));
-  {
-    Line line(source, 4, lines[3]);
-    int64_t world;
-    STATE_DICT_ASSIGN_OR_RETURN(world, line.IntField(0, "world_size"));
-    if (world < 1) return line.Error("world_size must be >= 1");
-    m.world_size = static_cast<int>(world);
-  }
+namespace {
+
+// ParseManifest's file and tensor lines (lines[4] on): each "file" line
+// followed by the "tensor" lines it announces.
+absl::Status ParseManifestFiles(const std::vector<absl::string_view>& lines,
+                                const std::string& source, Manifest& m) {
   size_t remaining_tensors = 0;
   for (size_t i = 4; i < lines.size(); ++i) {
     Line line(source, static_cast<int>(i + 1), lines[i]);
@@ -229,6 +164,83 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::strin
     return absl::DataLossError(
         absl::StrCat("manifest ", source, ": last file lists too few tensors"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& source) {
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
+  // A complete manifest ends with "end\n" or "end crc32c <hex>\n" (so the
+  // split's last piece is "").
+  if (lines.size() < 2 || lines.back() != "" ||
+      !(lines[lines.size() - 2] == "end" || absl::StartsWith(lines[lines.size() - 2], "end "))) {
+    return absl::DataLossError(
+        absl::StrCat("manifest ", source, " is incomplete (no final 'end' line)"));
+  }
+  const absl::string_view end_line = lines[lines.size() - 2];
+  const size_t covered = text.size() - end_line.size() - 1;  // bytes before "end"
+  lines.resize(lines.size() - 2);
+  Manifest m;
+  if (lines.size() < 4) {
+    return absl::DataLossError(absl::StrCat("manifest ", source, " is too short"));
+  }
+  {
+    Line header(source, 1, lines[0]);
+    int64_t version;
+    STATE_DICT_ASSIGN_OR_RETURN(version, header.IntField(0, kMagic));
+    if (version > kCheckpointFormatVersion) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("manifest ", source, " has format version ", version,
+                       ", newer than this build reads (up to ", kCheckpointFormatVersion,
+                       "); use a newer build"));
+    }
+    if (version < 1) return header.Error("format version must be >= 1");
+    m.format_version = static_cast<int>(version);
+  }
+  {
+    // Checked before any other field is believed.
+    Line end(source, static_cast<int>(lines.size() + 1), end_line);
+    if (m.format_version == 1) {
+      if (end_line != "end") return end.Error("expected 'end' (format version 1)");
+    } else {
+      if (end.size() != 3 || end.word(0) != "end") {
+        return end.Error("expected 'end crc32c <8 hex digits>'");
+      }
+      uint32_t recorded;
+      STATE_DICT_ASSIGN_OR_RETURN(recorded, end.CrcField(1));
+      const uint32_t actual = formats::Crc32c(text.data(), covered);
+      if (actual != recorded) {
+        return absl::DataLossError(absl::StrCat(
+            "manifest ", source, " is damaged: its ", covered,
+            " bytes before the 'end' line have "
+            "crc32c ",
+            absl::Hex(actual, absl::kZeroPad8), ", the manifest records ",
+            absl::Hex(recorded, absl::kZeroPad8), " (edited or corrupted after it was written)"));
+      }
+    }
+  }
+  {
+    Line line(source, 2, lines[1]);
+    std::string kind;
+    STATE_DICT_ASSIGN_OR_RETURN(kind, line.Field(0, "kind"));
+    if (kind == "full") {
+      m.kind = CheckpointKind::kFull;
+    } else if (kind == "sharded") {
+      m.kind = CheckpointKind::kSharded;
+    } else {
+      return line.Error(absl::StrCat("unknown kind '", kind, "'"));
+    }
+  }
+  STATE_DICT_ASSIGN_OR_RETURN(m.step, Line(source, 3, lines[2]).IntField(0, "step"));
+  {
+    Line line(source, 4, lines[3]);
+    int64_t world;
+    STATE_DICT_ASSIGN_OR_RETURN(world, line.IntField(0, "world_size"));
+    if (world < 1) return line.Error("world_size must be >= 1");
+    m.world_size = static_cast<int>(world);
+  }
+  if (auto s = ParseManifestFiles(lines, source, m); !s.ok()) return s;
   return m;
 }
 

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

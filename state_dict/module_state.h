@@ -5,7 +5,7 @@
 #include <torch/nn/module.h>
 
 #include "absl/status/status.h"
-#include "state_dict/pytorch_format.h"
+#include "state_dict/tensor_dict.h"
 
 namespace state_dict {
 

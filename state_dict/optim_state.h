@@ -29,7 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "state_dict/pytorch_format.h"
+#include "state_dict/tensor_dict.h"
 
 namespace state_dict {
 
@@ -93,7 +93,7 @@ absl::StatusOr<OptimStateDict> RekeyOptimStateDict(const OptimStateDict& state,
                                                    const std::vector<std::string>& param_names);
 
 // Python's layout as an IValue (str keys for names, int keys for IDs), ready
-// for SaveIValue (pytorch_format.h) and torch.load; and back, accepting what
+// for SaveIValue (tensor_dict.h) and torch.load; and back, accepting what
 // Python 1.13 saves ("step" as a tensor or a number, None momentum buffers).
 c10::IValue OptimStateDictToIValue(const OptimStateDict& state);
 absl::StatusOr<OptimStateDict> OptimStateDictFromIValue(const c10::IValue& value);

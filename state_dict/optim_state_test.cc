@@ -1,18 +1,28 @@
 #include "state_dict/optim_state.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
+#include "formats/testing/python_interop.h"
 #include "state_dict/module_state.h"
-#include "state_dict/pytorch_format.h"
-#include "state_dict/testing/python_interop.h"
+#include "state_dict/tensor_dict.h"
 
 namespace state_dict {
 namespace {
 
-using testing::PythonTorchAvailable;
-using testing::RunPython;
-using testing::TempDir;
+using formats::testing::PythonTorchAvailable;
+using formats::testing::RunPython;
+using formats::testing::TempDir;
 
 torch::nn::Sequential MakeModel(int seed) {
   torch::manual_seed(seed);

@@ -10,12 +10,14 @@
 #include <memory>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/optim/adam.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
+#include "formats/testing/python_interop.h"
 #include "state_dict/checkpoint.h"
 #include "state_dict/optim_state.h"
 #include "state_dict/sharded_tensor.h"
-#include "state_dict/testing/python_interop.h"
 
 namespace state_dict {
 namespace {
@@ -147,7 +149,7 @@ TEST(ReshardTrainingTest, FourRanksResumeOnTwoThreeAndOne) {
 
   std::vector<Rank> four = MakeRanks(init, 4);
   Train(four, 0, 3);
-  const std::string root = testing::TempDir("reshard_training");
+  const std::string root = formats::testing::TempDir("reshard_training");
   Save(root, 3, four);
   ASSERT_TRUE(VerifyCheckpoint(StepDirectory(root, 3)).ok());
 

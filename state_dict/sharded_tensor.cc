@@ -3,7 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

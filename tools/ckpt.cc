@@ -28,8 +28,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "formats/safetensors/safetensors.h"
 #include "state_dict/checkpoint.h"
-#include "state_dict/safetensors.h"
 
 namespace {
 
@@ -160,7 +160,7 @@ int ConvertToSafetensors(const std::string& step_dir, const std::string& out) {
         absl::StrCat(step_dir, " holds no model weights: its ", full->size(),
                      " entries are all optimizer state or the trainer's")));
   }
-  absl::Status status = state_dict::SaveSafetensors(weights, out);
+  absl::Status status = formats::SaveSafetensors(weights, out);
   if (!status.ok()) return Fail(status);
   std::cout << "wrote " << out << ": " << weights.size() << " model tensors from " << step_dir
             << " (skipped " << skipped

@@ -9,11 +9,11 @@
 #include <string>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
-#include "torch_python.h"
+#include "formats/safetensors/safetensors.h"
 #include "state_dict/checkpoint.h"
-#include "state_dict/safetensors.h"
+#include "torch_python.h"
 
 namespace {
 
@@ -155,7 +155,7 @@ int RunPython(const std::string& script, const std::string& args, std::string* o
 }
 
 void ExpectModelWeights(const std::string& path, const state_dict::TensorDict& model) {
-  auto loaded = state_dict::LoadSafetensors(path);
+  auto loaded = formats::LoadSafetensors(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   ASSERT_EQ(loaded->tensors.keys(), model.keys());
   for (const auto& item : model) {

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan + LeakSanitizer) and
 # fuzzes each for a bounded time, starting from the committed corpus and
-# regressions: torch_file and checkpoint (state_dict's file loaders,
-# state_dict/fuzz/), dcp (state_dict's torch.distributed.checkpoint reader,
-# state_dict/fuzz/), safetensors (state_dict's safetensors loader,
-# state_dict/fuzz/) and rendezvous (comm's TCPStore client against a peer's
-# replies, comm/fuzz/). Exits non-zero on a crash, an oracle violation, a
-# leak, a timeout or an out-of-memory input; the input is kept under the
-# build directory's artifacts/ and the last lines of the fuzzer's log are
-# printed.
+# regressions: torch_file and safetensors (the torch.save and safetensors
+# loaders, formats/fuzz/), checkpoint and dcp (state_dict's checkpoint loader
+# and torch.distributed.checkpoint reader, state_dict/fuzz/) and rendezvous
+# (comm's TCPStore client against a peer's replies, comm/fuzz/). Exits
+# non-zero on a crash, an oracle violation, a leak, a timeout or an
+# out-of-memory input; the input is kept under the build directory's
+# artifacts/ and the last lines of the fuzzer's log are printed.
 #
 # Usage: tools/fuzz.sh [--seconds N] [--target torch_file|checkpoint|dcp|safetensors|rendezvous]
 #   --seconds N   fuzzing time per target (default 50)
 #   --target T    only this target (default: all five)
+#   --help        this text
 # Environment: FUZZ_BUILD_DIR (objects, binaries, the growing working corpus
 # and artifacts; default ~/.cache/torchfsdp_fuzz).
 #
@@ -28,6 +28,7 @@ while (($#)); do
   case "$1" in
     --seconds) seconds="${2:?--seconds needs a number}"; shift 2 ;;
     --target) targets=("${2:?--target needs torch_file, checkpoint, dcp, safetensors or rendezvous}"); shift 2 ;;
+    -h | --help) sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "fuzz.sh: unknown argument '$1' (expected --seconds N, --target T)" >&2; exit 2 ;;
   esac
 done
@@ -42,7 +43,11 @@ for t in "${targets[@]}"; do
 done
 # Where a target's committed corpus/ and regressions/ live.
 fuzz_dir() {
-  if [[ "$1" == rendezvous ]]; then echo comm/fuzz; else echo state_dict/fuzz; fi
+  case "$1" in
+    rendezvous) echo comm/fuzz ;;
+    torch_file | safetensors) echo formats/fuzz ;;
+    *) echo state_dict/fuzz ;;
+  esac
 }
 
 missing=()

@@ -21,7 +21,7 @@
 #                  the CUDA and NCCL libraries --config=cuda links against),
 #                  and PYTHON_EXTRAS below (numpy, matplotlib, safetensors):
 #                  golden fixtures, the Python interop tests (safetensors:
-#                  //state_dict:safetensors_test), benchmarks' Python peers,
+#                  //formats:safetensors_test), benchmarks' Python peers,
 #                  tools/plot.py.
 set -euo pipefail
 

@@ -18,6 +18,7 @@
 #include "comm/subgroups.h"
 #include "state_dict/checkpoint.h"
 #include "state_dict/dcp.h"
+#include "state_dict/fsdp/checkpoint_keys.h"
 #include "state_dict/fsdp/fsdp_dcp.h"
 #include "state_dict/fsdp/fsdp_full_checkpoint.h"
 #include "state_dict/fsdp/fsdp_optim_state_dict.h"
@@ -27,8 +28,6 @@
 namespace trainer {
 namespace {
 
-constexpr char kModelPrefix[] = "model.";
-constexpr char kOptimPrefix[] = "optim.";
 constexpr char kStepKey[] = "trainer.step";
 constexpr char kSeedKey[] = "trainer.seed";
 
@@ -39,14 +38,6 @@ state_dict::ShardedTensor Scalar(int64_t value) {
   st.dtype = torch::kInt64;
   st.pieces.push_back({{0, 1}, torch::tensor({value}, torch::kInt64)});
   return st;
-}
-
-// "<fqn>" -> "model.<fqn>", "<fqn>/<entry>" -> "optim.<fqn>.<entry>".
-std::string FullFileKey(const std::string& sharded_name) {
-  const size_t slash = sharded_name.find('/');
-  if (slash == std::string::npos) return absl::StrCat(kModelPrefix, sharded_name);
-  return absl::StrCat(kOptimPrefix, sharded_name.substr(0, slash), ".",
-                      sharded_name.substr(slash + 1));
 }
 
 // What a checkpoint holds, as this rank's SHARDED pieces (views of the live
@@ -100,7 +91,7 @@ absl::Status SaveShardedTrainerState(const Options& o, fsdp::FullyShardedDataPar
 absl::Status SaveFullTrainerState(const Options& o, fsdp::FullyShardedDataParallel& model,
                                   const torch::optim::Optimizer& optimizer,
                                   const comm::ProcessGroup& group, int64_t step, AsyncSave* async) {
-  auto file_state = TrainerShardedState(o, model, optimizer, step, FullFileKey);
+  auto file_state = TrainerShardedState(o, model, optimizer, step, state_dict::FullCheckpointKey);
   if (!file_state.ok()) return file_state.status();
   if (async == nullptr) {
     return state_dict::SaveFsdpFullCheckpoint(o.checkpoint_dir, step, *file_state, group);
@@ -228,18 +219,16 @@ absl::StatusOr<int64_t> ResumeFull(const std::string& step_dir, const Options& o
   optim_state.key_type = state_dict::OptimStateKeyType::kParamName;
   std::map<std::string, state_dict::TensorDict> per_param;
   for (const auto& item : *saved) {
-    const std::string& key = item.key();
-    if (absl::StartsWith(key, kModelPrefix)) {
-      model_state.full.insert(key.substr(sizeof(kModelPrefix) - 1), item.value());
-    } else if (absl::StartsWith(key, kOptimPrefix)) {
-      // "optim.<fqn>.<entry>": entry names have no dots, FQNs do.
-      const std::string rest = key.substr(sizeof(kOptimPrefix) - 1);
-      const size_t dot = rest.rfind('.');
-      if (dot == std::string::npos) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("checkpoint '", step_dir, "': malformed key '", key, "'"));
-      }
-      per_param[rest.substr(0, dot)].insert(rest.substr(dot + 1), item.value());
+    auto key = state_dict::ParseFullCheckpointKey(item.key());
+    if (!key.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint '", step_dir, "': ", key.status().message()));
+    }
+    using Kind = state_dict::FullCheckpointKeyParts::Kind;
+    if (key->kind == Kind::kModel) {
+      model_state.full.insert(key->fqn, item.value());
+    } else if (key->kind == Kind::kOptim) {
+      per_param[key->fqn].insert(key->entry, item.value());
     }
   }
   for (auto& [name, entries] : per_param) optim_state.state.emplace_back(name, std::move(entries));
@@ -326,28 +315,28 @@ std::set<std::string> OptimizerEntries(OptimizerKind kind) {
 // which: decoupled_weight_decay). Loading another optimizer's state would
 // fail later, inside the first step, with a message naming neither.
 absl::Status CheckDcpOptimizer(const Options& o, const state_dict::DcpCheckpoint& ckpt) {
-  constexpr char kOptimState[] = "optim.state.";
+  const std::string optim_state = state_dict::DcpOptimStatePrefix();
   std::set<std::string> entries;
   for (const auto& t : ckpt.tensors()) {
-    if (!absl::StartsWith(t.key, kOptimState)) continue;
+    if (!absl::StartsWith(t.key, optim_state)) continue;
     entries.insert(t.key.substr(t.key.rfind('.') + 1));
   }
   const std::set<std::string> expected = OptimizerEntries(o.optimizer);
   if (entries != expected) {
     return absl::InvalidArgumentError(absl::StrCat(
         ImportContext(o), ": its optimizer state has the entries {", absl::StrJoin(entries, ", "),
-        "} (", kOptimState, "<parameter>.<entry>): expected {", absl::StrJoin(expected, ", "),
+        "} (", optim_state, "<parameter>.<entry>): expected {", absl::StrJoin(expected, ", "),
         "}, --optimizer=", Name(o.optimizer),
         "'s (a checkpoint of another optimizer, or of the model alone)"));
   }
   if (o.optimizer == OptimizerKind::kSgd) return absl::OkStatus();
-  constexpr char kDecoupled[] = "optim.param_groups.0.decoupled_weight_decay";
-  auto decoupled = ckpt.LoadObject(kDecoupled);
+  const std::string decoupled_key = state_dict::DcpParamGroupOptionKey(0, "decoupled_weight_decay");
+  auto decoupled = ckpt.LoadObject(decoupled_key);
   if (absl::IsNotFound(decoupled.status())) return absl::OkStatus();  // older PyTorch
   if (!decoupled.ok()) return InContext(ImportContext(o), decoupled.status());
   if (decoupled->isBool() && decoupled->toBool() != (o.optimizer == OptimizerKind::kAdamW)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        ImportContext(o), ": '", kDecoupled, "' is ", decoupled->toBool() ? "True" : "False",
+        ImportContext(o), ": '", decoupled_key, "' is ", decoupled->toBool() ? "True" : "False",
         ": the checkpoint was trained with ", decoupled->toBool() ? "adamw" : "adam",
         ", expected --optimizer=", Name(o.optimizer), "'s state"));
   }

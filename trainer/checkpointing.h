@@ -10,7 +10,8 @@
 //   --checkpoint-format=full: rank 0 writes one model.pt that Python's
 //   torch.load opens ("model.<fqn>", "optim.<fqn>.<entry>", "trainer.step",
 //   "trainer.seed"), each tensor gathered onto it just before its record
-//   is written (state_dict/fsdp/fsdp_full_checkpoint.h).
+//   is written (state_dict/fsdp/fsdp_full_checkpoint.h; the model's and the
+//   optimizer's keys: state_dict/fsdp/checkpoint_keys.h).
 // Either resumes on any world size and strategy (reshard on load).
 //
 // PyTorch's distributed checkpoints (DCP, torch.distributed.checkpoint) move

@@ -8,27 +8,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "state_dict/dcp.h"
+#include "state_dict/fsdp/checkpoint_keys.h"
 #include "state_dict/fsdp/fsdp_optim_state_dict.h"
 #include "state_dict/fsdp/fsdp_state_dict.h"
 #include "state_dict/optim_state.h"
 
 namespace state_dict {
 namespace {
-
-constexpr char kModel[] = "model";
-constexpr char kOptim[] = "optim";
-constexpr char kModelPrefix[] = "model.";
-constexpr char kOptimState[] = "optim.state.";
-
-// "<fqn>/<entry>" (our optimizer entry names) <-> "optim.state.<fqn>.<entry>":
-// entry names have no dots or slashes, FQNs no slashes.
-bool SplitLast(const std::string& name, char separator, std::string* fqn, std::string* entry) {
-  const size_t at = name.rfind(separator);
-  if (at == std::string::npos || at == 0 || at + 1 == name.size()) return false;
-  *fqn = name.substr(0, at);
-  *entry = name.substr(at + 1);
-  return true;
-}
 
 // The options Python's optimizer of this kind has that LibTorch's lacks, at
 // the values LibTorch's behaviour matches: Python's load_state_dict and
@@ -53,7 +39,7 @@ absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataPara
                               const std::vector<DcpShard::Object>& extra_objects) {
   for (const DcpShard::Object& o : extra_objects) {
     const std::string* first = o.path.empty() ? nullptr : std::get_if<std::string>(&o.path[0]);
-    if (o.path.empty() || (first != nullptr && (*first == kModel || *first == kOptim))) {
+    if (o.path.empty() || (first != nullptr && (*first == kModelKey || *first == kOptimKey))) {
       return absl::InvalidArgumentError(absl::StrCat(
           "SaveFsdpDcpShard: extra object '", FlatKey(o.path),
           "': expected a non-empty key path outside 'model' and 'optim' (the model's and the "
@@ -64,18 +50,19 @@ absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataPara
   if (!state.ok()) return state.status();
   DcpShard shard;
   for (const auto& item : ShardToSave(*state)) {
-    shard.tensors.push_back(DcpShard::Tensor{{"model", item.key()}, item.value()});
+    shard.tensors.push_back(DcpShard::Tensor{{kModelKey, item.key()}, item.value()});
   }
   if (optimizer != nullptr) {
     auto optim = GetOptimStateDict(model, *optimizer, StateDictType::kSharded);
     if (!optim.ok()) return optim.status();
     for (const auto& item : ShardToSave(optim->sharded)) {
       std::string fqn, entry;
-      if (!SplitLast(item.key(), '/', &fqn, &entry)) {
+      if (!SplitEntryName(item.key(), '/', &fqn, &entry)) {
         return absl::InternalError(
             absl::StrCat("optimizer entry '", item.key(), "' is not '<parameter>/<entry>'"));
       }
-      shard.tensors.push_back(DcpShard::Tensor{{"optim", "state", fqn, entry}, item.value()});
+      shard.tensors.push_back(
+          DcpShard::Tensor{{kOptimKey, kOptimStateKey, fqn, entry}, item.value()});
     }
     if (state->rank == 0) {
       auto groups = NamedParamGroups(model, *optimizer);
@@ -85,13 +72,13 @@ absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataPara
         AddPythonOnlyOptions(*optimizer, group);
         const int64_t index = static_cast<int64_t>(i);
         for (const auto& option : group.options) {
-          shard.objects.push_back(
-              DcpShard::Object{{"optim", "param_groups", index, option.key()}, option.value()});
+          shard.objects.push_back(DcpShard::Object{
+              {kOptimKey, kOptimParamGroupsKey, index, option.key()}, option.value()});
         }
         c10::impl::GenericList params(c10::StringType::get());
         for (const ParamKey& key : group.params) params.push_back(std::get<std::string>(key));
-        shard.objects.push_back(
-            DcpShard::Object{{"optim", "param_groups", index, "params"}, c10::IValue(params)});
+        shard.objects.push_back(DcpShard::Object{{kOptimKey, kOptimParamGroupsKey, index, "params"},
+                                                 c10::IValue(params)});
       }
     }
   }
@@ -111,15 +98,15 @@ absl::Status LoadFsdpDcp(const std::string& dir, fsdp::FullyShardedDataParallel&
 absl::Status LoadFsdpDcp(const DcpCheckpoint& ckpt, fsdp::FullyShardedDataParallel& model,
                          torch::optim::Optimizer* optimizer) {
   // Our names -> DCP's, for the requests.
-  auto read = [&](const std::string& prefix_model) {
-    return [&, prefix_model](const ShardRequests& requests) -> absl::StatusOr<ShardedStateDict> {
+  auto read = [&](bool model_keys) {
+    return [&, model_keys](const ShardRequests& requests) -> absl::StatusOr<ShardedStateDict> {
       ShardRequests renamed;
       std::vector<std::string> ours;
       for (const auto& [name, request] : requests) {
         std::string fqn, entry;
-        std::string key = absl::StrCat(prefix_model, name);
-        if (prefix_model.empty() && SplitLast(name, '/', &fqn, &entry)) {
-          key = absl::StrCat(kOptimState, fqn, ".", entry);
+        std::string key = model_keys ? ModelStateKey(name) : name;
+        if (!model_keys && SplitEntryName(name, '/', &fqn, &entry)) {
+          key = DcpOptimStateKey(fqn, entry);
         }
         renamed.emplace_back(key, request);
         ours.push_back(name);
@@ -142,19 +129,18 @@ absl::Status LoadFsdpDcp(const DcpCheckpoint& ckpt, fsdp::FullyShardedDataParall
   if (optimizer != nullptr) {
     std::vector<ShardedEntryInfo> entries;
     for (const auto& t : ckpt.tensors()) {
-      std::string rest = t.key, fqn, entry;
-      if (rest.rfind(kOptimState, 0) != 0) continue;
-      rest = rest.substr(sizeof(kOptimState) - 1);
-      if (!SplitLast(rest, '.', &fqn, &entry)) continue;
+      std::string fqn, entry;
+      if (!ParseDcpOptimStateKey(t.key, &fqn, &entry)) continue;
       entries.push_back(ShardedEntryInfo{absl::StrCat(fqn, "/", entry), t.shape, t.dtype});
     }
-    if (auto s = LoadShardedOptimFrom(
-            model, *optimizer, absl::StrCat("DCP checkpoint ", ckpt.dir()), entries, read(""));
+    if (auto s =
+            LoadShardedOptimFrom(model, *optimizer, absl::StrCat("DCP checkpoint ", ckpt.dir()),
+                                 entries, read(/*model_keys=*/false));
         !s.ok()) {
       return s;
     }
   }
-  return LoadModelShardedFrom(model, read(kModelPrefix));
+  return LoadModelShardedFrom(model, read(/*model_keys=*/true));
 }
 
 }  // namespace state_dict

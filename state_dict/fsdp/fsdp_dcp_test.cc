@@ -17,23 +17,29 @@
 #include <string>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "comm/collectives.h"
-#include "testing/multiprocess.h"
+#include "formats/testing/python_interop.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "module_call/wrap_policy.h"
 #include "state_dict/dcp.h"
 #include "state_dict/fsdp/fsdp_state_dict.h"
-#include "state_dict/pytorch_format.h"
-#include "state_dict/testing/python_interop.h"
+#include "state_dict/tensor_dict.h"
+#include "testing/multiprocess.h"
 
 namespace state_dict {
 namespace {
 
+using formats::testing::PythonTorchAvailable;
+using formats::testing::RunPython;
 using fsdp::FullyShardedDataParallel;
-using testing::PythonTorchAvailable;
-using testing::RunPython;
 
 // Python's side. argv: kind (fsdp1|fsdp2), mode (save|load), dir.
 // save: 2 steps, dcp.save to dir/ckpt, then the third step; full params

@@ -5,7 +5,9 @@
 #include <utility>
 #include <vector>
 
-#include <torch/torch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -138,6 +140,59 @@ absl::StatusOr<Plan> MakePlan(const ShardedStateDict& sharded, const at::Tensor&
   return plan;
 }
 
+// What each rank sends rank 0, agreed by all ranks (collectives: every rank
+// calls it): this rank's piece of each tensor, and the plan made from every
+// rank's rows of the table. Errors are the same on every rank, except that a
+// rank whose own pieces are bad returns its own error.
+struct Exchange {
+  std::vector<std::optional<ShardPiece>> to_send;  // per tensor
+  Plan plan;
+};
+
+absl::StatusOr<Exchange> AgreeOnPieces(const FsdpModelStateDict& state,
+                                       const std::set<std::string>& replicated,
+                                       const comm::ProcessGroup& group) {
+  const int world = group.size();
+  const ShardedStateDict& sharded = state.sharded;
+  // Every rank's count of tensors first: the table below is sized by it.
+  at::Tensor counts = at::empty({world}, at::kLong);
+  comm::all_gather_into_tensor(group, counts,
+                               at::full({1}, static_cast<int64_t>(sharded.size()), at::kLong))
+      .wait();
+  std::vector<int64_t> per_rank(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + world);
+  if (std::any_of(per_rank.begin(), per_rank.end(),
+                  [&](int64_t n) { return n != per_rank.front(); })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SaveFsdpFullCheckpoint: the ranks pass different numbers of tensors (",
+                     absl::StrJoin(per_rank, ", "), " on ranks 0 to ", world - 1,
+                     "); every rank must pass the state dict taken on it"));
+  }
+  const int64_t count = static_cast<int64_t>(sharded.size());
+  at::Tensor mine = at::zeros({count, kRowWidth}, at::kLong);
+  std::vector<std::optional<ShardPiece>> to_send(sharded.size());
+  std::optional<absl::Status> local_error;
+  for (int64_t i = 0; i < count; ++i) {
+    const auto& item = sharded[static_cast<size_t>(i)];
+    auto piece = PieceToSend(state, replicated, item.key(), item.value());
+    mine[i][1] = Fingerprint(item.key(), item.value());
+    if (!piece.ok()) {
+      mine[i][2] = kBadRow;
+      if (!local_error) local_error = piece.status();
+      continue;
+    }
+    to_send[static_cast<size_t>(i)] = *piece;
+    if (*piece) {
+      mine[i][0] = (*piece)->range.numel;
+      mine[i][2] = (*piece)->range.offset;
+    }
+  }
+  at::Tensor table = at::empty({world * count * kRowWidth}, at::kLong);
+  comm::all_gather_into_tensor(group, table, mine.reshape({-1})).wait();
+  auto plan = MakePlan(sharded, table.view({world, count, kRowWidth}), world);
+  if (!plan.ok()) return local_error ? *local_error : plan.status();
+  return Exchange{std::move(to_send), *std::move(plan)};
+}
+
 }  // namespace
 
 absl::Status SaveFsdpFullCheckpoint(const std::string& root, int64_t step,
@@ -154,46 +209,13 @@ absl::Status SaveFsdpFullCheckpoint(const std::string& root, int64_t step,
         state.world_size, ", but the group has this process as rank ", group.rank(), " of ",
         group.size(), "; pass the group the model is sharded over"));
   }
-  const int world = group.size();
   const ShardedStateDict& sharded = state.sharded;
   const std::set<std::string> replicated(state.replicated.begin(), state.replicated.end());
   try {
-    // Every rank's count of tensors first: the table below is sized by it.
-    at::Tensor counts = at::empty({world}, at::kLong);
-    comm::all_gather_into_tensor(group, counts,
-                                 at::full({1}, static_cast<int64_t>(sharded.size()), at::kLong))
-        .wait();
-    std::vector<int64_t> per_rank(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + world);
-    if (std::any_of(per_rank.begin(), per_rank.end(),
-                    [&](int64_t n) { return n != per_rank.front(); })) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("SaveFsdpFullCheckpoint: the ranks pass different numbers of tensors (",
-                       absl::StrJoin(per_rank, ", "), " on ranks 0 to ", world - 1,
-                       "); every rank must pass the state dict taken on it"));
-    }
-    const int64_t count = static_cast<int64_t>(sharded.size());
-    at::Tensor mine = at::zeros({count, kRowWidth}, at::kLong);
-    std::vector<std::optional<ShardPiece>> to_send(sharded.size());
-    std::optional<absl::Status> local_error;
-    for (int64_t i = 0; i < count; ++i) {
-      const auto& item = sharded[static_cast<size_t>(i)];
-      auto piece = PieceToSend(state, replicated, item.key(), item.value());
-      mine[i][1] = Fingerprint(item.key(), item.value());
-      if (!piece.ok()) {
-        mine[i][2] = kBadRow;
-        if (!local_error) local_error = piece.status();
-        continue;
-      }
-      to_send[static_cast<size_t>(i)] = *piece;
-      if (*piece) {
-        mine[i][0] = (*piece)->range.numel;
-        mine[i][2] = (*piece)->range.offset;
-      }
-    }
-    at::Tensor table = at::empty({world * count * kRowWidth}, at::kLong);
-    comm::all_gather_into_tensor(group, table, mine.reshape({-1})).wait();
-    auto plan = MakePlan(sharded, table.view({world, count, kRowWidth}), world);
-    if (!plan.ok()) return local_error ? *local_error : plan.status();
+    auto exchange = AgreeOnPieces(state, replicated, group);
+    if (!exchange.ok()) return exchange.status();
+    const std::vector<std::optional<ShardPiece>>& to_send = exchange->to_send;
+    const Plan* plan = &exchange->plan;
 
     const bool is_writer = group.rank() == 0;
     // Tensor i on rank 0: its own piece when that is all of it (no copy),
@@ -213,7 +235,7 @@ absl::Status SaveFsdpFullCheckpoint(const std::string& root, int64_t step,
     }
     size_t produced = 0;
     at::Tensor receive_buffer;
-    auto gather = [&](size_t i) -> absl::StatusOr<torch::Tensor> {
+    auto gather = [&](size_t i) -> absl::StatusOr<at::Tensor> {
       produced = i + 1;
       const ShardedTensor& t = sharded[i].value();
       const std::optional<ShardPiece>& own = to_send[i];

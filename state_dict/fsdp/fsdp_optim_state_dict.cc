@@ -5,7 +5,8 @@
 #include <utility>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
 
 #include "absl/strings/str_cat.h"
 #include "comm/collectives.h"

@@ -6,14 +6,15 @@
 #include <utility>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "comm/collectives.h"
 #include "fsdp/flat_param.h"
-#include "state_dict/fsdp/internal/fsdp_view.h"
 #include "state_dict/checkpoint.h"
+#include "state_dict/fsdp/internal/fsdp_view.h"
 #include "state_dict/module_state.h"
 
 namespace state_dict {

@@ -44,8 +44,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "fsdp/fully_sharded_data_parallel.h"
-#include "state_dict/pytorch_format.h"
 #include "state_dict/sharded_tensor.h"
+#include "state_dict/tensor_dict.h"
 
 namespace state_dict {
 

@@ -11,12 +11,18 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "comm/collectives.h"
 #include "comm/device_mesh.h"
 #include "comm/subgroups.h"
-#include "testing/multiprocess.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "functorch/module/named_member_accessor.h"
 #include "module_call/call.h"
@@ -24,6 +30,7 @@
 #include "state_dict/checkpoint.h"
 #include "state_dict/fsdp/fsdp_optim_state_dict.h"
 #include "state_dict/fsdp/fsdp_state_dict.h"
+#include "testing/multiprocess.h"
 
 namespace state_dict {
 namespace {

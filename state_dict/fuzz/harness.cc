@@ -10,119 +10,31 @@
 #include <utility>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "formats/fuzz/oracle.h"
+#include "formats/io/crc32c.h"
 #include "state_dict/checkpoint.h"
 #include "state_dict/dcp.h"
-#include "state_dict/internal/crc32c.h"
 #include "state_dict/manifest.h"
-#include "state_dict/pytorch_format.h"
-#include "state_dict/safetensors.h"
 #include "state_dict/sharded_tensor.h"
+#include "state_dict/tensor_dict.h"
 
 namespace state_dict {
 namespace fuzz {
 namespace {
 
-// Round trips of tensors larger than this are skipped: a crafted file can
-// describe a huge tensor as a stride-0 view of a tiny storage, which loads
-// fine (it is a view) but would be materialised by SaveTensorDict. The loads
-// themselves are always checked.
-constexpr int64_t kMaxRoundTripBytes = int64_t{16} << 20;
-
-[[noreturn]] void Violation(const std::string& what) {
-  std::fprintf(stderr, "\n*** state_dict fuzz oracle violated: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
-
-std::string StatusText(const absl::Status& status) {
-  return status.ok() ? "OK" : std::string(status.ToString());
-}
-
-void WriteBytesOrDie(const std::string& path, const void* data, size_t size) {
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) Violation(absl::StrCat("harness cannot create ", path));
-  const bool ok = (size == 0 || std::fwrite(data, 1, size, f) == size);
-  if (std::fclose(f) != 0 || !ok) Violation(absl::StrCat("harness cannot write ", path));
-}
-
-std::string ReadBytesOrDie(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) Violation(absl::StrCat("harness cannot open ", path));
-  std::string out;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
-  std::fclose(f);
-  return out;
-}
-
-// A directory of this process's own, removed at exit. Under $TEST_TMPDIR
-// (Bazel), else $TMPDIR, else /tmp; tools/fuzz.sh points TMPDIR at a tmpfs.
-const std::string& ScratchDirectory() {
-  static const std::string* dir = [] {
-    const char* base = std::getenv("TEST_TMPDIR");
-    if (base == nullptr) base = std::getenv("TMPDIR");
-    if (base == nullptr) base = "/tmp";
-    std::string pattern = absl::StrCat(base, "/state_dict_fuzz.XXXXXX");
-    if (::mkdtemp(pattern.data()) == nullptr) {
-      Violation(absl::StrCat("harness cannot create a directory like ", pattern));
-    }
-    auto* d = new std::string(pattern);
-    std::atexit([] {
-      std::error_code ignored;
-      std::filesystem::remove_all(*dir, ignored);
-    });
-    return d;
-  }();
-  return *dir;
-}
-
-bool BitwiseEqual(const torch::Tensor& a, const torch::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
-  const torch::Tensor ca = a.contiguous();
-  const torch::Tensor cb = b.contiguous();
-  return ca.nbytes() == cb.nbytes() &&
-         (ca.nbytes() == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0);
-}
-
-std::string Describe(const torch::Tensor& t) {
-  return absl::StrCat(c10::toString(t.scalar_type()), " ", c10::str(t.sizes()));
-}
-
-// The bytes of all of `tensors`' elements; nullopt when the count overflows.
-std::optional<int64_t> TotalBytes(const TensorDict& tensors) {
-  int64_t bytes = 0;
-  for (const auto& item : tensors) {
-    int64_t tensor_bytes;
-    if (__builtin_mul_overflow(item.value().numel(), item.value().element_size(), &tensor_bytes) ||
-        __builtin_add_overflow(bytes, tensor_bytes, &bytes)) {
-      return std::nullopt;
-    }
-  }
-  return bytes;
-}
-
-// The round-trip oracles' check: `again` (what was saved and loaded back)
-// has `loaded`'s names in the same order and bitwise equal tensors.
-// `context` is appended to a violation's message.
-void ExpectSameTensors(const TensorDict& loaded, const TensorDict& again,
-                       const std::string& context = "") {
-  if (again.keys() != loaded.keys()) {
-    Violation("the round trip changed the tensors' names or their order" + context);
-  }
-  for (const auto& item : loaded) {
-    const torch::Tensor& reloaded = again[item.key()];
-    if (!BitwiseEqual(item.value(), reloaded)) {
-      Violation(absl::StrCat("the round trip changed tensor '", item.key(), "': ",
-                             Describe(item.value()), " became ", Describe(reloaded), context));
-    }
-  }
-}
+using formats::fuzz::BitwiseEqual;
+using formats::fuzz::Describe;
+using formats::fuzz::ExpectSameTensors;
+using formats::fuzz::ReadBytesOrDie;
+using formats::fuzz::ScratchDirectory;
+using formats::fuzz::StatusText;
+using formats::fuzz::Violation;
+using formats::fuzz::WriteBytesOrDie;
 
 // ---------------------------------------------------------------------------
 // Checkpoint template.
@@ -334,60 +246,6 @@ const torch::Tensor& OnePiece(const ShardedStateDict& loaded, const std::string&
 
 }  // namespace
 
-void RunTorchFileInput(const uint8_t* data, size_t size) {
-  const std::string path = ScratchDirectory() + "/input.pt";
-  WriteBytesOrDie(path, data, size);
-  // LoadIValue's value is dropped before LoadTensorDict runs: holding both
-  // doubled the memory of a file whose records declare gigabytes.
-  const absl::Status value = LoadIValue(path).status();
-  auto dict = LoadTensorDict(path);
-  if (!dict.ok()) return;
-  if (!value.ok()) {
-    Violation(
-        absl::StrCat("LoadTensorDict accepted a file LoadIValue rejects: ", StatusText(value)));
-  }
-  const std::optional<int64_t> bytes = TotalBytes(dict->tensors);
-  if (!bytes.has_value() || *bytes > kMaxRoundTripBytes) return;  // larger than any we make
-
-  const std::string copy = ScratchDirectory() + "/roundtrip.pt";
-  absl::Status saved = SaveTensorDict(dict->tensors, copy);
-  if (!saved.ok()) Violation("SaveTensorDict rejected a loaded dict: " + StatusText(saved));
-  auto reloaded = LoadTensorDict(copy);
-  if (!reloaded.ok()) {
-    Violation("LoadTensorDict rejected what SaveTensorDict wrote: " +
-              StatusText(reloaded.status()));
-  }
-  ExpectSameTensors(dict->tensors, reloaded->tensors);
-}
-
-void RunSafetensorsInput(const uint8_t* data, size_t size) {
-  const std::string path = ScratchDirectory() + "/input.safetensors";
-  WriteBytesOrDie(path, data, size);
-  auto loaded = LoadSafetensors(path);
-  if (!loaded.ok()) return;
-  const std::optional<int64_t> bytes = TotalBytes(loaded->tensors);
-  if (!bytes.has_value()) Violation("LoadSafetensors accepted tensors whose byte count overflows");
-  if (*bytes > static_cast<int64_t>(size)) {
-    Violation(absl::StrCat("LoadSafetensors accepted ", *bytes, " tensor bytes from a file of ",
-                           size, " bytes"));
-  }
-
-  const std::string copy = ScratchDirectory() + "/roundtrip.safetensors";
-  absl::Status saved = SaveSafetensors(loaded->tensors, copy, loaded->metadata);
-  if (!saved.ok()) Violation("SaveSafetensors rejected a loaded file: " + StatusText(saved));
-  auto reloaded = LoadSafetensors(copy);
-  if (!reloaded.ok()) {
-    Violation("LoadSafetensors rejected what SaveSafetensors wrote: " +
-              StatusText(reloaded.status()));
-  }
-  ExpectSameTensors(loaded->tensors, reloaded->tensors);
-  std::map<std::string, std::string> expected = loaded->metadata;
-  expected.emplace("format", "pt");
-  if (reloaded->metadata != expected) {
-    Violation("the round trip changed the metadata");
-  }
-}
-
 CheckpointInputLayout DecodeCheckpointSelector(uint8_t first_byte) {
   CheckpointInputLayout layout;
   layout.file = first_byte % CheckpointInputLayout::kFiles;
@@ -402,7 +260,7 @@ CheckpointInputLayout DecodeCheckpointSelector(uint8_t first_byte) {
 std::string ResealManifest(const std::string& text) {
   const size_t end = text.rfind("end crc32c ");
   if (end == std::string::npos || (end != 0 && text[end - 1] != '\n')) return text;
-  const uint32_t crc = internal::Crc32c(text.data(), end);
+  const uint32_t crc = formats::Crc32c(text.data(), end);
   return absl::StrCat(text.substr(0, end), "end crc32c ", absl::Hex(crc, absl::kZeroPad8), "\n");
 }
 
@@ -428,7 +286,7 @@ void RunCheckpointInput(const uint8_t* data, size_t size) {
     for (ManifestFile& f : m.files) {
       if (f.name != kCheckpointFiles[layout.file]) continue;
       f.bytes = replacement.size();
-      f.crc32c = internal::Crc32c(replacement.data(), replacement.size());
+      f.crc32c = formats::Crc32c(replacement.data(), replacement.size());
     }
     files[0] = FormatManifest(m);
   }
@@ -562,48 +420,7 @@ void RunDcpInput(const uint8_t* data, size_t size) {
   }
 }
 
-absl::Status WriteProjectSeeds(const std::string& torch_file_dir, const std::string& checkpoint_dir,
-                               const std::string& dcp_dir) {
-  // A dict of every dtype, including views, a 0-dim and an empty tensor.
-  TensorDict tensors;
-  const torch::Tensor base = torch::arange(24, torch::kFloat).reshape({4, 6});
-  tensors.insert("float", base);
-  tensors.insert("transposed", base.t());
-  tensors.insert("strided",
-                 base.index({torch::indexing::Slice(), torch::indexing::Slice(1, 6, 2)}));
-  tensors.insert("scalar", torch::tensor(3.25, torch::kDouble));
-  tensors.insert("empty", torch::zeros({0, 3}, torch::kInt));
-  for (auto dtype :
-       {torch::kHalf, torch::kBFloat16, torch::kDouble, torch::kChar, torch::kByte, torch::kShort,
-        torch::kInt, torch::kLong, torch::kBool, torch::kComplexFloat, torch::kComplexDouble}) {
-    tensors.insert(absl::StrCat("dtype_", c10::toString(dtype)),
-                   torch::arange(5, torch::kFloat).sub(2).to(dtype));
-  }
-  absl::Status status = SaveTensorDict(tensors, torch_file_dir + "/project_tensor_dict.pt");
-  if (!status.ok()) return status;
-
-  // An optimizer-like nested IValue: int keys, lists, tuples, strings,
-  // floats, bools, None.
-  c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
-  c10::impl::GenericDict slot(c10::StringType::get(), c10::AnyType::get());
-  slot.insert("step", c10::IValue(torch::tensor(3.0)));
-  slot.insert("exp_avg", c10::IValue(torch::ones({2, 2})));
-  state.insert(0, c10::IValue(slot));
-  c10::impl::GenericDict group(c10::StringType::get(), c10::AnyType::get());
-  group.insert("lr", 0.001);
-  group.insert("betas", c10::ivalue::Tuple::create({0.9, 0.999}));
-  group.insert("amsgrad", false);
-  group.insert("maximize", c10::IValue());
-  group.insert("params", c10::List<int64_t>({0, 1}));
-  group.insert("name", std::string("decoder"));
-  c10::impl::GenericList groups(c10::AnyType::get());
-  groups.push_back(c10::IValue(group));
-  c10::impl::GenericDict optimizer(c10::StringType::get(), c10::AnyType::get());
-  optimizer.insert("state", c10::IValue(state));
-  optimizer.insert("param_groups", c10::IValue(groups));
-  status = SaveIValue(c10::IValue(optimizer), torch_file_dir + "/project_optimizer.pt");
-  if (!status.ok()) return status;
-
+absl::Status WriteProjectSeeds(const std::string& checkpoint_dir, const std::string& dcp_dir) {
   // The template checkpoint's files as inputs of RunCheckpointInput: the
   // selector byte, then the file.
   const CheckpointTemplate& t = Template();

@@ -1,7 +1,9 @@
-// Fuzz harnesses for the loaders of untrusted files, shared by the libFuzzer
-// targets (tools/fuzz.sh builds them with clang) and by
+// Fuzz harnesses for state_dict's loaders of untrusted checkpoints (its own
+// step directories and torch.distributed.checkpoint directories), shared by
+// the libFuzzer targets (tools/fuzz.sh builds them with clang) and by
 // //state_dict/fuzz:corpus_replay_test, which replays the committed corpus
-// and regressions through the same functions under Bazel.
+// and regressions through the same functions under Bazel. The file formats'
+// harnesses (torch_file, safetensors) are in formats/fuzz/harness.h.
 //
 // Each Run* function feeds one input to the loaders and checks an oracle
 // beyond "no crash". A loader may reject an input (that is the point), but
@@ -17,13 +19,6 @@
 
 namespace state_dict {
 namespace fuzz {
-
-// The input is a whole file, loaded with LoadTensorDict and LoadIValue.
-// Oracle: when LoadTensorDict accepts it, LoadIValue does too, and the dict
-// saved with SaveTensorDict loads back with the same keys in the same order,
-// each tensor of the same dtype and shape with bitwise equal elements
-// (bitwise, not torch::equal, because fuzzed floats are often NaN).
-void RunTorchFileInput(const uint8_t* data, size_t size);
 
 // Which file of the template checkpoint an input replaces, and whether
 // checksums are fixed up so that the input reaches the checks behind them:
@@ -68,21 +63,11 @@ constexpr int kDcpFiles = 3;  // .metadata, __0_0.distcp, __1_0.distcp
 // bounded by the files' sizes (libFuzzer's -rss_limit_mb catches the rest).
 void RunDcpInput(const uint8_t* data, size_t size);
 
-// The input is a whole safetensors file, loaded with LoadSafetensors.
-// Oracle: when it loads, SaveSafetensors of the tensors and metadata writes
-// a file that loads back with the same names in the same order, each tensor
-// of the same dtype and shape with bitwise equal elements, and the same
-// metadata (plus the {"format": "pt"} SaveSafetensors adds when the file had
-// no "format"). Memory stays bounded by the file's size: the loader allocates
-// nothing a header declares beyond the bytes the file holds.
-void RunSafetensorsInput(const uint8_t* data, size_t size);
-
-// Writes the project-made seeds: SaveTensorDict / SaveIValue outputs into
-// `torch_file_dir`, the template checkpoint's files into `checkpoint_dir`
-// and the template DCP directory's files into `dcp_dir` (each of the last
-// two prefixed by its selector byte). The directories must exist.
-absl::Status WriteProjectSeeds(const std::string& torch_file_dir, const std::string& checkpoint_dir,
-                               const std::string& dcp_dir);
+// Writes the project-made seeds: the template checkpoint's files into
+// `checkpoint_dir` and the template DCP directory's files into `dcp_dir`
+// (each prefixed by its selector byte). The directories must exist. The
+// torch_file target's seeds: formats/fuzz/harness.h.
+absl::Status WriteProjectSeeds(const std::string& checkpoint_dir, const std::string& dcp_dir);
 
 }  // namespace fuzz
 }  // namespace state_dict

@@ -7,17 +7,17 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "formats/torch_save/tensor_dict_io.h"
 #include "state_dict/checkpoint.h"
-#include "state_dict/internal/tensor_dict_io.h"
 
 namespace state_dict {
 namespace internal {
 // SaveFullCheckpoint and SaveShard of live tensors (LiveTensors:
-// tensor_dict_io.h). For AsyncCheckpointer.
+// formats/torch_save/tensor_dict_io.h). For AsyncCheckpointer.
 absl::Status SaveFullCheckpoint(const std::string& root, int64_t step, const TensorDict& state,
-                                const LiveTensors* live);
+                                const formats::LiveTensors* live);
 absl::Status SaveShard(const std::string& root, int64_t step, int rank, int world_size,
-                       const ShardedStateDict& shard, const LiveTensors* live);
+                       const ShardedStateDict& shard, const formats::LiveTensors* live);
 
 // Test hook: called after each file of a save is durably in place, with its
 // path. Lets a test kill a process between two files of one checkpoint.

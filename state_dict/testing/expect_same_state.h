@@ -3,9 +3,9 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
-#include "state_dict/pytorch_format.h"
+#include "state_dict/tensor_dict.h"
 
 namespace state_dict {
 namespace testing {

@@ -1,4 +1,4 @@
-"""Writes the seed corpus of the state_dict fuzzers (tools/fuzz.sh).
+"""Writes the seed corpus of the formats and state_dict fuzzers (tools/fuzz.sh).
 
 Run from the repository root with the venv's Python that `tools/setup.sh
 --with-python` makes (the `torch` wheel the build links, 2.15):
@@ -6,11 +6,11 @@ Run from the repository root with the venv's Python that `tools/setup.sh
     ${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/python3 \
         tools/fuzz/make_seed_corpus.py [--no-project-seeds]
 
-It writes real torch.save files into state_dict/fuzz/corpus/torch_file/
+It writes real torch.save files into formats/fuzz/corpus/torch_file/
 (state dicts with _metadata, optimizer state dicts, nested containers, views
 sharing storage, every dtype, empty and 0-dim tensors) and the expectations
-//state_dict/fuzz:corpus_replay_test checks them against
-(state_dict/fuzz/corpus/python_seeds.txt); a few of them, prefixed with a
+//formats/fuzz:corpus_replay_test checks them against
+(formats/fuzz/corpus/python_seeds.txt); a few of them, prefixed with a
 selector byte, seed the checkpoint fuzzer (state_dict/fuzz/corpus/checkpoint/).
 For the dcp fuzzer it writes the `.metadata` and `__0_0.distcp` of a
 1-process torch.distributed.checkpoint save (`dcp.save(..., no_dist=True)`),
@@ -19,10 +19,11 @@ For the safetensors fuzzer it writes files of Python's safetensors.torch
 save_file (every dtype the format shares with torch, bf16 included, empty
 and 0-dim tensors, metadata) and, by hand, headers that lie: overlapping,
 out-of-range and gapped offsets, a header length past the file or over the
-format's limit (state_dict/fuzz/corpus/safetensors/).
-Then, unless --no-project-seeds, it runs //state_dict/fuzz:write_project_seeds
-(bazel) for the files the project itself writes (SaveTensorDict, SaveIValue,
-the fuzzers' template checkpoint and template DCP directory). Rerunning it
+format's limit (formats/fuzz/corpus/safetensors/).
+Then, unless --no-project-seeds, it runs //formats/fuzz:write_project_seeds
+and //state_dict/fuzz:write_project_seeds (bazel) for the files the project
+itself writes (SaveTensorDict, SaveIValue; the fuzzers' template checkpoint
+and template DCP directory). Rerunning it
 rewrites the same files (the DCP save's random save id and temporary path in
 its StorageMeta are replaced by fixed ones).
 
@@ -47,7 +48,17 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-CORPUS = os.path.join(ROOT, "state_dict", "fuzz", "corpus")
+# The file formats' corpora (torch_file, safetensors, python_seeds.txt) and
+# state_dict's (checkpoint, dcp).
+FORMATS_CORPUS = os.path.join(ROOT, "formats", "fuzz", "corpus")
+STATE_DICT_CORPUS = os.path.join(ROOT, "state_dict", "fuzz", "corpus")
+CORPUS_OF = {"torch_file": FORMATS_CORPUS, "safetensors": FORMATS_CORPUS,
+             "checkpoint": STATE_DICT_CORPUS, "dcp": STATE_DICT_CORPUS}
+
+
+def corpus(target):
+    """The corpus directory of a fuzz target."""
+    return os.path.join(CORPUS_OF[target], target)
 
 # torch dtype -> c10::toString name, as the C++ test prints them.
 C10_NAMES = {
@@ -80,7 +91,7 @@ def tensors_in(value):
 def save(obj, name, via_path):
     """torch.save to corpus/torch_file/<name>; by path (archive named after the
     file) or through a buffer (archive named "archive"), as users do both."""
-    path = os.path.join(CORPUS, "torch_file", name)
+    path = os.path.join(corpus("torch_file"), name)
     if via_path:
         torch.save(obj, path)
     else:
@@ -178,8 +189,8 @@ def write_python_seeds(expectations):
 
     # The same state dict re-zipped by Python's zipfile with every record
     # deflated (version record included): torch.load reads such archives.
-    plain = os.path.join(CORPUS, "torch_file", "py_state_dict_mlp.pt")
-    deflated = os.path.join(CORPUS, "torch_file", "py_deflated_records.pt")
+    plain = os.path.join(corpus("torch_file"), "py_state_dict_mlp.pt")
+    deflated = os.path.join(corpus("torch_file"), "py_deflated_records.pt")
     with zipfile.ZipFile(plain) as src, zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as dst:
         for info in src.infolist():
             out = zipfile.ZipInfo(info.filename, date_time=(2020, 1, 1, 0, 0, 0))
@@ -209,9 +220,9 @@ def write_checkpoint_seeds():
     template (selector byte 1: rank_00000.pt; 5: rank_00001.pt with the
     manifest's checksum of it fixed up; see state_dict/fuzz/harness.h)."""
     for selector, name in ((1, "py_state_dict_mlp.pt"), (5, "py_views.pt")):
-        with open(os.path.join(CORPUS, "torch_file", name), "rb") as f:
+        with open(os.path.join(corpus("torch_file"), name), "rb") as f:
             data = f.read()
-        with open(os.path.join(CORPUS, "checkpoint", f"{name}.sel{selector}"), "wb") as f:
+        with open(os.path.join(corpus("checkpoint"), f"{name}.sel{selector}"), "wb") as f:
             f.write(bytes([selector]) + data)
 
 
@@ -245,7 +256,7 @@ def write_dcp_seeds():
         for selector, name in ((0, ".metadata"), (1, "__0_0.distcp")):
             with open(os.path.join(d, name), "rb") as f:
                 data = f.read()
-            out = os.path.join(CORPUS, "dcp", f"py_dcp_save_{name.lstrip('.')}.sel{selector}")
+            out = os.path.join(corpus("dcp"), f"py_dcp_save_{name.lstrip('.')}.sel{selector}")
             with open(out, "wb") as f:
                 f.write(bytes([selector]) + data)
 
@@ -255,7 +266,7 @@ def write_safetensors_seeds():
     import json
     import struct
     from safetensors.torch import save_file
-    out = os.path.join(CORPUS, "safetensors")
+    out = corpus("safetensors")
     torch.manual_seed(7)
     save_file({"weight": torch.randn(3, 4), "bias": torch.arange(5, dtype=torch.int64),
                "half": torch.linspace(-1, 1, 6).to(torch.bfloat16).reshape(2, 3)},
@@ -292,24 +303,27 @@ def main():
                         help="only the Python-made seeds (no bazel run)")
     args = parser.parse_args()
     for target in ("torch_file", "checkpoint", "dcp", "safetensors"):
-        os.makedirs(os.path.join(CORPUS, target), exist_ok=True)
+        os.makedirs(corpus(target), exist_ok=True)
     expectations = []
     write_python_seeds(expectations)
     write_checkpoint_seeds()
     write_dcp_seeds()
     write_safetensors_seeds()
-    with open(os.path.join(CORPUS, "python_seeds.txt"), "w") as f:
+    with open(os.path.join(FORMATS_CORPUS, "python_seeds.txt"), "w") as f:
         f.write("# Written by tools/fuzz/make_seed_corpus.py; checked by corpus_replay_test.\n")
         f.write("# <file> tensor <key> <dtype> <shape|-> <sum>   (a dict of tensors)\n")
         f.write("# <file> value <number of tensors> <sum of all>  (any value)\n")
         f.write("\n".join(expectations) + "\n")
     if not args.no_project_seeds:
         subprocess.run(
-            ["bazel", "run", "//state_dict/fuzz:write_project_seeds", "--",
-             os.path.join(CORPUS, "torch_file"), os.path.join(CORPUS, "checkpoint"),
-             os.path.join(CORPUS, "dcp")],
+            ["bazel", "run", "//formats/fuzz:write_project_seeds", "--", corpus("torch_file")],
             cwd=ROOT, check=True)
-    print(f"seed corpus written under {os.path.relpath(CORPUS, ROOT)}")
+        subprocess.run(
+            ["bazel", "run", "//state_dict/fuzz:write_project_seeds", "--",
+             corpus("checkpoint"), corpus("dcp")],
+            cwd=ROOT, check=True)
+    for directory in (FORMATS_CORPUS, STATE_DICT_CORPUS):
+        print(f"seed corpus written under {os.path.relpath(directory, ROOT)}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
 #include "comm/process_group.h"

@@ -1,0 +1,11 @@
+// libFuzzer target: a whole safetensors file through LoadSafetensors, with
+// harness.h's round-trip oracle. Built and run by tools/fuzz.sh.
+#include <cstddef>
+#include <cstdint>
+
+#include "formats/fuzz/harness.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  formats::fuzz::RunSafetensorsInput(data, size);
+  return 0;
+}
