@@ -9,6 +9,8 @@
 #include <set>
 #include <utility>
 
+#include <ATen/ops/empty.h>
+
 #include "absl/strings/str_cat.h"
 
 namespace trainer {
@@ -81,8 +83,8 @@ absl::StatusOr<RowRange> RankRows(int64_t global_batch, int rank, int world_size
   return RowRange{rank * per_rank, per_rank};
 }
 
-absl::StatusOr<torch::Tensor> SampleTextBatch(const std::vector<uint8_t>& corpus,
-                                              const BatchSpec& spec) {
+absl::StatusOr<at::Tensor> SampleTextBatch(const std::vector<uint8_t>& corpus,
+                                           const BatchSpec& spec) {
   auto rows = RankRows(spec.global_batch, spec.rank, spec.world_size);
   if (!rows.ok()) return rows.status();
   const int64_t corpus_size = static_cast<int64_t>(corpus.size());
@@ -91,7 +93,7 @@ absl::StatusOr<torch::Tensor> SampleTextBatch(const std::vector<uint8_t>& corpus
         "rows of ", spec.row_length, " tokens: expected at most the corpus size ", corpus_size));
   }
   const uint64_t starts = static_cast<uint64_t>(corpus_size - spec.row_length + 1);
-  torch::Tensor out = torch::empty({rows->count, spec.row_length}, torch::kInt64);
+  at::Tensor out = at::empty({rows->count, spec.row_length}, at::kLong);
   int64_t* data = out.data_ptr<int64_t>();
   for (int64_t i = 0; i < rows->count; ++i) {
     const int64_t row = rows->first + i;
@@ -103,7 +105,7 @@ absl::StatusOr<torch::Tensor> SampleTextBatch(const std::vector<uint8_t>& corpus
   return out;
 }
 
-absl::StatusOr<torch::Tensor> SampleSyntheticBatch(int64_t vocab, const BatchSpec& spec) {
+absl::StatusOr<at::Tensor> SampleSyntheticBatch(int64_t vocab, const BatchSpec& spec) {
   auto rows = RankRows(spec.global_batch, spec.rank, spec.world_size);
   if (!rows.ok()) return rows.status();
   if (vocab < 1 || spec.row_length < 1) {
@@ -111,7 +113,7 @@ absl::StatusOr<torch::Tensor> SampleSyntheticBatch(int64_t vocab, const BatchSpe
                                                    " and row length ", spec.row_length,
                                                    ": expected both >= 1"));
   }
-  torch::Tensor out = torch::empty({rows->count, spec.row_length}, torch::kInt64);
+  at::Tensor out = at::empty({rows->count, spec.row_length}, at::kLong);
   int64_t* data = out.data_ptr<int64_t>();
   for (int64_t i = 0; i < rows->count; ++i) {
     for (int64_t j = 0; j < spec.row_length; ++j) {

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include <torch/types.h>
+#include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
 
@@ -51,11 +51,11 @@ absl::StatusOr<RowRange> RankRows(int64_t global_batch, int rank, int world_size
 // This rank's rows of the batch: int64 [count, row_length], each row
 // `row_length` consecutive bytes of `corpus`. InvalidArgument when the corpus
 // is shorter than one row.
-absl::StatusOr<torch::Tensor> SampleTextBatch(const std::vector<uint8_t>& corpus,
-                                              const BatchSpec& spec);
+absl::StatusOr<at::Tensor> SampleTextBatch(const std::vector<uint8_t>& corpus,
+                                           const BatchSpec& spec);
 
 // The same rows as uniformly random tokens in [0, vocab), hashed from
 // (seed, step, row, column): for benchmarks, where the loss does not matter.
-absl::StatusOr<torch::Tensor> SampleSyntheticBatch(int64_t vocab, const BatchSpec& spec);
+absl::StatusOr<at::Tensor> SampleSyntheticBatch(int64_t vocab, const BatchSpec& spec);
 
 }  // namespace trainer

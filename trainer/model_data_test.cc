@@ -2,11 +2,14 @@
 // tied weights, the causal mask and the single block call site.
 #include <sys/stat.h>
 
+#include <cmath>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/collectives.h"
 #include "host/compute_layout.h"
+#include "comm/process_group.h"
 #include "comm/slurm.h"
 #include "state_dict/optim_state.h"
 #include "trainer/checkpointing.h"
@@ -89,11 +90,11 @@ absl::StatusOr<int64_t> ShardedStateBytes(const std::vector<torch::Tensor>& para
 
 absl::StatusOr<c10::Device> ComputeDevice(const Options& o) {
   if (o.device == Device::kCpu) return c10::Device(c10::kCPU);
-#ifndef TORCHFSDP_CUDA
-  return absl::UnimplementedError(
-      "--device=cuda: this trainer was built without CUDA (build it with "
-      "--config=cuda against a CUDA LibTorch, such as the torch wheel); use --device=cpu");
-#else
+  if (!comm::is_nccl_available()) {
+    return absl::UnimplementedError(
+        "--device=cuda: this trainer was built without CUDA (build it with "
+        "--config=cuda against a CUDA LibTorch, such as the torch wheel); use --device=cpu");
+  }
   const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
   if (count <= 0) {
     return absl::FailedPreconditionError(
@@ -112,12 +113,108 @@ absl::StatusOr<c10::Device> ComputeDevice(const Options& o) {
   }
   // torchrun's convention, and the GPU comm's NCCL backend binds.
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count));
-#endif
 }
 
 std::string ProcessGroupBackend(const Options& o) {
   return o.device == Device::kCuda ? comm::kGlooCpuNcclCuda : "gloo";
 }
+
+namespace {
+
+// Rank 0's first lines: the model, the data, the FSDP layout and the steps
+// this run trains, then the compute layout (threads, BLAS, allocator).
+void PrintRunHeader(const Options& o, int world, const fsdp::FullyShardedDataParallel& fsdp_model,
+                    const c10::Device& device, int64_t num_params, size_t corpus_bytes,
+                    int64_t first_step) {
+  std::string layout =
+      absl::StrCat(world, world == 1 ? " rank" : " ranks", ", FSDP ", Name(o.sharding));
+  if (o.sharding == Sharding::kHybrid) {
+    auto shape = HybridMeshShape(world);
+    if (shape.ok())
+      absl::StrAppend(&layout, " (", shape->first, " replicas x ", shape->second, " shards)");
+  }
+  absl::StrAppend(&layout, ", ", fsdp_model.fsdp_unit_names().size(), " unit",
+                  fsdp_model.fsdp_unit_names().size() == 1 ? "" : "s", " (auto-wrap ",
+                  AutoWrapName(o), ")");
+  if (o.mixed_precision == MixedPrecision::kBf16) absl::StrAppend(&layout, ", bf16");
+  if (o.cpu_offload) absl::StrAppend(&layout, ", cpu offload");
+  if (!device.is_cpu()) absl::StrAppend(&layout, ", on ", device.str(), " (NCCL)");
+  std::printf(
+      "trainer: %s, %lld parameters, %s data%s, %s, global batch %lld%s, "
+      "steps %lld-%lld\n",
+      Name(o.model), static_cast<long long>(num_params), Name(o.data),
+      o.data == DataKind::kText
+          ? absl::StrCat(" (", corpus_bytes, " bytes of ", kLicenseDir, ")").c_str()
+          : "",
+      layout.c_str(), static_cast<long long>(o.global_batch),
+      o.grad_accum > 1 ? absl::StrCat(" in ", o.grad_accum, " micro-batches").c_str() : "",
+      static_cast<long long>(first_step), static_cast<long long>(o.steps));
+  const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
+  std::printf(
+      "trainer: compute: %s\n",
+      host::DescribeComputeLayout(local_world != nullptr ? std::atoi(local_world) : world).c_str());
+  std::fflush(stdout);
+}
+
+// One step's forward and backward on this rank's rows `batch`, in
+// o.grad_accum micro-batches of equal size: scaling each mean loss by 1/K
+// makes the accumulated gradient the gradient of the mean over the rank's
+// rows. The first K-1 backwards run under no_sync (gradients accumulate
+// unreduced); the last one reduces the sum, averaged over ranks by FSDP.
+// Returns the rank's loss (the sum of the scaled micro-batch losses).
+double ForwardBackward(const Options& o, fsdp::FullyShardedDataParallel& fsdp_model,
+                       LanguageModel& model, const torch::Tensor& batch,
+                       const c10::Device& device) {
+  double local_loss = 0;
+  const std::vector<torch::Tensor> micros = batch.chunk(o.grad_accum, 0);
+  for (size_t m = 0; m < micros.size(); ++m) {
+    const torch::Tensor micro = micros[m].to(device);
+    auto forward_backward = [&] {
+      torch::Tensor loss =
+          fsdp_model.run([&] { return model.Loss(micro); }) / static_cast<double>(o.grad_accum);
+      loss.backward();
+      local_loss += loss.item<double>();
+    };
+    if (m + 1 < micros.size()) {
+      auto no_sync = fsdp_model.no_sync();
+      forward_backward();
+    } else {
+      forward_backward();
+    }
+  }
+  return local_loss;
+}
+
+// The --log-json record of a step: `record` with its per-rank figures (peak
+// RSS, sharded state bytes) gathered from every rank; rank 0 writes it.
+// Every rank calls it (a collective inside).
+absl::Status LogStep(const comm::ProcessGroup& group, const std::vector<torch::Tensor>& params,
+                     const torch::optim::Optimizer& optimizer, JsonLogWriter& log,
+                     StepRecord record) {
+  auto state_bytes = ShardedStateBytes(params, optimizer);
+  if (!state_bytes.ok()) return state_bytes.status();
+  const auto per_rank = GatherPerRank(group, {PeakRssBytes(), *state_bytes});
+  if (group.rank() != 0) return absl::OkStatus();
+  record.peak_rss_bytes = per_rank[0];
+  record.sharded_state_bytes = per_rank[1];
+  return log.Write(record);
+}
+
+// After `step`: its checkpoint when --checkpoint-every (or the last step)
+// asks for one, else a step of the --async-checkpoint save in flight.
+absl::Status CheckpointAfterStep(const Options& o, const comm::ProcessGroup& group,
+                                 fsdp::FullyShardedDataParallel& fsdp_model,
+                                 torch::optim::Optimizer& optimizer, int64_t step,
+                                 AsyncSave* async) {
+  const bool checkpoint_now =
+      !o.checkpoint_dir.empty() &&
+      ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == o.steps);
+  if (checkpoint_now) return SaveTrainerCheckpoint(o, fsdp_model, optimizer, group, step, async);
+  if (async != nullptr) return FinishAsyncSave(o, group, *async, /*block=*/false);
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& group) {
   const int world = group.size();
@@ -155,34 +252,7 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
 
   JsonLogWriter log;
   if (is_main) {
-    std::string layout =
-        absl::StrCat(world, world == 1 ? " rank" : " ranks", ", FSDP ", Name(o.sharding));
-    if (o.sharding == Sharding::kHybrid) {
-      auto shape = HybridMeshShape(world);
-      if (shape.ok())
-        absl::StrAppend(&layout, " (", shape->first, " replicas x ", shape->second, " shards)");
-    }
-    absl::StrAppend(&layout, ", ", fsdp_model.fsdp_unit_names().size(), " unit",
-                    fsdp_model.fsdp_unit_names().size() == 1 ? "" : "s", " (auto-wrap ",
-                    AutoWrapName(o), ")");
-    if (o.mixed_precision == MixedPrecision::kBf16) absl::StrAppend(&layout, ", bf16");
-    if (o.cpu_offload) absl::StrAppend(&layout, ", cpu offload");
-    if (!device->is_cpu()) absl::StrAppend(&layout, ", on ", device->str(), " (NCCL)");
-    std::printf(
-        "trainer: %s, %lld parameters, %s data%s, %s, global batch %lld%s, "
-        "steps %lld-%lld\n",
-        Name(o.model), static_cast<long long>(num_params), Name(o.data),
-        o.data == DataKind::kText
-            ? absl::StrCat(" (", corpus.size(), " bytes of ", kLicenseDir, ")").c_str()
-            : "",
-        layout.c_str(), static_cast<long long>(o.global_batch),
-        o.grad_accum > 1 ? absl::StrCat(" in ", o.grad_accum, " micro-batches").c_str() : "",
-        static_cast<long long>(result.first_step), static_cast<long long>(o.steps));
-    const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
-    std::printf("trainer: compute: %s\n",
-                host::DescribeComputeLayout(local_world != nullptr ? std::atoi(local_world) : world)
-                    .c_str());
-    std::fflush(stdout);
+    PrintRunHeader(o, world, fsdp_model, *device, num_params, corpus.size(), result.first_step);
     if (!o.log_json.empty()) {
       if (auto s = log.Open(o.log_json, /*append=*/o.resume); !s.ok()) return s;
     }
@@ -208,28 +278,7 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
     auto batch = o.data == DataKind::kText ? SampleTextBatch(corpus, spec)
                                            : SampleSyntheticBatch(o.vocab, spec);
     if (!batch.ok()) return batch.status();
-
-    // Micro-batches of equal size: scaling each mean loss by 1/K makes the
-    // accumulated gradient the gradient of the mean over the rank's rows.
-    // The first K-1 backwards run under no_sync (gradients accumulate
-    // unreduced); the last one reduces the sum, averaged over ranks by FSDP.
-    double local_loss = 0;
-    const std::vector<torch::Tensor> micros = batch->chunk(o.grad_accum, 0);
-    for (size_t m = 0; m < micros.size(); ++m) {
-      const torch::Tensor micro = micros[m].to(*device);
-      auto forward_backward = [&] {
-        torch::Tensor loss =
-            fsdp_model.run([&] { return model->Loss(micro); }) / static_cast<double>(o.grad_accum);
-        loss.backward();
-        local_loss += loss.item<double>();
-      };
-      if (m + 1 < micros.size()) {
-        auto no_sync = fsdp_model.no_sync();
-        forward_backward();
-      } else {
-        forward_backward();
-      }
-    }
+    const double local_loss = ForwardBackward(o, fsdp_model, *model, *batch, *device);
     torch::Tensor l = torch::tensor({local_loss}, torch::kFloat64);
     comm::all_reduce(group, l, comm::ReduceOp::kAvg).wait();
     const double global_loss = l.item<double>();
@@ -248,28 +297,15 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
     // Only the JSON log needs the per-rank figures: without it, no extra
     // collective per step. Every rank has the same options, so all agree.
     if (!o.log_json.empty()) {
-      auto state_bytes = ShardedStateBytes(params, *optimizer);
-      if (!state_bytes.ok()) return state_bytes.status();
-      const auto per_rank = GatherPerRank(group, {PeakRssBytes(), *state_bytes});
-      if (is_main) {
-        StepRecord record{step, global_loss, lr, step_time, tokens_per_s, per_rank[0], per_rank[1]};
-        if (auto s = log.Write(record); !s.ok()) return s;
-      }
+      StepRecord record{step, global_loss, lr, step_time, tokens_per_s, {}, {}};
+      if (auto s = LogStep(group, params, *optimizer, log, std::move(record)); !s.ok()) return s;
     }
     if (is_main) {
       progress.Update(step, global_loss, tokens_per_s,
                       std::chrono::duration<double>(Clock::now() - run_start).count());
     }
-
-    const bool checkpoint_now =
-        !o.checkpoint_dir.empty() &&
-        ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == o.steps);
-    if (checkpoint_now) {
-      if (auto s = SaveTrainerCheckpoint(o, fsdp_model, *optimizer, group, step, async); !s.ok()) {
-        return s;
-      }
-    } else if (async != nullptr) {
-      if (auto s = FinishAsyncSave(o, group, *async, /*block=*/false); !s.ok()) return s;
+    if (auto s = CheckpointAfterStep(o, group, fsdp_model, *optimizer, step, async); !s.ok()) {
+      return s;
     }
   }
   if (async != nullptr) {

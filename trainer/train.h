@@ -12,8 +12,9 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <torch/optim/optimizer.h>
-#include <torch/types.h>
 
 #include "absl/status/statusor.h"
 #include "comm/process_group.h"
@@ -45,7 +46,7 @@ std::string ProcessGroupBackend(const Options& options);
 // (the JSON log's sharded_state_bytes of a rank: with FSDP's
 // use_orig_params, `params` are views of the rank's shard, so this counts
 // its shard, padding excluded).
-absl::StatusOr<int64_t> ShardedStateBytes(const std::vector<torch::Tensor>& params,
+absl::StatusOr<int64_t> ShardedStateBytes(const std::vector<at::Tensor>& params,
                                           const torch::optim::Optimizer& optimizer);
 
 }  // namespace trainer

@@ -12,7 +12,9 @@
 // picks the random moments (default: from the clock, printed).
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -24,7 +26,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/core/Tensor.h>
 
 #include "state_dict/checkpoint.h"
 #include "trainer/testing/processes.h"
@@ -64,8 +66,8 @@ bool BitIdentical(const std::string& got_dir, const std::string& want_dir) {
   bool same = true;
   int optimizer_entries = 0;
   for (const auto& item : *want) {
-    const torch::Tensor a = (*got)[item.key()].contiguous();
-    const torch::Tensor b = item.value().contiguous();
+    const at::Tensor a = (*got)[item.key()].contiguous();
+    const at::Tensor b = item.value().contiguous();
     const bool equal = a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
                        std::memcmp(a.data_ptr(), b.data_ptr(), b.nbytes()) == 0;
     EXPECT_TRUE(equal) << item.key() << " differs from the uninterrupted run";

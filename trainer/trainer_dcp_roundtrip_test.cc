@@ -53,7 +53,7 @@
 #include <utility>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
