@@ -52,6 +52,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -59,7 +60,9 @@
 #include <thread>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/optim/adam.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "state_dict/async_checkpoint.h"
 #include "state_dict/checkpoint.h"

@@ -12,7 +12,11 @@
 #include <benchmark/benchmark.h>
 
 #include "benchmarks/machine_report.h"
-#include <torch/torch.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <vector>
 

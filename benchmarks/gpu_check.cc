@@ -75,7 +75,7 @@
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 #include <torch/optim/sgd.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <torch/version.h>
 
 #include "absl/status/status.h"

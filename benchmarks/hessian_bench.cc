@@ -47,7 +47,9 @@
 // their FLOP/s use the observed count.
 #include <ATen/record_function.h>
 #include <benchmark/benchmark.h>
-#include <torch/torch.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cmath>
@@ -57,6 +59,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>

@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "benchmarks/machine_report.h"
 #include "state_dict/tensor_dict.h"

@@ -22,7 +22,7 @@
 
 #include <benchmark/benchmark.h>
 #include <dlfcn.h>
-#include <torch/torch.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdio>

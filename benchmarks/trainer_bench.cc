@@ -39,7 +39,9 @@
 // holds after its steps (max over ranks), measured by the trainer's own
 // trainer::ShardedStateBytes (its --log-json's sharded_state_bytes).
 #include <benchmark/benchmark.h>
-#include <torch/torch.h>
+#include <torch/optim/adam.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <dlfcn.h>
 

@@ -12,7 +12,10 @@
 #include <benchmark/benchmark.h>
 
 #include "benchmarks/machine_report.h"
-#include <torch/torch.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/types.h>
 
 #include <vector>
 
