@@ -11,7 +11,6 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <torch/serialize.h>
 #include <torch/types.h>
 
 #include "absl/strings/str_cat.h"

@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
-#include <torch/serialize.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 
