@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "formats/fuzz/corpus.h"
 #include "formats/fuzz/harness.h"
 #include "formats/torch_save/torch_save.h"
 
@@ -28,50 +29,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path FuzzDirectory() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return "formats/fuzz";
-  return fs::path(srcdir) / workspace / "formats" / "fuzz";
-}
-
-std::string ReadAll(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
-// Every file under corpus/<target> and regressions/<target>, sorted.
-std::vector<fs::path> Inputs(const std::string& target) {
-  std::vector<fs::path> out;
-  for (const char* kind : {"corpus", "regressions"}) {
-    const fs::path dir = FuzzDirectory() / kind / target;
-    if (!fs::is_directory(dir)) continue;
-    for (const auto& entry : fs::directory_iterator(dir)) {
-      if (entry.is_regular_file()) out.push_back(entry.path());
-    }
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
+fs::path FuzzDirectory() { return formats::fuzz::FuzzDirectory("formats/fuzz"); }
 
 TEST(CorpusReplayTest, TorchFileCorpusAndRegressionsKeepTheOracles) {
-  const std::vector<fs::path> inputs = Inputs("torch_file");
-  ASSERT_GE(inputs.size(), 10u) << "the torch_file corpus is missing";
-  for (const fs::path& input : inputs) {
-    SCOPED_TRACE(input.string());
-    const std::string bytes = ReadAll(input);
-    RunTorchFileInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-  }
+  ReplayCorpus(FuzzDirectory(), "torch_file", 10, RunTorchFileInput);
 }
 
 TEST(CorpusReplayTest, SafetensorsCorpusAndRegressionsKeepTheOracles) {
-  const std::vector<fs::path> inputs = Inputs("safetensors");
-  ASSERT_GE(inputs.size(), 9u) << "the safetensors corpus is missing";
-  for (const fs::path& input : inputs) {
-    SCOPED_TRACE(input.string());
-    const std::string bytes = ReadAll(input);
-    RunSafetensorsInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-  }
+  ReplayCorpus(FuzzDirectory(), "safetensors", 9, RunSafetensorsInput);
 }
 
 double ValueSum(const torch::Tensor& t) {

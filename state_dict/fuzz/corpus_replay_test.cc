@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "formats/fuzz/corpus.h"
 #include "state_dict/fuzz/harness.h"
 
 namespace state_dict {
@@ -19,51 +20,16 @@ namespace fuzz {
 namespace {
 
 namespace fs = std::filesystem;
-
-fs::path FuzzDirectory() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return "state_dict/fuzz";
-  return fs::path(srcdir) / workspace / "state_dict" / "fuzz";
-}
-
-std::string ReadAll(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
-// Every file under corpus/<target> and regressions/<target>, sorted.
-std::vector<fs::path> Inputs(const std::string& target) {
-  std::vector<fs::path> out;
-  for (const char* kind : {"corpus", "regressions"}) {
-    const fs::path dir = FuzzDirectory() / kind / target;
-    if (!fs::is_directory(dir)) continue;
-    for (const auto& entry : fs::directory_iterator(dir)) {
-      if (entry.is_regular_file()) out.push_back(entry.path());
-    }
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
+using formats::fuzz::FuzzDirectory;
+using formats::fuzz::ReadAll;
+using formats::fuzz::ReplayCorpus;
 
 TEST(CorpusReplayTest, CheckpointCorpusAndRegressionsKeepTheOracles) {
-  const std::vector<fs::path> inputs = Inputs("checkpoint");
-  ASSERT_GE(inputs.size(), 5u) << "the checkpoint corpus is missing";
-  for (const fs::path& input : inputs) {
-    SCOPED_TRACE(input.string());
-    const std::string bytes = ReadAll(input);
-    RunCheckpointInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-  }
+  ReplayCorpus(FuzzDirectory("state_dict/fuzz"), "checkpoint", 5, RunCheckpointInput);
 }
 
 TEST(CorpusReplayTest, DcpCorpusAndRegressionsKeepTheOracles) {
-  const std::vector<fs::path> inputs = Inputs("dcp");
-  ASSERT_GE(inputs.size(), 4u) << "the dcp corpus is missing";
-  for (const fs::path& input : inputs) {
-    SCOPED_TRACE(input.string());
-    const std::string bytes = ReadAll(input);
-    RunDcpInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-  }
+  ReplayCorpus(FuzzDirectory("state_dict/fuzz"), "dcp", 4, RunDcpInput);
 }
 
 // The project-made seeds as this build writes them (the committed ones go
