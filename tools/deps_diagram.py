@@ -144,26 +144,35 @@ def split_top_level(body):
     return [p.strip() for p in parts if p.strip()]
 
 
+def closing_paren(text, open_index):
+    """The index just past the bracket that closes text[open_index] (strings
+    skipped), or None when it is never closed."""
+    depth, quote, i = 0, None, open_index
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
+
+
 def parse_build(text):
     """[(rule kind, {attribute: value text})] for the top-level calls."""
     text = strip_comments(text)
     rules = []
     for match in re.finditer(r"^([A-Za-z_][A-Za-z0-9_]*)\s*\(", text, re.M):
-        depth, quote, i = 1, None, match.end()
-        while i < len(text) and depth:
-            c = text[i]
-            if quote:
-                if c == "\\":
-                    i += 1
-                elif c == quote:
-                    quote = None
-            elif c in "\"'":
-                quote = c
-            elif c in "([{":
-                depth += 1
-            elif c in ")]}":
-                depth -= 1
-            i += 1
+        i = closing_paren(text, match.end() - 1) or len(text)
         attributes = {}
         for part in split_top_level(text[match.end():i - 1]):
             key, eq, value = part.partition("=")

@@ -54,24 +54,10 @@ class BuildError(Exception):
 
 def closing_paren(text, open_index):
     """The index just past the bracket that closes text[open_index]."""
-    depth, quote, i = 0, None, open_index
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote:
-                quote = None
-        elif c in "\"'":
-            quote = c
-        elif c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    raise BuildError(f"unbalanced brackets in {text!r}")
+    end = deps_diagram.closing_paren(text, open_index)
+    if end is None:
+        raise BuildError(f"unbalanced brackets in {text!r}")
+    return end
 
 
 def literals(text):
