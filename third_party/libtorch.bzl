@@ -109,6 +109,7 @@ def _libtorch_repository_impl(ctx):
         fail("LibTorch at {} ({}) {} was built with the pre-C++11 string ABI (_GLIBCXX_USE_CXX11_ABI=0); this project links Debian's Abseil and GoogleTest, built with _GLIBCXX_USE_CXX11_ABI=1: use a cxx11-ABI LibTorch (every torch wheel from 2.7 on)".format(root, origin, found))
 
     ctx.symlink(root.get_child("include"), "include")
+    ctx.symlink(ctx.attr._pch_bzl, "pch.bzl")
     ctx.symlink(lib, "lib")
 
     has_cuda_lib = lib.get_child("libtorch_cuda.so").exists
@@ -164,6 +165,7 @@ libtorch_repository = repository_rule(
     implementation = _libtorch_repository_impl,
     attrs = {
         "_build_template": attr.label(default = "//third_party:libtorch.BUILD.tpl"),
+        "_pch_bzl": attr.label(default = "//third_party:libtorch_pch.bzl"),
     },
     environ = ["TORCHFSDP_LIBTORCH", "TORCHFSDP_HOME", "TORCHFSDP_PYTHON", "CUDA_HOME", "HOME"],
     local = True,

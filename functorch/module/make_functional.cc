@@ -116,9 +116,11 @@ void check_ensemble(const std::vector<std::shared_ptr<torch::nn::Module>>& model
   }
   TORCH_CHECK(all_training || all_eval, api,
               ": Expected all models to have the same training/eval mode.");
-  const std::type_index type0 = typeid(*models.front());
+  const torch::nn::Module& first = *models.front();
+  const std::type_index type0 = typeid(first);
   for (const auto& model : models) {
-    TORCH_CHECK(std::type_index(typeid(*model)) == type0, api,
+    const torch::nn::Module& each = *model;
+    TORCH_CHECK(std::type_index(typeid(each)) == type0, api,
                 ": Expected all models to be of the same class.");
   }
 }

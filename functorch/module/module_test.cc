@@ -505,7 +505,7 @@ TEST(MakeFunctional, MlpParamsAreCopiesAndModelIsUntouched) {
   EXPECT_TRUE(model->parameters()[0].requires_grad());
 
   EXPECT_EQ(
-      error_of([&] { fmodel(std::vector<torch::Tensor>(params.begin(), params.begin() + 2), x); }),
+      error_of([&, &f = fmodel, &p = params] { f(std::vector<torch::Tensor>(p.begin(), p.begin() + 2), x); }),
       "FunctionalModule: expected 6 tensors (one per name in param_names()), got 2");
 }
 
