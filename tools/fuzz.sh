@@ -17,8 +17,9 @@
 # and artifacts; default ~/.cache/torchfsdp_fuzz).
 #
 # clang-14 and its runtime libraries (libclang-rt-14-dev, which has
-# libFuzzer) are installed when missing, which needs root. Bazel's toolchain
-# here is gcc, which has no libFuzzer, so the build is tools/fuzz/Makefile.
+# libFuzzer) are installed when missing, which needs root. The build is
+# tools/fuzz/Makefile: libFuzzer's and the sanitizers' flags on every unit,
+# LibTorch's included, is not a configuration Bazel's targets are built in.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

@@ -2,7 +2,10 @@
 # Installs what the build needs; does nothing when it is already there.
 # Usage: tools/setup.sh [--with-python]
 #
-# - Debian packages: the compiler, Bazel, Abseil, GoogleTest, Google Benchmark,
+# - Debian packages: the compilers (clang-14 builds the project, with
+#   LibTorch's headers precompiled: third_party/libtorch_pch.bzl; its
+#   runtime libraries for --config=asan; g++ for the C++ standard library
+#   and the linker), Bazel, Abseil, GoogleTest, Google Benchmark,
 #   gperftools' tcmalloc (linked into every binary the project builds),
 #   libdeflate (the zip CRC-32 of checkpoint files), CLI11 and nlohmann-json
 #   (command lines, --log-json) and libgloo-dev (the gloo/ headers that
@@ -43,6 +46,8 @@ done
 
 packages=(
   g++
+  clang-14
+  libclang-rt-14-dev
   bazel-bootstrap
   libgloo-dev
   libabsl-dev

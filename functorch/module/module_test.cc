@@ -504,9 +504,10 @@ TEST(MakeFunctional, MlpParamsAreCopiesAndModelIsUntouched) {
   EXPECT_FALSE(frozen[0].requires_grad());
   EXPECT_TRUE(model->parameters()[0].requires_grad());
 
-  EXPECT_EQ(
-      error_of([&, &f = fmodel, &p = params] { f(std::vector<torch::Tensor>(p.begin(), p.begin() + 2), x); }),
-      "FunctionalModule: expected 6 tensors (one per name in param_names()), got 2");
+  EXPECT_EQ(error_of([&, &f = fmodel, &p = params] {
+              f(std::vector<torch::Tensor>(p.begin(), p.begin() + 2), x);
+            }),
+            "FunctionalModule: expected 6 tensors (one per name in param_names()), got 2");
 }
 
 // The other two module handle types: AnyModule (AnyValue out) and

@@ -75,6 +75,10 @@ c10::IValue tree_map(const std::function<c10::IValue(const c10::IValue&)>& fn,
 //   {0, {1, std::nullopt}} nested; a brace list is a tuple
 //   DimTree::dict({{"w", 0}, {"b", std::nullopt}})
 //                          matched to a dict by key, in any order
+//   DimTree::tuple({tree}) the one-element tuple of a DimTree: `{tree}` alone
+//                          is the tuple under GCC but a copy of `tree` under
+//                          clang (C++ list-initialization from one element
+//                          of the same class)
 class DimTree {
  public:
   DimTree(int64_t dim) : dim_(dim) {}                 // NOLINT: implicit like Python

@@ -255,15 +255,16 @@ TEST_F(VmapTest, DictAndListInDims) {
   Tensor w = torch::randn({5, 3}), bias = torch::randn({3});
   NamedTensors params{{"w", w}, {"b", bias}};
   auto f = [](NamedTensors p) { return p["w"] + p["b"]; };
-  Tensor out = vmap(f, {DimTree::dict({{"b", std::nullopt}, {"w", 0}})})(params);
+  Tensor out = vmap(f, DimTree::tuple({DimTree::dict({{"b", std::nullopt}, {"w", 0}})}))(params);
   EXPECT_TRUE(AllClose(out, w + bias));
   // in_dims as a broadcast int over a list argument.
   std::vector<Tensor> list{torch::randn({5, 2}), torch::randn({5, 2})};
   Tensor sum = vmap([](std::vector<Tensor> l) { return l[0] + l[1]; })(list);
   EXPECT_TRUE(AllClose(sum, list[0] + list[1]));
   // Per-element list in_dims.
-  Tensor sum2 = vmap([](std::vector<Tensor> l) { return l[0] + l[1]; },
-                     {DimTree::list({0, 1})})(std::vector<Tensor>{list[0], list[1].t()});
+  Tensor sum2 =
+      vmap([](std::vector<Tensor> l) { return l[0] + l[1]; },
+           DimTree::tuple({DimTree::list({0, 1})}))(std::vector<Tensor>{list[0], list[1].t()});
   EXPECT_TRUE(AllClose(sum2, list[0] + list[1]));
 }
 
