@@ -254,6 +254,17 @@ def conditional_list(name, cpu, cuda):
             + ["else()"] + cmake_list(name, [f'"{v}"' for v in cpu], "  ") + ["endif()"])
 
 
+def pch_includes(root):
+    """LIBTORCH_PCH_INCLUDES of third_party/libtorch_pch.bzl: what Bazel's
+    precompiled header holds, which the CMake build precompiles too."""
+    path = os.path.join(root, "third_party", "libtorch_pch.bzl")
+    with open(path) as f:
+        match = re.search(r"^LIBTORCH_PCH_INCLUDES = \[(.*?)\]", f.read(), re.S | re.M)
+    if not match:
+        raise BuildError(f"{path}: no LIBTORCH_PCH_INCLUDES = [...] list")
+    return literals(match.group(1))
+
+
 def render(rules, root):
     binaries = []
     for label, target in BINARIES:
@@ -341,6 +352,8 @@ def render(rules, root):
     # local_defines only its own sources.
     cpu, cuda = per_build([(reached[k], info[k]["defines"]) for k in sorted(reached)])
     lines += conditional_list("TORCHFSDP_DEFINES", cpu, cuda)
+    lines += ["", section("the precompiled LibTorch headers (third_party/libtorch_pch.bzl)")]
+    lines += cmake_list("TORCHFSDP_PCH_HEADERS", [f"<{h}>" for h in pch_includes(root)])
     lines += ["", section("local_defines, per source file")]
     for key in sorted(reached):
         facts = info[key]

@@ -2,7 +2,8 @@
 # Sets up what is missing and runs the whole test suite. Extra arguments go to
 # `bazel test` (e.g. tools/test.sh --config=asan). The last line is
 # "N passed, N failed", counted from Bazel's own per-target results plus one
-# entry each for the formatting check, fuzzing and the CUDA build: after the
+# entry each for the formatting check, fuzzing, the CUDA build and the CMake
+# GPU build: after the
 # Bazel tests, `tools/format.sh --check` checks that every .cc/.h file is as
 # clang-format 14 and .clang-format would write it (tools/format.sh formats
 # them), tools/fuzz.sh fuzzes the file loaders, the DCP reader, the
@@ -11,12 +12,16 @@
 # NCCL plug-in //comm:nccl and the binaries that link it, against LibTorch's
 # CUDA libraries and NCCL; no GPU needed, nothing CUDA runs here; every other
 # target compiles the same in both configurations, so nothing else is
-# rebuilt). All three are skipped when extra arguments are given: a
+# rebuilt), and tools/gpu_cmake_check.sh builds the GPU machine's CMake path
+# (benchmarks/gpu) against the wheel, checks that its binaries load nothing
+# from /usr/lib, and runs gpu_check --dry-run-on-cpu. All four are skipped
+# when extra arguments are given: a
 # configured run (--config=asan, a test filter) is a rerun of the Bazel
 # tests, and the fuzzers carry their own sanitizers.
 #
 # Before the last line it prints how long each phase took (set-up, build,
-# tests, format, fuzz, CUDA build), so a slow CI run says where its time went.
+# tests, format, fuzz, CUDA build, GPU CMake build), so a slow CI run says
+# where its time went.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -76,8 +81,9 @@ if (($# == 0)); then
   count format tools/format.sh --check
   count fuzz tools/fuzz.sh --seconds 50
   count "cuda build" cuda_build
+  count "gpu cmake" tools/gpu_cmake_check.sh
 else
-  echo "format, fuzz, cuda build: skipped (extra arguments given to bazel test)"
+  echo "format, fuzz, cuda build, gpu cmake: skipped (extra arguments given to bazel test)"
 fi
 echo "time per phase:"
 printf '  %s\n' "${timings[@]}"

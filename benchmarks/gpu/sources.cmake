@@ -286,6 +286,14 @@ set(TORCHFSDP_CUDA_ALWAYSLINK_SRCS
 )
 set(TORCHFSDP_DEFINES)
 
+# ---- the precompiled LibTorch headers (third_party/libtorch_pch.bzl) ---------
+set(TORCHFSDP_PCH_HEADERS
+  <torch/nn/module.h>
+  <ATen/ATen.h>
+  <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+  <torch/optim/adamw.h>
+)
+
 # ---- local_defines, per source file ------------------------------------------
 # //benchmarks:gpu_check
 if(TORCHFSDP_CUDA)

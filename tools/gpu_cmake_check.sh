@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Builds the GPU machine's CMake path here, as that machine will, and checks
+# what it builds: the CMake build cannot drift from the BUILD files unseen,
+# and its binaries start without anything of this machine's /usr/lib.
+#
+#   1. tools/gpu_bundle.sh makes third_party/gpu_deps (Debian's Abseil,
+#      gloo headers, libdeflate, tcmalloc, ...), which the GPU machine gets
+#      through the device tool's `carry`.
+#   2. benchmarks/gpu/CMakeLists.txt against the torch wheel of
+#      tools/setup.sh --with-python (the CUDA build: the wheel's
+#      libtorch_cuda, the toolkit's headers, NCCL), building gpu_check and
+#      the trainer from benchmarks/gpu/sources.cmake, with GCC and without
+#      a precompiled header: every source the two binaries need compiles
+#      from its own includes (the Bazel build force-includes LibTorch's
+#      precompiled headers, which would hide a missing include).
+#   3. With LD_LIBRARY_PATH unset, every library either binary loads
+#      (ldd) resolves into the wheel's site-packages, the bundle, or the
+#      C/C++ runtime every machine has (libc, libm, libstdc++, libgcc_s, ...):
+#      the GPU machine has no Debian packages, and a library found in
+#      /usr/lib here would be missing there.
+#   4. gpu_check --dry-run-on-cpu: the CUDA binary starts, and its CPU-side
+#      checks pass (the CUDA cases need a GPU and say NOT RUN).
+#
+# Usage: tools/gpu_cmake_check.sh   (tools/test.sh runs it as "gpu cmake")
+# Environment: GPU_CMAKE_BUILD_DIR (default ~/.cache/torchfsdp_gpu_cmake),
+# TORCHFSDP_HOME (where setup.sh put the venv).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+
+build="${GPU_CMAKE_BUILD_DIR:-${HOME:-/tmp}/.cache/torchfsdp_gpu_cmake}"
+python="${TORCHFSDP_HOME:-${HOME:-/root}/.cache/torchfsdp-cpp}/venv/bin/python3"
+[[ -x "$python" ]] || { echo "gpu_cmake_check.sh: no $python: run tools/setup.sh --with-python" >&2; exit 1; }
+for tool in cmake; do
+  command -v "$tool" >/dev/null || { echo "gpu_cmake_check.sh: $tool not on PATH" >&2; exit 1; }
+done
+generator=("-G" "Unix Makefiles")
+command -v ninja >/dev/null && generator=("-G" "Ninja")
+
+torch_dir=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+site_packages=$(dirname "$torch_dir")
+deps="$ROOT/third_party/gpu_deps"
+bash tools/gpu_bundle.sh >/dev/null
+
+mkdir -p "$build"
+cmake -S benchmarks/gpu -B "$build" "${generator[@]}" -DTORCH_DIR="$torch_dir" \
+  -DGPU_DEPS="$deps" -DTORCHFSDP_PCH=OFF -DCMAKE_CXX_COMPILER=g++ >"$build/configure.log" 2>&1 ||
+  { tail -20 "$build/configure.log" >&2; echo "gpu_cmake_check.sh: cmake failed" >&2; exit 1; }
+cmake --build "$build" --target gpu_check trainer -j "$(nproc)" >"$build/build.log" 2>&1 ||
+  { grep -m 20 -E "error|undefined reference" "$build/build.log" >&2 || tail -20 "$build/build.log" >&2
+    echo "gpu_cmake_check.sh: the CMake build failed (log: $build/build.log)" >&2; exit 1; }
+
+runtime='^(linux-vdso|libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so'
+status=0
+for binary in gpu_check trainer; do
+  while read -r name _ path _; do
+    [[ "$name" =~ $runtime ]] && continue
+    case "$path" in
+      "$site_packages"/* | "$deps"/*) ;;
+      *) echo "gpu_cmake_check.sh: $binary loads $name from ${path:-nowhere}, not from the wheel ($site_packages) or the bundle ($deps)" >&2
+         status=1 ;;
+    esac
+  done < <(env -u LD_LIBRARY_PATH ldd "$build/$binary" | grep '=>')
+done
+((status == 0)) || exit 1
+echo "gpu_cmake_check.sh: gpu_check and trainer load only the wheel's, the bundle's and the C/C++ runtime's libraries"
+
+env -u LD_LIBRARY_PATH "$build/gpu_check" --dry-run-on-cpu
