@@ -24,6 +24,7 @@
 #include "state_dict/fsdp/fsdp_optim_state_dict.h"
 #include "state_dict/fsdp/fsdp_state_dict.h"
 #include "state_dict/optim_state.h"
+#include "trainer/finite_state.h"
 
 namespace trainer {
 namespace {
@@ -246,6 +247,17 @@ absl::StatusOr<int64_t> ResumeFull(const std::string& step_dir, const Options& o
   return step->item<int64_t>();
 }
 
+// A loaded checkpoint's state is finite, unless --allow-nonfinite-import.
+absl::Status CheckLoadedFinite(const Options& o, const fsdp::FullyShardedDataParallel& model,
+                               const torch::optim::Optimizer& optimizer, const std::string& what) {
+  if (o.allow_nonfinite_import) return absl::OkStatus();
+  absl::Status s = CheckStateFinite(model, optimizer, what);
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(s.message(),
+                                             " (refused: a diverged run's state; "
+                                             "--allow-nonfinite-import loads it anyway)"));
+}
+
 // Loads the checkpoint to resume from (o.resume_from, or the newest that
 // verifies), of either format; returns its step.
 absl::StatusOr<int64_t> LoadResumeCheckpoint(const Options& o, const comm::ProcessGroup& group,
@@ -269,9 +281,15 @@ absl::StatusOr<int64_t> LoadResumeCheckpoint(const Options& o, const comm::Proce
   }
   auto manifest = state_dict::ReadManifest(*step_dir);
   if (!manifest.ok()) return manifest.status();
-  return manifest->kind == state_dict::CheckpointKind::kFull
-             ? ResumeFull(*step_dir, o, model, optimizer)
-             : ResumeSharded(*step_dir, o, model, optimizer);
+  auto step = manifest->kind == state_dict::CheckpointKind::kFull
+                  ? ResumeFull(*step_dir, o, model, optimizer)
+                  : ResumeSharded(*step_dir, o, model, optimizer);
+  if (!step.ok()) return step;
+  const std::string what = absl::StrCat("checkpoint '", *step_dir, "'");
+  if (auto s = AgreeOnStatus(group, CheckLoadedFinite(o, model, optimizer, what), what); !s.ok()) {
+    return s;
+  }
+  return step;
 }
 
 // --import-dcp / --export-dcp: "trainer.step" and "trainer.seed" are the
@@ -372,6 +390,7 @@ absl::StatusOr<int64_t> ImportDcpOnRank(const Options& o, fsdp::FullyShardedData
   if (auto s = state_dict::LoadFsdpDcp(*ckpt, model, &optimizer); !s.ok()) {
     return InContext(what, s);
   }
+  if (auto s = CheckLoadedFinite(o, model, optimizer, what); !s.ok()) return s;
   return *step;
 }
 
@@ -489,6 +508,13 @@ absl::Status SaveTrainerCheckpoint(const Options& o, fsdp::FullyShardedDataParal
   }
   state_dict::AsyncCheckpointer* saver = async != nullptr ? &async->saver : nullptr;
   const std::string what = CheckpointContext(o, step);
+  // Never a checkpoint of non-finite state (finite_state.h): nothing is
+  // written and, since --keep-last runs only after a save, nothing pruned.
+  if (auto s = AgreeOnStatus(
+          group, CheckStateFinite(model, optimizer, absl::StrCat(what, ": not saved")), what);
+      !s.ok()) {
+    return s;
+  }
   absl::Status saved = o.checkpoint_format == CheckpointFormat::kSharded
                            ? SaveShardedTrainerState(o, model, optimizer, step, saver)
                            : SaveFullTrainerState(o, model, optimizer, group, step, async);

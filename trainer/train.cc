@@ -20,11 +20,13 @@
 #include "absl/strings/str_cat.h"
 #include "comm/collectives.h"
 #include "host/compute_layout.h"
+#include "optim/optimizers.h"
 #include "comm/process_group.h"
 #include "comm/slurm.h"
 #include "state_dict/optim_state.h"
 #include "trainer/checkpointing.h"
 #include "trainer/data.h"
+#include "trainer/finite_state.h"
 #include "trainer/json_log.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/models.h"
@@ -36,18 +38,24 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// PyTorch's fused=True optimizers (optim/optimizers.h), on CPU and CUDA:
+// subclasses of torch::optim's with their options and state, so checkpoints
+// and state dicts are those of torch::optim::Adam / AdamW / SGD, and one ATen
+// kernel per (device, dtype) updates all parameters.
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const Options& o,
                                                        std::vector<torch::Tensor> params) {
   switch (o.optimizer) {
     case OptimizerKind::kAdam:
-      return std::make_unique<torch::optim::Adam>(std::move(params),
-                                                  torch::optim::AdamOptions(o.lr));
+      return std::make_unique<optim::Adam>(std::move(params), torch::optim::AdamOptions(o.lr),
+                                           optim::Implementation::kFused);
     case OptimizerKind::kAdamW:
-      return std::make_unique<torch::optim::AdamW>(
-          std::move(params), torch::optim::AdamWOptions(o.lr).weight_decay(0.01));
+      return std::make_unique<optim::AdamW>(std::move(params),
+                                            torch::optim::AdamWOptions(o.lr).weight_decay(0.01),
+                                            optim::Implementation::kFused);
     case OptimizerKind::kSgd:
-      return std::make_unique<torch::optim::SGD>(std::move(params),
-                                                 torch::optim::SGDOptions(o.lr).momentum(0.9));
+      return std::make_unique<optim::SGD>(std::move(params),
+                                          torch::optim::SGDOptions(o.lr).momentum(0.9),
+                                          optim::Implementation::kFused);
   }
   return nullptr;
 }
@@ -214,6 +222,48 @@ absl::Status CheckpointAfterStep(const Options& o, const comm::ProcessGroup& gro
   return absl::OkStatus();
 }
 
+// What one step works on.
+struct StepContext {
+  const Options& o;
+  const comm::ProcessGroup& group;
+  fsdp::FullyShardedDataParallel& fsdp_model;
+  LanguageModel& model;
+  torch::optim::Optimizer& optimizer;
+  const std::vector<torch::Tensor>& params;
+  const c10::Device& device;
+};
+
+// One optimizer step on this rank's rows `batch` at learning rate `lr`;
+// returns the global mean loss. A non-finite loss, gradient or (--clip)
+// gradient norm on any rank ends the run here, before the optimizer update
+// (finite_state.h), on every rank alike: the loss and a "some gradient is
+// not finite" flag travel in one all-reduce.
+absl::StatusOr<double> TrainStep(StepContext& c, int64_t step, double lr,
+                                 const torch::Tensor& batch, AsyncSave* async) {
+  for (auto& param_group : c.optimizer.param_groups()) {
+    param_group.options().set_lr(lr);
+  }
+  c.optimizer.zero_grad();
+  const double local_loss = ForwardBackward(c.o, c.fsdp_model, c.model, batch, c.device);
+  const double grads_bad = LocalGradsFinite(c.params) ? 0.0 : 1.0;
+  torch::Tensor l = torch::tensor({local_loss, grads_bad}, torch::kFloat64);
+  comm::all_reduce(c.group, l, comm::ReduceOp::kAvg).wait();
+  const double global_loss = l[0].item<double>();
+  const bool grads_finite = l[1].item<double>() == 0.0;
+  if (auto s = CheckStepFinite(step, global_loss, -1, grads_finite); !s.ok()) return s;
+  // The norm over all ranks' shards (an all-reduce inside).
+  if (c.o.clip > 0) {
+    const double norm = c.fsdp_model.clip_grad_norm_(c.o.clip).item<double>();
+    if (auto s = CheckStepFinite(step, global_loss, norm, true); !s.ok()) return s;
+  }
+  // An async save in flight writes the live parameters and optimizer
+  // state: they may change only once it has written them (in the time of
+  // this step's forward and backward, usually).
+  if (async != nullptr) async->saver.WaitUntilWritten();
+  c.optimizer.step();
+  return global_loss;
+}
+
 }  // namespace
 
 absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& group) {
@@ -272,26 +322,14 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
   for (int64_t step = result.first_step; step <= o.steps; ++step) {
     const Clock::time_point step_start = Clock::now();
     const double lr = LearningRate(o, step);
-    for (auto& param_group : optimizer->param_groups()) {
-      param_group.options().set_lr(lr);
-    }
-    optimizer->zero_grad();
-
     BatchSpec spec{static_cast<uint64_t>(o.seed), step, o.global_batch, o.seq + 1, rank, world};
     auto batch = o.data == DataKind::kText ? SampleTextBatch(corpus, spec)
                                            : SampleSyntheticBatch(o.vocab, spec);
     if (!batch.ok()) return batch.status();
-    const double local_loss = ForwardBackward(o, fsdp_model, *model, *batch, *device);
-    torch::Tensor l = torch::tensor({local_loss}, torch::kFloat64);
-    comm::all_reduce(group, l, comm::ReduceOp::kAvg).wait();
-    const double global_loss = l.item<double>();
-    // The norm over all ranks' shards (an all-reduce inside).
-    if (o.clip > 0) fsdp_model.clip_grad_norm_(o.clip);
-    // An async save in flight writes the live parameters and optimizer
-    // state: they may change only once it has written them (in the time of
-    // this step's forward and backward, usually).
-    if (async != nullptr) async->saver.WaitUntilWritten();
-    optimizer->step();
+    StepContext ctx{o, group, fsdp_model, *model, *optimizer, params, *device};
+    auto step_loss = TrainStep(ctx, step, lr, *batch, async);
+    if (!step_loss.ok()) return step_loss.status();
+    const double global_loss = *step_loss;
     const double step_time = std::chrono::duration<double>(Clock::now() - step_start).count();
     result.losses.push_back(global_loss);
     total_tokens += static_cast<double>(tokens_per_step);
