@@ -99,7 +99,7 @@ void DefineFlags(CLI::App& app, Options& o) {
   app.add_option_function<std::string>(
          "--data",
          [&o](const std::string& v) {
-           o.data = v == "text" ? DataKind::kText
+           o.data = v == "text"        ? DataKind::kText
                     : v == "synthetic" ? DataKind::kSynthetic
                                        : DataKind::kFile;
            o.data_path = o.data == DataKind::kFile ? v : "";
@@ -268,9 +268,9 @@ absl::Status ValidateOptions(const Options& o) {
                                                    Name(o.data)));
   }
   if (o.eval_every > 0 && o.data == DataKind::kSynthetic) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--eval-every=", o.eval_every,
-        ": expected --data text or PATH (random tokens have nothing to hold out)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eval-every=", o.eval_every,
+                     ": expected --data text or PATH (random tokens have nothing to hold out)"));
   }
   if (o.resume && o.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError(
