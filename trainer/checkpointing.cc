@@ -396,6 +396,28 @@ absl::StatusOr<int64_t> ImportDcpOnRank(const Options& o, fsdp::FullyShardedData
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<DirectoryLock>> PrepareCheckpointDir(
+    const Options& o, const comm::ProcessGroup& group) {
+  if (o.checkpoint_dir.empty()) return std::unique_ptr<DirectoryLock>();
+  const std::string what = absl::StrCat("--checkpoint-dir='", o.checkpoint_dir, "'");
+  if (auto s = AgreeOnStatus(group, CheckDirectoryWritable(o.checkpoint_dir, group.rank()), what);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::unique_ptr<DirectoryLock>> lock = std::unique_ptr<DirectoryLock>();
+  if (group.rank() == 0) {
+    std::string taken_over;
+    lock = DirectoryLock::Acquire(o.checkpoint_dir, ThisJob(), &taken_over);
+    if (lock.ok() && !taken_over.empty()) {
+      std::printf("trainer: taking over the stale lock of %s: its holder, %s, is gone\n",
+                  what.c_str(), taken_over.c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (auto s = AgreeOnStatus(group, lock.status(), what); !s.ok()) return s;
+  return lock;
+}
+
 absl::StatusOr<int64_t> ImportDcp(const Options& o, const comm::ProcessGroup& group,
                                   fsdp::FullyShardedDataParallel& model,
                                   torch::optim::Optimizer& optimizer) {

@@ -273,6 +273,9 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
   if (auto s = CheckFeatureAvailability(o, world); !s.ok()) return s;
   auto device = ComputeDevice(o);
   if (!device.ok()) return device.status();
+  // Before anything is built: a mistyped or shared --checkpoint-dir fails now.
+  auto dir_lock = PrepareCheckpointDir(o, group);
+  if (!dir_lock.ok()) return dir_lock.status();
 
   if (o.data == DataKind::kFile || o.eval_every > 0) {  // lands with data.h's file reader
     return absl::UnimplementedError("--data PATH and --eval-every: not in this build yet");
