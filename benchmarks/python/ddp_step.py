@@ -18,9 +18,10 @@ trainer's --log-json uses (step, loss, lr, step_time_s, tokens_per_s).
 What matches the trainer (trainer/models.cc, train.cc, data.cc, lr_schedule.cc):
   * TransformerLM: token + learned position embeddings (N(0, 0.02) init),
     pre-LayerNorm blocks  x + attn(ln1(x));  y + fc2(gelu(fc1(ln2(y))))  with
-    nn.MultiheadAttention (sequence-first, need_weights=False, float causal
-    mask -inf above the diagonal), final LayerNorm, output projection tied to
-    the token embedding (F.linear with the same tensor).
+    causal F.scaled_dot_product_attention(is_causal=True) on the parameters
+    of an nn.MultiheadAttention (in_proj_weight, in_proj_bias, out_proj: the
+    trainer's names), final LayerNorm, output projection tied to the token
+    embedding (F.linear with the same tensor).
   * MlpLM: Embedding(vocab, max(1, dim // 4)) over a window of `seq` bytes,
     flattened, Linear-GELU-Linear to vocab logits; predicts the last token.
   * Data: the trainer's synthetic sampler, bit for bit (SplitMix64 hash of
@@ -117,15 +118,21 @@ class TransformerBlock(nn.Module):
         self.gelu = nn.GELU()
         self.fc2 = nn.Linear(4 * dim, dim)
 
-    def forward(self, x, causal_mask):
-        h = self.ln1(x).transpose(0, 1)
-        attended = self.attn(h, h, h, need_weights=False, attn_mask=causal_mask)[0]
-        y = x + attended.transpose(0, 1)
+    def attend(self, h):
+        """Causal self-attention of h [B, T, dim] as TransformerBlockImpl::attend:
+        nn.MultiheadAttention's projections (in_proj_weight rows [0, dim) q,
+        [dim, 2 dim) k, [2 dim, 3 dim) v; out_proj), heads split from dim, and
+        F.scaled_dot_product_attention with is_causal=True."""
+        b, t, dim = h.shape
+        heads = self.attn.num_heads
+        q, k, v = F.linear(h, self.attn.in_proj_weight, self.attn.in_proj_bias).chunk(3, dim=-1)
+        q, k, v = (z.view(b, t, heads, dim // heads).transpose(1, 2) for z in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=True)
+        return self.attn.out_proj(out.transpose(1, 2).reshape(b, t, dim))
+
+    def forward(self, x):
+        y = x + self.attend(self.ln1(x))
         return y + self.fc2(self.gelu(self.fc1(self.ln2(y))))
-
-
-def causal_mask(length):
-    return torch.full((length, length), float("-inf")).triu(1)
 
 
 class TransformerLM(nn.Module):
@@ -146,9 +153,8 @@ class TransformerLM(nn.Module):
         tokens = batch[:, :length]
         positions = torch.arange(length)
         x = self.tok_emb(tokens) + self.pos_emb(positions)
-        mask = causal_mask(length).to(x.dtype)
         for block in self.blocks:
-            x = block(x, mask)
+            x = block(x)  # causal: SDPA's is_causal, as the trainer
         logits = F.linear(self.ln_f(x), self.tok_emb.weight)  # tied
         targets = batch[:, 1:length + 1]
         return F.cross_entropy(logits.reshape(-1, self.vocab), targets.reshape(-1))
