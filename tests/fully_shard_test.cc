@@ -245,6 +245,100 @@ TEST(FullyShard, MatchesFullyShardedDataParallelOn3Ranks) {
   });
 }
 
+// The gradients of the sum of the losses of two microbatches of
+// MakeBatch(step) (halves of the global batch), unwrapped.
+std::map<std::string, at::Tensor> AccumulatedReference() {
+  Net model = MakeNet(false);
+  Batch b = MakeBatch(0, 0, 1);
+  at::Tensor loss =
+      Loss(model->forward(b.x.narrow(0, 0, kBatch / 2)), b.y.narrow(0, 0, kBatch / 2)) +
+      Loss(model->forward(b.x.narrow(0, kBatch / 2, kBatch / 2)),
+           b.y.narrow(0, kBatch / 2, kBatch / 2));
+  loss.backward();
+  std::map<std::string, at::Tensor> grads;
+  for (const auto& p : model->named_parameters()) grads[p.key()] = p.value().grad().clone();
+  return grads;
+}
+
+// FSDPModule controls on 2 ranks: gradient accumulation without sync
+// (set_requires_gradient_sync), unshard(async_op) + wait, reshard,
+// set_reshard_after_backward(false); and MixedPrecisionPolicy computing in
+// float64 (param_dtype, reduce_dtype, cast_forward_inputs): the casts are
+// exercised while the result must still match the float32 reference.
+TEST(FullyShard, ControlsAndMixedPrecisionOn2Ranks) {
+  const std::map<std::string, at::Tensor> accumulated = AccumulatedReference();
+  const std::vector<Step> reference = Reference(false);
+  comm::testing::RunOnRanks(2, [&](comm::ProcessGroup& pg) {
+    const int64_t half = kBatch / 2, local = half / pg.size();
+    {
+      Net model = MakeNet(false);
+      fsdp::FullyShardOptions options;
+      options.process_group = pg;
+      for (const auto& block : *model->blocks) fsdp::fully_shard(block, options);
+      fsdp::FSDPModule root = fsdp::fully_shard(model, options);
+      Batch b = MakeBatch(0, 0, 1);
+      for (int micro = 0; micro < 2; ++micro) {
+        root.set_requires_gradient_sync(micro == 1);
+        const int64_t row = micro * half + pg.rank() * local;
+        Loss(module_call::call(model, b.x.narrow(0, row, local)), b.y.narrow(0, row, local))
+            .backward();
+        if (micro == 0) {
+          // Nothing reduced yet: the shards have no .grad.
+          for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
+        }
+      }
+      for (const auto& p : model->named_parameters()) {
+        ASSERT_TRUE(p.value().grad().defined()) << p.key();
+        ExpectRel(p.value().grad(), Rows(p.value(), accumulated.at(p.key())),
+                  "accumulated grad " + p.key());
+      }
+      // unshard(async_op) then wait: the module's names hold the full
+      // parameters; reshard: the shards again.
+      fsdp::UnshardHandle handle = root.unshard(/*async_op=*/true);
+      handle.wait();
+      EXPECT_EQ(model->named_parameters()["in.bias"].sizes(), at::IntArrayRef({kHidden}));
+      root.reshard();
+      EXPECT_EQ(model->named_parameters()["in.bias"].sizes(),
+                at::IntArrayRef({kHidden / pg.size()}));
+      // Kept gathered after backward when asked to.
+      auto block = fsdp::as_fsdp_module(*model->blocks[0]);
+      ASSERT_TRUE(block.has_value());
+      block->set_reshard_after_backward(false);
+      Loss(module_call::call(model, b.x.narrow(0, 0, local)), b.y.narrow(0, 0, local)).backward();
+      EXPECT_EQ(model->blocks[0]->named_parameters()["fc1.bias"].sizes(),
+                at::IntArrayRef({kHidden}));
+      EXPECT_EQ(model->named_parameters()["in.bias"].sizes(),
+                at::IntArrayRef({kHidden / pg.size()}));
+      block->reshard();
+    }
+    {
+      Net model = MakeNet(false);
+      fsdp::FullyShardOptions options;
+      options.process_group = pg;
+      options.mp_policy.param_dtype = torch::kDouble;
+      options.mp_policy.reduce_dtype = torch::kDouble;
+      for (const auto& block : *model->blocks) fsdp::fully_shard(block, options);
+      fsdp::fully_shard(model, options);
+      torch::optim::SGD optim(model->parameters(), torch::optim::SGDOptions(kLr));
+      for (int step = 0; step < kSteps; ++step) {
+        Batch b = MakeBatch(step, pg.rank(), pg.size());
+        optim.zero_grad();
+        at::Tensor out = module_call::call(model, b.x);
+        EXPECT_EQ(out.scalar_type(), torch::kDouble);
+        Loss(out, b.y).backward();
+        for (const auto& p : model->named_parameters()) {
+          EXPECT_EQ(p.value().scalar_type(), torch::kFloat) << p.key();
+          EXPECT_EQ(p.value().grad().scalar_type(), torch::kFloat) << p.key();
+          ExpectRel(p.value().grad(), Rows(p.value(), reference[step].grads.at(p.key())),
+                    "float64 compute grad " + p.key());
+        }
+        optim.step();
+        CheckShards(*model, reference[step].params, "float64 compute");
+      }
+    }
+  });
+}
+
 // Two children sharing one weight (tied), each called through the call
 // point.
 struct TiedImpl : torch::nn::Module {
