@@ -361,19 +361,20 @@ absl::Status CheckDcpOptimizer(const Options& o, const state_dict::DcpCheckpoint
   return absl::OkStatus();
 }
 
-// One rank's part of ImportDcp (no collectives).
-absl::StatusOr<int64_t> ImportDcpOnRank(const Options& o, fsdp::FullyShardedDataParallel& model,
-                                        torch::optim::Optimizer& optimizer) {
+// What --import-dcp found: the step to continue after, and whether the
+// checkpoint had the trainer's entries and optimizer state.
+struct ImportedDcp {
+  int64_t step = 0;
+  bool has_trainer = true;
+  bool has_optimizer = true;
+};
+
+// "trainer.step" and "trainer.seed" checked against --steps and --seed.
+absl::StatusOr<int64_t> ImportedStep(const Options& o, const state_dict::DcpCheckpoint& ckpt) {
   const std::string what = ImportContext(o);
-  std::error_code ec;
-  if (!std::filesystem::is_directory(o.import_dcp, ec)) {
-    return absl::NotFoundError(absl::StrCat(what, ": no such directory"));
-  }
-  auto ckpt = state_dict::DcpCheckpoint::Open(o.import_dcp);
-  if (!ckpt.ok()) return InContext(what, ckpt.status());
-  auto step = DcpInt(o, *ckpt, kStepKey);
+  auto step = DcpInt(o, ckpt, kStepKey);
   if (!step.ok()) return step.status();
-  auto seed = DcpInt(o, *ckpt, kSeedKey);
+  auto seed = DcpInt(o, ckpt, kSeedKey);
   if (!seed.ok()) return seed.status();
   if (*seed != o.seed) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -386,12 +387,46 @@ absl::StatusOr<int64_t> ImportDcpOnRank(const Options& o, fsdp::FullyShardedData
         "'): expected a step in [0, --steps) (--steps is the whole run's length, counting the "
         "steps before the checkpoint)"));
   }
-  if (auto s = CheckDcpOptimizer(o, *ckpt); !s.ok()) return s;
-  if (auto s = state_dict::LoadFsdpDcp(*ckpt, model, &optimizer); !s.ok()) {
+  return *step;
+}
+
+// One rank's part of ImportDcp (no collectives). A checkpoint without any
+// "trainer.*" entry (what a Python run saves: dcp.save({"model": ...,
+// "optim": ...})) starts at step 0; one without optimizer state loads the
+// model alone, the optimizer starting fresh.
+absl::StatusOr<ImportedDcp> ImportDcpOnRank(const Options& o, fsdp::FullyShardedDataParallel& model,
+                                            torch::optim::Optimizer& optimizer) {
+  const std::string what = ImportContext(o);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(o.import_dcp, ec)) {
+    return absl::NotFoundError(absl::StrCat(what, ": no such directory"));
+  }
+  auto ckpt = state_dict::DcpCheckpoint::Open(o.import_dcp);
+  if (!ckpt.ok()) return InContext(what, ckpt.status());
+  ImportedDcp imported;
+  imported.has_trainer = false;
+  for (const std::string& key : ckpt->objects()) {
+    imported.has_trainer = imported.has_trainer || absl::StartsWith(key, "trainer.");
+  }
+  imported.has_optimizer = false;
+  for (const auto& t : ckpt->tensors()) {
+    imported.has_optimizer =
+        imported.has_optimizer || absl::StartsWith(t.key, state_dict::DcpOptimStatePrefix());
+  }
+  if (imported.has_trainer) {
+    auto step = ImportedStep(o, *ckpt);
+    if (!step.ok()) return step.status();
+    imported.step = *step;
+  }
+  if (imported.has_optimizer) {
+    if (auto s = CheckDcpOptimizer(o, *ckpt); !s.ok()) return s;
+  }
+  if (auto s = state_dict::LoadFsdpDcp(*ckpt, model, imported.has_optimizer ? &optimizer : nullptr);
+      !s.ok()) {
     return InContext(what, s);
   }
   if (auto s = CheckLoadedFinite(o, model, optimizer, what); !s.ok()) return s;
-  return *step;
+  return imported;
 }
 
 }  // namespace
@@ -421,15 +456,27 @@ absl::StatusOr<std::unique_ptr<DirectoryLock>> PrepareCheckpointDir(
 absl::StatusOr<int64_t> ImportDcp(const Options& o, const comm::ProcessGroup& group,
                                   fsdp::FullyShardedDataParallel& model,
                                   torch::optim::Optimizer& optimizer) {
-  auto step = ImportDcpOnRank(o, model, optimizer);
+  auto imported = ImportDcpOnRank(o, model, optimizer);
   const std::string what = ImportContext(o);
-  if (auto s = AgreeOnStatus(group, step.status(), what); !s.ok()) return s;
+  if (auto s = AgreeOnStatus(group, imported.status(), what); !s.ok()) return s;
   if (group.rank() == 0) {
-    std::printf("trainer: continuing from DCP checkpoint %s (step %lld)\n", o.import_dcp.c_str(),
-                static_cast<long long>(*step));
+    if (imported->has_trainer) {
+      std::printf("trainer: continuing from DCP checkpoint %s (step %lld)\n", o.import_dcp.c_str(),
+                  static_cast<long long>(imported->step));
+    } else {
+      const std::string optim =
+          imported->has_optimizer
+              ? std::string(" and optimizer state")
+              : absl::StrCat(" (it has no optimizer state: --optimizer=", Name(o.optimizer),
+                             " starts fresh)");
+      std::printf(
+          "trainer: DCP checkpoint %s has no 'trainer' entry (a Python run's): loaded its "
+          "model%s; starting at step 0\n",
+          o.import_dcp.c_str(), optim.c_str());
+    }
     std::fflush(stdout);
   }
-  return *step;
+  return imported->step;
 }
 
 absl::Status CheckDcpExportTarget(const Options& o, const comm::ProcessGroup& group) {

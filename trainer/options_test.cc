@@ -364,7 +364,7 @@ TEST(LrScheduleTest, WarmupThenConstantOrCosineToZero) {
 }
 
 TEST(JsonLogTest, LineIsJsonWithTheDocumentedKeys) {
-  StepRecord r{12, 3.25, 0.003, 0.5, 2048.0, {1000, 2000}, {30, 40}};
+  StepRecord r{12, 3.25, 0.003, 0.5, 2048.0, {1000, 2000}, {30, 40}, {}};
   const std::string line = FormatJsonLine(r);
   // The documented key order; doubles in their shortest exact form.
   EXPECT_EQ(line,

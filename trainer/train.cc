@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <torch/cuda.h>
 #include <torch/types.h>
+#include <torch/utils.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -132,8 +134,8 @@ namespace {
 // Rank 0's first lines: the model, the data, the FSDP layout and the steps
 // this run trains, then the compute layout (threads, BLAS, allocator).
 void PrintRunHeader(const Options& o, int world, const fsdp::FullyShardedDataParallel& fsdp_model,
-                    const c10::Device& device, int64_t num_params, size_t corpus_bytes,
-                    int64_t first_step) {
+                    const c10::Device& device, int64_t num_params,
+                    const std::string& data_description, int64_t first_step) {
   std::string layout =
       absl::StrCat(world, world == 1 ? " rank" : " ranks", ", FSDP ", Name(o.sharding));
   if (o.sharding == Sharding::kHybrid) {
@@ -151,9 +153,7 @@ void PrintRunHeader(const Options& o, int world, const fsdp::FullyShardedDataPar
       "trainer: %s, %lld parameters, %s data%s, %s, global batch %lld%s, "
       "steps %lld-%lld\n",
       Name(o.model), static_cast<long long>(num_params), Name(o.data),
-      o.data == DataKind::kText
-          ? absl::StrCat(" (", corpus_bytes, " bytes of ", kLicenseDir, ")").c_str()
-          : "",
+      data_description.empty() ? "" : absl::StrCat(" (", data_description, ")").c_str(),
       layout.c_str(), static_cast<long long>(o.global_batch),
       o.grad_accum > 1 ? absl::StrCat(" in ", o.grad_accum, " micro-batches").c_str() : "",
       static_cast<long long>(first_step), static_cast<long long>(o.steps));
@@ -264,6 +264,68 @@ absl::StatusOr<double> TrainStep(StepContext& c, int64_t step, double lr,
   return global_loss;
 }
 
+// The run's tokens and their split: the license bytes (--data text) or
+// --data PATH; none for synthetic data. With --eval-every the last tenth is
+// held out.
+struct RunData {
+  TokenData tokens;
+  TokenSplit split;
+};
+
+absl::StatusOr<RunData> LoadRunData(const Options& o) {
+  RunData run;
+  std::string what;
+  if (o.data == DataKind::kSynthetic) return run;
+  if (o.data == DataKind::kText) {
+    auto corpus = LoadTextCorpus();
+    if (!corpus.ok()) return corpus.status();
+    run.tokens.tokens.assign(corpus->begin(), corpus->end());
+    run.tokens.description = absl::StrCat(corpus->size(), " bytes of ", kLicenseDir);
+    what = absl::StrCat("--data=text (", kLicenseDir, ")");
+  } else {
+    auto file = LoadDataFile(o.data_path, o.data_format, o.vocab);
+    if (!file.ok()) return file.status();
+    run.tokens = std::move(*file);
+    what = absl::StrCat("--data='", o.data_path, "'");
+  }
+  auto split = SplitTokens(static_cast<int64_t>(run.tokens.tokens.size()), o.seq + 1,
+                           o.eval_every > 0, what);
+  if (!split.ok()) return split.status();
+  run.split = *split;
+  if (o.eval_every > 0) {
+    absl::StrAppend(&run.tokens.description, ", the last ", split->val_end - split->val_begin,
+                    " tokens held out");
+  }
+  return run;
+}
+
+// Global batches of the held-out tokens a validation loss averages over.
+constexpr int64_t kEvalBatches = 4;
+
+// The global mean loss over kEvalBatches fixed batches of the held-out
+// split (batch k sampled as step -1-k: the same batches at every
+// evaluation, for a seed), without gradients; every rank takes its rows.
+absl::StatusOr<double> ValidationLoss(StepContext& c, const RunData& data) {
+  torch::NoGradGuard no_grad;
+  double local = 0;
+  for (int64_t k = 0; k < kEvalBatches; ++k) {
+    BatchSpec spec{static_cast<uint64_t>(c.o.seed),
+                   -1 - k,
+                   c.o.global_batch,
+                   c.o.seq + 1,
+                   c.group.rank(),
+                   c.group.size()};
+    auto batch =
+        SampleTokenBatch(data.tokens.tokens, data.split.val_begin, data.split.val_end, spec);
+    if (!batch.ok()) return batch.status();
+    const torch::Tensor rows = batch->to(c.device);
+    local += c.fsdp_model.run([&] { return c.model.Loss(rows); }).item<double>();
+  }
+  torch::Tensor l = torch::tensor({local / kEvalBatches}, torch::kFloat64);
+  comm::all_reduce(c.group, l, comm::ReduceOp::kAvg).wait();
+  return l.item<double>();
+}
+
 }  // namespace
 
 absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& group) {
@@ -277,15 +339,8 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
   auto dir_lock = PrepareCheckpointDir(o, group);
   if (!dir_lock.ok()) return dir_lock.status();
 
-  if (o.data == DataKind::kFile || o.eval_every > 0) {  // lands with data.h's file reader
-    return absl::UnimplementedError("--data PATH and --eval-every: not in this build yet");
-  }
-  std::vector<uint8_t> corpus;
-  if (o.data == DataKind::kText) {
-    auto loaded = LoadTextCorpus();
-    if (!loaded.ok()) return loaded.status();
-    corpus = std::move(*loaded);
-  }
+  auto data = LoadRunData(o);
+  if (!data.ok()) return data.status();
 
   const ModelConfig config{o.layers, o.dim, o.heads, o.vocab, o.seq};
   std::shared_ptr<LanguageModel> model =
@@ -308,7 +363,8 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
 
   JsonLogWriter log;
   if (is_main) {
-    PrintRunHeader(o, world, fsdp_model, *device, num_params, corpus.size(), result.first_step);
+    PrintRunHeader(o, world, fsdp_model, *device, num_params, data->tokens.description,
+                   result.first_step);
     if (!o.log_json.empty()) {
       if (auto s = log.Open(o.log_json, /*append=*/o.resume); !s.ok()) return s;
     }
@@ -322,14 +378,16 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
   // the background write (the destructor joins it) before the state goes.
   AsyncSave async_save;
   AsyncSave* async = o.async_checkpoint ? &async_save : nullptr;
+  StepContext ctx{o, group, fsdp_model, *model, *optimizer, params, *device};
   for (int64_t step = result.first_step; step <= o.steps; ++step) {
     const Clock::time_point step_start = Clock::now();
     const double lr = LearningRate(o, step);
     BatchSpec spec{static_cast<uint64_t>(o.seed), step, o.global_batch, o.seq + 1, rank, world};
-    auto batch = o.data == DataKind::kText ? SampleTextBatch(corpus, spec)
-                                           : SampleSyntheticBatch(o.vocab, spec);
+    auto batch = o.data == DataKind::kSynthetic
+                     ? SampleSyntheticBatch(o.vocab, spec)
+                     : SampleTokenBatch(data->tokens.tokens, data->split.train_begin,
+                                        data->split.train_end, spec);
     if (!batch.ok()) return batch.status();
-    StepContext ctx{o, group, fsdp_model, *model, *optimizer, params, *device};
     auto step_loss = TrainStep(ctx, step, lr, *batch, async);
     if (!step_loss.ok()) return step_loss.status();
     const double global_loss = *step_loss;
@@ -340,8 +398,15 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
     const double tokens_per_s = static_cast<double>(tokens_per_step) / step_time;
     // Only the JSON log needs the per-rank figures: without it, no extra
     // collective per step. Every rank has the same options, so all agree.
+    std::optional<double> val_loss;
+    if (o.eval_every > 0 && (step % o.eval_every == 0 || step == o.steps)) {
+      auto evaluated = ValidationLoss(ctx, *data);
+      if (!evaluated.ok()) return evaluated.status();
+      val_loss = *evaluated;
+      if (is_main) progress.Note(step, "val loss", *val_loss);
+    }
     if (!o.log_json.empty()) {
-      StepRecord record{step, global_loss, lr, step_time, tokens_per_s, {}, {}};
+      StepRecord record{step, global_loss, lr, step_time, tokens_per_s, {}, {}, val_loss};
       if (auto s = LogStep(group, params, *optimizer, log, std::move(record)); !s.ok()) return s;
     }
     if (is_main) {
