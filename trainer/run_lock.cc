@@ -66,9 +66,26 @@ std::optional<std::string> ReadText(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-bool Alive(int64_t pid) {
-  if (pid <= 0) return false;
-  return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+// Field 22 of /proc/<pid>/stat (starttime); 0 when unreadable.
+int64_t StartTicks(int64_t pid) {
+  const std::optional<std::string> stat = ReadText(absl::StrCat("/proc/", pid, "/stat"));
+  if (!stat.has_value()) return 0;
+  const size_t paren = stat->rfind(')');  // the command name may hold spaces
+  if (paren == std::string::npos) return 0;
+  const std::vector<std::string> fields =
+      absl::StrSplit(stat->substr(paren + 1), ' ', absl::SkipEmpty());
+  int64_t ticks = 0;  // fields[0] is field 3 (state): starttime is fields[19]
+  if (fields.size() < 20 || !absl::SimpleAtoi(fields[19], &ticks)) return 0;
+  return ticks;
+}
+
+// Whether the holder's process still runs on this host: its pid exists
+// and, when both are known, started when the lock says.
+bool Alive(const LockHolder& holder) {
+  if (holder.pid <= 0) return false;
+  if (::kill(static_cast<pid_t>(holder.pid), 0) != 0 && errno != EPERM) return false;
+  const int64_t now = StartTicks(holder.pid);
+  return holder.pid_start == 0 || now == 0 || now == holder.pid_start;
 }
 
 absl::Status InUse(const std::string& dir, const std::string& path, const LockHolder& holder,
@@ -95,6 +112,7 @@ LockHolder ThisJob() {
   me.start = NowUtc();
   const bool launched = std::getenv("RANK") != nullptr;
   me.pid = launched ? static_cast<int64_t>(getppid()) : static_cast<int64_t>(getpid());
+  me.pid_start = StartTicks(me.pid);
   const char* slurm_job = std::getenv("SLURM_JOB_ID");
   const char* slurm_step = std::getenv("SLURM_STEP_ID");
   const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
@@ -109,8 +127,8 @@ LockHolder ThisJob() {
 }
 
 std::string FormatLock(const LockHolder& h) {
-  return absl::StrCat(kLockHeader, "\nhost=", h.host, "\npid=", h.pid, "\nstart=", h.start,
-                      "\njob=", h.job, "\n");
+  return absl::StrCat(kLockHeader, "\nhost=", h.host, "\npid=", h.pid, "\npid_start=", h.pid_start,
+                      "\nstart=", h.start, "\njob=", h.job, "\n");
 }
 
 absl::StatusOr<LockHolder> ParseLock(const std::string& text) {
@@ -125,6 +143,7 @@ absl::StatusOr<LockHolder> ParseLock(const std::string& text) {
     if (kv.first == "host") h.host = kv.second;
     if (kv.first == "pid") pid_ok = absl::SimpleAtoi(kv.second, &h.pid) && h.pid > 0;
     if (kv.first == "start") h.start = kv.second;
+    if (kv.first == "pid_start" && !absl::SimpleAtoi(kv.second, &h.pid_start)) h.pid_start = 0;
     if (kv.first == "job") h.job = kv.second;
   }
   if (h.host.empty() || !pid_ok || h.job.empty()) {
@@ -195,7 +214,7 @@ absl::StatusOr<std::unique_ptr<DirectoryLock>> DirectoryLock::Acquire(const std:
       ::unlink(temp.c_str());
       return lock;
     }
-    if (holder->host != me.host || Alive(holder->pid)) {
+    if (holder->host != me.host || Alive(*holder)) {
       ::unlink(temp.c_str());
       return InUse(dir, path, *holder, me);
     }

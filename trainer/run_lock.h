@@ -21,7 +21,8 @@
 //
 // A lock held by another job is refused naming its holder
 // (FailedPrecondition). A stale one — same host, its pid no longer alive
-// (a job killed with kill -9) — is taken over, with a line saying so. A lock
+// or now another process (its start time differs: pid_start=) (a job
+// killed with kill -9, a reboot) — is taken over, with a line saying so. A lock
 // of another host cannot be checked from here: refused, saying to remove it
 // if that job is gone. A .lock that is not such a file is refused as not
 // ours (FailedPrecondition). No PyTorch counterpart: torch.distributed
@@ -46,6 +47,10 @@ absl::Status CheckDirectoryWritable(const std::string& dir, int rank);
 struct LockHolder {
   std::string host;
   int64_t pid = 0;
+  // The pid's start time (field 22 of /proc/<pid>/stat, clock ticks since
+  // boot), so that a pid reused by another process (after a reboot, say)
+  // does not keep a stale lock alive. 0: unknown (then the pid alone).
+  int64_t pid_start = 0;
   std::string start;
   std::string job;
   std::string Describe() const;  // "job J (host H, pid P, since S)"

@@ -49,6 +49,7 @@ int64_t DeadPid() {
 LockHolder Job(const std::string& job, int64_t pid, const std::string& host = "") {
   LockHolder h = ThisJob();
   h.job = job;
+  if (pid != h.pid) h.pid_start = 0;  // ThisJob()'s is of its own pid
   h.pid = pid;
   if (!host.empty()) h.host = host;
   return h;
@@ -62,6 +63,9 @@ TEST(RunLock, FormatParsesBack) {
   EXPECT_EQ(parsed->pid, 42);
   EXPECT_EQ(parsed->start, h.start);
   EXPECT_EQ(parsed->job, "launcher:vm:42");
+  LockHolder mine = ThisJob();
+  EXPECT_GT(mine.pid_start, 0);  // this process's start, from /proc
+  EXPECT_EQ(ParseLock(FormatLock(mine))->pid_start, mine.pid_start);
   EXPECT_THAT(std::string(ParseLock("hello\n").status().message()),
               HasSubstr("its first line is not 'trainer checkpoint-dir lock'"));
   EXPECT_THAT(
@@ -127,6 +131,18 @@ TEST(RunLock, SecondJobRefusedStaleTakenOverSameJobKept) {
   EXPECT_THAT(Read(path), HasSubstr("job=D\n"));
   d->reset();
   EXPECT_FALSE(fs::exists(path));
+
+  // A live pid that started at another time (reused after the holder
+  // died): stale.
+  LockHolder reused = Job("G", getpid());
+  reused.pid_start += 1;
+  auto g = DirectoryLock::Acquire(dir, reused, &taken_over);
+  ASSERT_TRUE(g.ok());
+  taken_over.clear();
+  auto h = DirectoryLock::Acquire(dir, Job("H", getpid()), &taken_over);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_THAT(taken_over, HasSubstr("job G (host "));
+  h->reset();
 
   // Another host's lock cannot be checked: refused even with a dead pid.
   auto remote = DirectoryLock::Acquire(dir, Job("E", dead, "elsewhere"), &taken_over);
