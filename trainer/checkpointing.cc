@@ -502,6 +502,12 @@ absl::Status ExportDcp(const Options& o, const comm::ProcessGroup& group,
                        fsdp::FullyShardedDataParallel& model,
                        const torch::optim::Optimizer& optimizer, int64_t step) {
   const std::string what = absl::StrCat("--export-dcp='", o.export_dcp, "' step ", step);
+  // As for checkpoints: never an export of non-finite state.
+  if (auto s = AgreeOnStatus(
+          group, CheckStateFinite(model, optimizer, absl::StrCat(what, ": not written")), what);
+      !s.ok()) {
+    return s;
+  }
   // Python ints, as dcp.save saves them.
   const std::vector<state_dict::DcpShard::Object> trainer_state = {
       {kDcpStepPath, c10::IValue(step)}, {kDcpSeedPath, c10::IValue(o.seed)}};

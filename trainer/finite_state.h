@@ -7,9 +7,9 @@
 //     naming the step and the value (CheckStepFinite). The last checkpoint
 //     written is then the newest finite state, and --keep-last, which only
 //     runs after a save, never removes it;
-//   * each save (checkpointing.cc): every rank's parameters and optimizer
-//     state are checked first; a non-finite one fails the save on every
-//     rank, nothing is written, nothing is pruned;
+//   * each save (checkpointing.cc), and --export-dcp: every rank's
+//     parameters and optimizer state are checked first; a non-finite one
+//     fails the save on every rank, nothing is written, nothing is pruned;
 //   * each load (--resume, a restart, --import-dcp of any format): the loaded
 //     state is checked the same way, refused unless --allow-nonfinite-import.
 //

@@ -131,16 +131,12 @@ TEST(TrainerNonFinite, CheckpointsHoldingNaNAreRefusedByName) {
   EXPECT_THAT(StepNames(dir + "/sharded_nan"), ElementsAre("step_2"));
 }
 
-// DCP has no checksums: a NaN written over a parameter's first element in
-// its .distcp file loads silently, unless the trainer looks.
-TEST(TrainerNonFinite, DcpImportHoldingNaNIsRefused) {
-  const std::string dir = TempDir("dcp_nan");
-  RunResult r =
-      RunTrainer(std::string(kSmall) + "--nproc 2 --steps 2 --export-dcp " + dir + "/dcp");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto ckpt = state_dict::DcpCheckpoint::Open(dir + "/dcp");
+// DCP has no checksums: a NaN written over the first element of `key` in
+// its .distcp file (found by the bytes of its first 8 elements) loads
+// silently, unless the trainer looks.
+void PlantNaNInDcp(const std::string& dcp, const std::string& key) {
+  auto ckpt = state_dict::DcpCheckpoint::Open(dcp);
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-  const std::string key = "model.blocks.0.fc1.weight";
   state_dict::ShardRequest request;
   for (const auto& t : ckpt->tensors()) {
     if (t.key == key) request = {t.shape, t.dtype, {{0, 8}}};
@@ -151,7 +147,7 @@ TEST(TrainerNonFinite, DcpImportHoldingNaNIsRefused) {
   const at::Tensor first8 = head->begin()->value().pieces.at(0).data.contiguous();
   const std::string needle(static_cast<const char*>(first8.data_ptr()), 8 * sizeof(float));
   int planted = 0;
-  for (const auto& entry : fs::directory_iterator(dir + "/dcp")) {
+  for (const auto& entry : fs::directory_iterator(dcp)) {
     if (entry.path().extension() != ".distcp") continue;
     std::ifstream in(entry.path(), std::ios::binary);
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -162,8 +158,19 @@ TEST(TrainerNonFinite, DcpImportHoldingNaNIsRefused) {
     std::ofstream(entry.path(), std::ios::binary | std::ios::trunc) << bytes;
     ++planted;
   }
-  ASSERT_EQ(planted, 1);
-  r = RunTrainer(std::string(kSmall) + "--nproc 2 --steps 4 --import-dcp " + dir + "/dcp");
+  ASSERT_EQ(planted, 1) << key;
+}
+
+TEST(TrainerNonFinite, DcpImportHoldingNaNIsRefused) {
+  const std::string dir = TempDir("dcp_nan");
+  for (const char* name : {"/dcp", "/dcp_optim"}) {
+    RunResult r =
+        RunTrainer(std::string(kSmall) + "--nproc 2 --steps 2 --export-dcp " + dir + name);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  PlantNaNInDcp(dir + "/dcp", "model.blocks.0.fc1.weight");
+  RunResult r =
+      RunTrainer(std::string(kSmall) + "--nproc 2 --steps 4 --import-dcp " + dir + "/dcp");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("--import-dcp='" + dir + "/dcp': parameter " +
                                   "blocks.0.fc1.weight holds 1 NaN/Inf value"));
@@ -171,6 +178,21 @@ TEST(TrainerNonFinite, DcpImportHoldingNaNIsRefused) {
                  "--nproc 2 --steps 4 --allow-nonfinite-import --import-dcp " + dir + "/dcp");
   EXPECT_EQ(r.exit_code, 1) << r.output;  // loaded, and then the first step's loss is nan
   EXPECT_THAT(r.output, HasSubstr("step 3: the global loss is nan"));
+
+  // NaN in the optimizer state, allowed in: step 3's loss is finite, its
+  // update makes the parameter NaN, and the run's --export-dcp is refused.
+  PlantNaNInDcp(dir + "/dcp_optim", "optim.state.blocks.0.fc1.weight.exp_avg");
+  r = RunTrainer(std::string(kSmall) + "--nproc 2 --steps 3 --import-dcp " + dir + "/dcp_optim");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("optimizer state blocks.0.fc1.weight/exp_avg holds 1 NaN/Inf"));
+  r = RunTrainer(std::string(kSmall) +
+                 "--nproc 2 --steps 3 --allow-nonfinite-import --import-dcp " + dir +
+                 "/dcp_optim --export-dcp " + dir + "/out");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--export-dcp='" + dir +
+                                  "/out' step 3: not written: parameter "
+                                  "blocks.0.fc1.weight holds"));
+  EXPECT_FALSE(fs::exists(dir + "/out/.metadata"));
 }
 
 }  // namespace
