@@ -105,7 +105,7 @@ void DefineFlags(CLI::App& app, Options& o) {
            o.data_path = o.data == DataKind::kFile ? v : "";
          },
          "text: /usr/share/common-licenses, byte-level; synthetic: random tokens; PATH: your "
-         "file (a file named text or synthetic: ./text)")
+         "file (one named text or synthetic: give it as ./text)")
       ->type_name("text|synthetic|PATH")
       ->default_str("text")
       ->transform(checked([](std::string& v) {
