@@ -3,10 +3,17 @@
 // _fsdp_init.py); FSDPModule forwards to the state.
 #include "fsdp/fully_shard.h"
 
+#include <ATen/ops/linalg_vector_norm.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <cmath>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
+#include "comm/collectives.h"
 #include "comm/subgroups.h"
 #include "fsdp/internal/fully_shard/fsdp_state.h"
 
@@ -207,6 +214,53 @@ void FSDPModule::set_requires_gradient_sync(bool requires_gradient_sync, bool re
 void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool recurse) {
   for_each_group(state_, recurse,
                  [&](FSDPParamGroup& g) { g.set_reshard_after_backward(reshard_after_backward); });
+}
+
+void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
+  state_->forward_prefetch.clear();
+  for (const auto& m : modules) state_->forward_prefetch.push_back(m.state_);
+}
+
+void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
+  state_->backward_prefetch.clear();
+  for (const auto& m : modules) state_->backward_prefetch.push_back(m.state_);
+}
+
+at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
+                           double norm_type) {
+  TORCH_CHECK(norm_type > 0 || std::isinf(norm_type),
+              "fsdp::clip_grad_norm_: norm_type=", norm_type, ": expected p > 0 or inf");
+  TORCH_CHECK(max_norm >= 0, "fsdp::clip_grad_norm_: max_norm=", max_norm, ": expected >= 0");
+  const bool inf = std::isinf(norm_type);
+  at::NoGradGuard no_grad;
+  std::optional<comm::ProcessGroup> group;
+  at::Tensor acc = at::zeros({1}, at::kDouble);
+  std::vector<at::Tensor> grads;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    std::optional<ShardedParamSpec> spec = sharded_param_spec(parameters[i]);
+    TORCH_CHECK(spec.has_value(), "fsdp::clip_grad_norm_: parameters[", i, "] (shape ",
+                parameters[i].sizes(), ") is not a parameter fully_shard sharded");
+    if (!group) group = spec->group;
+    TORCH_CHECK(spec->group.name() == group->name(), "fsdp::clip_grad_norm_: parameters[", i,
+                "] is sharded over group '", spec->group.name(), "', parameters[0] over '",
+                group->name(), "': expected one group");
+    const at::Tensor& grad = parameters[i].grad();
+    if (!grad.defined()) continue;
+    grads.push_back(grad);
+    if (grad.numel() == 0) continue;
+    at::Tensor g = grad.detach().to(at::kDouble);
+    acc = inf ? at::maximum(acc, g.abs().max())
+              : acc + at::linalg_vector_norm(g, norm_type).pow(norm_type);
+  }
+  if (group) {
+    comm::all_reduce(*group, acc, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum).wait();
+  }
+  at::Tensor total = inf ? acc : acc.pow(1.0 / norm_type);
+  const double coef = max_norm / (total.item<double>() + 1e-6);
+  if (coef < 1.0) {
+    for (auto& g : grads) g.mul_(coef);
+  }
+  return total.to(at::kFloat).reshape({});
 }
 
 std::vector<at::Tensor> FSDPModule::sharded_parameters() const {

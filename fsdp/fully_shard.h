@@ -143,6 +143,14 @@ class FSDPModule {
   // reduced (default true).
   void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);
 
+  // Explicit prefetching (PyTorch's set_modules_to_forward_prefetch /
+  // set_modules_to_backward_prefetch): when this module's forward (its
+  // pre-backward) starts, the all-gathers of `modules` (fully_shard modules)
+  // start too, and overlap this module's compute; each waits for its own
+  // when it runs.
+  void set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules);
+  void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
+
   // The module's sharded parameters, in registration order.
   std::vector<at::Tensor> sharded_parameters() const;
 
@@ -164,6 +172,16 @@ FSDPModule fully_shard(const torch::nn::ModuleHolder<Impl>& module,
                        const FullyShardOptions& options) {
   return fully_shard(std::static_pointer_cast<torch::nn::Module>(module.ptr()), options);
 }
+
+// torch.nn.utils.clip_grad_norm_ over fully_shard's shards: the norm of
+// the gradients of all ranks' shards (each element counted once; one
+// all-reduce over their group), `norm_type` any p > 0 or inf; scales the
+// gradients in place by max_norm / (norm + 1e-6) when that is below 1.
+// Returns the total norm (float32 scalar). Every rank of the group calls it
+// after backward. Errors: a parameter that is not a fully_shard shard, or
+// shards of different groups.
+at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
+                           double norm_type = 2.0);
 
 // The FSDPModule of `module`, if fully_shard was applied to it.
 std::optional<FSDPModule> as_fsdp_module(const torch::nn::Module& module);

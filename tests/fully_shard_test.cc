@@ -11,10 +11,12 @@
 // and the bad-input errors.
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/sgd.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <optional>
@@ -363,6 +365,67 @@ std::string ErrorOf(const std::function<void()>& fn) {
     return e.what_without_backtrace();
   }
   return "";
+}
+
+// Explicit forward/backward prefetching changes when parameters are
+// gathered, not the result; clip_grad_norm_ over the shards equals
+// torch::nn::utils::clip_grad_norm_ on the unwrapped model (2-norm and inf).
+TEST(FullyShard, PrefetchAndClipGradNormOn3Ranks) {
+  const std::vector<Step> reference = Reference(false);
+  std::map<std::string, std::pair<double, std::map<std::string, at::Tensor>>> clipped;
+  for (double norm_type : {2.0, static_cast<double>(INFINITY)}) {
+    Net model = MakeNet(false);
+    Batch b = MakeBatch(0, 0, 1);
+    Loss(model->forward(b.x), b.y).backward();
+    const double total = torch::nn::utils::clip_grad_norm_(model->parameters(), 0.05, norm_type);
+    std::map<std::string, at::Tensor> grads;
+    for (const auto& p : model->named_parameters()) grads[p.key()] = p.value().grad().clone();
+    clipped[std::to_string(norm_type)] = {total, grads};
+  }
+  comm::testing::RunOnRanks(3, [&](comm::ProcessGroup& pg) {
+    {
+      Net model = MakeNet(false);
+      fsdp::FullyShardOptions options;
+      options.process_group = pg;
+      std::vector<fsdp::FSDPModule> blocks;
+      for (const auto& block : *model->blocks) blocks.push_back(fsdp::fully_shard(block, options));
+      fsdp::FSDPModule root = fsdp::fully_shard(model, options);
+      root.set_modules_to_forward_prefetch({blocks[0]});
+      for (size_t i = 0; i + 1 < blocks.size(); ++i) {
+        blocks[i].set_modules_to_forward_prefetch({blocks[i + 1]});
+        blocks[i + 1].set_modules_to_backward_prefetch({blocks[i]});
+      }
+      torch::optim::SGD optim(model->parameters(), torch::optim::SGDOptions(kLr));
+      for (int step = 0; step < kSteps; ++step) {
+        Batch b = MakeBatch(step, pg.rank(), pg.size());
+        optim.zero_grad();
+        Loss(module_call::call(model, b.x), b.y).backward();
+        optim.step();
+        CheckShards(*model, reference[step].params, "prefetch step " + std::to_string(step));
+      }
+    }
+    for (double norm_type : {2.0, static_cast<double>(INFINITY)}) {
+      Net model = MakeNet(false);
+      fsdp::FullyShardOptions options;
+      options.process_group = pg;
+      for (const auto& block : *model->blocks) fsdp::fully_shard(block, options);
+      fsdp::fully_shard(model, options);
+      Batch b = MakeBatch(0, pg.rank(), pg.size());
+      Loss(module_call::call(model, b.x), b.y).backward();
+      const auto& [want, grads] = clipped.at(std::to_string(norm_type));
+      at::Tensor total = fsdp::clip_grad_norm_(model->parameters(), 0.05, norm_type);
+      EXPECT_NEAR(total.item<double>(), want, 1e-6 * want) << "norm_type " << norm_type;
+      for (const auto& p : model->named_parameters()) {
+        ExpectRel(p.value().grad(), Rows(p.value(), grads.at(p.key())),
+                  "clipped grad " + p.key() + " norm_type " + std::to_string(norm_type));
+      }
+    }
+    const std::string error =
+        ErrorOf([] { fsdp::clip_grad_norm_({torch::ones({2}, torch::requires_grad())}, 1.0); });
+    EXPECT_NE(error.find("parameters[0] (shape [2]) is not a parameter fully_shard sharded"),
+              std::string::npos)
+        << error;
+  });
 }
 
 // Bad input: each a clear error naming what is wrong.

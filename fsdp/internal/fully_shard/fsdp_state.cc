@@ -217,6 +217,14 @@ void FSDPState::pre_forward() {
   if (group_) {
     group_->unshard(/*async=*/false);
   }
+  prefetch(forward_prefetch);
+}
+
+void FSDPState::prefetch(const std::vector<std::weak_ptr<FSDPState>>& states) {
+  for (const auto& weak : states) {
+    auto state = weak.lock();
+    if (state && state->group_) state->group_->unshard(/*async=*/true);
+  }
 }
 
 at::Tensor FSDPState::map_input(const at::Tensor& t) {
@@ -268,6 +276,7 @@ void FSDPState::pre_backward() {
     });
   }
   if (group_) group_->unshard(/*async=*/false);
+  prefetch(backward_prefetch);
 }
 
 void FSDPState::input_grad_ready() {

@@ -53,9 +53,14 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   void post_backward();
   void root_final_callback();
 
+  std::vector<std::weak_ptr<FSDPState>> forward_prefetch;
+  std::vector<std::weak_ptr<FSDPState>> backward_prefetch;
+
  private:
   void lazy_init();
   void validate_no_duplicate_params() const;
+  // Starts the all-gathers of `states` (async).
+  static void prefetch(const std::vector<std::weak_ptr<FSDPState>>& states);
   FSDPStateContext& context() const { return *context_; }
 
   std::weak_ptr<torch::nn::Module> module_;
