@@ -40,7 +40,8 @@
 // error at the first forward, naming the parameter).
 //
 // Lifetimes: fully_shard's state lives as long as the module (a
-// process-wide registry keyed by the module, holding it weakly). Threading:
+// process-wide registry keyed by the module, holding it weakly; a destroyed
+// module's state, with its shards, is dropped at the next fully_shard call). Threading:
 // driven from one thread (plus autograd's); every rank must run the same
 // forward/backward sequence.
 #pragma once

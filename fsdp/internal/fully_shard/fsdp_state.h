@@ -78,8 +78,9 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   bool post_backward_done_ = false;
 };
 
-// The registry (held by the module's lifetime: entries of destroyed
-// modules are dropped on the next access).
+// The registry holds each state strongly and its module weakly; the
+// entries (and states, with their shards) of destroyed modules are dropped
+// at the next fully_shard call.
 // The state fully_shard put on `module`, or null.
 std::shared_ptr<FSDPState> state_of(const torch::nn::Module& module);
 // The state whose group manages `module`'s parameters (its own state, or
