@@ -32,7 +32,9 @@ What matches the trainer (trainer/models.cc, train.cc, data.cc, lr_schedule.cc):
     loss (mean), optimizer step. step_time_s covers exactly that span, as in
     train.cc.
   * Optimizers: Adam(lr) / AdamW(lr, weight_decay=0.01) / SGD(lr, momentum=0.9),
-    PyTorch defaults otherwise (LibTorch's defaults are the same values).
+    PyTorch defaults otherwise (LibTorch's defaults are the same values);
+    --optimizer-impl foreach|fused asks for foreach=True / fused=True (the
+    trainer's are fused, optim/; the same update to float rounding).
 
 What differs by construction: DDP averages gradients in buckets with
 all-reduces that overlap the backward pass; the trainer concatenates all
@@ -209,11 +211,16 @@ def learning_rate(args, step):
 
 
 def make_optimizer(args, params):
+    # --optimizer-impl: PyTorch's own choice (the for-loop on CPU, foreach on
+    # CUDA), or foreach=True / fused=True (the trainer's optimizers are
+    # optim::*'s fused ones).
+    impl = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[
+        args.optimizer_impl]
     if args.optimizer == "adam":
-        return torch.optim.Adam(params, lr=args.lr)
+        return torch.optim.Adam(params, lr=args.lr, **impl)
     if args.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
-    return torch.optim.SGD(params, lr=args.lr, momentum=0.9)
+        return torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01, **impl)
+    return torch.optim.SGD(params, lr=args.lr, momentum=0.9, **impl)
 
 
 def forward_backward(args, model, optimizer, step, rank, world):
@@ -243,6 +250,8 @@ def add_common_args(p):
     p.add_argument("--global-batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--optimizer", choices=["adam", "adamw", "sgd"], default="adamw")
+    p.add_argument("--optimizer-impl", choices=["default", "foreach", "fused"], default="default",
+                   help="PyTorch's default, foreach=True or fused=True (issue 36's GPU comparison)")
     p.add_argument("--lr-schedule", choices=["constant", "cosine"], default="cosine")
     p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--layers", type=int, default=2)
