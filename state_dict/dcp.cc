@@ -377,6 +377,40 @@ absl::StatusOr<ShardedStateDict> DcpCheckpoint::LoadResharded(
   return out;
 }
 
+absl::StatusOr<std::vector<DcpCheckpoint::ChunkInfo>> DcpCheckpoint::Chunks(
+    const std::string& key) const {
+  for (const DcpEntry& e : metadata_->entries) {
+    if (e.key != key) continue;
+    if (e.is_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DCP checkpoint ", dir_, ": '", absl::CEscape(key), "' is not a tensor"));
+    }
+    std::vector<ChunkInfo> out;
+    for (const DcpChunk& chunk : e.chunks) {
+      const DcpStorage& where = metadata_->storage.at(DcpIndex{key, chunk.offsets});
+      out.push_back(
+          ChunkInfo{chunk.offsets, chunk.sizes, where.relative_path, where.offset, where.length});
+    }
+    return out;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("DCP checkpoint ", dir_, " has no entry '", absl::CEscape(key), "'"));
+}
+
+absl::StatusOr<at::Tensor> DcpCheckpoint::LoadTensor(const std::string& key) const {
+  for (const DcpEntry& e : metadata_->entries) {
+    if (e.key != key || e.is_bytes) continue;
+    const int64_t numel = Volume(e.size);
+    auto loaded = LoadResharded({{key, ShardRequest{e.size, e.dtype, {FlatRange{0, numel}}}}});
+    if (!loaded.ok()) return loaded.status();
+    const ShardedTensor& st = loaded->begin()->value();
+    if (numel == 0 || st.pieces.empty()) return at::empty(e.size, at::TensorOptions(e.dtype));
+    return st.pieces.front().data.reshape(e.size);
+  }
+  return absl::NotFoundError(
+      absl::StrCat("DCP checkpoint ", dir_, " has no tensor '", absl::CEscape(key), "'"));
+}
+
 absl::StatusOr<c10::IValue> DcpCheckpoint::LoadObject(const std::string& key) const {
   for (const DcpEntry& e : metadata_->entries) {
     if (e.key != key) continue;

@@ -84,6 +84,29 @@ class DcpCheckpoint {
   absl::StatusOr<ShardedStateDict> LoadResharded(
       const std::vector<std::pair<std::string, ShardRequest>>& requests) const;
 
+  // One saved chunk of a tensor (DCP's ChunkStorageMetadata and where its
+  // bytes are): the box [offsets, offsets + sizes) of the tensor, stored as
+  // a torch.save archive at bytes [offset, offset + length) of `file`
+  // (relative to the directory).
+  struct ChunkInfo {
+    std::vector<int64_t> offsets;
+    std::vector<int64_t> sizes;
+    std::string file;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+  };
+  // The chunks tensor `key` was saved as, in the metadata's order (what
+  // `ckpt inspect` lists). NotFound for an unknown key, InvalidArgument for
+  // an object's key.
+  absl::StatusOr<std::vector<ChunkInfo>> Chunks(const std::string& key) const;
+
+  // Tensor `key` whole, of its shape and dtype: LoadResharded of its full
+  // range, so every chunk is read and the chunks must cover every element
+  // (DataLoss naming the key and the first element none covers), each
+  // chunk's bytes must be inside its file (a truncated or missing file:
+  // DataLoss / NotFound naming it). dcp_to_torch_save's value of the key.
+  absl::StatusOr<at::Tensor> LoadTensor(const std::string& key) const;
+
   // A pickled value (a param group option, a step counter): what Python's
   // torch.load of its bytes gives, read as LoadIValue reads.
   absl::StatusOr<c10::IValue> LoadObject(const std::string& key) const;

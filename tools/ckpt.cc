@@ -16,12 +16,29 @@
 // checkpoints name it) and the trainer's "trainer.*" entries (its step and
 // seed); in the trainer's FULL layout ("model.<name>", "optim.<name>.<entry>",
 // "trainer.*") they are the "model." entries, written without that prefix.
+//
+// DIR may also be a PyTorch distributed checkpoint (torch.distributed.checkpoint,
+// DCP: a directory with a `.metadata`, as Python's dcp.save or the trainer's
+// --export-dcp write it). `inspect` lists its files, every tensor with its
+// dtype, shape and chunks (box offsets + sizes, the file and byte range) and
+// every other value; `verify` reads every tensor whole and every value, so
+// each tensor's chunks must cover it and each chunk's bytes be in its file
+// (DCP has no checksums: a flipped byte inside a chunk is not found);
+// `convert --to-full` writes every tensor under its flattened key
+// ("model.<fqn>", "optim.state.<fqn>.<entry>"), the tensors Python's
+// dcp_to_torch_save gives, flattened (its non-tensor values — param groups,
+// ints — are not tensors, and skipped with a count); `--to-safetensors` the
+// "model." tensors without that prefix.
 // Exit status: 0 success, 1 a bad checkpoint or failed command, 2 bad usage.
 // `ckpt --help` and `ckpt COMMAND --help` list the commands and flags.
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -30,6 +47,7 @@
 #include "absl/strings/string_view.h"
 #include "formats/safetensors/safetensors.h"
 #include "state_dict/checkpoint.h"
+#include "state_dict/dcp.h"
 
 namespace {
 
@@ -168,6 +186,115 @@ int ConvertToSafetensors(const std::string& step_dir, const std::string& out) {
   return 0;
 }
 
+// A DCP directory: it holds DCP's `.metadata`.
+bool IsDcpDirectory(const std::string& dir) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(dir + "/.metadata", ec);
+}
+
+std::string ObjectText(const state_dict::DcpCheckpoint& ckpt, const std::string& key) {
+  auto value = ckpt.LoadObject(key);
+  if (!value.ok()) return absl::StrCat("(unreadable: ", value.status().message(), ")");
+  if (value->isInt()) return absl::StrCat(value->toInt());
+  if (value->isDouble()) return absl::StrCat(value->toDouble());
+  if (value->isBool()) return value->toBool() ? "True" : "False";
+  if (value->isString()) return absl::StrCat("'", value->toStringRef(), "'");
+  if (value->isNone()) return "None";
+  return std::string(value->tagKind());
+}
+
+int InspectDcp(const std::string& dir) {
+  auto ckpt = state_dict::DcpCheckpoint::Open(dir);
+  if (!ckpt.ok()) return Fail(ckpt.status());
+  std::cout << "checkpoint " << dir << "\nkind dcp (torch.distributed.checkpoint)\n";
+  std::vector<std::pair<std::string, uintmax_t>> files;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (entry.is_regular_file()) files.emplace_back(entry.path().filename(), entry.file_size());
+  }
+  std::sort(files.begin(), files.end());
+  std::cout << "files " << files.size() << "\n";
+  for (const auto& [name, bytes] : files) std::cout << "  " << name << "  " << bytes << " bytes\n";
+  const auto tensors = ckpt->tensors();
+  std::cout << "tensors " << tensors.size() << "\n";
+  for (const auto& t : tensors) {
+    std::cout << "  " << t.key << "  " << c10::toString(t.dtype) << "  " << Shape(t.shape);
+    auto chunks = ckpt->Chunks(t.key);
+    if (!chunks.ok()) return Fail(chunks.status());
+    std::cout << "  chunks:";
+    for (size_t i = 0; i < chunks->size(); ++i) {
+      const auto& c = (*chunks)[i];
+      std::cout << (i == 0 ? " " : ", ") << Shape(c.offsets) << "+" << Shape(c.sizes) << " in "
+                << c.file << " [" << c.offset << ", " << c.offset + c.length << ")";
+    }
+    std::cout << "\n";
+  }
+  const auto objects = ckpt->objects();
+  std::cout << "objects " << objects.size() << "\n";
+  for (const std::string& key : objects) {
+    std::cout << "  " << key << "  " << ObjectText(*ckpt, key) << "\n";
+  }
+  return 0;
+}
+
+// Every tensor of a DCP directory whole, under its flattened key.
+absl::StatusOr<state_dict::TensorDict> LoadDcpTensors(const state_dict::DcpCheckpoint& ckpt) {
+  state_dict::TensorDict out;
+  for (const auto& t : ckpt.tensors()) {
+    auto tensor = ckpt.LoadTensor(t.key);
+    if (!tensor.ok()) return tensor.status();
+    out.insert(t.key, *tensor);
+  }
+  return out;
+}
+
+int VerifyDcp(const std::string& dir) {
+  auto ckpt = state_dict::DcpCheckpoint::Open(dir);
+  if (!ckpt.ok()) return Fail(ckpt.status());
+  auto tensors = LoadDcpTensors(*ckpt);
+  if (!tensors.ok()) return Fail(tensors.status());
+  int64_t elements = 0;
+  for (const auto& item : *tensors) elements += item.value().numel();
+  for (const std::string& key : ckpt->objects()) {
+    if (auto value = ckpt->LoadObject(key); !value.ok()) return Fail(value.status());
+  }
+  std::cout << "OK " << dir << ": " << tensors->size() << " tensors (" << elements
+            << " elements) and " << ckpt->objects().size()
+            << " other values read; every tensor's chunks cover it and lie in their files "
+               "(DCP has no checksums: bytes flipped inside a chunk are not detected)\n";
+  return 0;
+}
+
+int ConvertDcp(const std::string& dir, const std::string& full_out,
+               const std::string& safetensors_out) {
+  auto ckpt = state_dict::DcpCheckpoint::Open(dir);
+  if (!ckpt.ok()) return Fail(ckpt.status());
+  auto tensors = LoadDcpTensors(*ckpt);
+  if (!tensors.ok()) return Fail(tensors.status());
+  const size_t objects = ckpt->objects().size();
+  if (!full_out.empty()) {
+    if (auto s = state_dict::SaveTensorDict(*tensors, full_out); !s.ok()) return Fail(s);
+    std::cout << "wrote " << full_out << ": " << tensors->size() << " tensors from DCP " << dir
+              << " (skipped " << objects << " non-tensor values)\n";
+    return 0;
+  }
+  state_dict::TensorDict weights;
+  for (const auto& item : *tensors) {
+    if (StartsWith(item.key(), "model.")) weights.insert(item.key().substr(6), item.value());
+  }
+  if (weights.is_empty()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("DCP checkpoint ", dir,
+                     " holds no \"model.\" tensors: expected a checkpoint saved as "
+                     "dcp.save({\"model\": ...})")));
+  }
+  if (auto s = formats::SaveSafetensors(weights, safetensors_out); !s.ok()) return Fail(s);
+  std::cout << "wrote " << safetensors_out << ": " << weights.size() << " model tensors from DCP "
+            << dir << " (skipped " << tensors->size() - weights.size() << " other tensors and "
+            << objects << " non-tensor values)\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -179,7 +306,9 @@ int main(int argc, char** argv) {
   CLI::App* convert = app.add_subcommand(
       "convert", "write the FULL state dict (torch.load) or the model's weights (safetensors)");
   for (CLI::App* command : {inspect, verify, convert}) {
-    command->add_option("DIR", dir, "a step directory, or a root (its latest complete step)")
+    command
+        ->add_option("DIR", dir,
+                     "a step directory, a root (its latest complete step), or a DCP directory")
         ->required();
   }
   CLI::Option* to_full =
@@ -217,6 +346,13 @@ int main(int argc, char** argv) {
                  "OUT.safetensors\n"
               << convert->help();
     return 2;
+  }
+  if (IsDcpDirectory(UserPath(dir))) {
+    const std::string dcp = UserPath(dir);
+    if (inspect->parsed()) return InspectDcp(dcp);
+    if (verify->parsed()) return VerifyDcp(dcp);
+    return ConvertDcp(dcp, full_out.empty() ? "" : UserPath(full_out),
+                      safetensors_out.empty() ? "" : UserPath(safetensors_out));
   }
   auto step_dir = ResolveStepDir(UserPath(dir));
   if (!step_dir.ok()) return Fail(step_dir.status());

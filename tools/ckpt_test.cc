@@ -4,7 +4,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
+#include <sstream>
+#include <vector>
 #include <map>
 #include <string>
 
@@ -318,6 +321,110 @@ TEST(CkptToolTest, EditedManifestIsRefusedByVerifyAndConvert) {
     EXPECT_EQ(convert_out, out);
     EXPECT_FALSE(state_dict::LoadFullStateDict(dir).ok());
   }
+}
+
+// The DCP directories Python's FSDP1 (SHARDED_STATE_DICT) and FSDP2 wrote
+// (tools/golden/dcp_fixtures.py): ckpt lists the tensors and values
+// Python's dcp_to_torch_save gives, and converts to the same tensors.
+std::string Fixture(const std::string& name) {
+  return std::string(getenv("TEST_SRCDIR")) + "/" + getenv("TEST_WORKSPACE") + "/tools/testdata/" +
+         name;
+}
+
+std::vector<std::string> ReadLinesOf(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) lines.push_back(line);
+  }
+  return lines;
+}
+
+// `ckpt inspect`'s tensors and objects as the fixture's expected.txt
+// spells them: "tensor KEY DTYPE [SHAPE]", "object KEY", sorted.
+std::vector<std::string> ListedEntries(const std::string& inspect_output) {
+  std::vector<std::string> out;
+  std::istringstream in(inspect_output);
+  std::string section;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("tensors ", 0) == 0) section = "tensor";
+    if (line.rfind("objects ", 0) == 0) section = "object";
+    if (line.rfind("  ", 0) != 0 || (section != "tensor" && section != "object")) continue;
+    std::vector<std::string> fields;
+    for (size_t at = 2; at < line.size();) {
+      const size_t end = line.find("  ", at);
+      fields.push_back(line.substr(at, end == std::string::npos ? std::string::npos : end - at));
+      at = end == std::string::npos ? line.size() : end + 2;
+    }
+    if (section == "tensor" && fields.size() >= 3) {
+      out.push_back("tensor " + fields[0] + " " + fields[1] + " " + fields[2]);
+    } else if (section == "object" && !fields.empty()) {
+      out.push_back("object " + fields[0]);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+class CkptDcpTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CkptDcpTest, ListsVerifiesAndConvertsWhatPythonSaved) {
+  const std::string dir = Fixture(GetParam());
+  std::string out;
+  ASSERT_EQ(Ckpt("inspect " + dir, &out), 0) << out;
+  EXPECT_NE(out.find("kind dcp"), std::string::npos) << out;
+  EXPECT_EQ(ListedEntries(out), ReadLinesOf(dir + ".expected.txt")) << out;
+  // Two ranks saved each parameter's rows: two chunks, one per file.
+  EXPECT_NE(out.find("  model.0.weight  Float  [6, 4]  chunks: [0, 0]+[3, 4] in __0_0.distcp"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("[3, 0]+[3, 4] in __1_0.distcp"), std::string::npos) << out;
+
+  ASSERT_EQ(Ckpt("verify " + dir, &out), 0) << out;
+  EXPECT_NE(out.find("OK " + dir + ": 16 tensors"), std::string::npos) << out;
+
+  const std::string root = TempDir("dcp_convert_" + GetParam());
+  ASSERT_EQ(Ckpt("convert " + dir + " --to-full " + root + "/full.pt", &out), 0) << out;
+  auto ours = state_dict::LoadTensorDict(root + "/full.pt");
+  auto python = state_dict::LoadTensorDict(dir + ".expected.pt");
+  ASSERT_TRUE(ours.ok()) << ours.status();
+  ASSERT_TRUE(python.ok()) << python.status();
+  ASSERT_EQ(ours->tensors.size(), python->tensors.size());
+  for (const auto& item : python->tensors) {
+    const torch::Tensor* mine = ours->tensors.find(item.key());
+    ASSERT_NE(mine, nullptr) << item.key();
+    EXPECT_TRUE(torch::equal(*mine, item.value())) << item.key();
+  }
+  ASSERT_EQ(Ckpt("convert " + dir + " --to-safetensors " + root + "/model.safetensors", &out), 0)
+      << out;
+  auto weights = formats::LoadSafetensors(root + "/model.safetensors");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  ASSERT_EQ(weights->tensors.size(), 4u);
+  EXPECT_TRUE(torch::equal(weights->tensors["0.weight"], python->tensors["model.0.weight"]));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fsdp, CkptDcpTest, ::testing::Values("dcp_fsdp1", "dcp_fsdp2"));
+
+TEST(CkptDcpTest, MissingOrTruncatedChunksAreClearErrors) {
+  const std::string root = TempDir("dcp_damaged");
+  const std::string dir = root + "/dcp";
+  // -L: the runfiles are links to the source tree, which must stay whole.
+  const std::string copy =
+      "cp -rL '" + Fixture("dcp_fsdp2") + "' '" + dir + "' && chmod -R u+w '" + dir + "'";
+  ASSERT_EQ(system(copy.c_str()), 0);
+  ASSERT_EQ(truncate((dir + "/__1_0.distcp").c_str(), 1000), 0);
+  std::string out;
+  EXPECT_EQ(Ckpt("verify " + dir, &out), 1) << out;
+  EXPECT_NE(out.find("ckpt: "), std::string::npos) << out;
+  EXPECT_NE(out.find("__1_0.distcp"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;  // one line
+  EXPECT_EQ(Ckpt("convert " + dir + " --to-full " + root + "/x.pt", &out), 1) << out;
+  EXPECT_NE(out.find("__1_0.distcp"), std::string::npos) << out;
+
+  ASSERT_EQ(unlink((dir + "/__1_0.distcp").c_str()), 0);
+  EXPECT_EQ(Ckpt("verify " + dir, &out), 1) << out;
+  EXPECT_NE(out.find("__1_0.distcp"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
 }
 
 }  // namespace

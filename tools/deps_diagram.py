@@ -54,7 +54,8 @@ import sys
 # Every Bazel package with production targets must be listed here (a new one
 # fails --check until it is placed).
 LAYERS = [
-    ["functorch/module", "functorch/transforms", "comm", "module_call", "host", "formats"],
+    ["functorch/module", "functorch/transforms", "comm", "module_call", "host", "formats",
+     "optim"],
     ["fsdp", "activation_checkpointing", "launcher", "state_dict"],  # state_dict: on formats
     # testing: testonly helpers (RunOnRanks) above the launcher; not drawn,
     # since the diagram shows production targets only.

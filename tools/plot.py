@@ -15,14 +15,16 @@ echo 'plot: no Python at ${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/
 exit 1
 '''
 
-__doc__ = """Plots a trainer --log-json file: loss and tokens/s against step.
+__doc__ = """Plots a trainer --log-json file: loss, validation loss and tokens/s against step.
 
     bazel run //tools:plot -- LOG.jsonl [-o OUT.png] [--title TEXT]
 
 LOG.jsonl has one JSON object per line with at least "step", "loss" and
 "tokens_per_s" (see trainer/json_log.h). A resumed run appends to its log, so
 a step can appear more than once: the last line for a step wins, which is
-the line of the run that continued. Writes OUT.png (default: LOG with .png).
+the line of the run that continued. A run with --eval-every also logs
+"val_loss" on its evaluation steps: drawn as points joined by a line on the
+loss axis. Writes OUT.png (default: LOG with .png).
 
 Runs under ${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/python3
 (TORCHFSDP_PYTHON overrides it), the venv `tools/setup.sh --with-python`
@@ -84,6 +86,12 @@ def main():
 
     fig, ax_loss = plt.subplots(figsize=(9, 4.8), dpi=110)
     ax_loss.plot(steps, loss, color="tab:blue", linewidth=1.4, label="loss")
+    val = [(r["step"], r["val_loss"] if r["val_loss"] is not None else float("nan"))
+           for r in records if "val_loss" in r]
+    if val:
+        ax_loss.plot([s for s, _ in val], [v for _, v in val], color="tab:green",
+                     marker="o", markersize=4, linewidth=1.2, label="validation loss")
+        ax_loss.legend(loc="upper right")
     ax_loss.set_xlabel("step")
     ax_loss.set_ylabel("loss (global mean)", color="tab:blue")
     ax_loss.tick_params(axis="y", labelcolor="tab:blue")
@@ -97,12 +105,14 @@ def main():
     ax_tps.set_ylim(bottom=0)
 
     title = args.title or os.path.basename(args.log)
-    ax_loss.set_title(f"{title}: loss {loss[0]:.3f} -> {loss[-1]:.3f} over "
+    val_text = f", validation loss {val[-1][1]:.3f}" if val else ""
+    ax_loss.set_title(f"{title}: loss {loss[0]:.3f} -> {loss[-1]:.3f}{val_text} over "
                       f"{len(steps)} steps, {world} rank{'s' if world != 1 else ''}")
     fig.tight_layout()
     output = args.output or os.path.splitext(args.log)[0] + ".png"
     fig.savefig(output)
-    print(f"plot: wrote {output}")
+    print(f"plot: wrote {output}" +
+          (f" ({len(val)} validation loss points)" if val else ""))
 
 
 if __name__ == "__main__":

@@ -56,6 +56,19 @@ check_png "$dir/chart.png"
 out=$("$plot" "$log" 2>&1) || fail "plot (default output) exited with $?: $out"
 check_png "$dir/run.png"
 
+# A run with --eval-every: its val_loss points are drawn (and counted).
+vlog="$dir/val.jsonl"
+for step in 1 2 3 4 5 6; do
+  val=""
+  ((step % 2 == 0)) && val=", \"val_loss\": $((7 - step)).25"
+  echo "{\"step\": $step, \"loss\": $((8 - step)).5, \"lr\": 0.001, \"step_time_s\": 0.4, \"tokens_per_s\": 2500.0, \"peak_rss_bytes\": [412000256], \"sharded_state_bytes\": [1606656], \"world_size\": 1$val}" >>"$vlog"
+done
+out=$("$plot" "$vlog" -o "$dir/val.png" 2>&1) || fail "plot (val_loss) exited with $?: $out"
+[[ "$out" == *"wrote $dir/val.png (3 validation loss points)"* ]] || fail "unexpected output: $out"
+check_png "$dir/val.png"
+out=$("$plot" "$log" -o "$dir/chart2.png" 2>&1)
+[[ "$out" != *"validation"* ]] || fail "validation points in a log without val_loss: $out"
+
 # Not a trainer log: an error naming the file, line and key; no PNG.
 printf '{"step": 1, "loss": 2.0}\n' >"$dir/bad.jsonl"
 if out=$("$plot" "$dir/bad.jsonl" 2>&1); then

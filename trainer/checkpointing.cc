@@ -24,6 +24,7 @@
 #include "state_dict/fsdp/fsdp_optim_state_dict.h"
 #include "state_dict/fsdp/fsdp_state_dict.h"
 #include "state_dict/optim_state.h"
+#include "trainer/finite_state.h"
 
 namespace trainer {
 namespace {
@@ -246,6 +247,17 @@ absl::StatusOr<int64_t> ResumeFull(const std::string& step_dir, const Options& o
   return step->item<int64_t>();
 }
 
+// A loaded checkpoint's state is finite, unless --allow-nonfinite-import.
+absl::Status CheckLoadedFinite(const Options& o, const fsdp::FullyShardedDataParallel& model,
+                               const torch::optim::Optimizer& optimizer, const std::string& what) {
+  if (o.allow_nonfinite_import) return absl::OkStatus();
+  absl::Status s = CheckStateFinite(model, optimizer, what);
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(s.message(),
+                                             " (refused: a diverged run's state; "
+                                             "--allow-nonfinite-import loads it anyway)"));
+}
+
 // Loads the checkpoint to resume from (o.resume_from, or the newest that
 // verifies), of either format; returns its step.
 absl::StatusOr<int64_t> LoadResumeCheckpoint(const Options& o, const comm::ProcessGroup& group,
@@ -269,9 +281,15 @@ absl::StatusOr<int64_t> LoadResumeCheckpoint(const Options& o, const comm::Proce
   }
   auto manifest = state_dict::ReadManifest(*step_dir);
   if (!manifest.ok()) return manifest.status();
-  return manifest->kind == state_dict::CheckpointKind::kFull
-             ? ResumeFull(*step_dir, o, model, optimizer)
-             : ResumeSharded(*step_dir, o, model, optimizer);
+  auto step = manifest->kind == state_dict::CheckpointKind::kFull
+                  ? ResumeFull(*step_dir, o, model, optimizer)
+                  : ResumeSharded(*step_dir, o, model, optimizer);
+  if (!step.ok()) return step;
+  const std::string what = absl::StrCat("checkpoint '", *step_dir, "'");
+  if (auto s = AgreeOnStatus(group, CheckLoadedFinite(o, model, optimizer, what), what); !s.ok()) {
+    return s;
+  }
+  return step;
 }
 
 // --import-dcp / --export-dcp: "trainer.step" and "trainer.seed" are the
@@ -343,19 +361,20 @@ absl::Status CheckDcpOptimizer(const Options& o, const state_dict::DcpCheckpoint
   return absl::OkStatus();
 }
 
-// One rank's part of ImportDcp (no collectives).
-absl::StatusOr<int64_t> ImportDcpOnRank(const Options& o, fsdp::FullyShardedDataParallel& model,
-                                        torch::optim::Optimizer& optimizer) {
+// What --import-dcp found: the step to continue after, and whether the
+// checkpoint had the trainer's entries and optimizer state.
+struct ImportedDcp {
+  int64_t step = 0;
+  bool has_trainer = true;
+  bool has_optimizer = true;
+};
+
+// "trainer.step" and "trainer.seed" checked against --steps and --seed.
+absl::StatusOr<int64_t> ImportedStep(const Options& o, const state_dict::DcpCheckpoint& ckpt) {
   const std::string what = ImportContext(o);
-  std::error_code ec;
-  if (!std::filesystem::is_directory(o.import_dcp, ec)) {
-    return absl::NotFoundError(absl::StrCat(what, ": no such directory"));
-  }
-  auto ckpt = state_dict::DcpCheckpoint::Open(o.import_dcp);
-  if (!ckpt.ok()) return InContext(what, ckpt.status());
-  auto step = DcpInt(o, *ckpt, kStepKey);
+  auto step = DcpInt(o, ckpt, kStepKey);
   if (!step.ok()) return step.status();
-  auto seed = DcpInt(o, *ckpt, kSeedKey);
+  auto seed = DcpInt(o, ckpt, kSeedKey);
   if (!seed.ok()) return seed.status();
   if (*seed != o.seed) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -368,27 +387,96 @@ absl::StatusOr<int64_t> ImportDcpOnRank(const Options& o, fsdp::FullyShardedData
         "'): expected a step in [0, --steps) (--steps is the whole run's length, counting the "
         "steps before the checkpoint)"));
   }
-  if (auto s = CheckDcpOptimizer(o, *ckpt); !s.ok()) return s;
-  if (auto s = state_dict::LoadFsdpDcp(*ckpt, model, &optimizer); !s.ok()) {
+  return *step;
+}
+
+// One rank's part of ImportDcp (no collectives). A checkpoint without any
+// "trainer.*" entry (what a Python run saves: dcp.save({"model": ...,
+// "optim": ...})) starts at step 0; one without optimizer state loads the
+// model alone, the optimizer starting fresh.
+absl::StatusOr<ImportedDcp> ImportDcpOnRank(const Options& o, fsdp::FullyShardedDataParallel& model,
+                                            torch::optim::Optimizer& optimizer) {
+  const std::string what = ImportContext(o);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(o.import_dcp, ec)) {
+    return absl::NotFoundError(absl::StrCat(what, ": no such directory"));
+  }
+  auto ckpt = state_dict::DcpCheckpoint::Open(o.import_dcp);
+  if (!ckpt.ok()) return InContext(what, ckpt.status());
+  ImportedDcp imported;
+  imported.has_trainer = false;
+  for (const std::string& key : ckpt->objects()) {
+    imported.has_trainer = imported.has_trainer || absl::StartsWith(key, "trainer.");
+  }
+  imported.has_optimizer = false;
+  for (const auto& t : ckpt->tensors()) {
+    imported.has_optimizer =
+        imported.has_optimizer || absl::StartsWith(t.key, state_dict::DcpOptimStatePrefix());
+  }
+  if (imported.has_trainer) {
+    auto step = ImportedStep(o, *ckpt);
+    if (!step.ok()) return step.status();
+    imported.step = *step;
+  }
+  if (imported.has_optimizer) {
+    if (auto s = CheckDcpOptimizer(o, *ckpt); !s.ok()) return s;
+  }
+  if (auto s = state_dict::LoadFsdpDcp(*ckpt, model, imported.has_optimizer ? &optimizer : nullptr);
+      !s.ok()) {
     return InContext(what, s);
   }
-  return *step;
+  if (auto s = CheckLoadedFinite(o, model, optimizer, what); !s.ok()) return s;
+  return imported;
 }
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<DirectoryLock>> PrepareCheckpointDir(
+    const Options& o, const comm::ProcessGroup& group) {
+  if (o.checkpoint_dir.empty()) return std::unique_ptr<DirectoryLock>();
+  const std::string what = absl::StrCat("--checkpoint-dir='", o.checkpoint_dir, "'");
+  if (auto s = AgreeOnStatus(group, CheckDirectoryWritable(o.checkpoint_dir, group.rank()), what);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::unique_ptr<DirectoryLock>> lock = std::unique_ptr<DirectoryLock>();
+  if (group.rank() == 0) {
+    std::string taken_over;
+    lock = DirectoryLock::Acquire(o.checkpoint_dir, ThisJob(), &taken_over);
+    if (lock.ok() && !taken_over.empty()) {
+      std::printf("trainer: taking over the stale lock of %s: its holder, %s, is gone\n",
+                  what.c_str(), taken_over.c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (auto s = AgreeOnStatus(group, lock.status(), what); !s.ok()) return s;
+  return lock;
+}
+
 absl::StatusOr<int64_t> ImportDcp(const Options& o, const comm::ProcessGroup& group,
                                   fsdp::FullyShardedDataParallel& model,
                                   torch::optim::Optimizer& optimizer) {
-  auto step = ImportDcpOnRank(o, model, optimizer);
+  auto imported = ImportDcpOnRank(o, model, optimizer);
   const std::string what = ImportContext(o);
-  if (auto s = AgreeOnStatus(group, step.status(), what); !s.ok()) return s;
+  if (auto s = AgreeOnStatus(group, imported.status(), what); !s.ok()) return s;
   if (group.rank() == 0) {
-    std::printf("trainer: continuing from DCP checkpoint %s (step %lld)\n", o.import_dcp.c_str(),
-                static_cast<long long>(*step));
+    if (imported->has_trainer) {
+      std::printf("trainer: continuing from DCP checkpoint %s (step %lld)\n", o.import_dcp.c_str(),
+                  static_cast<long long>(imported->step));
+    } else {
+      const std::string optim =
+          imported->has_optimizer
+              ? std::string(" and optimizer state")
+              : absl::StrCat(" (it has no optimizer state: --optimizer=", Name(o.optimizer),
+                             " starts fresh)");
+      std::printf(
+          "trainer: DCP checkpoint %s has no 'trainer' entry (a Python run's): loaded its "
+          "model%s; starting at step 0\n",
+          o.import_dcp.c_str(), optim.c_str());
+    }
     std::fflush(stdout);
   }
-  return *step;
+  return imported->step;
 }
 
 absl::Status CheckDcpExportTarget(const Options& o, const comm::ProcessGroup& group) {
@@ -414,6 +502,12 @@ absl::Status ExportDcp(const Options& o, const comm::ProcessGroup& group,
                        fsdp::FullyShardedDataParallel& model,
                        const torch::optim::Optimizer& optimizer, int64_t step) {
   const std::string what = absl::StrCat("--export-dcp='", o.export_dcp, "' step ", step);
+  // As for checkpoints: never an export of non-finite state.
+  if (auto s = AgreeOnStatus(
+          group, CheckStateFinite(model, optimizer, absl::StrCat(what, ": not written")), what);
+      !s.ok()) {
+    return s;
+  }
   // Python ints, as dcp.save saves them.
   const std::vector<state_dict::DcpShard::Object> trainer_state = {
       {kDcpStepPath, c10::IValue(step)}, {kDcpSeedPath, c10::IValue(o.seed)}};
@@ -489,6 +583,13 @@ absl::Status SaveTrainerCheckpoint(const Options& o, fsdp::FullyShardedDataParal
   }
   state_dict::AsyncCheckpointer* saver = async != nullptr ? &async->saver : nullptr;
   const std::string what = CheckpointContext(o, step);
+  // Never a checkpoint of non-finite state (finite_state.h): nothing is
+  // written and, since --keep-last runs only after a save, nothing pruned.
+  if (auto s = AgreeOnStatus(
+          group, CheckStateFinite(model, optimizer, absl::StrCat(what, ": not saved")), what);
+      !s.ok()) {
+    return s;
+  }
   absl::Status saved = o.checkpoint_format == CheckpointFormat::kSharded
                            ? SaveShardedTrainerState(o, model, optimizer, step, saver)
                            : SaveFullTrainerState(o, model, optimizer, group, step, async);

@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -44,8 +45,17 @@
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "state_dict/async_checkpoint.h"
 #include "trainer/options.h"
+#include "trainer/run_lock.h"
 
 namespace trainer {
+
+// --checkpoint-dir before anything is built: every rank checks that it can
+// create and write the directory, then rank 0 takes its lock (run_lock.h),
+// printing a line when it takes a stale one over. Returns rank 0's lock
+// (null on the other ranks and without --checkpoint-dir), held until
+// destroyed. Every rank stops when one fails.
+absl::StatusOr<std::unique_ptr<DirectoryLock>> PrepareCheckpointDir(
+    const Options& options, const comm::ProcessGroup& group);
 
 // The step training continues after. With --resume: the step of the
 // checkpoint (options.resume_from, else ChooseResumeCheckpoint's), whose

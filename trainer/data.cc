@@ -69,6 +69,120 @@ absl::StatusOr<std::vector<uint8_t>> LoadTextCorpus(const std::string& dir) {
   return corpus;
 }
 
+namespace {
+
+constexpr int32_t kLlmcMagic = 20240520;  // llm.c's data files (dev/data/data_common.py)
+constexpr int64_t kLlmcHeaderBytes = 256 * 4;
+
+int32_t Int32At(const std::string& bytes, size_t at) {
+  uint32_t v = 0;
+  for (int k = 3; k >= 0; --k) v = (v << 8) | static_cast<uint8_t>(bytes[at + k]);
+  return static_cast<int32_t>(v);
+}
+
+std::string DataFlag(const std::string& path) { return absl::StrCat("--data='", path, "'"); }
+
+// The uint16 ids of bytes[offset, end), each checked against `vocab`.
+absl::StatusOr<std::vector<uint16_t>> DecodeTokens(const std::string& path,
+                                                   const std::string& bytes, size_t offset,
+                                                   int64_t vocab) {
+  std::vector<uint16_t> tokens((bytes.size() - offset) / 2);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const size_t at = offset + 2 * i;
+    tokens[i] = static_cast<uint16_t>(static_cast<uint8_t>(bytes[at]) |
+                                      (static_cast<uint8_t>(bytes[at + 1]) << 8));
+    if (tokens[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          DataFlag(path), ": token ", i, " is id ", tokens[i], ": expected ids < --vocab=", vocab,
+          " (pass the tokenizer's vocabulary size, e.g. --vocab 50257 for GPT-2)"));
+    }
+  }
+  return tokens;
+}
+
+}  // namespace
+
+absl::StatusOr<TokenData> LoadDataFile(const std::string& path, DataFormat format, int64_t vocab) {
+  std::ifstream in(path, std::ios::binary);
+  std::error_code ec;
+  if (!in || std::filesystem::is_directory(path, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat(DataFlag(path),
+                     ": no such file (or not readable): expected a text file "
+                     "or a uint16 token file (.bin)"));
+  }
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(DataFlag(path), ": the file is empty: expected text or tokens to train on"));
+  }
+  const bool llmc =
+      bytes.size() >= static_cast<size_t>(kLlmcHeaderBytes) && Int32At(bytes, 0) == kLlmcMagic;
+  const bool bin_name = std::filesystem::path(path).extension() == ".bin";
+  const bool tokens =
+      format == DataFormat::kTokens || (format == DataFormat::kAuto && (llmc || bin_name));
+  TokenData data;
+  if (!tokens) {
+    if (vocab < 256) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--vocab=", vocab, ": expected >= 256 to read ", DataFlag(path), " as bytes"));
+    }
+    data.tokens.assign(reinterpret_cast<const uint8_t*>(bytes.data()),
+                       reinterpret_cast<const uint8_t*>(bytes.data()) + bytes.size());
+    data.description = absl::StrCat(bytes.size(), " bytes of ", path);
+    return data;
+  }
+  size_t offset = 0;
+  if (llmc) {
+    const int32_t version = Int32At(bytes, 4);
+    const int64_t count = Int32At(bytes, 8);
+    if (version != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          DataFlag(path), ": llm.c header version ", version,
+          ": expected 1 (uint16 GPT-2 tokens; version 2 holds uint32 ids, not read here)"));
+    }
+    const int64_t expected = kLlmcHeaderBytes + 2 * count;
+    if (count < 0 || static_cast<int64_t>(bytes.size()) != expected) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(DataFlag(path), ": llm.c header says ", count, " tokens, so ", expected,
+                       " bytes: expected that size, the file has ", bytes.size(), " (truncated?)"));
+    }
+    offset = static_cast<size_t>(kLlmcHeaderBytes);
+  } else if (bytes.size() % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        DataFlag(path), ": ", bytes.size(),
+        " bytes: expected a whole number of uint16 token ids (an even size), as nanoGPT's "
+        ".bin (or --data-format=bytes for text)"));
+  }
+  auto ids = DecodeTokens(path, bytes, offset, vocab);
+  if (!ids.ok()) return ids.status();
+  data.tokens = std::move(*ids);
+  data.description = absl::StrCat(data.tokens.size(), " uint16 tokens (",
+                                  llmc ? "llm.c .bin" : "headerless .bin", ") of ", path);
+  return data;
+}
+
+absl::StatusOr<TokenSplit> SplitTokens(int64_t size, int64_t row_length, bool hold_out,
+                                       const std::string& what) {
+  TokenSplit split;
+  split.train_end = hold_out ? size - size / 10 : size;
+  split.val_begin = split.val_end = split.train_end;
+  if (hold_out) split.val_end = size;
+  if (split.train_end < row_length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", split.train_end, " tokens to train on",
+                     hold_out ? " (after the held-out tenth)" : "",
+                     ": expected at least one sequence of --seq + 1 = ", row_length, " tokens"));
+  }
+  if (hold_out && split.val_end - split.val_begin < row_length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": its held-out last tenth (--eval-every) is ", split.val_end - split.val_begin,
+        " tokens: expected at least one sequence of --seq + 1 = ", row_length,
+        " tokens (a larger file, or a smaller --seq)"));
+  }
+  return split;
+}
+
 absl::StatusOr<RowRange> RankRows(int64_t global_batch, int rank, int world_size) {
   if (world_size <= 0 || rank < 0 || rank >= world_size) {
     return absl::InvalidArgumentError(
@@ -83,26 +197,48 @@ absl::StatusOr<RowRange> RankRows(int64_t global_batch, int rank, int world_size
   return RowRange{rank * per_rank, per_rank};
 }
 
-absl::StatusOr<at::Tensor> SampleTextBatch(const std::vector<uint8_t>& corpus,
-                                           const BatchSpec& spec) {
+namespace {
+
+// Rows of `spec` from data[begin, end) (SampleTokenBatch's rule).
+template <typename T>
+absl::StatusOr<at::Tensor> SampleRows(const T* data, int64_t begin, int64_t end,
+                                      const BatchSpec& spec) {
   auto rows = RankRows(spec.global_batch, spec.rank, spec.world_size);
   if (!rows.ok()) return rows.status();
-  const int64_t corpus_size = static_cast<int64_t>(corpus.size());
-  if (spec.row_length < 1 || corpus_size < spec.row_length) {
+  const int64_t size = end - begin;
+  if (spec.row_length < 1 || size < spec.row_length) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rows of ", spec.row_length, " tokens: expected at most the corpus size ", corpus_size));
+        "rows of ", spec.row_length, " tokens: expected at most the corpus size ", size));
   }
-  const uint64_t starts = static_cast<uint64_t>(corpus_size - spec.row_length + 1);
+  const uint64_t starts = static_cast<uint64_t>(size - spec.row_length + 1);
   at::Tensor out = at::empty({rows->count, spec.row_length}, at::kLong);
-  int64_t* data = out.data_ptr<int64_t>();
+  int64_t* out_data = out.data_ptr<int64_t>();
   for (int64_t i = 0; i < rows->count; ++i) {
     const int64_t row = rows->first + i;
-    const int64_t start = static_cast<int64_t>(Hash(spec.seed, spec.step, row, -1) % starts);
+    const int64_t start =
+        begin + static_cast<int64_t>(Hash(spec.seed, spec.step, row, -1) % starts);
     for (int64_t j = 0; j < spec.row_length; ++j) {
-      data[i * spec.row_length + j] = corpus[start + j];
+      out_data[i * spec.row_length + j] = static_cast<int64_t>(data[start + j]);
     }
   }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<at::Tensor> SampleTextBatch(const std::vector<uint8_t>& corpus,
+                                           const BatchSpec& spec) {
+  return SampleRows(corpus.data(), 0, static_cast<int64_t>(corpus.size()), spec);
+}
+
+absl::StatusOr<at::Tensor> SampleTokenBatch(const std::vector<uint16_t>& tokens, int64_t begin,
+                                            int64_t end, const BatchSpec& spec) {
+  if (begin < 0 || end < begin || end > static_cast<int64_t>(tokens.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("token range [", begin, ", ", end,
+                                                   "): expected a range within the ", tokens.size(),
+                                                   " tokens"));
+  }
+  return SampleRows(tokens.data(), begin, end, spec);
 }
 
 absl::StatusOr<at::Tensor> SampleSyntheticBatch(int64_t vocab, const BatchSpec& spec) {

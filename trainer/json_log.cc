@@ -16,7 +16,7 @@ namespace trainer {
 
 std::string FormatJsonLine(const StepRecord& r) {
   // ordered_json keeps the documented key order.
-  const nlohmann::ordered_json line = {
+  nlohmann::ordered_json line = {
       {"step", r.step},
       {"loss", r.loss},
       {"lr", r.lr},
@@ -26,6 +26,7 @@ std::string FormatJsonLine(const StepRecord& r) {
       {"sharded_state_bytes", r.sharded_state_bytes},
       {"world_size", r.peak_rss_bytes.size()},
   };
+  if (r.val_loss.has_value()) line["val_loss"] = *r.val_loss;
   return line.dump();
 }
 

@@ -5,6 +5,7 @@
 //   {"step":12,"loss":3.1416,"lr":0.003,"step_time_s":0.41,
 //    "tokens_per_s":2497.5,"peak_rss_bytes":[412000256,409923584],
 //    "sharded_state_bytes":[1606656,1606656],"world_size":2}
+//   (with --eval-every, on its steps also "val_loss":3.2)
 //
 // loss is the global mean over the step's whole batch (before the step's
 // update); lr the rate the step used; tokens_per_s counts the input tokens
@@ -16,6 +17,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,9 @@ struct StepRecord {
   double tokens_per_s = 0;
   std::vector<int64_t> peak_rss_bytes;       // per rank
   std::vector<int64_t> sharded_state_bytes;  // per rank: params+grads+optim
+  // --eval-every's steps: the held-out split's mean loss after the step's
+  // update ("val_loss"; absent on other steps).
+  std::optional<double> val_loss;
 };
 
 // The record as one JSON object (no newline), written by nlohmann::json:

@@ -176,6 +176,48 @@ TEST(ModelTest, BlocksAreCalledThroughTheBlockRunner) {
   EXPECT_EQ(model->blocks()->size(), 2u);
 }
 
+// SDPA attention (the default) computes what LibTorch's MultiheadAttention
+// with CausalMask computed before issue 36, from the same parameters under
+// the same names: same losses and gradients within float rounding; a mask
+// of the wrong shape is an error.
+TEST(ModelTest, SdpaAttentionEqualsMultiheadAttention) {
+  ModelConfig sdpa_config = Tiny();
+  ModelConfig mha_config = Tiny();
+  mha_config.attention = AttentionKernel::kMultiheadAttention;
+  auto sdpa = BuildModel(ModelType::kTransformer, sdpa_config, 7);
+  auto mha = BuildModel(ModelType::kTransformer, mha_config, 7);
+  const auto sdpa_params = sdpa->named_parameters(), mha_params = mha->named_parameters();
+  ASSERT_EQ(sdpa_params.keys(), mha_params.keys());
+  EXPECT_TRUE(sdpa_params.contains("blocks.0.attn.in_proj_weight"));
+  EXPECT_TRUE(sdpa_params.contains("blocks.1.attn.out_proj.bias"));
+  for (const auto& item : sdpa_params) {
+    EXPECT_TRUE(torch::equal(item.value(), mha_params[item.key()])) << item.key();
+  }
+  BatchSpec spec{0, 1, 3, Tiny().seq + 1, 0, 1};
+  const torch::Tensor batch = *SampleTextBatch(Corpus(), spec);
+  torch::Tensor a = sdpa->Loss(batch), b = mha->Loss(batch);
+  EXPECT_NEAR(a.item<double>(), b.item<double>(), 1e-5);
+  a.backward();
+  b.backward();
+  for (const auto& item : sdpa_params) {
+    const torch::Tensor& g = item.value().grad();
+    const torch::Tensor& want = mha_params[item.key()].grad();
+    EXPECT_TRUE(torch::allclose(g, want, 1e-4, 1e-6))
+        << item.key() << ": max |diff| " << (g - want).abs().max().item<double>();
+  }
+
+  auto block =
+      std::dynamic_pointer_cast<TransformerLM>(sdpa)->blocks()->ptr<TransformerBlockImpl>(0);
+  try {
+    block->forward(torch::randn({2, 6, Tiny().dim}), CausalMask(5));
+    ADD_FAILURE() << "no error for a [5, 5] mask on 6 positions";
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what_without_backtrace(),
+                HasSubstr("TransformerBlock: causal_mask of shape [5, 5]: expected CausalMask(6), "
+                          "[6, 6]"));
+  }
+}
+
 TEST(ModelTest, LossesAreFiniteAndNearUniformAtInit) {
   for (ModelType type : {ModelType::kTransformer, ModelType::kMlp}) {
     auto model = BuildModel(type, Tiny(), 0);

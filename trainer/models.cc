@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <limits>
 #include <utility>
+#include <vector>
 
+#include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/nn/functional/linear.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
@@ -24,7 +26,8 @@ torch::Tensor CausalMask(int64_t length) {
   return torch::full({length, length}, -std::numeric_limits<float>::infinity()).triu(1);
 }
 
-TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t heads) {
+TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t heads, AttentionKernel attention)
+    : heads_(heads), attention_(attention) {
   ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
   attn_ = register_module(
       "attn", torch::nn::MultiheadAttention(torch::nn::MultiheadAttentionOptions(dim, heads)));
@@ -34,13 +37,38 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t heads) {
   fc2_ = register_module("fc2", torch::nn::Linear(4 * dim, dim));
 }
 
+torch::Tensor TransformerBlockImpl::attend(const torch::Tensor& h,
+                                           const torch::Tensor& causal_mask) {
+  const int64_t batch = h.size(0), length = h.size(1), dim = h.size(2);
+  TORCH_CHECK(causal_mask.defined() && causal_mask.dim() == 2 && causal_mask.size(0) == length &&
+                  causal_mask.size(1) == length,
+              "TransformerBlock: causal_mask ",
+              causal_mask.defined() ? c10::str("of shape ", causal_mask.sizes()) : "undefined",
+              ": expected CausalMask(", length, "), [", length, ", ", length, "]");
+  if (attention_ == AttentionKernel::kMultiheadAttention) {
+    // LibTorch's MultiheadAttention is sequence-first: [T, B, dim].
+    torch::Tensor t = h.transpose(0, 1);
+    return std::get<0>(attn_->forward(t, t, t, /*key_padding_mask=*/{}, /*need_weights=*/false,
+                                      causal_mask))
+        .transpose(0, 1);
+  }
+  // The same projections as MultiheadAttention (rows [0, dim) of
+  // in_proj_weight give q, [dim, 2 dim) k, [2 dim, 3 dim) v), heads split
+  // from dim; SDPA's default scale is MultiheadAttention's 1/sqrt(head_dim).
+  const std::vector<torch::Tensor> qkv =
+      F::linear(h, attn_->in_proj_weight, attn_->in_proj_bias).chunk(3, -1);
+  auto heads_first = [&](const torch::Tensor& t) {
+    return t.view({batch, length, heads_, dim / heads_}).transpose(1, 2);  // [B, H, T, hd]
+  };
+  torch::Tensor out = at::scaled_dot_product_attention(heads_first(qkv[0]), heads_first(qkv[1]),
+                                                       heads_first(qkv[2]), /*attn_mask=*/{},
+                                                       /*dropout_p=*/0.0, /*is_causal=*/true);
+  return attn_->out_proj(out.transpose(1, 2).reshape({batch, length, dim}));
+}
+
 torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x,
                                             const torch::Tensor& causal_mask) {
-  // LibTorch 1.13's MultiheadAttention is sequence-first: [T, B, dim].
-  torch::Tensor h = ln1_(x).transpose(0, 1);
-  torch::Tensor attended = std::get<0>(
-      attn_->forward(h, h, h, /*key_padding_mask=*/{}, /*need_weights=*/false, causal_mask));
-  torch::Tensor y = x + attended.transpose(0, 1);
+  torch::Tensor y = x + attend(ln1_(x), causal_mask);
   return y + fc2_(gelu_(fc1_(ln2_(y))));
 }
 
@@ -49,7 +77,7 @@ TransformerLM::TransformerLM(const ModelConfig& config) : config_(config) {
   pos_emb_ = register_module("pos_emb", torch::nn::Embedding(config.seq, config.dim));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.layers; ++i) {
-    blocks_->push_back(TransformerBlock(config.dim, config.heads));
+    blocks_->push_back(TransformerBlock(config.dim, config.heads, config.attention));
   }
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.dim})));
   torch::NoGradGuard no_grad;

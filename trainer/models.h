@@ -31,12 +31,28 @@
 
 namespace trainer {
 
+// How a TransformerBlock computes its causal self-attention. Both use the
+// same parameters (nn::MultiheadAttention's in_proj_weight, in_proj_bias,
+// out_proj.weight, out_proj.bias) and compute the same function.
+enum class AttentionKernel {
+  // at::scaled_dot_product_attention(q, k, v, {}, 0, is_causal=true): flash
+  // or memory-efficient kernels on CUDA, the fused CPU kernel on CPU; no
+  // B*H*T*T scores are kept for backward. What Python's
+  // nn.MultiheadAttention(need_weights=False) dispatches to.
+  kSdpa,
+  // LibTorch's nn::MultiheadAttention::forward with CausalMask: bmm +
+  // softmax + bmm, the attention weights (B*H*T*T) kept for backward. The
+  // trainer's attention before issue 36; kept to measure against.
+  kMultiheadAttention,
+};
+
 struct ModelConfig {
   int64_t layers = 2;
   int64_t dim = 64;
   int64_t heads = 4;
   int64_t vocab = 256;
   int64_t seq = 64;
+  AttentionKernel attention = AttentionKernel::kSdpa;
 };
 
 // A model the training loop can drive without knowing which one it is.
@@ -51,11 +67,21 @@ class LanguageModel : public torch::nn::Module {
 // Its own module type so FSDP's auto-wrap policy can wrap each block.
 class TransformerBlockImpl : public torch::nn::Module {
  public:
-  TransformerBlockImpl(int64_t dim, int64_t heads);
-  // x: [B, T, dim]; causal_mask: [T, T] float, -inf above the diagonal.
+  TransformerBlockImpl(int64_t dim, int64_t heads,
+                       AttentionKernel attention = AttentionKernel::kSdpa);
+  // x: [B, T, dim]; causal_mask: CausalMask(T) ([T, T] float, -inf above
+  // the diagonal). kMultiheadAttention adds it to the scores; kSdpa takes it
+  // as PyTorch's is_causal hint (nn.MultiheadAttention's is_causal=True):
+  // it checks the shape and attends causally with SDPA's is_causal=true,
+  // which needs no mask, so the flash / memory-efficient kernels apply.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& causal_mask);
 
  private:
+  // Self-attention of h: [B, T, dim] -> [B, T, dim].
+  torch::Tensor attend(const torch::Tensor& h, const torch::Tensor& causal_mask);
+
+  int64_t heads_;
+  AttentionKernel attention_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   torch::nn::MultiheadAttention attn_{nullptr};
   torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
@@ -115,7 +141,8 @@ enum class ModelType { kMlp, kTransformer };
 std::shared_ptr<LanguageModel> BuildModel(ModelType type, const ModelConfig& config, uint64_t seed);
 
 // [T, T] float mask for nn::MultiheadAttention: 0 where key <= query, -inf
-// where key > query, so position t never sees later positions.
+// where key > query, so position t never sees later positions (the
+// semantics of SDPA's is_causal=true).
 torch::Tensor CausalMask(int64_t length);
 
 }  // namespace trainer

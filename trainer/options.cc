@@ -96,8 +96,28 @@ void DefineFlags(CLI::App& app, Options& o) {
 
   AddChoice(app, "--model", o.model, {ModelKind::kMlp, ModelKind::kTransformer},
             "decoder-only transformer, or an MLP over a window of --seq tokens");
-  AddChoice(app, "--data", o.data, {DataKind::kText, DataKind::kSynthetic},
-            "text: /usr/share/common-licenses, byte-level");
+  app.add_option_function<std::string>(
+         "--data",
+         [&o](const std::string& v) {
+           o.data = v == "text"        ? DataKind::kText
+                    : v == "synthetic" ? DataKind::kSynthetic
+                                       : DataKind::kFile;
+           o.data_path = o.data == DataKind::kFile ? v : "";
+         },
+         "text: /usr/share/common-licenses, byte-level; synthetic: random tokens; PATH: your "
+         "file (one named text or synthetic: give it as ./text)")
+      ->type_name("text|synthetic|PATH")
+      ->default_str("text")
+      ->transform(checked([](std::string& v) {
+        return v.empty() ? std::string("text, synthetic or a file path") : std::string();
+      }));
+  AddChoice(app, "--data-format", o.data_format,
+            {DataFormat::kAuto, DataFormat::kBytes, DataFormat::kTokens},
+            "--data PATH's layout: bytes (text), tokens (uint16: llm.c's .bin with its header, "
+            "or nanoGPT's headerless .bin), auto (llm.c's header or a .bin name: tokens; else "
+            "bytes)");
+  add_integer(app, "--eval-every", o.eval_every,
+              "every N steps, the loss on a held-out last tenth of the data (0: no split)", 0);
   add_integer(app, "--steps", o.steps, "optimizer steps", 1);
   add_integer(app, "--seed", o.seed, "seeds the model and every step's batch", 0);
   add_integer(app, "--global-batch", o.global_batch, "sequences per step, split across ranks", 1);
@@ -184,6 +204,9 @@ void DefineFlags(CLI::App& app, Options& o) {
   AddPath(app, "--import-dcp", o.import_dcp, "a directory path",
           "continue from this torch.distributed.checkpoint directory (model, optimizer, "
           "trainer.step, trainer.seed), e.g. Python FSDP's");
+  AddSwitch(app, "--allow-nonfinite-import", o.allow_nonfinite_import,
+            "load a checkpoint (--resume, --import-dcp) whose state holds NaN or Inf instead of "
+            "refusing it");
   AddPath(app, "--export-dcp", o.export_dcp, "a directory path",
           "after the last step, write a torch.distributed.checkpoint directory here for "
           "Python's dcp.load");
@@ -237,6 +260,17 @@ absl::Status ValidateOptions(const Options& o) {
   if (o.data == DataKind::kText && o.vocab < 256) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--vocab=", o.vocab, ": expected >= 256 with --data=text (the corpus is byte-level)"));
+  }
+  if (o.data_format != DataFormat::kAuto && o.data != DataKind::kFile) {
+    return absl::InvalidArgumentError(absl::StrCat("--data-format=", Name(o.data_format),
+                                                   ": expected --data PATH (it says how to read "
+                                                   "that file), got --data=",
+                                                   Name(o.data)));
+  }
+  if (o.eval_every > 0 && o.data == DataKind::kSynthetic) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eval-every=", o.eval_every,
+                     ": expected --data text or PATH (random tokens have nothing to hold out)"));
   }
   if (o.resume && o.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError(
@@ -303,7 +337,22 @@ absl::StatusOr<std::pair<int64_t, int64_t>> HybridMeshShape(int world_size) {
 }
 
 const char* Name(ModelKind v) { return v == ModelKind::kMlp ? "mlp" : "transformer"; }
-const char* Name(DataKind v) { return v == DataKind::kText ? "text" : "synthetic"; }
+const char* Name(DataKind v) {
+  switch (v) {
+    case DataKind::kText: return "text";
+    case DataKind::kSynthetic: return "synthetic";
+    case DataKind::kFile: return "file";
+  }
+  return "?";
+}
+const char* Name(DataFormat v) {
+  switch (v) {
+    case DataFormat::kAuto: return "auto";
+    case DataFormat::kBytes: return "bytes";
+    case DataFormat::kTokens: return "tokens";
+  }
+  return "?";
+}
 const char* Name(Sharding v) {
   switch (v) {
     case Sharding::kFull: return "full";
@@ -351,7 +400,10 @@ std::string AutoWrapName(const Options& o) {
 std::vector<std::string> ToArgs(const Options& o) {
   std::vector<std::string> a = {
       absl::StrCat("--model=", Name(o.model)),
-      absl::StrCat("--data=", Name(o.data)),
+      absl::StrCat("--data=", o.data == DataKind::kFile ? o.data_path : Name(o.data)),
+      absl::StrCat("--data-format=", Name(o.data_format)),
+      absl::StrCat("--eval-every=", o.eval_every),
+      absl::StrCat("--allow-nonfinite-import=", o.allow_nonfinite_import ? "true" : "false"),
       absl::StrCat("--steps=", o.steps),
       absl::StrCat("--seed=", o.seed),
       absl::StrCat("--global-batch=", o.global_batch),

@@ -23,7 +23,12 @@
 namespace trainer {
 
 enum class ModelKind { kMlp, kTransformer };
-enum class DataKind { kText, kSynthetic };
+// kText: the license texts (data.h); kSynthetic: random tokens; kFile: the
+// user's file --data PATH (its layout: --data-format, data.h).
+enum class DataKind { kText, kSynthetic, kFile };
+// How --data PATH is read (data.h, LoadDataFile): kAuto picks by content and
+// name (llm.c's header, else a .bin name: uint16 tokens, else bytes).
+enum class DataFormat { kAuto, kBytes, kTokens };
 enum class Sharding { kFull, kGradOp, kNone, kHybrid };
 enum class MixedPrecision { kNone, kBf16 };
 enum class AutoWrap { kBlock, kSize, kNone };
@@ -37,6 +42,12 @@ enum class Device { kCpu, kCuda };
 struct Options {
   ModelKind model = ModelKind::kTransformer;
   DataKind data = DataKind::kText;
+  std::string data_path;  // --data PATH (kFile)
+  DataFormat data_format = DataFormat::kAuto;
+  // Every N steps (and after the last), the mean loss over the held-out
+  // split (the last tenth of the data, which training then never samples):
+  // printed and logged as val_loss. 0: no split, no evaluation.
+  int64_t eval_every = 0;
   int64_t steps = 450;  // ~1 min on 2 cores with the defaults (2 ranks)
   int64_t seed = 0;
   int64_t global_batch = 16;
@@ -114,6 +125,9 @@ struct Options {
   // Empty: none. Not with --resume (a restart's checkpoint, being newer,
   // takes its place).
   std::string import_dcp;
+  // Load a checkpoint (--resume, a restart, --import-dcp) whose parameters
+  // or optimizer state hold NaN or Inf instead of refusing it.
+  bool allow_nonfinite_import = false;
   // Where to write a DCP directory of the model, optimizer, step and seed
   // after the last step, for Python's dcp.load. Empty: none.
   std::string export_dcp;
@@ -155,6 +169,7 @@ std::string Usage();
 
 const char* Name(ModelKind v);
 const char* Name(DataKind v);
+const char* Name(DataFormat v);
 const char* Name(Sharding v);
 const char* Name(MixedPrecision v);
 const char* Name(Device v);

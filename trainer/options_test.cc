@@ -364,7 +364,7 @@ TEST(LrScheduleTest, WarmupThenConstantOrCosineToZero) {
 }
 
 TEST(JsonLogTest, LineIsJsonWithTheDocumentedKeys) {
-  StepRecord r{12, 3.25, 0.003, 0.5, 2048.0, {1000, 2000}, {30, 40}};
+  StepRecord r{12, 3.25, 0.003, 0.5, 2048.0, {1000, 2000}, {30, 40}, {}};
   const std::string line = FormatJsonLine(r);
   // The documented key order; doubles in their shortest exact form.
   EXPECT_EQ(line,
@@ -410,4 +410,48 @@ TEST(JsonLogTest, PeakRssIsPlausible) {
 }
 
 }  // namespace
+TEST(OptionsTest, DataEvalAndNonFiniteFlags) {
+  auto o = ParseOptions({"--data", "/tmp/corpus.bin", "--data-format=tokens", "--eval-every", "5",
+                         "--allow-nonfinite-import"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->data, DataKind::kFile);
+  EXPECT_EQ(o->data_path, "/tmp/corpus.bin");
+  EXPECT_EQ(o->data_format, DataFormat::kTokens);
+  EXPECT_EQ(o->eval_every, 5);
+  EXPECT_TRUE(o->allow_nonfinite_import);
+  auto again = ParseOptions(ToArgs(*o));  // the ranks get every one
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(ToArgs(*again), ToArgs(*o));
+  EXPECT_EQ(again->data_path, "/tmp/corpus.bin");
+  EXPECT_TRUE(again->allow_nonfinite_import);
+  auto text = ParseOptions({"--data", "text"});
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(text->data, DataKind::kText);
+  EXPECT_EQ(text->data_path, "");
+  auto file_named_text = ParseOptions({"--data", "./text"});
+  ASSERT_TRUE(file_named_text.ok());
+  EXPECT_EQ(file_named_text->data, DataKind::kFile);
+
+  auto message = [](std::vector<std::string> args) {
+    const absl::Status s = ParseOptions(args).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  };
+  EXPECT_EQ(message({"--data="}), "--data='': expected a value");
+  EXPECT_THAT(message({"--data-format=bytes"}),
+              AllOf(HasSubstr("--data-format=bytes"), HasSubstr("expected --data PATH")));
+  EXPECT_THAT(message({"--data-format=words", "--data=/x"}),
+              HasSubstr("--data-format='words': expected one of auto|bytes|tokens"));
+  EXPECT_THAT(message({"--eval-every=3", "--data=synthetic"}),
+              AllOf(HasSubstr("--eval-every=3"), HasSubstr("--data text or PATH")));
+  EXPECT_THAT(message({"--eval-every=-1"}), HasSubstr("--eval-every='-1'"));
+}
+
+TEST(JsonLogTest, ValLossOnlyWhenEvaluated) {
+  StepRecord r{5, 3.0, 0.001, 0.5, 100.0, {1}, {2}, {}};
+  EXPECT_THAT(FormatJsonLine(r), ::testing::Not(HasSubstr("val_loss")));
+  r.val_loss = 2.5;
+  EXPECT_THAT(FormatJsonLine(r), HasSubstr(",\"world_size\":1,\"val_loss\":2.5}"));
+}
+
 }  // namespace trainer

@@ -72,6 +72,12 @@ void ProgressBar::Update(int64_t step, double loss, double tokens_per_s, double 
   std::fflush(out_);
 }
 
+void ProgressBar::Note(int64_t step, const std::string& what, double value) {
+  if (is_tty_) std::fputc('\n', out_);
+  std::fprintf(out_, "step %lld  %s %.4f\n", static_cast<long long>(step), what.c_str(), value);
+  std::fflush(out_);
+}
+
 void ProgressBar::Finish(double elapsed_s, double mean_tokens_per_s, int64_t peak_rss_bytes) {
   if (is_tty_ && have_loss_) std::fputc('\n', out_);
   if (have_loss_) {

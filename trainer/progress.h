@@ -21,6 +21,10 @@ class ProgressBar {
   // has taken since the first step began.
   void Update(int64_t step, double loss, double tokens_per_s, double elapsed_s);
 
+  // A figure of step `step` on a line of its own ("step 50  val loss
+  // 2.4817"), after the progress line (ended first on a terminal).
+  void Note(int64_t step, const std::string& what, double value);
+
   // Ends the in-place line and prints the summary: steps, first and last
   // loss, wall time, mean tokens/s, peak RSS.
   void Finish(double elapsed_s, double mean_tokens_per_s, int64_t peak_rss_bytes);

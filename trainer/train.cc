@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <torch/cuda.h>
 #include <torch/types.h>
+#include <torch/utils.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -20,11 +22,13 @@
 #include "absl/strings/str_cat.h"
 #include "comm/collectives.h"
 #include "host/compute_layout.h"
+#include "optim/optimizers.h"
 #include "comm/process_group.h"
 #include "comm/slurm.h"
 #include "state_dict/optim_state.h"
 #include "trainer/checkpointing.h"
 #include "trainer/data.h"
+#include "trainer/finite_state.h"
 #include "trainer/json_log.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/models.h"
@@ -36,18 +40,24 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// PyTorch's fused=True optimizers (optim/optimizers.h), on CPU and CUDA:
+// subclasses of torch::optim's with their options and state, so checkpoints
+// and state dicts are those of torch::optim::Adam / AdamW / SGD, and one ATen
+// kernel per (device, dtype) updates all parameters.
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const Options& o,
                                                        std::vector<torch::Tensor> params) {
   switch (o.optimizer) {
     case OptimizerKind::kAdam:
-      return std::make_unique<torch::optim::Adam>(std::move(params),
-                                                  torch::optim::AdamOptions(o.lr));
+      return std::make_unique<optim::Adam>(std::move(params), torch::optim::AdamOptions(o.lr),
+                                           optim::Implementation::kFused);
     case OptimizerKind::kAdamW:
-      return std::make_unique<torch::optim::AdamW>(
-          std::move(params), torch::optim::AdamWOptions(o.lr).weight_decay(0.01));
+      return std::make_unique<optim::AdamW>(std::move(params),
+                                            torch::optim::AdamWOptions(o.lr).weight_decay(0.01),
+                                            optim::Implementation::kFused);
     case OptimizerKind::kSgd:
-      return std::make_unique<torch::optim::SGD>(std::move(params),
-                                                 torch::optim::SGDOptions(o.lr).momentum(0.9));
+      return std::make_unique<optim::SGD>(std::move(params),
+                                          torch::optim::SGDOptions(o.lr).momentum(0.9),
+                                          optim::Implementation::kFused);
   }
   return nullptr;
 }
@@ -124,8 +134,8 @@ namespace {
 // Rank 0's first lines: the model, the data, the FSDP layout and the steps
 // this run trains, then the compute layout (threads, BLAS, allocator).
 void PrintRunHeader(const Options& o, int world, const fsdp::FullyShardedDataParallel& fsdp_model,
-                    const c10::Device& device, int64_t num_params, size_t corpus_bytes,
-                    int64_t first_step) {
+                    const c10::Device& device, int64_t num_params,
+                    const std::string& data_description, int64_t first_step) {
   std::string layout =
       absl::StrCat(world, world == 1 ? " rank" : " ranks", ", FSDP ", Name(o.sharding));
   if (o.sharding == Sharding::kHybrid) {
@@ -143,9 +153,7 @@ void PrintRunHeader(const Options& o, int world, const fsdp::FullyShardedDataPar
       "trainer: %s, %lld parameters, %s data%s, %s, global batch %lld%s, "
       "steps %lld-%lld\n",
       Name(o.model), static_cast<long long>(num_params), Name(o.data),
-      o.data == DataKind::kText
-          ? absl::StrCat(" (", corpus_bytes, " bytes of ", kLicenseDir, ")").c_str()
-          : "",
+      data_description.empty() ? "" : absl::StrCat(" (", data_description, ")").c_str(),
       layout.c_str(), static_cast<long long>(o.global_batch),
       o.grad_accum > 1 ? absl::StrCat(" in ", o.grad_accum, " micro-batches").c_str() : "",
       static_cast<long long>(first_step), static_cast<long long>(o.steps));
@@ -214,6 +222,110 @@ absl::Status CheckpointAfterStep(const Options& o, const comm::ProcessGroup& gro
   return absl::OkStatus();
 }
 
+// What one step works on.
+struct StepContext {
+  const Options& o;
+  const comm::ProcessGroup& group;
+  fsdp::FullyShardedDataParallel& fsdp_model;
+  LanguageModel& model;
+  torch::optim::Optimizer& optimizer;
+  const std::vector<torch::Tensor>& params;
+  const c10::Device& device;
+};
+
+// One optimizer step on this rank's rows `batch` at learning rate `lr`;
+// returns the global mean loss. A non-finite loss, gradient or (--clip)
+// gradient norm on any rank ends the run here, before the optimizer update
+// (finite_state.h), on every rank alike: the loss and a "some gradient is
+// not finite" flag travel in one all-reduce.
+absl::StatusOr<double> TrainStep(StepContext& c, int64_t step, double lr,
+                                 const torch::Tensor& batch, AsyncSave* async) {
+  for (auto& param_group : c.optimizer.param_groups()) {
+    param_group.options().set_lr(lr);
+  }
+  c.optimizer.zero_grad();
+  const double local_loss = ForwardBackward(c.o, c.fsdp_model, c.model, batch, c.device);
+  const double grads_bad = LocalGradsFinite(c.params) ? 0.0 : 1.0;
+  torch::Tensor l = torch::tensor({local_loss, grads_bad}, torch::kFloat64);
+  comm::all_reduce(c.group, l, comm::ReduceOp::kAvg).wait();
+  const double global_loss = l[0].item<double>();
+  const bool grads_finite = l[1].item<double>() == 0.0;
+  if (auto s = CheckStepFinite(step, global_loss, -1, grads_finite); !s.ok()) return s;
+  // The norm over all ranks' shards (an all-reduce inside).
+  if (c.o.clip > 0) {
+    const double norm = c.fsdp_model.clip_grad_norm_(c.o.clip).item<double>();
+    if (auto s = CheckStepFinite(step, global_loss, norm, true); !s.ok()) return s;
+  }
+  // An async save in flight writes the live parameters and optimizer
+  // state: they may change only once it has written them (in the time of
+  // this step's forward and backward, usually).
+  if (async != nullptr) async->saver.WaitUntilWritten();
+  c.optimizer.step();
+  return global_loss;
+}
+
+// The run's tokens and their split: the license bytes (--data text) or
+// --data PATH; none for synthetic data. With --eval-every the last tenth is
+// held out.
+struct RunData {
+  TokenData tokens;
+  TokenSplit split;
+};
+
+absl::StatusOr<RunData> LoadRunData(const Options& o) {
+  RunData run;
+  std::string what;
+  if (o.data == DataKind::kSynthetic) return run;
+  if (o.data == DataKind::kText) {
+    auto corpus = LoadTextCorpus();
+    if (!corpus.ok()) return corpus.status();
+    run.tokens.tokens.assign(corpus->begin(), corpus->end());
+    run.tokens.description = absl::StrCat(corpus->size(), " bytes of ", kLicenseDir);
+    what = absl::StrCat("--data=text (", kLicenseDir, ")");
+  } else {
+    auto file = LoadDataFile(o.data_path, o.data_format, o.vocab);
+    if (!file.ok()) return file.status();
+    run.tokens = std::move(*file);
+    what = absl::StrCat("--data='", o.data_path, "'");
+  }
+  auto split = SplitTokens(static_cast<int64_t>(run.tokens.tokens.size()), o.seq + 1,
+                           o.eval_every > 0, what);
+  if (!split.ok()) return split.status();
+  run.split = *split;
+  if (o.eval_every > 0) {
+    absl::StrAppend(&run.tokens.description, ", the last ", split->val_end - split->val_begin,
+                    " tokens held out");
+  }
+  return run;
+}
+
+// Global batches of the held-out tokens a validation loss averages over.
+constexpr int64_t kEvalBatches = 4;
+
+// The global mean loss over kEvalBatches fixed batches of the held-out
+// split (batch k sampled as step -1-k: the same batches at every
+// evaluation, for a seed), without gradients; every rank takes its rows.
+absl::StatusOr<double> ValidationLoss(StepContext& c, const RunData& data) {
+  torch::NoGradGuard no_grad;
+  double local = 0;
+  for (int64_t k = 0; k < kEvalBatches; ++k) {
+    BatchSpec spec{static_cast<uint64_t>(c.o.seed),
+                   -1 - k,
+                   c.o.global_batch,
+                   c.o.seq + 1,
+                   c.group.rank(),
+                   c.group.size()};
+    auto batch =
+        SampleTokenBatch(data.tokens.tokens, data.split.val_begin, data.split.val_end, spec);
+    if (!batch.ok()) return batch.status();
+    const torch::Tensor rows = batch->to(c.device);
+    local += c.fsdp_model.run([&] { return c.model.Loss(rows); }).item<double>();
+  }
+  torch::Tensor l = torch::tensor({local / kEvalBatches}, torch::kFloat64);
+  comm::all_reduce(c.group, l, comm::ReduceOp::kAvg).wait();
+  return l.item<double>();
+}
+
 }  // namespace
 
 absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& group) {
@@ -223,13 +335,12 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
   if (auto s = CheckFeatureAvailability(o, world); !s.ok()) return s;
   auto device = ComputeDevice(o);
   if (!device.ok()) return device.status();
+  // Before anything is built: a mistyped or shared --checkpoint-dir fails now.
+  auto dir_lock = PrepareCheckpointDir(o, group);
+  if (!dir_lock.ok()) return dir_lock.status();
 
-  std::vector<uint8_t> corpus;
-  if (o.data == DataKind::kText) {
-    auto loaded = LoadTextCorpus();
-    if (!loaded.ok()) return loaded.status();
-    corpus = std::move(*loaded);
-  }
+  auto data = LoadRunData(o);
+  if (!data.ok()) return data.status();
 
   const ModelConfig config{o.layers, o.dim, o.heads, o.vocab, o.seq};
   std::shared_ptr<LanguageModel> model =
@@ -252,7 +363,8 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
 
   JsonLogWriter log;
   if (is_main) {
-    PrintRunHeader(o, world, fsdp_model, *device, num_params, corpus.size(), result.first_step);
+    PrintRunHeader(o, world, fsdp_model, *device, num_params, data->tokens.description,
+                   result.first_step);
     if (!o.log_json.empty()) {
       if (auto s = log.Open(o.log_json, /*append=*/o.resume); !s.ok()) return s;
     }
@@ -266,29 +378,19 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
   // the background write (the destructor joins it) before the state goes.
   AsyncSave async_save;
   AsyncSave* async = o.async_checkpoint ? &async_save : nullptr;
+  StepContext ctx{o, group, fsdp_model, *model, *optimizer, params, *device};
   for (int64_t step = result.first_step; step <= o.steps; ++step) {
     const Clock::time_point step_start = Clock::now();
     const double lr = LearningRate(o, step);
-    for (auto& param_group : optimizer->param_groups()) {
-      param_group.options().set_lr(lr);
-    }
-    optimizer->zero_grad();
-
     BatchSpec spec{static_cast<uint64_t>(o.seed), step, o.global_batch, o.seq + 1, rank, world};
-    auto batch = o.data == DataKind::kText ? SampleTextBatch(corpus, spec)
-                                           : SampleSyntheticBatch(o.vocab, spec);
+    auto batch = o.data == DataKind::kSynthetic
+                     ? SampleSyntheticBatch(o.vocab, spec)
+                     : SampleTokenBatch(data->tokens.tokens, data->split.train_begin,
+                                        data->split.train_end, spec);
     if (!batch.ok()) return batch.status();
-    const double local_loss = ForwardBackward(o, fsdp_model, *model, *batch, *device);
-    torch::Tensor l = torch::tensor({local_loss}, torch::kFloat64);
-    comm::all_reduce(group, l, comm::ReduceOp::kAvg).wait();
-    const double global_loss = l.item<double>();
-    // The norm over all ranks' shards (an all-reduce inside).
-    if (o.clip > 0) fsdp_model.clip_grad_norm_(o.clip);
-    // An async save in flight writes the live parameters and optimizer
-    // state: they may change only once it has written them (in the time of
-    // this step's forward and backward, usually).
-    if (async != nullptr) async->saver.WaitUntilWritten();
-    optimizer->step();
+    auto step_loss = TrainStep(ctx, step, lr, *batch, async);
+    if (!step_loss.ok()) return step_loss.status();
+    const double global_loss = *step_loss;
     const double step_time = std::chrono::duration<double>(Clock::now() - step_start).count();
     result.losses.push_back(global_loss);
     total_tokens += static_cast<double>(tokens_per_step);
@@ -296,8 +398,15 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
     const double tokens_per_s = static_cast<double>(tokens_per_step) / step_time;
     // Only the JSON log needs the per-rank figures: without it, no extra
     // collective per step. Every rank has the same options, so all agree.
+    std::optional<double> val_loss;
+    if (o.eval_every > 0 && (step % o.eval_every == 0 || step == o.steps)) {
+      auto evaluated = ValidationLoss(ctx, *data);
+      if (!evaluated.ok()) return evaluated.status();
+      val_loss = *evaluated;
+      if (is_main) progress.Note(step, "val loss", *val_loss);
+    }
     if (!o.log_json.empty()) {
-      StepRecord record{step, global_loss, lr, step_time, tokens_per_s, {}, {}};
+      StepRecord record{step, global_loss, lr, step_time, tokens_per_s, {}, {}, val_loss};
       if (auto s = LogStep(group, params, *optimizer, log, std::move(record)); !s.ok()) return s;
     }
     if (is_main) {

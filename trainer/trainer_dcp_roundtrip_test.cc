@@ -383,5 +383,60 @@ TEST(TrainerDcpRoundTrip, ImportAndExportErrors) {
   EXPECT_EQ(ReadLog(dir + "/log.jsonl", 2).steps, (std::vector<int64_t>{3, 4}));
 }
 
+// What most Python runs save: dcp.save({"model": ..., "optim": ...}) with
+// no "trainer" entry, or the model alone. Python re-saves a trainer export
+// without it (dcp_to_torch_save, then dcp.save in one process); the trainer
+// imports either at step 0 with a line saying so.
+TEST(TrainerDcpRoundTrip, ImportsAPythonCheckpointWithoutATrainerEntry) {
+  ASSERT_TRUE(PythonHasTorch());
+  const std::string dir = TempDir("dcp_no_trainer");
+  const std::string small = kTrainerOnly + kShared;
+  RunResult saved = RunTrainer(small + "--nproc 1 --steps 2 --export-dcp " + dir + "/exported");
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  const std::string script = dir + "/resave.py";
+  std::ofstream(script) << "import sys, torch, torch.distributed.checkpoint as dcp\n"
+                           "from torch.distributed.checkpoint.format_utils import "
+                           "dcp_to_torch_save\n"
+                           "src, out = sys.argv[1], sys.argv[2]\n"
+                           "dcp_to_torch_save(src, out + '.pt')\n"
+                           "sd = torch.load(out + '.pt', weights_only=False)\n"
+                           "assert set(sd) == {'model', 'optim', 'trainer'}, set(sd)\n"
+                           "dcp.save({'model': sd['model'], 'optim': sd['optim']}, "
+                           "checkpoint_id=out + '_with_optim')\n"
+                           "dcp.save({'model': sd['model']}, checkpoint_id=out + '_model_only')\n";
+  RunResult resaved = RunShell(
+      std::string("'") + kTorchPython + "' " + script + " " + dir + "/exported " + dir + "/python",
+      dir + "/python.txt");
+  ASSERT_EQ(resaved.exit_code, 0) << resaved.output;
+
+  RunResult fresh = RunTrainer(small + "--nproc 2 --steps 3 --log-json " + dir + "/fresh.jsonl");
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.output;
+  const testing::StepLog fresh_log = ReadLog(dir + "/fresh.jsonl", 2);
+  std::vector<double> second_losses;
+  for (const char* kind : {"with_optim", "model_only"}) {
+    SCOPED_TRACE(kind);
+    const std::string ckpt = dir + "/python_" + kind;
+    const std::string log = dir + "/" + kind + ".jsonl";
+    RunResult r =
+        RunTrainer(small + "--nproc 2 --steps 3 --import-dcp " + ckpt + " --log-json " + log);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output,
+                HasSubstr("trainer: DCP checkpoint " + ckpt +
+                          " has no 'trainer' entry (a Python run's): loaded its model" +
+                          (std::string(kind) == "with_optim"
+                               ? " and optimizer state; starting at step 0"
+                               : " (it has no optimizer state: --optimizer=adamw starts fresh); "
+                                 "starting at step 0")));
+    const testing::StepLog got = ReadLog(log, 2);
+    EXPECT_EQ(got.steps, (std::vector<int64_t>{1, 2, 3}));
+    // Step 1 starts from the imported (2-step) weights, not from the seed's.
+    ASSERT_EQ(got.losses.size(), 3u);
+    EXPECT_GT(std::abs(got.losses[0] - fresh_log.losses[0]), 1e-6);
+    second_losses.push_back(got.losses[1]);
+  }
+  // The same weights; only the optimizer state differs: so does step 2.
+  EXPECT_GT(std::abs(second_losses[0] - second_losses[1]), 1e-7);
+}
+
 }  // namespace
 }  // namespace trainer

@@ -262,13 +262,17 @@ TEST(TrainerE2eTest, BadFlagsExitTwoNamingTheFlag) {
                                        "that forms a 2-D mesh"));
 
   // A rank's failure ends the run with its message, not a backtrace from
-  // the other ranks' next collective.
-  // Sharded: every rank's write fails; full: rank 0's, and rank 1 says so.
+  // the other ranks' next collective. The directory passes the start-up
+  // check (trainer_checkpoint_dir_test), but a file sits where step_1's
+  // directory goes. Sharded: every rank's write fails; full: rank 0's, and
+  // rank 1 says so.
   for (const char* format : {"sharded", "full"}) {
+    const std::string ckpt = TempDir(std::string("blocked_") + format);
+    std::ofstream(ckpt + "/step_1") << "not a directory";
     RunResult save = RunTrainer(std::string(kSmall) + " --checkpoint-format=" + format +
-                                " --nproc=2 --steps=1 --checkpoint-dir=/proc/no-such-dir");
+                                " --nproc=2 --steps=1 --checkpoint-dir=" + ckpt);
     EXPECT_EQ(save.exit_code, 1) << format;
-    EXPECT_THAT(save.output, HasSubstr("--checkpoint-dir='/proc/no-such-dir' step 1"));
+    EXPECT_THAT(save.output, HasSubstr("--checkpoint-dir='" + ckpt + "' step 1")) << save.output;
     if (std::string(format) == "full") {
       EXPECT_THAT(save.output, HasSubstr("failed on rank 0"));
     }

@@ -18,9 +18,10 @@ trainer's --log-json uses (step, loss, lr, step_time_s, tokens_per_s).
 What matches the trainer (trainer/models.cc, train.cc, data.cc, lr_schedule.cc):
   * TransformerLM: token + learned position embeddings (N(0, 0.02) init),
     pre-LayerNorm blocks  x + attn(ln1(x));  y + fc2(gelu(fc1(ln2(y))))  with
-    nn.MultiheadAttention (sequence-first, need_weights=False, float causal
-    mask -inf above the diagonal), final LayerNorm, output projection tied to
-    the token embedding (F.linear with the same tensor).
+    causal F.scaled_dot_product_attention(is_causal=True) on the parameters
+    of an nn.MultiheadAttention (in_proj_weight, in_proj_bias, out_proj: the
+    trainer's names), final LayerNorm, output projection tied to the token
+    embedding (F.linear with the same tensor).
   * MlpLM: Embedding(vocab, max(1, dim // 4)) over a window of `seq` bytes,
     flattened, Linear-GELU-Linear to vocab logits; predicts the last token.
   * Data: the trainer's synthetic sampler, bit for bit (SplitMix64 hash of
@@ -31,7 +32,9 @@ What matches the trainer (trainer/models.cc, train.cc, data.cc, lr_schedule.cc):
     loss (mean), optimizer step. step_time_s covers exactly that span, as in
     train.cc.
   * Optimizers: Adam(lr) / AdamW(lr, weight_decay=0.01) / SGD(lr, momentum=0.9),
-    PyTorch defaults otherwise (LibTorch's defaults are the same values).
+    PyTorch defaults otherwise (LibTorch's defaults are the same values);
+    --optimizer-impl foreach|fused asks for foreach=True / fused=True (the
+    trainer's are fused, optim/; the same update to float rounding).
 
 What differs by construction: DDP averages gradients in buckets with
 all-reduces that overlap the backward pass; the trainer concatenates all
@@ -117,15 +120,21 @@ class TransformerBlock(nn.Module):
         self.gelu = nn.GELU()
         self.fc2 = nn.Linear(4 * dim, dim)
 
-    def forward(self, x, causal_mask):
-        h = self.ln1(x).transpose(0, 1)
-        attended = self.attn(h, h, h, need_weights=False, attn_mask=causal_mask)[0]
-        y = x + attended.transpose(0, 1)
+    def attend(self, h):
+        """Causal self-attention of h [B, T, dim] as TransformerBlockImpl::attend:
+        nn.MultiheadAttention's projections (in_proj_weight rows [0, dim) q,
+        [dim, 2 dim) k, [2 dim, 3 dim) v; out_proj), heads split from dim, and
+        F.scaled_dot_product_attention with is_causal=True."""
+        b, t, dim = h.shape
+        heads = self.attn.num_heads
+        q, k, v = F.linear(h, self.attn.in_proj_weight, self.attn.in_proj_bias).chunk(3, dim=-1)
+        q, k, v = (z.view(b, t, heads, dim // heads).transpose(1, 2) for z in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=True)
+        return self.attn.out_proj(out.transpose(1, 2).reshape(b, t, dim))
+
+    def forward(self, x):
+        y = x + self.attend(self.ln1(x))
         return y + self.fc2(self.gelu(self.fc1(self.ln2(y))))
-
-
-def causal_mask(length):
-    return torch.full((length, length), float("-inf")).triu(1)
 
 
 class TransformerLM(nn.Module):
@@ -146,9 +155,8 @@ class TransformerLM(nn.Module):
         tokens = batch[:, :length]
         positions = torch.arange(length)
         x = self.tok_emb(tokens) + self.pos_emb(positions)
-        mask = causal_mask(length).to(x.dtype)
         for block in self.blocks:
-            x = block(x, mask)
+            x = block(x)  # causal: SDPA's is_causal, as the trainer
         logits = F.linear(self.ln_f(x), self.tok_emb.weight)  # tied
         targets = batch[:, 1:length + 1]
         return F.cross_entropy(logits.reshape(-1, self.vocab), targets.reshape(-1))
@@ -203,11 +211,16 @@ def learning_rate(args, step):
 
 
 def make_optimizer(args, params):
+    # --optimizer-impl: PyTorch's own choice (the for-loop on CPU, foreach on
+    # CUDA), or foreach=True / fused=True (the trainer's optimizers are
+    # optim::*'s fused ones).
+    impl = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[
+        args.optimizer_impl]
     if args.optimizer == "adam":
-        return torch.optim.Adam(params, lr=args.lr)
+        return torch.optim.Adam(params, lr=args.lr, **impl)
     if args.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
-    return torch.optim.SGD(params, lr=args.lr, momentum=0.9)
+        return torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01, **impl)
+    return torch.optim.SGD(params, lr=args.lr, momentum=0.9, **impl)
 
 
 def forward_backward(args, model, optimizer, step, rank, world):
@@ -237,6 +250,8 @@ def add_common_args(p):
     p.add_argument("--global-batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--optimizer", choices=["adam", "adamw", "sgd"], default="adamw")
+    p.add_argument("--optimizer-impl", choices=["default", "foreach", "fused"], default="default",
+                   help="PyTorch's default, foreach=True or fused=True (issue 36's GPU comparison)")
     p.add_argument("--lr-schedule", choices=["constant", "cosine"], default="cosine")
     p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--layers", type=int, default=2)

@@ -1,0 +1,274 @@
+// fully_shard(): resolves the group, collects the parameters no nested
+// fully_shard module manages, shards them (PyTorch's _fully_shard.py and
+// _fsdp_init.py); FSDPModule forwards to the state.
+#include "fsdp/fully_shard.h"
+
+#include <ATen/ops/linalg_vector_norm.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <cmath>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "comm/collectives.h"
+#include "comm/subgroups.h"
+#include "fsdp/internal/fully_shard/fsdp_state.h"
+
+namespace fsdp {
+namespace {
+
+using internal::FSDPParam;
+using internal::FSDPParamGroup;
+using internal::FSDPState;
+using ModulePtr = std::shared_ptr<torch::nn::Module>;
+
+std::string describe(const torch::nn::Module& module) { return module.name(); }
+
+comm::ProcessGroup resolve_group(const FullyShardOptions& options, const std::string& name) {
+  if (!options.mesh) {
+    TORCH_CHECK(options.process_group.has_value(), "fully_shard(", name,
+                "): expected options.process_group or options.mesh (LibTorch has no default "
+                "process group)");
+    return *options.process_group;
+  }
+  const comm::DeviceMesh& mesh = *options.mesh;
+  TORCH_CHECK(mesh.ndim() == 1, "fully_shard(", name, "): expects a 1D DeviceMesh but got a ",
+              mesh.ndim(), "-D mesh (HSDP over a 2-D mesh is not implemented by this port yet)");
+  absl::StatusOr<comm::ProcessGroup> group = mesh.get_group(0);
+  TORCH_CHECK(group.ok(), "fully_shard(", name, "): ", group.status().ToString());
+  if (options.process_group) {
+    const auto& want = options.process_group->global_ranks();
+    const auto& got = group->global_ranks();
+    std::string ranks;
+    for (int r : got) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    std::string expected;
+    for (int r : want) expected += (expected.empty() ? "" : ", ") + std::to_string(r);
+    TORCH_CHECK(want == got, "fully_shard(", name, "): options.mesh spans world ranks [", ranks,
+                "] but options.process_group spans [", expected,
+                "]: expected the mesh to be over the process group's ranks");
+  }
+  return *group;
+}
+
+// Whether parameters stay sharded over a smaller group after forward:
+// (reshard_after_forward as a bool, the post-forward group).
+std::pair<bool, comm::ProcessGroup> resolve_reshard(const FullyShardOptions& options,
+                                                    const comm::ProcessGroup& group,
+                                                    const std::string& name) {
+  if (!options.reshard_after_forward) return {true, comm::ProcessGroup()};
+  if (const bool* b = std::get_if<bool>(&*options.reshard_after_forward)) {
+    return {*b, comm::ProcessGroup()};
+  }
+  const int n = std::get<int>(*options.reshard_after_forward);
+  const int world = group.size();
+  TORCH_CHECK(n >= 1 && n <= world && world % n == 0, "fully_shard(", name,
+              "): If passing reshard_after_forward as an int, it should be a factor of ", world,
+              ", not ", n);
+  if (n == 1) return {false, comm::ProcessGroup()};
+  if (n == world) return {true, comm::ProcessGroup()};
+  absl::StatusOr<comm::ProcessGroup> sub = comm::new_subgroups(group, n);
+  TORCH_CHECK(sub.ok(), "fully_shard(", name, "): reshard_after_forward=", n, ": ",
+              sub.status().ToString());
+  return {true, *sub};
+}
+
+struct Managed {
+  std::vector<ModulePtr> modules;
+  // Parameters in registration order, each with all its names.
+  std::vector<std::pair<std::vector<std::string>, at::Tensor>> params;
+};
+
+// The modules and parameters this call manages: `module`'s subtree without
+// the subtrees of nested fully_shard modules (PyTorch's
+// _get_managed_modules / _get_managed_states).
+Managed collect_managed(const ModulePtr& module) {
+  Managed out;
+  std::unordered_set<const torch::nn::Module*> excluded;
+  std::unordered_map<const c10::TensorImpl*, size_t> index_of;
+  for (const auto& item : module->named_modules()) {
+    const ModulePtr& m = item.value();
+    if (excluded.count(m.get()) != 0) continue;
+    if (m != module && internal::state_of(*m) != nullptr) {
+      for (const auto& sub : m->modules()) excluded.insert(sub.get());
+      continue;
+    }
+    out.modules.push_back(m);
+    for (const auto& p : m->named_parameters(/*recurse=*/false)) {
+      if (!p.value().defined()) continue;
+      const std::string name = item.key().empty() ? p.key() : item.key() + "." + p.key();
+      auto [it, added] = index_of.emplace(p.value().unsafeGetTensorImpl(), out.params.size());
+      if (added) {
+        out.params.push_back({{name}, p.value()});
+      } else {
+        out.params[it->second].first.push_back(name);
+      }
+    }
+  }
+  return out;
+}
+
+void check_dtypes(const Managed& managed, const std::string& name) {
+  std::optional<c10::ScalarType> dtype;
+  for (const auto& [names, p] : managed.params) {
+    if (!p.requires_grad()) continue;
+    if (!dtype) dtype = p.scalar_type();
+    TORCH_CHECK(*dtype == p.scalar_type(), "fully_shard(", name,
+                "): FSDP expects uniform original parameter dtype but got ", *dtype, " and ",
+                p.scalar_type(), " (parameter '", names.front(),
+                "'); frozen parameters may differ");
+  }
+}
+
+}  // namespace
+
+FSDPModule fully_shard(const ModulePtr& module, const FullyShardOptions& options) {
+  TORCH_CHECK(module != nullptr, "fully_shard: module is null");
+  const std::string name = describe(*module);
+  TORCH_CHECK(internal::state_of(*module) == nullptr,
+              "fully_shard: Each distinct composable distributed API can only be applied to a "
+              "module once. fully_shard has already been applied to the following module: ",
+              name);
+  if (auto manager = internal::manager_of(*module)) {
+    TORCH_CHECK(false, "fully_shard(", name,
+                "): the module's parameters are already managed by fully_shard applied to ",
+                "an ancestor (", manager->name(),
+                "): apply fully_shard bottom-up, to submodules before their parents");
+  }
+  const comm::ProcessGroup group = resolve_group(options, name);
+  TORCH_CHECK(group.is_member(), "fully_shard(", name,
+              "): this process is not a member of the process group");
+  auto [reshard_after_forward, post_forward_group] = resolve_reshard(options, group, name);
+  Managed managed = collect_managed(module);
+  check_dtypes(managed, name);
+
+  std::unique_ptr<FSDPParamGroup> param_group;
+  if (!managed.params.empty()) {
+    std::vector<std::unique_ptr<FSDPParam>> params;
+    for (auto& [names, p] : managed.params) {
+      params.push_back(std::make_unique<FSDPParam>(names, p, group, post_forward_group,
+                                                   options.mp_policy.param_dtype,
+                                                   options.mp_policy.reduce_dtype));
+    }
+    param_group = std::make_unique<FSDPParamGroup>(module, std::move(params), group,
+                                                   post_forward_group, reshard_after_forward);
+  }
+  auto state = std::make_shared<FSDPState>(module, name, std::move(param_group), options.mp_policy,
+                                           !options.reshard_after_forward.has_value());
+  internal::register_state(module, state, managed.modules);
+  state->register_hooks();
+  return FSDPModule(state);
+}
+
+std::optional<FSDPModule> as_fsdp_module(const torch::nn::Module& module) {
+  auto state = internal::state_of(module);
+  if (!state) return std::nullopt;
+  return FSDPModule(state);
+}
+
+std::optional<ShardedParamSpec> sharded_param_spec(const at::Tensor& param) {
+  return internal::find_sharded_param(param);
+}
+
+std::shared_ptr<torch::nn::Module> FSDPModule::module() const { return state_->module(); }
+
+UnshardHandle FSDPModule::unshard(bool async_op) {
+  if (auto* group = state_->param_group()) group->unshard(async_op);
+  return UnshardHandle(async_op ? state_ : nullptr);
+}
+
+void UnshardHandle::wait() {
+  if (!state_) return;
+  if (auto* group = state_->param_group()) group->wait_for_unshard();
+}
+
+void FSDPModule::reshard() {
+  if (auto* group = state_->param_group()) group->reshard();
+}
+
+namespace {
+// `fn` on the group of `state` and, with `recurse`, of every fully_shard
+// module below it.
+template <typename Fn>
+void for_each_group(const std::shared_ptr<FSDPState>& state, bool recurse, Fn fn) {
+  if (!recurse) {
+    if (auto* group = state->param_group()) fn(*group);
+    return;
+  }
+  ModulePtr module = state->module();
+  TORCH_CHECK(module != nullptr, "fully_shard: the module was destroyed");
+  for (const auto& m : module->modules()) {
+    auto s = internal::state_of(*m);
+    if (s && s->param_group()) fn(*s->param_group());
+  }
+}
+}  // namespace
+
+void FSDPModule::set_requires_gradient_sync(bool requires_gradient_sync, bool recurse) {
+  for_each_group(state_, recurse,
+                 [&](FSDPParamGroup& g) { g.set_requires_gradient_sync(requires_gradient_sync); });
+}
+
+void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool recurse) {
+  for_each_group(state_, recurse,
+                 [&](FSDPParamGroup& g) { g.set_reshard_after_backward(reshard_after_backward); });
+}
+
+void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
+  state_->forward_prefetch.clear();
+  for (const auto& m : modules) state_->forward_prefetch.push_back(m.state_);
+}
+
+void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
+  state_->backward_prefetch.clear();
+  for (const auto& m : modules) state_->backward_prefetch.push_back(m.state_);
+}
+
+at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
+                           double norm_type) {
+  TORCH_CHECK(norm_type > 0 || std::isinf(norm_type),
+              "fsdp::clip_grad_norm_: norm_type=", norm_type, ": expected p > 0 or inf");
+  TORCH_CHECK(max_norm >= 0, "fsdp::clip_grad_norm_: max_norm=", max_norm, ": expected >= 0");
+  const bool inf = std::isinf(norm_type);
+  at::NoGradGuard no_grad;
+  std::optional<comm::ProcessGroup> group;
+  at::Tensor acc = at::zeros({1}, at::kDouble);
+  std::vector<at::Tensor> grads;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    std::optional<ShardedParamSpec> spec = sharded_param_spec(parameters[i]);
+    TORCH_CHECK(spec.has_value(), "fsdp::clip_grad_norm_: parameters[", i, "] (shape ",
+                parameters[i].sizes(), ") is not a parameter fully_shard sharded");
+    if (!group) group = spec->group;
+    TORCH_CHECK(spec->group.name() == group->name(), "fsdp::clip_grad_norm_: parameters[", i,
+                "] is sharded over group '", spec->group.name(), "', parameters[0] over '",
+                group->name(), "': expected one group");
+    const at::Tensor& grad = parameters[i].grad();
+    if (!grad.defined()) continue;
+    grads.push_back(grad);
+    if (grad.numel() == 0) continue;
+    at::Tensor g = grad.detach().to(at::kDouble);
+    acc = inf ? at::maximum(acc, g.abs().max())
+              : acc + at::linalg_vector_norm(g, norm_type).pow(norm_type);
+  }
+  if (group) {
+    comm::all_reduce(*group, acc, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum).wait();
+  }
+  at::Tensor total = inf ? acc : acc.pow(1.0 / norm_type);
+  const double coef = max_norm / (total.item<double>() + 1e-6);
+  if (coef < 1.0) {
+    for (auto& g : grads) g.mul_(coef);
+  }
+  return total.to(at::kFloat).reshape({});
+}
+
+std::vector<at::Tensor> FSDPModule::sharded_parameters() const {
+  std::vector<at::Tensor> out;
+  if (auto* group = state_->param_group()) {
+    for (const auto& p : group->params()) out.push_back(p->sharded_param());
+  }
+  return out;
+}
+
+}  // namespace fsdp

@@ -1,0 +1,194 @@
+// fully_shard: per-parameter sharding (PyTorch's FSDP2,
+// torch.distributed.fsdp.fully_shard), beside FullyShardedDataParallel.
+//
+//   fsdp::FullyShardOptions options;
+//   options.process_group = world;
+//   for (auto& block : *model->blocks) fsdp::fully_shard(block.ptr(), options);
+//   fsdp::FSDPModule root = fsdp::fully_shard(model.ptr(), options);
+//   torch::optim::Adam optim(model->parameters(), 1e-3);   // steps on the shards
+//   auto loss = loss_fn(module_call::call(model, x), y);
+//   loss.backward();                                        // reduce-scattered
+//   optim.step();
+//
+// Sharding. Each parameter of the module (those no nested fully_shard
+// module manages) is replaced, in the module, by this rank's dim-0 shard:
+// torch.chunk(param, world_size, dim=0)[rank], padded on dim 0 to the size
+// of chunk 0 in the storage FSDP gathers from (so the last ranks may hold a
+// smaller or an empty shard, as in PyTorch). named_parameters() returns the
+// shards, so a stock torch::optim optimizer steps on them;
+// sharded_param_spec() tells a shard's global shape, group and placement
+// (the C++ counterpart of a DTensor with Shard(0)). Frozen and trainable
+// parameters, and parameters of different dtypes, mix in one module.
+//
+// Runtime, at the module call point (module_call/call.h; LibTorch has no
+// forward hooks): call the root, and each fully_shard submodule from its
+// parent, through module_call::call. Around a module's forward its
+// parameters are all-gathered in one collective (copy-in to one flat
+// buffer, all_gather_into_tensor, copy-out with split_with_sizes_copy) and
+// the module's names point at the unsharded parameters; after forward they
+// are resharded (reshard_after_forward), gathered again when backward
+// reaches the module's outputs, and once the module's backward is done the
+// gradients are reduce-scattered (averaged over the group) straight into
+// each shard's .grad. The first module called (the root) initialises the
+// tree lazily and, at the end of backward, finishes whatever is left.
+//
+// Errors (c10::Error, with PyTorch's wording where it has one): fully_shard
+// twice on one module, or on a module after an ancestor; a scalar or
+// non-contiguous parameter; an int reshard_after_forward that does not
+// divide the group size; a mesh that does not match the process group; a
+// parameter shared between two fully_shard modules (PyTorch's behaviour:
+// error at the first forward, naming the parameter).
+//
+// Lifetimes: fully_shard's state lives as long as the module (a
+// process-wide registry keyed by the module, holding it weakly; a destroyed
+// module's state, with its shards, is dropped at the next fully_shard call). Threading:
+// driven from one thread (plus autograd's); every rank must run the same
+// forward/backward sequence.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "comm/device_mesh.h"
+#include "comm/process_group.h"
+#include "comm/work.h"
+
+namespace fsdp {
+
+namespace internal {
+class FSDPState;
+}  // namespace internal
+
+// PyTorch's MixedPrecisionPolicy (the part implemented here).
+struct MixedPrecisionPolicy {
+  // Gather and compute the parameters in this dtype (unset: their own).
+  std::optional<c10::ScalarType> param_dtype;
+  // Reduce-scatter gradients in this dtype (unset: param_dtype, else the
+  // parameter's own); the shard's .grad keeps the parameter's dtype.
+  std::optional<c10::ScalarType> reduce_dtype;
+  // Cast floating-point tensor arguments of the module's forward to
+  // param_dtype (when set).
+  bool cast_forward_inputs = true;
+};
+
+struct FullyShardOptions {
+  // The group parameters are sharded over. Give it, or a 1-D mesh, or both
+  // (then the mesh's ranks must be the group's).
+  std::optional<comm::ProcessGroup> process_group;
+  std::optional<comm::DeviceMesh> mesh;
+  // PyTorch's reshard_after_forward: unset is PyTorch's None (true, except
+  // for the root, which keeps its parameters for backward); true frees the
+  // gathered parameters after forward and gathers them again in backward;
+  // false keeps them; an int N (a divisor of the group size) keeps them
+  // sharded over groups of N consecutive ranks after forward, so backward
+  // gathers only within those.
+  std::optional<std::variant<bool, int>> reshard_after_forward;
+  MixedPrecisionPolicy mp_policy;
+};
+
+// What a sharded parameter is (a DTensor's spec with placement Shard(0)).
+struct ShardedParamSpec {
+  std::vector<int64_t> global_shape;
+  comm::ProcessGroup group;
+  int64_t shard_dim = 0;  // always 0 here (Shard(0))
+  int rank = 0;           // the group rank holding this shard
+  // This shard is rows [dim0_offset, dim0_offset + local dim 0) of the
+  // global parameter.
+  int64_t dim0_offset = 0;
+  // Dim 0 of the padded shard every rank gathers: ceil(global dim 0 /
+  // group size) (torch.chunk's chunk size).
+  int64_t padded_dim0 = 0;
+};
+
+// An all-gather FSDPModule::unshard(async_op=true) started (PyTorch's
+// UnshardHandle).
+class UnshardHandle {
+ public:
+  UnshardHandle() = default;
+  // Waits for the all-gather and points the module at the unsharded
+  // parameters. Idempotent.
+  void wait();
+
+ private:
+  friend class FSDPModule;
+  explicit UnshardHandle(std::shared_ptr<internal::FSDPState> state) : state_(std::move(state)) {}
+  std::shared_ptr<internal::FSDPState> state_;
+};
+
+// A module fully_shard was applied to (PyTorch's FSDPModule): a handle on
+// its state, cheap to copy.
+class FSDPModule {
+ public:
+  std::shared_ptr<torch::nn::Module> module() const;
+
+  // All-gathers the module's parameters now (PyTorch's unshard); with
+  // async_op the returned handle's wait() finishes it, otherwise it is done.
+  UnshardHandle unshard(bool async_op = false);
+  // Frees the gathered parameters (PyTorch's reshard).
+  void reshard();
+  // false: backward accumulates unsharded gradients instead of
+  // reduce-scattering them; the next synchronised backward reduces the sum.
+  // With `recurse`, for every fully_shard module in this one's subtree too
+  // (PyTorch's default).
+  void set_requires_gradient_sync(bool requires_gradient_sync, bool recurse = true);
+  // Whether backward reshards the parameters once their gradients are
+  // reduced (default true).
+  void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);
+
+  // Explicit prefetching (PyTorch's set_modules_to_forward_prefetch /
+  // set_modules_to_backward_prefetch): when this module's forward (its
+  // pre-backward) starts, the all-gathers of `modules` (fully_shard modules)
+  // start too, and overlap this module's compute; each waits for its own
+  // when it runs.
+  void set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules);
+  void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
+
+  // The module's sharded parameters, in registration order.
+  std::vector<at::Tensor> sharded_parameters() const;
+
+ private:
+  friend FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>&,
+                                const FullyShardOptions&);
+  friend std::optional<FSDPModule> as_fsdp_module(const torch::nn::Module&);
+  explicit FSDPModule(std::shared_ptr<internal::FSDPState> state) : state_(std::move(state)) {}
+  std::shared_ptr<internal::FSDPState> state_;
+};
+
+// Shards `module`'s parameters (those no nested fully_shard module manages)
+// and registers the runtime on it. Apply it bottom-up: submodules first,
+// the root last. Every rank of the group calls it, in the same order.
+FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
+                       const FullyShardOptions& options);
+template <typename Impl>
+FSDPModule fully_shard(const torch::nn::ModuleHolder<Impl>& module,
+                       const FullyShardOptions& options) {
+  return fully_shard(std::static_pointer_cast<torch::nn::Module>(module.ptr()), options);
+}
+
+// torch.nn.utils.clip_grad_norm_ over fully_shard's shards: the norm of
+// the gradients of all ranks' shards (each element counted once; one
+// all-reduce over their group), `norm_type` any p > 0 or inf; scales the
+// gradients in place by max_norm / (norm + 1e-6) when that is below 1.
+// Returns the total norm (float32 scalar). Every rank of the group calls it
+// after backward. Errors: a parameter that is not a fully_shard shard, or
+// shards of different groups.
+at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
+                           double norm_type = 2.0);
+
+// The FSDPModule of `module`, if fully_shard was applied to it.
+std::optional<FSDPModule> as_fsdp_module(const torch::nn::Module& module);
+
+// The spec of a parameter fully_shard sharded (its current shard tensor, as
+// named_parameters() returns it); nothing for any other tensor.
+std::optional<ShardedParamSpec> sharded_param_spec(const at::Tensor& param);
+
+}  // namespace fsdp

@@ -1,0 +1,105 @@
+#include "fsdp/internal/fully_shard/fsdp_collectives.h"
+
+#include <ATen/ops/cat.h>
+#include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/split_with_sizes_copy.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "comm/collectives.h"
+
+namespace fsdp {
+namespace internal {
+namespace {
+
+// The dtype the group is gathered in: the parameters' when they share one,
+// bytes otherwise (PyTorch gathers mixed dtypes as uint8 too).
+c10::ScalarType gather_dtype(const std::vector<FSDPParam*>& params) {
+  const c10::ScalarType first = params.front()->param_dtype();
+  for (const FSDPParam* p : params) {
+    if (p->param_dtype() != first) return at::kByte;
+  }
+  return first;
+}
+
+at::Tensor as_dtype(const at::Tensor& t, c10::ScalarType dtype) {
+  if (t.scalar_type() == dtype) return t;
+  return t.view(dtype);  // to bytes (only used for kByte)
+}
+
+}  // namespace
+
+AllGatherResult foreach_all_gather(const std::vector<FSDPParam*>& params,
+                                   const comm::ProcessGroup& group) {
+  at::NoGradGuard no_grad;
+  const c10::ScalarType dtype = gather_dtype(params);
+  AllGatherResult result;
+  std::vector<at::Tensor> inputs;
+  int64_t total = 0;
+  for (FSDPParam* p : params) {
+    inputs.push_back(as_dtype(p->all_gather_input(), dtype));
+    result.input_numels.push_back(inputs.back().numel());
+    total += inputs.back().numel();
+  }
+  const at::TensorOptions options = params.front()->sharded_param().options().dtype(dtype);
+  // Copy-in: one contiguous buffer of this rank's inputs.
+  at::Tensor input = at::empty({total}, options);
+  at::cat_out(input, inputs, 0);
+  result.output = at::empty({total * group.size()}, options);
+  result.work = comm::all_gather_into_tensor(group, result.output, input);
+  return result;
+}
+
+void foreach_all_gather_copy_out(AllGatherResult& result, const std::vector<FSDPParam*>& params,
+                                 const comm::ProcessGroup& group) {
+  result.work.wait();
+  at::NoGradGuard no_grad;
+  const int64_t world = group.size();
+  const c10::ScalarType dtype = result.output.scalar_type();
+  std::vector<at::Tensor> outs;
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i]->alloc_all_gather_output();
+    outs.push_back(as_dtype(params[i]->all_gather_output(), dtype).view({world, -1}));
+    TORCH_INTERNAL_ASSERT(outs.back().size(1) == result.input_numels[i]);
+  }
+  // [W, total]: row r is rank r's inputs; split its columns per parameter.
+  at::split_with_sizes_copy_out(outs, result.output.view({world, -1}), result.input_numels,
+                                /*dim=*/1);
+  result.output = at::Tensor();
+}
+
+void foreach_reduce(const std::vector<FSDPParam*>& params, const std::vector<at::Tensor>& grads,
+                    const comm::ProcessGroup& group) {
+  at::NoGradGuard no_grad;
+  const int64_t world = group.size();
+  const c10::ScalarType dtype = params.front()->reduce_dtype();
+  int64_t total = 0;
+  for (FSDPParam* p : params) total += p->padded_shard_numel();
+  const at::TensorOptions options = grads.front().options().dtype(dtype);
+  // Copy-in (PyTorch's chunk_cat): row r of [W, total] holds, per parameter,
+  // the rows of its gradient that rank r owns, zero-padded to the chunk.
+  at::Tensor input = at::empty({world, total}, options);
+  int64_t column = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const FSDPParam& p = *params[i];
+    const int64_t n = p.padded_shard_numel();
+    at::Tensor dst = input.narrow(1, column, n);
+    at::Tensor flat = grads[i].reshape({-1});
+    if (flat.scalar_type() != dtype) flat = flat.to(dtype);
+    const int64_t pad = world * n - flat.numel();
+    if (pad > 0) flat = at::constant_pad_nd(flat, {0, pad});
+    dst.copy_(flat.view({world, n}));
+    column += n;
+  }
+  at::Tensor output = at::empty({total}, options);
+  comm::reduce_scatter_tensor(group, output, input.view({-1}), comm::ReduceOp::kAvg).wait();
+  int64_t offset = 0;
+  for (FSDPParam* p : params) {
+    const int64_t local_numel = p->sharded_param().numel();
+    p->accumulate_sharded_grad(output.narrow(0, offset, local_numel));
+    offset += p->padded_shard_numel();
+  }
+}
+
+}  // namespace internal
+}  // namespace fsdp

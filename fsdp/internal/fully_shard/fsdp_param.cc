@@ -1,0 +1,143 @@
+#include "fsdp/internal/fully_shard/fsdp_param.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <utility>
+
+namespace fsdp {
+namespace internal {
+
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  if (storage->nbytes() == 0) return;
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  storage->set_nbytes(0);
+}
+
+void alloc_storage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(t.numel()) * static_cast<size_t>(t.element_size());
+  if (storage->nbytes() == nbytes) return;
+  TORCH_INTERNAL_ASSERT(storage->nbytes() == 0, "fully_shard: storage holds ", storage->nbytes(),
+                        " bytes, expected 0 or ", nbytes);
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  storage->set_nbytes(nbytes);
+}
+
+at::Tensor storage_view(const at::Tensor& base, int64_t offset, at::IntArrayRef sizes) {
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (int64_t i = static_cast<int64_t>(sizes.size()) - 2; i >= 0; --i) {
+    strides[i] = strides[i + 1] * std::max<int64_t>(sizes[i + 1], 1);
+  }
+  at::Tensor out = at::empty({0}, base.options());
+  out.set_(base.storage(), base.storage_offset() + offset, sizes, strides);
+  return out;
+}
+
+FSDPParam::FSDPParam(std::vector<std::string> fqns, const at::Tensor& param,
+                     const comm::ProcessGroup& group, const comm::ProcessGroup& post_forward_group,
+                     std::optional<c10::ScalarType> param_dtype,
+                     std::optional<c10::ScalarType> reduce_dtype)
+    : fqns_(std::move(fqns)),
+      orig_param_(c10::weak_intrusive_ptr<c10::TensorImpl>(param.getIntrusivePtr())),
+      post_forward_group_(post_forward_group),
+      world_size_(group.size()),
+      requires_grad_(param.requires_grad()),
+      orig_dtype_(param.scalar_type()) {
+  const std::string& name = fqns_.front();
+  TORCH_CHECK(param.dim() > 0, "fully_shard doesn't support scalar parameters. Change ", name,
+              " to a 1D tensor with numel equal to 1.");
+  TORCH_CHECK(param.is_contiguous(), "fully_shard: FSDP does not support non-contiguous ",
+              "parameters yet: parameter '", name, "' has shape ", param.sizes(), " and stride ",
+              param.strides());
+  const bool floating = at::isFloatingType(orig_dtype_);
+  param_dtype_ = floating && param_dtype ? *param_dtype : orig_dtype_;
+  reduce_dtype_ = floating && reduce_dtype ? *reduce_dtype : param_dtype_;
+  global_shape_ = param.sizes().vec();
+  for (size_t i = 1; i < global_shape_.size(); ++i) row_numel_ *= global_shape_[i];
+  const int64_t d0 = global_shape_[0];
+  chunk_dim0_ = (d0 + world_size_ - 1) / world_size_;
+  dim0_offset_ = std::min<int64_t>(d0, group.rank() * chunk_dim0_);
+  const int64_t local_d0 = std::min<int64_t>(chunk_dim0_, d0 - dim0_offset_);
+  local_shape_ = global_shape_;
+  local_shape_[0] = local_d0;
+  padded_shard_numel_ = chunk_dim0_ * row_numel_;
+
+  at::NoGradGuard no_grad;
+  padded_shard_ = at::zeros({padded_shard_numel_}, param.options().requires_grad(false));
+  if (local_d0 > 0) {
+    padded_shard_.narrow(0, 0, local_d0 * row_numel_)
+        .copy_(param.detach().narrow(0, dim0_offset_, local_d0).reshape({-1}));
+  }
+  sharded_param_ = storage_view(padded_shard_, 0, local_shape_);
+  sharded_param_.set_requires_grad(requires_grad_);
+
+  std::vector<int64_t> padded_global = global_shape_;
+  padded_global[0] = chunk_dim0_ * world_size_;
+  all_gather_output_ =
+      at::empty({padded_shard_numel_ * world_size_}, padded_shard_.options().dtype(param_dtype_));
+  unsharded_param_ = storage_view(all_gather_output_, 0, global_shape_);
+  free_storage(all_gather_output_);
+  unsharded_param_.set_requires_grad(requires_grad_);
+}
+
+at::Tensor FSDPParam::all_gather_input() const {
+  const at::Tensor& source =
+      state_ == ShardedState::kShardedPostForward ? post_forward_shard_ : padded_shard_;
+  return source.scalar_type() == param_dtype_ ? source : source.to(param_dtype_);
+}
+
+void FSDPParam::alloc_all_gather_output() { alloc_storage(all_gather_output_); }
+
+void FSDPParam::to_unsharded() {
+  post_forward_shard_ = at::Tensor();
+  state_ = ShardedState::kUnsharded;
+}
+
+void FSDPParam::to_sharded() {
+  free_storage(all_gather_output_);
+  post_forward_shard_ = at::Tensor();
+  state_ = ShardedState::kSharded;
+}
+
+void FSDPParam::to_sharded_post_forward() {
+  TORCH_INTERNAL_ASSERT(state_ == ShardedState::kUnsharded && post_forward_group_.is_member());
+  const int64_t numel = all_gather_output_.numel();
+  const int64_t n = post_forward_group_.size();
+  // The gathered buffer is W padded shards; n divides W, so each of the n
+  // post-forward shards is W/n of them.
+  const int64_t part = numel / n;
+  at::NoGradGuard no_grad;
+  post_forward_shard_ =
+      all_gather_output_.narrow(0, part * post_forward_group_.rank(), part).clone();
+  free_storage(all_gather_output_);
+  state_ = ShardedState::kShardedPostForward;
+}
+
+const at::Tensor& FSDPParam::module_tensor() const {
+  return state_ == ShardedState::kUnsharded ? unsharded_param_ : sharded_param_;
+}
+
+at::Tensor FSDPParam::unsharded_grad() const { return unsharded_param_.grad(); }
+
+void FSDPParam::clear_unsharded_grad() { unsharded_param_.mutable_grad().reset(); }
+
+void FSDPParam::accumulate_sharded_grad(const at::Tensor& grad) {
+  at::NoGradGuard no_grad;
+  at::Tensor local = grad.scalar_type() == orig_dtype_ ? grad : grad.to(orig_dtype_);
+  at::Tensor& current = sharded_param_.mutable_grad();
+  if (current.defined()) {
+    current.add_(local.view(local_shape_));
+    return;
+  }
+  // A tensor of its own over the reduce output's memory (set_, not a view,
+  // so zero_grad(set_to_none=false) can detach_ it).
+  current = storage_view(local, 0, local_shape_);
+}
+
+}  // namespace internal
+}  // namespace fsdp

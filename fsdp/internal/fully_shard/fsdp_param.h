@@ -1,0 +1,124 @@
+// One parameter under fully_shard (PyTorch's FSDPParam, _fsdp_param.py):
+// its dim-0 shard, the buffer it is all-gathered into and the unsharded
+// parameter over that buffer. Private to //fsdp:fully_shard.
+//
+// Layout, for a parameter of global shape [d0, rest...] on a group of W
+// ranks: chunk = ceil(d0 / W) rows (torch.chunk's); rank r holds rows
+// [r*chunk, min((r+1)*chunk, d0)) (possibly none). Its padded shard is a
+// 1-D tensor of chunk*prod(rest) elements, the real rows first and zeros
+// after; the sharded parameter (the optimizer's) is a view of its front.
+// The all-gather output is W padded shards back to back, i.e. the padded
+// global parameter [W*chunk, rest...]; the unsharded parameter is its first
+// d0 rows.
+//
+// Tensors that share memory are made with set_ (fresh TensorImpls, own
+// version counters), so writing a gathered buffer never bumps the version
+// of a tensor autograd saved (PyTorch uses _unsafe_preserve_version_counter
+// for the same), and an optimizer's zero_grad can detach_ the .grad.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+
+namespace fsdp {
+namespace internal {
+
+// Releases `t`'s memory, keeping its StorageImpl (tensors sharing it stay
+// valid objects and see memory again after alloc_storage).
+void free_storage(const at::Tensor& t);
+// Re-allocates `t`'s storage for its numel (contents uninitialised).
+void alloc_storage(const at::Tensor& t);
+// A tensor of `sizes` (contiguous) over `base`'s storage from element
+// `offset`, not an autograd view of `base`.
+at::Tensor storage_view(const at::Tensor& base, int64_t offset, at::IntArrayRef sizes);
+
+enum class ShardedState { kSharded, kShardedPostForward, kUnsharded };
+
+class FSDPParam {
+ public:
+  // `fqns`: the parameter's names relative to the fully_shard module (the
+  // first is its name; the others tied aliases). `param` must be contiguous
+  // and at least 1-D. `post_forward_group`: the smaller group of an int
+  // reshard_after_forward (empty otherwise).
+  FSDPParam(std::vector<std::string> fqns, const at::Tensor& param, const comm::ProcessGroup& group,
+            const comm::ProcessGroup& post_forward_group,
+            std::optional<c10::ScalarType> param_dtype,
+            std::optional<c10::ScalarType> reduce_dtype);
+
+  const std::vector<std::string>& fqns() const { return fqns_; }
+  const at::Tensor& sharded_param() const { return sharded_param_; }
+  const at::Tensor& unsharded_param() const { return unsharded_param_; }
+  bool requires_grad() const { return requires_grad_; }
+  c10::ScalarType orig_dtype() const { return orig_dtype_; }
+  // What the parameter is gathered and computed in.
+  c10::ScalarType param_dtype() const { return param_dtype_; }
+  c10::ScalarType reduce_dtype() const { return reduce_dtype_; }
+  const std::vector<int64_t>& global_shape() const { return global_shape_; }
+  int64_t padded_dim0() const { return chunk_dim0_; }
+  int64_t dim0_offset() const { return dim0_offset_; }
+  // The original parameter's TensorImpl (weakly): the identity PyTorch's
+  // duplicate-parameter check compares.
+  const c10::weak_intrusive_ptr<c10::TensorImpl>& orig_param() const { return orig_param_; }
+  ShardedState state() const { return state_; }
+
+  // Elements of one rank's padded shard, and of the whole gathered buffer.
+  int64_t padded_shard_numel() const { return padded_shard_numel_; }
+  // What this rank contributes to the next all-gather (1-D, param_dtype):
+  // the padded shard, or the post-forward shard in kShardedPostForward.
+  at::Tensor all_gather_input() const;
+  // The gathered buffer (1-D, param_dtype, W*padded_shard_numel elements);
+  // storage allocated by alloc_all_gather_output().
+  const at::Tensor& all_gather_output() const { return all_gather_output_; }
+  void alloc_all_gather_output();
+
+  // State changes (PyTorch's to_unsharded / to_sharded /
+  // to_sharded_post_forward). The caller points the module at
+  // module_tensor() afterwards.
+  void to_unsharded();
+  void to_sharded();
+  void to_sharded_post_forward();
+  // What the module's names hold in the current state.
+  const at::Tensor& module_tensor() const;
+
+  // The unsharded gradient autograd accumulated (undefined when none),
+  // and its release.
+  at::Tensor unsharded_grad() const;
+  void clear_unsharded_grad();
+  // Adds `grad` (this rank's rows, reduce dtype) to the shard's .grad (set
+  // when it has none), cast to the parameter's dtype.
+  void accumulate_sharded_grad(const at::Tensor& grad);
+
+ private:
+  std::vector<std::string> fqns_;
+  c10::weak_intrusive_ptr<c10::TensorImpl> orig_param_;
+  comm::ProcessGroup post_forward_group_;
+  std::vector<int64_t> global_shape_;
+  std::vector<int64_t> local_shape_;
+  int64_t row_numel_ = 1;  // elements per dim-0 row
+  int64_t chunk_dim0_ = 0;
+  int64_t dim0_offset_ = 0;
+  int64_t padded_shard_numel_ = 0;
+  int world_size_ = 1;
+  bool requires_grad_ = false;
+  c10::ScalarType orig_dtype_;
+  c10::ScalarType param_dtype_;
+  c10::ScalarType reduce_dtype_;
+
+  at::Tensor padded_shard_;        // 1-D, orig dtype, padded_shard_numel
+  at::Tensor sharded_param_;       // leaf over padded_shard_'s front
+  at::Tensor all_gather_output_;   // 1-D, param dtype; freed while sharded
+  at::Tensor unsharded_param_;     // leaf over all_gather_output_
+  at::Tensor post_forward_shard_;  // 1-D, kShardedPostForward only
+  ShardedState state_ = ShardedState::kSharded;
+};
+
+}  // namespace internal
+}  // namespace fsdp

@@ -1,0 +1,102 @@
+#include "fsdp/internal/fully_shard/fsdp_param_group.h"
+
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <utility>
+
+#include "functorch/module/named_member_accessor.h"
+
+namespace fsdp {
+namespace internal {
+
+FSDPParamGroup::FSDPParamGroup(const std::shared_ptr<torch::nn::Module>& module,
+                               std::vector<std::unique_ptr<FSDPParam>> params,
+                               comm::ProcessGroup group, comm::ProcessGroup post_forward_group,
+                               bool reshard_after_forward)
+    : module_(module),
+      params_(std::move(params)),
+      group_(std::move(group)),
+      post_forward_group_(std::move(post_forward_group)),
+      reshard_after_forward_(reshard_after_forward) {
+  update_module_tensors();
+}
+
+std::vector<FSDPParam*> FSDPParamGroup::raw_params() const {
+  std::vector<FSDPParam*> out;
+  out.reserve(params_.size());
+  for (const auto& p : params_) out.push_back(p.get());
+  return out;
+}
+
+void FSDPParamGroup::update_module_tensors() {
+  std::shared_ptr<torch::nn::Module> module = module_.lock();
+  TORCH_CHECK(module != nullptr, "fully_shard: the module was destroyed");
+  std::vector<std::string> names;
+  std::vector<at::Tensor> values;
+  for (const auto& p : params_) {
+    for (const auto& name : p->fqns()) {
+      names.push_back(name);
+      values.push_back(p->module_tensor());
+    }
+  }
+  functorch::NamedMemberAccessor accessor(module);
+  accessor.set_tensors(names, std::move(values));
+}
+
+void FSDPParamGroup::unshard(bool async) {
+  if (pending_ || state() == ShardedState::kUnsharded) {
+    if (!async) wait_for_unshard();
+    return;
+  }
+  pending_group_ = state() == ShardedState::kShardedPostForward ? post_forward_group_ : group_;
+  pending_ = foreach_all_gather(raw_params(), pending_group_);
+  if (!async) wait_for_unshard();
+}
+
+void FSDPParamGroup::wait_for_unshard() {
+  if (!pending_) return;
+  AllGatherResult result = std::move(*pending_);
+  pending_.reset();
+  foreach_all_gather_copy_out(result, raw_params(), pending_group_);
+  for (const auto& p : params_) p->to_unsharded();
+  update_module_tensors();
+}
+
+void FSDPParamGroup::reshard() {
+  wait_for_unshard();  // an all-gather in flight must land before freeing
+  if (state() == ShardedState::kSharded) return;
+  for (const auto& p : params_) p->to_sharded();
+  update_module_tensors();
+}
+
+void FSDPParamGroup::post_forward() {
+  if (state() != ShardedState::kUnsharded) return;
+  if (!reshard_after_forward_ && at::GradMode::is_enabled()) return;
+  if (post_forward_group_.is_member() && at::GradMode::is_enabled()) {
+    for (const auto& p : params_) p->to_sharded_post_forward();
+    update_module_tensors();
+    return;
+  }
+  reshard();
+}
+
+void FSDPParamGroup::post_backward() {
+  if (requires_gradient_sync_) {
+    std::vector<FSDPParam*> with_grad;
+    std::vector<at::Tensor> grads;
+    for (const auto& p : params_) {
+      at::Tensor grad = p->unsharded_grad();
+      if (!p->requires_grad() || !grad.defined()) continue;
+      with_grad.push_back(p.get());
+      grads.push_back(grad);
+    }
+    if (!with_grad.empty()) {
+      foreach_reduce(with_grad, grads, group_);
+      for (FSDPParam* p : with_grad) p->clear_unsharded_grad();
+    }
+  }
+  if (reshard_after_backward_) reshard();
+}
+
+}  // namespace internal
+}  // namespace fsdp

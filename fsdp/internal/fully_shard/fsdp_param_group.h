@@ -1,0 +1,75 @@
+// The parameters of one fully_shard call, gathered and reduced together
+// (PyTorch's FSDPParamGroup, _fsdp_param_group.py). Private to
+// //fsdp:fully_shard.
+//
+//   unshard(async)        start the all-gather (over the post-forward group
+//                         when resharded to it after forward)
+//   wait_for_unshard()    copy-out; the module's names point at the
+//                         unsharded parameters
+//   post_forward()        reshard (to the post-forward group for an int
+//                         reshard_after_forward) unless told to keep them
+//   post_backward()       reduce-scatter the unsharded gradients into the
+//                         shards' .grad (or keep accumulating them without
+//                         gradient sync), then reshard
+//   reshard()             back to the shards
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "fsdp/internal/fully_shard/fsdp_collectives.h"
+#include "fsdp/internal/fully_shard/fsdp_param.h"
+
+namespace fsdp {
+namespace internal {
+
+class FSDPParamGroup {
+ public:
+  // `module` is held weakly. `post_forward_group`: the smaller group of an
+  // int reshard_after_forward (empty otherwise).
+  FSDPParamGroup(const std::shared_ptr<torch::nn::Module>& module,
+                 std::vector<std::unique_ptr<FSDPParam>> params, comm::ProcessGroup group,
+                 comm::ProcessGroup post_forward_group, bool reshard_after_forward);
+
+  const std::vector<std::unique_ptr<FSDPParam>>& params() const { return params_; }
+  const comm::ProcessGroup& group() const { return group_; }
+  ShardedState state() const { return params_.front()->state(); }
+  bool unshard_pending() const { return pending_.has_value(); }
+
+  void unshard(bool async);
+  void wait_for_unshard();
+  void reshard();
+  void post_forward();
+  // Reduces (or, without gradient sync, keeps) the gradients; reshards
+  // when reshard_after_backward.
+  void post_backward();
+
+  bool reshard_after_forward() const { return reshard_after_forward_; }
+  void set_reshard_after_forward(bool value) { reshard_after_forward_ = value; }
+  void set_reshard_after_backward(bool value) { reshard_after_backward_ = value; }
+  void set_requires_gradient_sync(bool value) { requires_gradient_sync_ = value; }
+
+ private:
+  std::vector<FSDPParam*> raw_params() const;
+  // Points the module's names at each parameter's module_tensor().
+  void update_module_tensors();
+
+  std::weak_ptr<torch::nn::Module> module_;
+  std::vector<std::unique_ptr<FSDPParam>> params_;
+  comm::ProcessGroup group_;
+  comm::ProcessGroup post_forward_group_;
+  bool reshard_after_forward_;
+  bool reshard_after_backward_ = true;
+  bool requires_gradient_sync_ = true;
+  std::optional<AllGatherResult> pending_;
+  // The group the pending all-gather runs over.
+  comm::ProcessGroup pending_group_;
+};
+
+}  // namespace internal
+}  // namespace fsdp
