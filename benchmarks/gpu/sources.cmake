@@ -129,6 +129,10 @@ set(TORCHFSDP_SRCS_module_call)
 set(TORCHFSDP_SRCS_module_call__wrap_policy
   "${REPO}/module_call/wrap_policy.cc"
 )
+# //optim:optim
+set(TORCHFSDP_SRCS_optim
+  "${REPO}/optim/optimizers.cc"
+)
 # //state_dict:async_checkpoint
 set(TORCHFSDP_SRCS_state_dict__async_checkpoint
   "${REPO}/state_dict/async_checkpoint.cc"
@@ -206,19 +210,21 @@ set(TORCHFSDP_SRCS_trainer__report
 # //trainer:train
 set(TORCHFSDP_SRCS_trainer__train
   "${REPO}/trainer/checkpointing.cc"
+  "${REPO}/trainer/finite_state.cc"
+  "${REPO}/trainer/run_lock.cc"
   "${REPO}/trainer/train.cc"
   "${REPO}/trainer/wrap.cc"
 )
 
 # ---- binaries ----------------------------------------------------------------
-# //trainer:trainer: links 48 project libraries
+# //trainer:trainer: links 49 project libraries
 set(TORCHFSDP_BINARY_SRCS_trainer
   "${REPO}/trainer/trainer_main.cc"
 )
 set(TORCHFSDP_LINKOPTS_trainer
   "-ldl"
 )
-# //benchmarks:gpu_check: links 15 project libraries
+# //benchmarks:gpu_check: links 18 project libraries
 set(TORCHFSDP_BINARY_SRCS_gpu_check
   "${REPO}/benchmarks/gpu_check.cc"
 )
@@ -258,6 +264,7 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_module_call__call}
   ${TORCHFSDP_SRCS_module_call}
   ${TORCHFSDP_SRCS_module_call__wrap_policy}
+  ${TORCHFSDP_SRCS_optim}
   ${TORCHFSDP_SRCS_state_dict__async_checkpoint}
   ${TORCHFSDP_SRCS_state_dict__checkpoint}
   ${TORCHFSDP_SRCS_state_dict__checkpoint_impl}
