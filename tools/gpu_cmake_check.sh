@@ -15,7 +15,7 @@
 #      precompiled headers, which would hide a missing include).
 #   3. With LD_LIBRARY_PATH unset, every library either binary loads
 #      (ldd) resolves into the wheel's site-packages, the bundle, or the
-#      C/C++ runtime every machine has (libc, libm, libstdc++, libgcc_s, ...):
+#      C/C++ runtime every machine has (glibc's libraries, libstdc++, libgcc_s):
 #      the GPU machine has no Debian packages, and a library found in
 #      /usr/lib here would be missing there.
 #   4. gpu_check --dry-run-on-cpu: the CUDA binary starts, and its CPU-side
@@ -50,7 +50,7 @@ cmake --build "$build" --target gpu_check trainer -j "$(nproc)" >"$build/build.l
   { grep -m 20 -E "error|undefined reference" "$build/build.log" >&2 || tail -20 "$build/build.log" >&2
     echo "gpu_cmake_check.sh: the CMake build failed (log: $build/build.log)" >&2; exit 1; }
 
-runtime='^(linux-vdso|libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so'
+runtime='^(linux-vdso|libc|libm|libdl|libpthread|librt|libutil|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so'
 status=0
 for binary in gpu_check trainer; do
   while read -r name _ path _; do
