@@ -22,13 +22,15 @@
 #      checks pass (the CUDA cases need a GPU and say NOT RUN).
 #
 # Usage: tools/gpu_cmake_check.sh   (tools/test.sh runs it as "gpu cmake")
-# Environment: GPU_CMAKE_BUILD_DIR (default ~/.cache/torchfsdp_gpu_cmake),
-# TORCHFSDP_HOME (where setup.sh put the venv).
+# Environment: GPU_CMAKE_BUILD_DIR (default ~/.cache/torchfsdp_gpu_cmake/<hash
+# of this checkout's path>: a CMake cache belongs to one source tree, and
+# CI's $HOME outlives its clones), TORCHFSDP_HOME (where setup.sh put the venv).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 
-build="${GPU_CMAKE_BUILD_DIR:-${HOME:-/tmp}/.cache/torchfsdp_gpu_cmake}"
+checkout_key=$(printf '%s' "$ROOT" | sha1sum | cut -c1-12)
+build="${GPU_CMAKE_BUILD_DIR:-${HOME:-/tmp}/.cache/torchfsdp_gpu_cmake/$checkout_key}"
 python="${TORCHFSDP_HOME:-${HOME:-/root}/.cache/torchfsdp-cpp}/venv/bin/python3"
 [[ -x "$python" ]] || { echo "gpu_cmake_check.sh: no $python: run tools/setup.sh --with-python" >&2; exit 1; }
 for tool in cmake; do
