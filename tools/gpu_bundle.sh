@@ -74,12 +74,12 @@ find "$DEST.tmp/bundle/lib" -xtype l -delete
 # C/C++ runtime every machine has: the GPU machine has no Debian packages,
 # and the CMake-built binaries reach the bundle's libraries (libabsl_status
 # needing libabsl_cord) through their DT_RPATH.
-runtime='^(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so'
+source "$(dirname "$0")/gpu_c_runtime.sh"
 unbundled=""
 for lib in "$DEST.tmp/bundle/lib"/*.so*; do
   [ -L "$lib" ] && continue
   for needed in $(readelf -d "$lib" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
-    if [ ! -e "$DEST.tmp/bundle/lib/$needed" ] && ! [[ "$needed" =~ $runtime ]]; then
+    if [ ! -e "$DEST.tmp/bundle/lib/$needed" ] && ! [[ "$needed" =~ $C_RUNTIME_SONAMES ]]; then
       unbundled+="  $(basename "$lib") needs $needed"$'\n'
     fi
   done

@@ -52,11 +52,11 @@ cmake --build "$build" --target gpu_check trainer -j "$(nproc)" >"$build/build.l
   { grep -m 20 -E "error|undefined reference" "$build/build.log" >&2 || tail -20 "$build/build.log" >&2
     echo "gpu_cmake_check.sh: the CMake build failed (log: $build/build.log)" >&2; exit 1; }
 
-runtime='^(linux-vdso|libc|libm|libdl|libpthread|librt|libutil|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so'
+source tools/gpu_c_runtime.sh
 status=0
 for binary in gpu_check trainer; do
   while read -r name _ path _; do
-    [[ "$name" =~ $runtime ]] && continue
+    [[ "$name" =~ $C_RUNTIME_SONAMES ]] && continue
     case "$path" in
       "$site_packages"/* | "$deps"/*) ;;
       *) echo "gpu_cmake_check.sh: $binary loads $name from ${path:-nowhere}, not from the wheel ($site_packages) or the bundle ($deps)" >&2
