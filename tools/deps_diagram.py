@@ -120,35 +120,11 @@ def strip_comments(text):
     return "".join(out)
 
 
-def split_top_level(body):
-    """Splits the text between a call's parentheses at depth-0 commas."""
-    parts, depth, start, quote = [], 0, 0, None
-    i = 0
-    while i < len(body):
-        c = body[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote:
-                quote = None
-        elif c in "\"'":
-            quote = c
-        elif c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c == "," and depth == 0:
-            parts.append(body[start:i])
-            start = i + 1
-        i += 1
-    parts.append(body[start:])
-    return [p.strip() for p in parts if p.strip()]
-
-
-def closing_paren(text, open_index):
-    """The index just past the bracket that closes text[open_index] (strings
-    skipped), or None when it is never closed."""
-    depth, quote, i = 0, None, open_index
+def scan_brackets(text, start=0):
+    """Yields (index, character, bracket depth after it) for each character
+    of text from start that is outside a string literal; ([{ open a level,
+    )]} close one."""
+    depth, quote, i = 0, None, start
     while i < len(text):
         c = text[i]
         if quote:
@@ -158,13 +134,32 @@ def closing_paren(text, open_index):
                 quote = None
         elif c in "\"'":
             quote = c
-        elif c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
+        else:
+            if c in "([{":
+                depth += 1
+            elif c in ")]}":
+                depth -= 1
+            yield i, c, depth
         i += 1
+
+
+def split_top_level(body):
+    """Splits the text between a call's parentheses at depth-0 commas."""
+    parts, start = [], 0
+    for i, c, depth in scan_brackets(body):
+        if c == "," and depth == 0:
+            parts.append(body[start:i])
+            start = i + 1
+    parts.append(body[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def closing_paren(text, open_index):
+    """The index just past the bracket that closes text[open_index] (strings
+    skipped), or None when it is never closed."""
+    for i, c, depth in scan_brackets(text, open_index):
+        if c in ")]}" and depth == 0:
+            return i + 1
     return None
 
 
