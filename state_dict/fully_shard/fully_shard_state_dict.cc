@@ -1,0 +1,479 @@
+#include "state_dict/fully_shard/fully_shard_state_dict.h"
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <c10/util/Exception.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "comm/collectives.h"
+#include "fsdp/fully_shard.h"
+#include "state_dict/checkpoint.h"
+#include "state_dict/fsdp/checkpoint_keys.h"
+#include "state_dict/fsdp/fsdp_full_checkpoint.h"
+#include "state_dict/manifest.h"
+#include "state_dict/optim_state.h"
+
+namespace state_dict {
+namespace {
+
+std::string ShapeString(c10::IntArrayRef shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// One parameter or buffer of the model as the state dict sees it.
+struct Entry {
+  std::string fqn;
+  torch::Tensor tensor;                        // the live shard, or the whole tensor
+  std::optional<fsdp::ShardedParamSpec> spec;  // set for a fully_shard shard
+  bool is_param = true;
+
+  std::vector<int64_t> global_shape() const {
+    return spec ? spec->global_shape : tensor.sizes().vec();
+  }
+  // This rank's part of the flattened global tensor.
+  std::vector<FlatRange> ranges() const {
+    const int64_t numel = tensor.numel();
+    if (numel == 0) return {};
+    if (!spec) return {FlatRange{0, numel}};
+    const int64_t row = tensor.size(0) > 0 ? numel / tensor.size(0) : 0;
+    return {FlatRange{spec->dim0_offset * row, numel}};
+  }
+};
+
+struct View {
+  std::vector<Entry> entries;
+  std::map<std::string, size_t> index;    // fqn -> entries
+  std::map<const void*, size_t> by_impl;  // parameter TensorImpl -> entries
+  int world_size = 1;
+  int rank = 0;
+  std::optional<comm::ProcessGroup> group;
+};
+
+// Every fully_shard module of the tree back to its shards (named_parameters
+// then returns them).
+void ReshardAll(const torch::nn::Module& model) {
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    if (auto unit = fsdp::as_fsdp_module(*m)) unit->reshard();
+  }
+}
+
+absl::StatusOr<View> Describe(const torch::nn::Module& model) {
+  try {
+    ReshardAll(model);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("fully_shard state dict: resharding the model: ", e.what_without_backtrace()));
+  }
+  View view;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (!item.value().defined()) continue;
+    Entry e{item.key(), item.value(), fsdp::sharded_param_spec(item.value()), true};
+    if (e.spec && !view.group) {
+      view.group = e.spec->group;
+      view.world_size = e.spec->group.size();
+      view.rank = e.spec->rank;
+    }
+    view.by_impl.emplace(item.value().unsafeGetTensorImpl(), view.entries.size());
+    view.index.emplace(e.fqn, view.entries.size());
+    view.entries.push_back(std::move(e));
+  }
+  for (const auto& item : model.named_buffers(/*recurse=*/true)) {
+    if (!item.value().defined()) continue;
+    view.index.emplace(item.key(), view.entries.size());
+    view.entries.push_back(Entry{item.key(), item.value(), std::nullopt, false});
+  }
+  if (!view.group) {
+    return absl::FailedPreconditionError(
+        "fully_shard state dict: the module has no parameter fully_shard sharded: expected a "
+        "module tree fsdp::fully_shard was applied to");
+  }
+  return view;
+}
+
+FsdpModelStateDict NewStateDict(const View& view) {
+  FsdpModelStateDict out;
+  out.type = StateDictType::kSharded;
+  out.world_size = view.world_size;
+  out.rank = view.rank;
+  return out;
+}
+
+// `value` (this rank's part of entry `e`'s shape) as a ShardedTensor; a
+// view of it.
+ShardedTensor Pieces(const Entry& e, const torch::Tensor& value) {
+  ShardedTensor st;
+  st.global_shape = e.global_shape();
+  st.dtype = value.scalar_type();
+  const std::vector<FlatRange> ranges = e.ranges();
+  if (!ranges.empty()) st.pieces.push_back({ranges[0], value.detach().reshape({-1})});
+  return st;
+}
+
+// Optimizer parameter IDs (LibTorch's: in group order) -> model entries.
+absl::StatusOr<std::vector<size_t>> OptimParams(const View& view,
+                                                const torch::optim::Optimizer& optimizer) {
+  std::vector<size_t> out;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const torch::Tensor& p : group.params()) {
+      auto it = view.by_impl.find(p.unsafeGetTensorImpl());
+      if (it == view.by_impl.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "fully_shard optimizer state dict: optimizer parameter ", out.size(), " (shape ",
+            ShapeString(p.sizes()),
+            ") is not a parameter of the module: expected an optimizer built on the module's "
+            "parameters() after fully_shard (its shards)"));
+      }
+      out.push_back(it->second);
+    }
+  }
+  return out;
+}
+
+// A ShardedReader over an in-memory dict.
+ShardedReader DictReader(const ShardedStateDict& state) {
+  return [&state](const ShardRequests& requests) -> absl::StatusOr<ShardedStateDict> {
+    ShardedStateDict out;
+    for (const auto& [name, request] : requests) {
+      const ShardedTensor* st = state.find(name);
+      if (st == nullptr) {
+        return absl::NotFoundError(absl::StrCat("state dict has no entry '", name,
+                                                "': expected one of global shape ",
+                                                ShapeString(request.global_shape)));
+      }
+      if (c10::IntArrayRef(st->global_shape) != c10::IntArrayRef(request.global_shape) ||
+          st->dtype != request.dtype) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "state dict entry '", name, "' has global shape ", ShapeString(st->global_shape), " ",
+            c10::toString(st->dtype), ": expected ", ShapeString(request.global_shape), " ",
+            c10::toString(request.dtype)));
+      }
+      if (auto s = ValidateShardedTensor(name, *st); !s.ok()) return s;
+      auto resharded = Reshard(name, {*st}, request.ranges);
+      if (!resharded.ok()) return resharded.status();
+      out.insert(name, std::move(*resharded));
+    }
+    return out;
+  };
+}
+
+// `loaded`'s entry `name` as this rank's tensor of `shape` (its pieces
+// exactly `ranges`).
+absl::StatusOr<torch::Tensor> Local(const ShardedStateDict& loaded, const std::string& name,
+                                    const std::vector<FlatRange>& ranges,
+                                    c10::IntArrayRef local_shape, c10::ScalarType dtype) {
+  const ShardedTensor* st = loaded.find(name);
+  if (st == nullptr) {
+    return absl::NotFoundError(absl::StrCat("entry '", name, "' was not loaded"));
+  }
+  if (ranges.empty()) return torch::zeros(local_shape, torch::TensorOptions().dtype(dtype));
+  if (st->pieces.size() != 1 || !(st->pieces[0].range == ranges[0])) {
+    return absl::InvalidArgumentError(absl::StrCat("entry '", name, "': the source returned ",
+                                                   st->pieces.size(),
+                                                   " pieces, expected exactly this rank's range [",
+                                                   ranges[0].offset, ", ", ranges[0].end(), ")"));
+  }
+  return st->pieces[0].data.reshape(local_shape);
+}
+
+absl::Status LoadOptim(const View& view, torch::optim::Optimizer& optimizer,
+                       const std::string& source, const std::vector<ShardedEntryInfo>& entries,
+                       const ShardedReader& read) {
+  auto ids = OptimParams(view, optimizer);
+  if (!ids.ok()) return ids.status();
+  std::map<size_t, int64_t> id_of;
+  for (size_t i = 0; i < ids->size(); ++i) id_of[(*ids)[i]] = static_cast<int64_t>(i);
+  ShardRequests requests;
+  std::vector<std::pair<int64_t, std::string>> slots;  // (param ID, entry) per request
+  std::set<std::string> seen;
+  for (const ShardedEntryInfo& info : entries) {
+    std::string fqn, entry;
+    if (!SplitEntryName(info.name, '/', &fqn, &entry) || !seen.insert(info.name).second) continue;
+    auto it = view.index.find(fqn);
+    if (it == view.index.end() || !view.entries[it->second].is_param) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, " has optimizer state '", info.name, "', but '", fqn,
+                       "' is not a parameter of the module: expected '<parameter fqn>/<entry>'"));
+    }
+    auto id = id_of.find(it->second);
+    if (id == id_of.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(source, " has optimizer state '", info.name,
+                                                     "', but the optimizer does not step '", fqn,
+                                                     "'"));
+    }
+    const Entry& e = view.entries[it->second];
+    ShardRequest r;
+    r.dtype = info.dtype;
+    if (info.global_shape.empty()) {  // "step": one element, whole on every rank
+      r.ranges = {FlatRange{0, 1}};
+    } else {
+      if (c10::IntArrayRef(info.global_shape) != c10::IntArrayRef(e.global_shape())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ": optimizer state '", info.name, "' has global shape ",
+                         ShapeString(info.global_shape), ": expected its parameter's ",
+                         ShapeString(e.global_shape())));
+      }
+      r.global_shape = info.global_shape;
+      r.ranges = e.ranges();
+    }
+    requests.emplace_back(info.name, r);
+    slots.emplace_back(id->second, entry);
+  }
+  auto loaded = read(requests);
+  if (!loaded.ok()) return loaded.status();
+  std::map<int64_t, TensorDict> per_param;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto& [name, r] = requests[i];
+    const Entry& e = view.entries[(*ids)[static_cast<size_t>(slots[i].first)]];
+    auto local = r.global_shape.empty() ? Local(*loaded, name, r.ranges, {}, r.dtype)
+                                        : Local(*loaded, name, r.ranges, e.tensor.sizes(), r.dtype);
+    if (!local.ok()) return local.status();
+    per_param[slots[i].first].insert(slots[i].second, local->clone());
+  }
+  auto current = ExportOptimizerState(optimizer);
+  if (!current.ok()) return current.status();
+  OptimStateDict to_load;
+  to_load.key_type = OptimStateKeyType::kParamId;
+  to_load.param_groups = current->param_groups;
+  for (auto& [id, dict] : per_param) to_load.state.emplace_back(id, std::move(dict));
+  if (auto s = ImportOptimizerState(optimizer, to_load); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(source, ": optimizer state: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadModel(const View& view, const std::string& source, const ShardedReader& read) {
+  ShardRequests requests;
+  for (const Entry& e : view.entries) {
+    requests.emplace_back(e.fqn,
+                          ShardRequest{e.global_shape(), e.tensor.scalar_type(), e.ranges()});
+  }
+  auto loaded = read(requests);
+  if (!loaded.ok()) return loaded.status();
+  std::vector<torch::Tensor> values;
+  for (const Entry& e : view.entries) {
+    auto local = Local(*loaded, e.fqn, e.ranges(), e.tensor.sizes(), e.tensor.scalar_type());
+    if (!local.ok()) {
+      return absl::Status(local.status().code(),
+                          absl::StrCat(source, ": ", local.status().message()));
+    }
+    values.push_back(*local);
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (values[i].numel() > 0) view.entries[i].tensor.detach().copy_(values[i]);
+  }
+  return absl::OkStatus();
+}
+
+// Status of every rank: the first failure (by rank) on all of them.
+absl::Status AgreeOnStatus(const comm::ProcessGroup& group, const absl::Status& local,
+                           const std::string& what) {
+  torch::Tensor failed = torch::full({1}, local.ok() ? group.size() : group.rank(), torch::kInt64);
+  comm::all_reduce(group, failed, comm::ReduceOp::kMin).wait();
+  const int64_t first = failed.item<int64_t>();
+  if (first == group.size()) return absl::OkStatus();
+  if (!local.ok()) return local;
+  return absl::FailedPreconditionError(absl::StrCat(what, " failed on rank ", first));
+}
+
+// A reader of a step directory that finds an entry under its own name or
+// under the FULL file's ("model.<fqn>", "optim.<fqn>.<entry>").
+ShardedReader CheckpointReader(const std::string& step_dir, const std::set<std::string>& names) {
+  return [step_dir, names](const ShardRequests& requests) -> absl::StatusOr<ShardedStateDict> {
+    ShardRequests renamed;
+    for (const auto& [name, request] : requests) {
+      const std::string full = FullCheckpointKey(name);
+      renamed.emplace_back(names.count(name) == 0 && names.count(full) > 0 ? full : name, request);
+    }
+    auto loaded = LoadResharded(step_dir, renamed);
+    if (!loaded.ok()) return loaded.status();
+    ShardedStateDict out;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const ShardedTensor* st = loaded->find(renamed[i].first);
+      out.insert(requests[i].first, st != nullptr ? *st : ShardedTensor{});
+    }
+    return out;
+  };
+}
+
+}  // namespace
+
+absl::StatusOr<comm::ProcessGroup> FullyShardGroup(const torch::nn::Module& model) {
+  auto view = Describe(model);
+  if (!view.ok()) return view.status();
+  return *view->group;
+}
+
+absl::StatusOr<FsdpModelStateDict> FullyShardModelStateDict(torch::nn::Module& model) {
+  auto view = Describe(model);
+  if (!view.ok()) return view.status();
+  FsdpModelStateDict out = NewStateDict(*view);
+  for (const Entry& e : view->entries) {
+    out.sharded.insert(e.fqn, Pieces(e, e.tensor));
+    if (!e.spec) out.replicated.push_back(e.fqn);
+  }
+  return out;
+}
+
+absl::StatusOr<FsdpModelStateDict> FullyShardOptimStateDict(
+    torch::nn::Module& model, const torch::optim::Optimizer& optimizer) {
+  auto view = Describe(model);
+  if (!view.ok()) return view.status();
+  auto ids = OptimParams(*view, optimizer);
+  if (!ids.ok()) return ids.status();
+  auto exported = ExportOptimizerState(optimizer);
+  if (!exported.ok()) return exported.status();
+  FsdpModelStateDict out = NewStateDict(*view);
+  for (const auto& [key, entries] : exported->state) {
+    const Entry& e = view->entries[(*ids)[static_cast<size_t>(std::get<int64_t>(key))]];
+    for (const auto& entry : entries) {
+      const std::string name = absl::StrCat(e.fqn, "/", entry.key());
+      const torch::Tensor value = entry.value().detach();
+      if (value.dim() == 0) {
+        ShardedTensor st;
+        st.dtype = value.scalar_type();
+        st.pieces.push_back({{0, 1}, value.reshape({1})});
+        out.sharded.insert(name, std::move(st));
+        out.replicated.push_back(name);
+        continue;
+      }
+      if (value.sizes() != e.tensor.sizes()) {
+        return absl::InternalError(
+            absl::StrCat("optimizer state '", name, "' has shape ", ShapeString(value.sizes()),
+                         ": expected its parameter's shard shape ", ShapeString(e.tensor.sizes())));
+      }
+      out.sharded.insert(name, Pieces(e, value));
+      if (!e.spec) out.replicated.push_back(name);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<FsdpModelStateDict> FullyShardStateDict(torch::nn::Module& model,
+                                                       const torch::optim::Optimizer* optimizer) {
+  auto state = FullyShardModelStateDict(model);
+  if (!state.ok() || optimizer == nullptr) return state;
+  auto optim = FullyShardOptimStateDict(model, *optimizer);
+  if (!optim.ok()) return optim.status();
+  return MergeShardedStateDicts(std::move(*state), *optim);
+}
+
+absl::StatusOr<std::vector<OptimParamGroup>> FullyShardParamGroups(
+    const torch::nn::Module& model, const torch::optim::Optimizer& optimizer) {
+  auto view = Describe(model);
+  if (!view.ok()) return view.status();
+  auto ids = OptimParams(*view, optimizer);
+  if (!ids.ok()) return ids.status();
+  auto exported = ExportOptimizerState(optimizer);
+  if (!exported.ok()) return exported.status();
+  std::vector<OptimParamGroup> groups = exported->param_groups;
+  for (OptimParamGroup& g : groups) {
+    for (ParamKey& key : g.params) {
+      key = view->entries[(*ids)[static_cast<size_t>(std::get<int64_t>(key))]].fqn;
+    }
+  }
+  return groups;
+}
+
+absl::Status LoadFullyShardFrom(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                                const std::string& source,
+                                const std::vector<ShardedEntryInfo>& optim_entries,
+                                const ShardedReader& read) {
+  auto view = Describe(model);
+  if (!view.ok()) return view.status();
+  if (optimizer != nullptr) {
+    if (auto s = LoadOptim(*view, *optimizer, source, optim_entries, read); !s.ok()) return s;
+  }
+  return LoadModel(*view, source, read);
+}
+
+absl::Status LoadFullyShardStateDict(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                                     const ShardedStateDict& state) {
+  auto view = Describe(model);
+  if (!view.ok()) return view.status();
+  std::vector<ShardedEntryInfo> optim_entries;
+  for (const auto& item : state) {
+    std::string fqn, entry;
+    if (SplitEntryName(item.key(), '/', &fqn, &entry)) {
+      if (optimizer != nullptr) {
+        optim_entries.push_back({item.key(), item.value().global_shape, item.value().dtype});
+      }
+      continue;
+    }
+    if (view->index.count(item.key()) == 0) {
+      const bool flat = item.key() == "flat_param" ||
+                        item.key().find("flat_param") != std::string::npos ||
+                        item.key().find("_fsdp_wrapped_module") != std::string::npos;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fully_shard state dict: unexpected key '", item.key(), "' (global shape ",
+          ShapeString(item.value().global_shape), ")",
+          flat ? ", a FullyShardedDataParallel flat parameter (a LOCAL state dict?)" : "",
+          ": expected the module's parameter and buffer FQNs (e.g. '", view->entries[0].fqn,
+          "') and '<fqn>/<entry>' optimizer entries, as a SHARDED or FULL state dict names "
+          "them"));
+    }
+  }
+  return LoadFullyShardFrom(model, optimizer, "fully_shard state dict", optim_entries,
+                            DictReader(state));
+}
+
+absl::Status SaveFullyShardCheckpoint(const std::string& root, int64_t step,
+                                      torch::nn::Module& model,
+                                      const torch::optim::Optimizer* optimizer,
+                                      FullyShardCheckpointKind kind) {
+  auto group = FullyShardGroup(model);
+  if (!group.ok()) return group.status();
+  auto state = FullyShardStateDict(model, optimizer);
+  // Every rank took its state (or failed) before any writes.
+  if (auto s = AgreeOnStatus(*group, state.status(), "fully_shard state dict"); !s.ok()) return s;
+  if (kind == FullyShardCheckpointKind::kFull) {
+    ShardedStateDict renamed;
+    for (const auto& item : state->sharded)
+      renamed.insert(FullCheckpointKey(item.key()), item.value());
+    state->sharded = std::move(renamed);
+    for (std::string& name : state->replicated) name = FullCheckpointKey(name);
+    return SaveFsdpFullCheckpoint(root, step, *state, *group);
+  }
+  absl::Status saved = SaveModelCheckpoint(root, step, *state);
+  if (auto s = AgreeOnStatus(*group, saved, "SaveShard"); !s.ok()) return s;
+  absl::Status committed = absl::OkStatus();
+  if (group->rank() == 0) committed = CommitShardedCheckpoint(root, step, group->size());
+  return AgreeOnStatus(*group, committed, "CommitShardedCheckpoint");
+}
+
+absl::Status LoadFullyShardCheckpoint(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                                      const std::string& step_dir) {
+  auto manifest = ReadManifest(step_dir);
+  if (!manifest.ok()) return manifest.status();
+  std::set<std::string> names;
+  std::vector<ShardedEntryInfo> optim_entries;
+  std::set<std::string> seen;
+  for (const ManifestFile& file : manifest->files) {
+    for (const ManifestTensor& t : file.tensors) {
+      names.insert(t.name);
+      if (!seen.insert(t.name).second) continue;
+      auto parts = ParseFullCheckpointKey(t.name);
+      if (parts.ok() && parts->kind == FullCheckpointKeyParts::Kind::kOptim) {
+        optim_entries.push_back(
+            {absl::StrCat(parts->fqn, "/", parts->entry), t.global_shape, t.dtype});
+        continue;
+      }
+      std::string fqn, entry;
+      if (SplitEntryName(t.name, '/', &fqn, &entry)) {
+        optim_entries.push_back({t.name, t.global_shape, t.dtype});
+      }
+    }
+  }
+  return LoadFullyShardFrom(model, optimizer, absl::StrCat("checkpoint ", step_dir), optim_entries,
+                            CheckpointReader(step_dir, names));
+}
+
+}  // namespace state_dict
