@@ -1,0 +1,199 @@
+// fully_shard state through torch.distributed.checkpoint, both ways,
+// against Python's fully_shard itself:
+//
+// - testdata/python_fsdp2_w2 (tools/golden/fully_shard_dcp_golden.py):
+//   Python's fully_shard trained 2 Adam steps on 2 ranks and dcp.saved
+//   get_state_dict(model, opt). Our fully_shard loads it on 3 ranks and
+//   takes the third step on the same batch: the parameters equal Python's
+//   after its third step (testdata/py_after.pt), so the model and Adam's
+//   moments and step count arrived.
+// - our fully_shard on 3 ranks trains the same 2 steps and saves DCP and a
+//   FULL checkpoint; Python's fully_shard on 2 ranks dcp.loads the
+//   directory (set_state_dict), checks the FULL model.pt with torch.load
+//   (weights_only, its default) against what it loaded, and takes the third
+//   step: again the same parameters as ours.
+#include "state_dict/fully_shard/fully_shard_dcp.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+
+#include "comm/collectives.h"
+#include "formats/testing/python_interop.h"
+#include "fsdp/fully_shard.h"
+#include "module_call/call.h"
+#include "state_dict/dcp.h"
+#include "state_dict/fully_shard/fully_shard_state_dict.h"
+#include "state_dict/tensor_dict.h"
+#include "testing/multiprocess.h"
+
+namespace state_dict {
+namespace {
+
+using formats::testing::PythonTorchAvailable;
+using formats::testing::RunPython;
+
+// Python's side of the second test. argv: our directory d (d/ckpt: DCP,
+// d/full/step_2/model.pt: FULL), the fixture's batches.pt.
+constexpr char kPythonLoad[] = R"PY(
+import os, sys, torch, torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict, StateDictOptions
+from torch.distributed.fsdp import fully_shard
+
+def run(rank, d, batches):
+    dist.init_process_group("gloo", init_method="file://%s/store" % d, rank=rank, world_size=2)
+    torch.manual_seed(123)  # overwritten by the load
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+    fully_shard(model[0]); fully_shard(model[2]); fully_shard(model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    msd, osd = get_state_dict(model, opt)
+    sd = {"model": msd, "optim": osd}
+    dcp.load(sd, checkpoint_id=d + "/ckpt")
+    set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    full, full_optim = get_state_dict(
+        model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    ours = torch.load(d + "/full/step_2/model.pt")  # weights_only=True, the default
+    for k, v in full.items():
+        assert torch.equal(ours["model." + k], v), k
+    for fqn, entries in full_optim["state"].items():
+        for entry, v in entries.items():
+            assert torch.equal(ours["optim.%s.%s" % (fqn, entry)].reshape(v.shape), v), (fqn, entry)
+    assert opt.param_groups[0]["lr"] == 0.01
+    x3 = torch.load(batches)["x3"]
+    model(x3).pow(2).sum().backward(); opt.step(); opt.zero_grad()
+    full, _ = get_state_dict(model, opt,
+                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        torch.save({k: v.detach().clone() for k, v in full.items()}, d + "/py_after_ours.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+    # Without finalizing: PyTorch issue 190489 (see state_dict/dcp_test.cc).
+    sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
+
+if __name__ == "__main__":
+    mp.spawn(run, args=(sys.argv[1], sys.argv[2]), nprocs=2)
+)PY";
+
+std::string Fixture(const std::string& name) {
+  return std::string(std::getenv("TEST_SRCDIR")) + "/" + std::getenv("TEST_WORKSPACE") +
+         "/state_dict/fully_shard/testdata/" + name;
+}
+
+std::string Dir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return std::string(tmp == nullptr ? "/tmp" : tmp) + "/fully_shard_dcp";
+}
+
+torch::nn::Sequential Sharded(const comm::ProcessGroup& pg) {
+  torch::manual_seed(123);  // overwritten by the load, or below
+  torch::nn::Sequential model(torch::nn::Linear(5, 7), torch::nn::ReLU(), torch::nn::Linear(7, 3));
+  fsdp::FullyShardOptions options;
+  options.process_group = pg;
+  fsdp::fully_shard((*model)[0], options);
+  fsdp::fully_shard((*model)[2], options);
+  fsdp::fully_shard(model, options);
+  return model;
+}
+
+void Step(torch::nn::Sequential& model, torch::optim::Optimizer& opt, const torch::Tensor& x) {
+  module_call::call(model, x).pow(2).sum().backward();
+  opt.step();
+  opt.zero_grad();
+}
+
+TensorDict Gathered(torch::nn::Sequential& model) {
+  std::vector<fsdp::FSDPModule> units;
+  for (const auto& m : model->modules()) {
+    if (auto unit = fsdp::as_fsdp_module(*m)) units.push_back(*unit);
+  }
+  for (auto& unit : units) unit.unshard();
+  TensorDict out;
+  for (const auto& p : model->named_parameters()) out.insert(p.key(), p.value().detach().clone());
+  for (auto& unit : units) unit.reshard();
+  return out;
+}
+
+void ExpectClose(const TensorDict& ours, const TensorDict& python, const std::string& what) {
+  ASSERT_EQ(ours.size(), python.size()) << what;
+  for (const auto& item : python) {
+    const torch::Tensor* mine = ours.find(item.key());
+    ASSERT_NE(mine, nullptr) << what << ": " << item.key();
+    EXPECT_TRUE(torch::allclose(*mine, item.value(), 1e-5, 1e-6))
+        << what << ": " << item.key() << "\nours\n"
+        << *mine << "\npython\n"
+        << item.value();
+  }
+}
+
+// Python's fully_shard saved on 2 ranks; ours loads on 3 and continues.
+TEST(FullyShardDcp, PythonDirectoryContinuesHereOnAnotherWorldSize) {
+  comm::testing::RunOnRanks(3, [&](comm::ProcessGroup& pg) {
+    auto batches = LoadTensorDict(Fixture("batches.pt"));
+    ASSERT_TRUE(batches.ok()) << batches.status();
+    torch::nn::Sequential model = Sharded(pg);
+    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
+    auto loaded = LoadFullyShardDcp(Fixture("python_fsdp2_w2"), *model, &opt);
+    ASSERT_TRUE(loaded.ok()) << loaded;
+    Step(model, opt, batches->tensors["x3"]);
+    auto python = LoadTensorDict(Fixture("py_after.pt"));
+    ASSERT_TRUE(python.ok()) << python.status();
+    ExpectClose(Gathered(model), python->tensors, "Python's fully_shard DCP on 3 ranks");
+  });
+}
+
+// Ours saves on 3 ranks; Python's fully_shard on 2 loads and continues.
+TEST(FullyShardDcp, OurDirectoryContinuesInPython) {
+  const std::string dir = Dir();
+  if (!comm::testing::IsRankProcess()) {
+    ASSERT_TRUE(PythonTorchAvailable()) << "run tools/setup.sh --with-python";
+    std::filesystem::create_directories(dir);
+  }
+  const int failed = comm::testing::RunOnRanks(3, [&](comm::ProcessGroup& pg) {
+    auto batches = LoadTensorDict(Fixture("batches.pt"));
+    ASSERT_TRUE(batches.ok()) << batches.status();
+    torch::nn::Sequential model = Sharded(pg);
+    // Start from the fixture's parameters (Python's after its 2 steps),
+    // then 2 steps of our own with a fresh Adam: what we save is ours.
+    auto loaded = LoadFullyShardDcp(Fixture("python_fsdp2_w2"), *model, nullptr);
+    ASSERT_TRUE(loaded.ok()) << loaded;
+    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
+    Step(model, opt, batches->tensors["x1"]);
+    Step(model, opt, batches->tensors["x2"]);
+    auto saved = SaveFullyShardDcpShard(dir + "/ckpt", *model, &opt);
+    ASSERT_TRUE(saved.ok()) << saved;
+    comm::barrier(pg).wait();
+    if (pg.rank() == 0) {
+      auto committed = CommitDcpCheckpoint(dir + "/ckpt", pg.size());
+      ASSERT_TRUE(committed.ok()) << committed;
+    }
+    auto full =
+        SaveFullyShardCheckpoint(dir + "/full", 2, *model, &opt, FullyShardCheckpointKind::kFull);
+    ASSERT_TRUE(full.ok()) << full;
+    Step(model, opt, batches->tensors["x3"]);
+    TensorDict after = Gathered(model);
+    if (pg.rank() == 0) ASSERT_TRUE(SaveTensorDict(after, dir + "/ours_after.pt").ok());
+  });
+  if (comm::testing::IsRankProcess()) return;
+  ASSERT_EQ(failed, 0);
+  std::string output;
+  ASSERT_EQ(RunPython(kPythonLoad, dir + " " + Fixture("batches.pt"), &output), 0) << output;
+  auto ours = LoadTensorDict(dir + "/ours_after.pt");
+  auto python = LoadTensorDict(dir + "/py_after_ours.pt");
+  ASSERT_TRUE(ours.ok() && python.ok());
+  ExpectClose(ours->tensors, python->tensors, "Python's fully_shard on 2 ranks from ours");
+}
+
+}  // namespace
+}  // namespace state_dict
