@@ -60,6 +60,7 @@ LAYERS = [
     # testing: testonly helpers (RunOnRanks) above the launcher; not drawn,
     # since the diagram shows production targets only.
     ["state_dict/fsdp", "testing"],
+    ["state_dict/fully_shard"],  # FSDP2's state dicts, on FSDP1's (state_dict/fsdp)
     ["trainer"],
     ["", "tools", "benchmarks"],  # "" is the root package (//:trainer)
 ]
