@@ -5,6 +5,7 @@
 #include "functorch/module/functional_call.h"
 #include "functorch/module/make_functional.h"
 #include "functorch/module/stack_module_state.h"
+#include "testing/golden_fixture.h"
 
 #include <ATen/functorch/DynamicLayer.h>
 #include <gtest/gtest.h>
@@ -20,13 +21,10 @@
 #include <torch/nn/modules/pooling.h>
 #include <torch/nn/modules/rnn.h>
 #include <torch/nn/modules/transformerlayer.h>
-#include <torch/serialize.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 
-#include <fstream>
 #include <functional>
-#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -36,7 +34,7 @@ namespace {
 namespace nn = torch::nn;
 using functorch::FunctionalCallOptions;
 using functorch::NamedTensors;
-using Fixture = std::map<std::string, torch::Tensor>;
+using Fixture = test_data::GoldenFixture;
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -48,24 +46,11 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 Fixture load_fixture(const std::string& name) {
-  const std::string path = "functorch/module/testdata/" + name + ".pt";
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << "cannot open " << path;
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  Fixture fixture;
-  for (const auto& item : torch::pickle_load(bytes).toGenericDict()) {
-    fixture[item.key().toStringRef()] = item.value().toTensor();
-  }
-  return fixture;
+  return Fixture(test_data::RunfilePath("functorch/module/testdata/" + name + ".pt"));
 }
 
-// Entries "prefix.<name>" as {name: tensor}.
 std::map<std::string, torch::Tensor> with_prefix(const Fixture& f, const std::string& prefix) {
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& [key, value] : f) {
-    if (key.rfind(prefix + ".", 0) == 0) out[key.substr(prefix.size() + 1)] = value;
-  }
-  return out;
+  return f.with_prefix(prefix);
 }
 
 void load_state(const std::shared_ptr<nn::Module>& module,
@@ -122,7 +107,7 @@ void check_golden(const std::shared_ptr<nn::Module>& module, const Fixture& f,
   NamedTensors sub = substitutes(module, f);
   std::vector<torch::Tensor> outs = run(sub);
   for (size_t i = 0; i < outs.size(); ++i) {
-    expect_close(outs[i], f.at("out." + std::to_string(i)), "out." + std::to_string(i));
+    expect_close(outs[i], f["out." + std::to_string(i)], "out." + std::to_string(i));
   }
   std::vector<std::string> names;
   std::vector<torch::Tensor> leaves;
@@ -132,7 +117,7 @@ void check_golden(const std::shared_ptr<nn::Module>& module, const Fixture& f,
   }
   auto grads = torch::autograd::grad({sum_sq(outs)}, leaves);
   for (size_t i = 0; i < names.size(); ++i) {
-    expect_close(grads[i], f.at("grad." + names[i]), "grad." + names[i]);
+    expect_close(grads[i], f["grad." + names[i]], "grad." + names[i]);
   }
   for (const auto& [name, after] : with_prefix(f, "after")) {
     expect_close(sub[name], after, "after." + name);
@@ -158,7 +143,7 @@ TEST(Golden, Mlp) {
   const Fixture f = load_fixture("mlp");
   nn::Sequential model = make_mlp();
   check_golden(model.ptr(), f, [&](const NamedTensors& sub) {
-    return std::vector<torch::Tensor>{functorch::functional_call(model, sub, f.at("in.x"))};
+    return std::vector<torch::Tensor>{functorch::functional_call(model, sub, f["in.x"])};
   });
 }
 
@@ -167,13 +152,13 @@ TEST(Golden, CnnBatchNormTrain) {
   nn::Sequential model = make_cnn();
   model->train();
   check_golden(model.ptr(), f, [&](const NamedTensors& sub) {
-    return std::vector<torch::Tensor>{functorch::functional_call(model, sub, f.at("in.x"))};
+    return std::vector<torch::Tensor>{functorch::functional_call(model, sub, f["in.x"])};
   });
   // The module's own running statistics were not touched.
-  expect_close(model->named_buffers()["1.running_mean"], f.at("param.1.running_mean"),
+  expect_close(model->named_buffers()["1.running_mean"], f["param.1.running_mean"],
                "own running_mean");
   EXPECT_EQ(model->named_buffers()["1.num_batches_tracked"].item<int64_t>(),
-            f.at("param.1.num_batches_tracked").item<int64_t>());
+            f["param.1.num_batches_tracked"].item<int64_t>());
 }
 
 TEST(Golden, CnnBatchNormEval) {
@@ -181,7 +166,7 @@ TEST(Golden, CnnBatchNormEval) {
   nn::Sequential model = make_cnn();
   model->eval();
   check_golden(model.ptr(), f, [&](const NamedTensors& sub) {
-    return std::vector<torch::Tensor>{functorch::functional_call(model, sub, f.at("in.x"))};
+    return std::vector<torch::Tensor>{functorch::functional_call(model, sub, f["in.x"])};
   });
 }
 
@@ -194,7 +179,7 @@ TEST(Golden, CnnBatchNormTrainThroughMakeFunctionalWithBuffers) {
     std::vector<torch::Tensor> p, b;
     for (const auto& name : fn.param_names()) p.push_back(sub[name]);
     for (const auto& name : fn.buffer_names()) b.push_back(sub[name]);
-    return std::vector<torch::Tensor>{fn(p, b, f.at("in.x"))};
+    return std::vector<torch::Tensor>{fn(p, b, f["in.x"])};
   });
 }
 
@@ -202,7 +187,7 @@ TEST(Golden, Lstm) {
   const Fixture f = load_fixture("lstm");
   nn::LSTM model(nn::LSTMOptions(3, 5).num_layers(2));
   check_golden(model.ptr(), f, [&](const NamedTensors& sub) {
-    auto [y, state] = functorch::functional_call(model, sub, f.at("in.x"));
+    auto [y, state] = functorch::functional_call(model, sub, f["in.x"]);
     return std::vector<torch::Tensor>{y, std::get<0>(state), std::get<1>(state)};
   });
 }
@@ -213,7 +198,7 @@ TEST(Golden, TransformerEncoderLayer) {
       nn::TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).dropout(0.0));
   model->train();
   check_golden(model.ptr(), f, [&](const NamedTensors& sub) {
-    return std::vector<torch::Tensor>{functorch::functional_call(model, sub, f.at("in.x"))};
+    return std::vector<torch::Tensor>{functorch::functional_call(model, sub, f["in.x"])};
   });
 }
 
@@ -242,16 +227,16 @@ TiedLM make_tied() {
 TEST(Golden, TiedEmbeddings) {
   const Fixture f = load_fixture("tied");
   TiedLM model = make_tied();
-  load_state(model.ptr(), {{"embedding.weight", f.at("param.embedding.weight")}});
+  load_state(model.ptr(), {{"embedding.weight", f["param.embedding.weight"]}});
   ASSERT_TRUE(model->decoder->weight.is_same(model->embedding->weight));
-  const torch::Tensor tokens = f.at("in.tokens");
-  const torch::Tensor w = f.at("sub.embedding.weight").clone().requires_grad_();
+  const torch::Tensor tokens = f["in.tokens"];
+  const torch::Tensor w = f["sub.embedding.weight"].clone().requires_grad_();
 
   // functional_call, tie_weights (default): the decoder follows.
   torch::Tensor y =
       functorch::functional_call(model, NamedTensors{{"embedding.weight", w}}, tokens);
-  expect_close(y, f.at("out.0"), "functional_call out");
-  expect_close(torch::autograd::grad({y.pow(2).sum()}, {w})[0], f.at("grad.embedding.weight"),
+  expect_close(y, f["out.0"], "functional_call out");
+  expect_close(torch::autograd::grad({y.pow(2).sum()}, {w})[0], f["grad.embedding.weight"],
                "functional_call grad");
 
   // make_functional: one tensor for the tie, a names map listing both names.
@@ -262,8 +247,8 @@ TEST(Golden, TiedEmbeddings) {
   EXPECT_EQ(fmodel.names_map()[0].second,
             (std::vector<std::string>{"embedding.weight", "decoder.weight"}));
   y = fmodel({w}, tokens);
-  expect_close(y, f.at("out.0"), "make_functional out");
-  expect_close(torch::autograd::grad({y.pow(2).sum()}, {w})[0], f.at("grad.embedding.weight"),
+  expect_close(y, f["out.0"], "make_functional out");
+  expect_close(torch::autograd::grad({y.pow(2).sum()}, {w})[0], f["grad.embedding.weight"],
                "make_functional grad");
 
   // tie_weights=false: only the given name changes.
@@ -277,7 +262,7 @@ TEST(Golden, TiedEmbeddings) {
   // Both names given, same tensor: fine; different tensors: PyTorch's error.
   y = functorch::functional_call(
       model, NamedTensors{{"embedding.weight", w}, {"decoder.weight", w}}, tokens);
-  expect_close(y, f.at("out.0"), "both names, one tensor");
+  expect_close(y, f["out.0"], "both names, one tensor");
   EXPECT_EQ(error_of([&] {
               functorch::functional_call(
                   model, NamedTensors{{"embedding.weight", w}, {"decoder.weight", w * 1}}, tokens);
@@ -311,8 +296,8 @@ TEST(Golden, EnsembleStackModuleStateAndVmap) {
     models.push_back(nn::Sequential(nn::Linear(4, 6), nn::ReLU(), nn::Linear(6, 2)));
     load_state(models.back().ptr(), with_prefix(f, "model" + std::to_string(m)));
   }
-  const torch::Tensor x = f.at("in.x");
-  const torch::Tensor expected = f.at("out.0");
+  const torch::Tensor x = f["in.x"];
+  const torch::Tensor expected = f["out.0"];
 
   auto [params, buffers] = functorch::stack_module_state(models);
   EXPECT_EQ(params.keys(), (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}));
@@ -534,7 +519,7 @@ TEST(MakeFunctional, LstmGolden) {
     auto [fmodel, params] = functorch::make_functional(model);
     std::vector<torch::Tensor> p;
     for (const auto& name : fmodel.param_names()) p.push_back(sub[name]);
-    auto [y, state] = fmodel(p, f.at("in.x"));
+    auto [y, state] = fmodel(p, f["in.x"]);
     return std::vector<torch::Tensor>{y, std::get<0>(state), std::get<1>(state)};
   });
 }

@@ -4,49 +4,26 @@
 // and tensor comparison.
 
 #include <gtest/gtest.h>
-#include <torch/serialize.h>
 #include <torch/types.h>
 
-#include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <string>
-#include <vector>
+
+#include "testing/golden_fixture.h"
 
 namespace functorch {
 namespace testing {
 
-inline std::string runfile(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir != nullptr && workspace != nullptr) {
-    return std::string(srcdir) + "/" + workspace + "/" + path;
-  }
-  return path;
-}
-
-// torch.save of a plain {str: Tensor} dict, read with torch::pickle_load.
+// A fixture of tools/golden/functorch_transforms_golden.py (or
+// functorch_losses_golden.py) in functorch/transforms/testdata/.
 class Golden {
  public:
-  explicit Golden(const std::string& file = "transforms_golden.pt") {
-    const std::string path = runfile("functorch/transforms/testdata/" + file);
-    std::ifstream in(path, std::ios::binary);
-    EXPECT_TRUE(in.good()) << "cannot open " << path;
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    dict_ = torch::pickle_load(bytes).toGenericDict();
-  }
-  bool has(const std::string& key) const { return dict_.contains(key); }
-  torch::Tensor operator[](const std::string& key) const {
-    auto it = dict_.find(key);
-    if (it == dict_.end()) {
-      ADD_FAILURE() << "golden value '" << key << "' missing";
-      return torch::Tensor();
-    }
-    return it->value().toTensor();
-  }
+  explicit Golden(const std::string& file = "transforms_golden.pt")
+      : fixture_(test_data::RunfilePath("functorch/transforms/testdata/" + file)) {}
+  bool has(const std::string& key) const { return fixture_.has(key); }
+  const torch::Tensor& operator[](const std::string& key) const { return fixture_[key]; }
 
  private:
-  c10::impl::GenericDict dict_{c10::StringType::get(), c10::AnyType::get()};
+  test_data::GoldenFixture fixture_;
 };
 
 inline const Golden& golden() {
