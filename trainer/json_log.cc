@@ -27,6 +27,10 @@ std::string FormatJsonLine(const StepRecord& r) {
       {"world_size", r.peak_rss_bytes.size()},
   };
   if (r.val_loss.has_value()) line["val_loss"] = *r.val_loss;
+  if (!r.cuda_peak_allocated_bytes.empty()) {
+    line["cuda_peak_allocated_bytes"] = r.cuda_peak_allocated_bytes;
+    line["cuda_peak_reserved_bytes"] = r.cuda_peak_reserved_bytes;
+  }
   return line.dump();
 }
 

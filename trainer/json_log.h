@@ -6,6 +6,8 @@
 //    "tokens_per_s":2497.5,"peak_rss_bytes":[412000256,409923584],
 //    "sharded_state_bytes":[1606656,1606656],"world_size":2}
 //   (with --eval-every, on its steps also "val_loss":3.2)
+//   (with --device cuda also "cuda_peak_allocated_bytes":[...] and
+//   "cuda_peak_reserved_bytes":[...]; both keys are ABSENT on the CPU)
 //
 // loss is the global mean over the step's whole batch (before the step's
 // update); lr the rate the step used; tokens_per_s counts the input tokens
@@ -13,6 +15,12 @@
 // sampling the batch to the end of the optimizer step. The lists have one
 // entry per rank, in rank order. A resumed run appends to its log, so after
 // a crash a step can appear twice; the later line is the surviving run's.
+// cuda_peak_allocated_bytes / cuda_peak_reserved_bytes are the CUDA caching
+// allocator's peaks on the rank's device during the step (its peak
+// statistics are reset when the step starts; the step's batch, forward,
+// backward, optimizer update and any --eval-every evaluation, not its
+// checkpoint): Python's torch.cuda.max_memory_allocated() /
+// max_memory_reserved() after torch.cuda.reset_peak_memory_stats().
 #pragma once
 
 #include <cstdint>
@@ -36,6 +44,10 @@ struct StepRecord {
   // --eval-every's steps: the held-out split's mean loss after the step's
   // update ("val_loss"; absent on other steps).
   std::optional<double> val_loss;
+  // --device cuda: per rank, the caching allocator's peak allocated and
+  // reserved bytes in the step. Empty on the CPU: the keys are left out.
+  std::vector<int64_t> cuda_peak_allocated_bytes;
+  std::vector<int64_t> cuda_peak_reserved_bytes;
 };
 
 // The record as one JSON object (no newline), written by nlohmann::json:

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/util/Exception.h>
 #include <torch/cuda.h>
 #include <torch/types.h>
 #include <torch/utils.h>
@@ -18,8 +20,10 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "comm/collectives.h"
 #include "host/compute_layout.h"
 #include "optim/optimizers.h"
@@ -82,7 +86,123 @@ std::vector<std::vector<int64_t>> GatherPerRank(const comm::ProcessGroup& group,
   return out;
 }
 
+// What the CUDA caching allocator holds on `device` (PyTorch's
+// torch.cuda.memory_allocated / memory_reserved and their max_ forms, since
+// the last reset). `known` is false on the CPU, and where the allocator
+// cannot say (not a caching allocator).
+struct DeviceMemory {
+  bool known = false;
+  int64_t peak_allocated = 0;
+  int64_t peak_reserved = 0;
+  int64_t allocated = 0;
+  int64_t reserved = 0;
+};
+
+DeviceMemory CudaMemory(const c10::Device& device) {
+  DeviceMemory m;
+  if (!device.is_cuda()) return m;
+  try {
+    // c10's device-generic allocator interface: no CUDA header needed, so
+    // this compiles in the CPU build too (it is only called on CUDA).
+    const auto stats = c10::getDeviceAllocator(c10::kCUDA)->getDeviceStats(device.index());
+    constexpr auto kAll = static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
+    m.peak_allocated = stats.allocated_bytes[kAll].peak;
+    m.peak_reserved = stats.reserved_bytes[kAll].peak;
+    m.allocated = stats.allocated_bytes[kAll].current;
+    m.reserved = stats.reserved_bytes[kAll].current;
+    m.known = true;
+  } catch (const c10::Error&) {
+    // Not a caching allocator: the figures stay unknown.
+  }
+  return m;
+}
+
+// torch.cuda.reset_peak_memory_stats(device); nothing on the CPU.
+void ResetCudaPeaks(const c10::Device& device) {
+  if (!device.is_cuda()) return;
+  try {
+    c10::getDeviceAllocator(c10::kCUDA)->resetPeakStats(device.index());
+  } catch (const c10::Error&) {
+    // As in CudaMemory.
+  }
+}
+
+std::string Bytes(int64_t bytes) {
+  return absl::StrFormat("%d bytes (%.2f GiB)", bytes, static_cast<double>(bytes) / (1 << 30));
+}
+
+// The type URL of the payload that marks an out-of-memory status.
+constexpr char kOutOfMemoryPayload[] = "type.googleapis.com/trainer.OutOfMemory";
+
+// An allocation failed: CUDA's caching allocator (and any allocator that
+// says so) throws c10::OutOfMemoryError; LibTorch's default CPU allocator
+// throws a plain c10::Error ("DefaultCPUAllocator: can't allocate memory",
+// older versions "not enough memory").
+bool IsAllocationFailure(const c10::Error& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;
+  const std::string what = e.what_without_backtrace();
+  return absl::StrContains(what, "DefaultCPUAllocator: can't allocate memory") ||
+         absl::StrContains(what, "DefaultCPUAllocator: not enough memory");
+}
+
+// The status of an allocation that failed in `step` (`what` it was doing)
+// on `device`: the allocator's words (first line), the device's figures in
+// the step (the CUDA caching allocator's peaks since the step began, or the
+// process's peak RSS on the CPU), and that no checkpoint was being written.
+absl::Status OutOfMemoryStatus(int64_t step, const std::string& what, const c10::Device& device,
+                               const c10::Error& e) {
+  std::string message = e.what_without_backtrace();
+  if (const auto nl = message.find('\n'); nl != std::string::npos) message.resize(nl);
+  std::string figures;
+  const DeviceMemory m = CudaMemory(device);
+  if (m.known) {
+    figures =
+        absl::StrCat("CUDA caching allocator on ", device.str(), " in this step: peak allocated ",
+                     Bytes(m.peak_allocated), ", peak reserved ", Bytes(m.peak_reserved),
+                     "; now allocated ", Bytes(m.allocated), ", reserved ", Bytes(m.reserved));
+  } else {
+    figures = absl::StrCat("peak RSS of this process ", Bytes(PeakRssBytes()));
+  }
+  absl::Status status = absl::ResourceExhaustedError(
+      absl::StrCat("step ", step, ": out of memory on ", device.str(), " in ", what, ": ", message,
+                   "; ", figures,
+                   ". The step's update was not applied and no checkpoint was being written: the "
+                   "checkpoints already written are intact (resume from the newest; a smaller "
+                   "--global-batch with --grad-accum, or more ranks, need less memory per step)"));
+  status.SetPayload(kOutOfMemoryPayload, absl::Cord(device.str()));
+  return status;
+}
+
+// Runs `f` (returning an absl::StatusOr or absl::Status), turning an
+// allocation failure into OutOfMemoryStatus; other exceptions pass.
+template <typename F>
+auto GuardOutOfMemory(int64_t step, const std::string& what, const c10::Device& device, F f)
+    -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    if (!IsAllocationFailure(e)) throw;
+    return OutOfMemoryStatus(step, what, device, e);
+  }
+}
+
 }  // namespace
+
+bool IsOutOfMemory(const absl::Status& status) {
+  return status.GetPayload(kOutOfMemoryPayload).has_value();
+}
+
+absl::Status OutOfMemoryOutsideStep(const c10::Error& e) {
+  if (!IsAllocationFailure(e)) return absl::InternalError(e.what_without_backtrace());
+  std::string message = e.what_without_backtrace();
+  if (const auto nl = message.find('\n'); nl != std::string::npos) message.resize(nl);
+  absl::Status status = absl::ResourceExhaustedError(
+      absl::StrCat("out of memory outside a training step (building, wrapping, loading or "
+                   "saving): ",
+                   message, "; peak RSS of this process ", Bytes(PeakRssBytes())));
+  status.SetPayload(kOutOfMemoryPayload, absl::Cord("outside a step"));
+  return status;
+}
 
 absl::StatusOr<int64_t> ShardedStateBytes(const std::vector<torch::Tensor>& params,
                                           const torch::optim::Optimizer& optimizer) {
@@ -197,14 +317,26 @@ double ForwardBackward(const Options& o, fsdp::FullyShardedDataParallel& fsdp_mo
 // RSS, sharded state bytes) gathered from every rank; rank 0 writes it.
 // Every rank calls it (a collective inside).
 absl::Status LogStep(const comm::ProcessGroup& group, const std::vector<torch::Tensor>& params,
-                     const torch::optim::Optimizer& optimizer, JsonLogWriter& log,
-                     StepRecord record) {
+                     const torch::optim::Optimizer& optimizer, const c10::Device& device,
+                     JsonLogWriter& log, StepRecord record) {
   auto state_bytes = ShardedStateBytes(params, optimizer);
   if (!state_bytes.ok()) return state_bytes.status();
-  const auto per_rank = GatherPerRank(group, {PeakRssBytes(), *state_bytes});
+  std::vector<int64_t> local = {PeakRssBytes(), *state_bytes};
+  // Every rank computes on the same kind of device, so all gather alike.
+  const bool on_cuda = device.is_cuda();
+  if (on_cuda) {
+    const DeviceMemory m = CudaMemory(device);
+    local.push_back(m.known ? m.peak_allocated : -1);
+    local.push_back(m.known ? m.peak_reserved : -1);
+  }
+  const auto per_rank = GatherPerRank(group, local);
   if (group.rank() != 0) return absl::OkStatus();
   record.peak_rss_bytes = per_rank[0];
   record.sharded_state_bytes = per_rank[1];
+  if (on_cuda) {
+    record.cuda_peak_allocated_bytes = per_rank[2];
+    record.cuda_peak_reserved_bytes = per_rank[3];
+  }
   return log.Write(record);
 }
 
@@ -380,15 +512,24 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
   AsyncSave* async = o.async_checkpoint ? &async_save : nullptr;
   StepContext ctx{o, group, fsdp_model, *model, *optimizer, params, *device};
   for (int64_t step = result.first_step; step <= o.steps; ++step) {
+    // The step's peaks (--log-json, an out-of-memory error) start here.
+    ResetCudaPeaks(*device);
     const Clock::time_point step_start = Clock::now();
     const double lr = LearningRate(o, step);
     BatchSpec spec{static_cast<uint64_t>(o.seed), step, o.global_batch, o.seq + 1, rank, world};
-    auto batch = o.data == DataKind::kSynthetic
-                     ? SampleSyntheticBatch(o.vocab, spec)
-                     : SampleTokenBatch(data->tokens.tokens, data->split.train_begin,
-                                        data->split.train_end, spec);
-    if (!batch.ok()) return batch.status();
-    auto step_loss = TrainStep(ctx, step, lr, *batch, async);
+    // An allocation that fails in the step (the batch, forward, backward,
+    // the optimizer update) ends the run with an error naming the step and
+    // the device's memory figures (IsOutOfMemory; the trainer exits
+    // kExitOutOfMemory), before anything of this step is checkpointed.
+    auto step_loss =
+        GuardOutOfMemory(step, "the training step", *device, [&]() -> absl::StatusOr<double> {
+          auto batch = o.data == DataKind::kSynthetic
+                           ? SampleSyntheticBatch(o.vocab, spec)
+                           : SampleTokenBatch(data->tokens.tokens, data->split.train_begin,
+                                              data->split.train_end, spec);
+          if (!batch.ok()) return batch.status();
+          return TrainStep(ctx, step, lr, *batch, async);
+        });
     if (!step_loss.ok()) return step_loss.status();
     const double global_loss = *step_loss;
     const double step_time = std::chrono::duration<double>(Clock::now() - step_start).count();
@@ -400,14 +541,23 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
     // collective per step. Every rank has the same options, so all agree.
     std::optional<double> val_loss;
     if (o.eval_every > 0 && (step % o.eval_every == 0 || step == o.steps)) {
-      auto evaluated = ValidationLoss(ctx, *data);
+      auto evaluated = GuardOutOfMemory(step, "the --eval-every evaluation", *device,
+                                        [&] { return ValidationLoss(ctx, *data); });
       if (!evaluated.ok()) return evaluated.status();
       val_loss = *evaluated;
       if (is_main) progress.Note(step, "val loss", *val_loss);
     }
     if (!o.log_json.empty()) {
-      StepRecord record{step, global_loss, lr, step_time, tokens_per_s, {}, {}, val_loss};
-      if (auto s = LogStep(group, params, *optimizer, log, std::move(record)); !s.ok()) return s;
+      StepRecord record;
+      record.step = step;
+      record.loss = global_loss;
+      record.lr = lr;
+      record.step_time_s = step_time;
+      record.tokens_per_s = tokens_per_s;
+      record.val_loss = val_loss;
+      if (auto s = LogStep(group, params, *optimizer, *device, log, std::move(record)); !s.ok()) {
+        return s;
+      }
     }
     if (is_main) {
       progress.Update(step, global_loss, tokens_per_s,

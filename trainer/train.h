@@ -16,7 +16,9 @@
 #include <c10/core/Device.h>
 #include <torch/optim/optimizer.h>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "c10/util/Exception.h"
 #include "comm/process_group.h"
 #include "trainer/options.h"
 
@@ -31,6 +33,25 @@ struct TrainResult {
 // single process; every rank calls Train with the same options). Rank 0
 // prints progress to stdout and writes --log-json.
 absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGroup& group);
+
+// The trainer's exit status when a rank ran out of memory (IsOutOfMemory):
+// distinct from 1 (any other error) and 2 (bad flags).
+constexpr int kExitOutOfMemory = 3;
+
+// Whether `status` is Train's out-of-memory error: an allocation failed in a
+// step (CUDA's caching allocator threw c10::OutOfMemoryError, or the CPU
+// allocator failed). Its code is ResourceExhausted and its message names
+// the step, the device and the device's memory figures in the step (CUDA:
+// the caching allocator's peak allocated and reserved bytes, and what it
+// holds now; CPU: the process's peak RSS). The step's update was not
+// applied and no checkpoint was being written, so every checkpoint written
+// before it is complete and loads.
+bool IsOutOfMemory(const absl::Status& status);
+
+// `e`, thrown out of Train (outside a step's guard: building, wrapping,
+// resuming), as a status: an allocation failure becomes an out-of-memory
+// status (IsOutOfMemory), anything else Internal with its message.
+absl::Status OutOfMemoryOutsideStep(const c10::Error& e);
 
 // The device this process computes on for --device: the CPU, or CUDA GPU
 // LOCAL_RANK % (GPUs visible). For cuda, an Unimplemented error when this

@@ -8,8 +8,11 @@
 //     and waits;
 //   * RANK set (started by the above, //tools:launch or torchrun): joins the
 //     process group from the environment and trains as that rank.
-// Exit status: 0 on success, 2 on bad flags, 1 on any other error (which is
-// printed naming what went wrong); with --nproc, the first failing rank's.
+// Exit status: 0 on success, 2 on bad flags, 3 (trainer::kExitOutOfMemory)
+// when a rank ran out of memory (the message names the step, the device and
+// its memory figures; the checkpoints written before are intact), 1 on any
+// other error (which is printed naming what went wrong); with --nproc, the
+// first failing rank's.
 //
 // Faults: --timeout bounds every collective (a rank waiting for a hung peer
 // fails; the launcher names the hung rank when it was stopped by a signal);
@@ -54,6 +57,11 @@ void OnSignal(int signal) { g_stop_signal.store(signal); }
 int Fail(const absl::Status& status, int code = 1) {
   std::fprintf(stderr, "trainer: %s\n", std::string(status.message()).c_str());
   return code;
+}
+
+// The exit status of a failed training run.
+int ExitCode(const absl::Status& status) {
+  return trainer::IsOutOfMemory(status) ? trainer::kExitOutOfMemory : 1;
 }
 
 // Re-executes this binary as `nproc` ranks with the parsed flags.
@@ -110,7 +118,8 @@ absl::Status RunTraining(const trainer::Options& options, const comm::ProcessGro
   try {
     return trainer::Train(options, group).status();
   } catch (const c10::Error& e) {
-    return absl::InternalError(e.what_without_backtrace());
+    // An allocation failure outside a step's guard is still out of memory.
+    return trainer::OutOfMemoryOutsideStep(e);
   } catch (const std::exception& e) {
     return absl::InternalError(e.what());
   }
@@ -196,7 +205,7 @@ int RunRank(trainer::Options options) {
   }
   if (auto s = ResumeIfRestarted(options, *group); !s.ok()) return Fail(s);
   auto result = RunTraining(options, *group);
-  if (!result.ok()) return Fail(result);
+  if (!result.ok()) return Fail(result, ExitCode(result));
   return 0;
 }
 
@@ -234,7 +243,7 @@ int RunSingleProcess(const trainer::Options& options) {
     if (!group.ok()) {
       code = Fail(group.status());
     } else if (auto s = RunTraining(options, *group); !s.ok()) {
-      code = Fail(s);
+      code = Fail(s, ExitCode(s));
     }
   }
   std::error_code ignored;  // a leftover temp directory is not worth failing a finished run
