@@ -8,6 +8,7 @@
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 #include <unordered_set>
@@ -27,30 +28,52 @@ using ModulePtr = std::shared_ptr<torch::nn::Module>;
 
 std::string describe(const torch::nn::Module& module) { return module.name(); }
 
-comm::ProcessGroup resolve_group(const FullyShardOptions& options, const std::string& name) {
+std::string ranks_string(std::vector<int> ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
+// The groups parameters are sharded and replicated over (replicate empty
+// unless HSDP).
+struct Groups {
+  comm::ProcessGroup shard;
+  comm::ProcessGroup replicate;
+};
+
+Groups resolve_groups(const FullyShardOptions& options, const std::string& name) {
   if (!options.mesh) {
     TORCH_CHECK(options.process_group.has_value(), "fully_shard(", name,
                 "): expected options.process_group or options.mesh (LibTorch has no default "
                 "process group)");
-    return *options.process_group;
+    return {*options.process_group, comm::ProcessGroup()};
   }
   const comm::DeviceMesh& mesh = *options.mesh;
-  TORCH_CHECK(mesh.ndim() == 1, "fully_shard(", name, "): expects a 1D DeviceMesh but got a ",
-              mesh.ndim(), "-D mesh (HSDP over a 2-D mesh is not implemented by this port yet)");
-  absl::StatusOr<comm::ProcessGroup> group = mesh.get_group(0);
+  TORCH_CHECK(mesh.ndim() == 1 || mesh.ndim() == 2, "fully_shard(", name,
+              "): fully_shard expects a 1D or 2D DeviceMesh but got a ", mesh.ndim(),
+              "-D mesh of shape [", ranks_string({mesh.shape().begin(), mesh.shape().end()}), "]");
+  const bool hsdp = mesh.ndim() == 2;
+  absl::StatusOr<comm::ProcessGroup> group = mesh.get_group(hsdp ? 1 : 0);
   TORCH_CHECK(group.ok(), "fully_shard(", name, "): ", group.status().ToString());
+  comm::ProcessGroup replicate;
+  if (hsdp) {
+    absl::StatusOr<comm::ProcessGroup> r = mesh.get_group(0);
+    TORCH_CHECK(r.ok(), "fully_shard(", name, "): ", r.status().ToString());
+    replicate = *r;
+  }
   if (options.process_group) {
-    const auto& want = options.process_group->global_ranks();
-    const auto& got = group->global_ranks();
-    std::string ranks;
-    for (int r : got) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    std::string expected;
-    for (int r : want) expected += (expected.empty() ? "" : ", ") + std::to_string(r);
-    TORCH_CHECK(want == got, "fully_shard(", name, "): options.mesh spans world ranks [", ranks,
-                "] but options.process_group spans [", expected,
+    std::vector<int> want = options.process_group->global_ranks();
+    std::vector<int> got = hsdp ? mesh.ranks() : group->global_ranks();
+    if (hsdp) {
+      // HSDP: the mesh's ranks as a set (its layout is the mesh's business).
+      std::sort(want.begin(), want.end());
+      std::sort(got.begin(), got.end());
+    }
+    TORCH_CHECK(want == got, "fully_shard(", name, "): options.mesh spans world ranks [",
+                ranks_string(got), "] but options.process_group spans [", ranks_string(want),
                 "]: expected the mesh to be over the process group's ranks");
   }
-  return *group;
+  return {*group, replicate};
 }
 
 // Whether parameters stay sharded over a smaller group after forward:
@@ -82,9 +105,12 @@ struct Managed {
 };
 
 // The modules and parameters this call manages: `module`'s subtree without
-// the subtrees of nested fully_shard modules (PyTorch's
-// _get_managed_modules / _get_managed_states).
-Managed collect_managed(const ModulePtr& module) {
+// the subtrees of nested fully_shard modules and without `ignored`
+// parameters (PyTorch's _get_managed_modules / _get_managed_states). A
+// module whose own parameters are all ignored is not managed (PyTorch's
+// _adjust_managed_modules), so fully_shard may still be applied to it.
+Managed collect_managed(const ModulePtr& module,
+                        const std::unordered_set<const c10::TensorImpl*>& ignored) {
   Managed out;
   std::unordered_set<const torch::nn::Module*> excluded;
   std::unordered_map<const c10::TensorImpl*, size_t> index_of;
@@ -95,9 +121,12 @@ Managed collect_managed(const ModulePtr& module) {
       for (const auto& sub : m->modules()) excluded.insert(sub.get());
       continue;
     }
-    out.modules.push_back(m);
+    bool any_param = false, all_ignored = true;
     for (const auto& p : m->named_parameters(/*recurse=*/false)) {
       if (!p.value().defined()) continue;
+      any_param = true;
+      if (ignored.count(p.value().unsafeGetTensorImpl()) != 0) continue;
+      all_ignored = false;
       const std::string name = item.key().empty() ? p.key() : item.key() + "." + p.key();
       auto [it, added] = index_of.emplace(p.value().unsafeGetTensorImpl(), out.params.size());
       if (added) {
@@ -106,8 +135,50 @@ Managed collect_managed(const ModulePtr& module) {
         out.params[it->second].first.push_back(name);
       }
     }
+    if (m == module || !any_param || !all_ignored) out.modules.push_back(m);
   }
   return out;
+}
+
+// options.ignored_params as TensorImpls, each checked to be a parameter of
+// `module`'s subtree.
+std::unordered_set<const c10::TensorImpl*> resolve_ignored(const ModulePtr& module,
+                                                           const FullyShardOptions& options,
+                                                           const std::string& name) {
+  std::unordered_set<const c10::TensorImpl*> params;
+  for (const auto& p : module->parameters()) {
+    if (p.defined()) params.insert(p.unsafeGetTensorImpl());
+  }
+  std::unordered_set<const c10::TensorImpl*> out;
+  for (size_t i = 0; i < options.ignored_params.size(); ++i) {
+    const at::Tensor& t = options.ignored_params[i];
+    TORCH_CHECK(t.defined() && params.count(t.unsafeGetTensorImpl()) != 0, "fully_shard(", name,
+                "): options.ignored_params[", i, "] (",
+                t.defined() ? "shape " + c10::str(t.sizes()) : std::string("undefined"),
+                ") is not a parameter of the module: expected a tensor its named_parameters() "
+                "returns (a parameter a nested fully_shard sharded is its shard, not the "
+                "original)");
+    out.insert(t.unsafeGetTensorImpl());
+  }
+  return out;
+}
+
+// The dim options.shard_placement_fn chose for `param` (0 without one),
+// normalised and checked (PyTorch's _init_sharded_param).
+int64_t resolve_shard_dim(const FullyShardOptions& options, const at::Tensor& param,
+                          const std::string& param_name, int world, const std::string& name) {
+  if (!options.shard_placement_fn) return 0;
+  std::optional<int64_t> dim = options.shard_placement_fn(param);
+  if (!dim) return 0;
+  const int64_t ndim = param.dim();
+  TORCH_CHECK(*dim >= -ndim && *dim < ndim && ndim > 0, "fully_shard(", name,
+              "): shard_placement_fn returned Shard(", *dim, ") for parameter '", param_name,
+              "' of shape ", param.sizes(), ": expected a dim in [", -ndim, ", ", ndim, ")");
+  const int64_t d = *dim < 0 ? *dim + ndim : *dim;
+  TORCH_CHECK(d == 0 || param.size(d) % world == 0, "fully_shard(", name,
+              "): FSDP does not support uneven sharding on dim ", d, ": parameter '", param_name,
+              "' has shape ", param.sizes(), " (world size: ", world, ")");
+  return d;
 }
 
 void check_dtypes(const Managed& managed, const std::string& name) {
@@ -137,23 +208,26 @@ FSDPModule fully_shard(const ModulePtr& module, const FullyShardOptions& options
                 "an ancestor (", manager->name(),
                 "): apply fully_shard bottom-up, to submodules before their parents");
   }
-  const comm::ProcessGroup group = resolve_group(options, name);
+  const Groups groups = resolve_groups(options, name);
+  const comm::ProcessGroup& group = groups.shard;
   TORCH_CHECK(group.is_member(), "fully_shard(", name,
               "): this process is not a member of the process group");
   auto [reshard_after_forward, post_forward_group] = resolve_reshard(options, group, name);
-  Managed managed = collect_managed(module);
+  Managed managed = collect_managed(module, resolve_ignored(module, options, name));
   check_dtypes(managed, name);
 
   std::unique_ptr<FSDPParamGroup> param_group;
   if (!managed.params.empty()) {
     std::vector<std::unique_ptr<FSDPParam>> params;
     for (auto& [names, p] : managed.params) {
+      const int64_t shard_dim = resolve_shard_dim(options, p, names.front(), group.size(), name);
       params.push_back(std::make_unique<FSDPParam>(names, p, group, post_forward_group,
                                                    options.mp_policy.param_dtype,
-                                                   options.mp_policy.reduce_dtype));
+                                                   options.mp_policy.reduce_dtype, shard_dim));
     }
-    param_group = std::make_unique<FSDPParamGroup>(module, std::move(params), group,
-                                                   post_forward_group, reshard_after_forward);
+    param_group =
+        std::make_unique<FSDPParamGroup>(module, std::move(params), group, groups.replicate,
+                                         post_forward_group, reshard_after_forward);
   }
   auto state = std::make_shared<FSDPState>(module, name, std::move(param_group), options.mp_policy,
                                            !options.reshard_after_forward.has_value());

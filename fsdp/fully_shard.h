@@ -52,6 +52,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,14 +76,31 @@ struct MixedPrecisionPolicy {
   // Reduce-scatter gradients in this dtype (unset: param_dtype, else the
   // parameter's own); the shard's .grad keeps the parameter's dtype.
   std::optional<c10::ScalarType> reduce_dtype;
+  // Cast the floating-point tensors the module's forward returns to this
+  // dtype (PyTorch's output_dtype; unset: leave them). Applied at the call
+  // point (module_call's map_tensor_output), so only to at::Tensor,
+  // std::vector<at::Tensor> and tuples/pairs of those; other return types
+  // are returned unchanged. The cast is differentiable: gradients flow back
+  // in the forward's own dtype.
+  std::optional<c10::ScalarType> output_dtype;
   // Cast floating-point tensor arguments of the module's forward to
   // param_dtype (when set).
   bool cast_forward_inputs = true;
 };
 
 struct FullyShardOptions {
-  // The group parameters are sharded over. Give it, or a 1-D mesh, or both
-  // (then the mesh's ranks must be the group's).
+  // The group parameters are sharded over. Give it, or a mesh, or both.
+  //   1-D mesh: parameters are sharded over its group (the mesh's ranks,
+  //     in order, must then be process_group's).
+  //   2-D mesh (HSDP, PyTorch's fully_shard on a 2-D mesh): dim 0
+  //     replicates, dim 1 shards. Each parameter is sharded over the
+  //     calling rank's dim-1 group and replicated over its dim-0 group;
+  //     backward reduce-scatters gradients over the shard group (average)
+  //     and then all-reduces the shards over the replicate group (average),
+  //     so .grad is the mean over all replicate x shard ranks. With
+  //     process_group also given, the mesh must span the same set of ranks.
+  //     comm::init_hybrid_shard_mesh(world, replicate, shard) makes one.
+  // Any other mesh dimensionality is an error.
   std::optional<comm::ProcessGroup> process_group;
   std::optional<comm::DeviceMesh> mesh;
   // PyTorch's reshard_after_forward: unset is PyTorch's None (true, except
@@ -90,23 +108,51 @@ struct FullyShardOptions {
   // gathered parameters after forward and gathers them again in backward;
   // false keeps them; an int N (a divisor of the group size) keeps them
   // sharded over groups of N consecutive ranks after forward, so backward
-  // gathers only within those.
+  // gathers only within those. (With a 2-D mesh, N divides the shard
+  // dim's size.)
   std::optional<std::variant<bool, int>> reshard_after_forward;
   MixedPrecisionPolicy mp_policy;
+  // PyTorch's ignored_params: parameters of the module's subtree that this
+  // call leaves alone: not sharded, not gathered, their gradients not
+  // reduced (each rank keeps its own, as PyTorch does), not returned by
+  // sharded_parameters(). Each must be a parameter of the module's subtree
+  // (the tensor named_parameters() returns), else an error naming it.
+  std::vector<at::Tensor> ignored_params;
+  // PyTorch's shard_placement_fn: called once per managed parameter, it
+  // returns the dim to shard that parameter on (PyTorch's Shard(dim);
+  // negative counts from the end) or nothing for dim 0. A dim other than 0
+  // must divide evenly over the shard group (FSDP2 supports only even
+  // sharding off dim 0). Such a parameter's shard is the contiguous
+  // torch.chunk(param, W, dim)[rank]; it is gathered as the other
+  // parameters are (its shards back to back) and then reassembled with
+  // torch.cat(chunks, dim) into a separate unsharded buffer (as PyTorch
+  // does), and its gradient is chunked on that dim before the
+  // reduce-scatter. sharded_param_spec() reports the dim in shard_dim.
+  std::function<std::optional<int64_t>(const at::Tensor& param)> shard_placement_fn;
 };
 
-// What a sharded parameter is (a DTensor's spec with placement Shard(0)).
+// What a sharded parameter is (a DTensor's spec with placement
+// Shard(shard_dim), and Replicate() on the replicate dim of a 2-D mesh).
 struct ShardedParamSpec {
   std::vector<int64_t> global_shape;
-  comm::ProcessGroup group;
-  int64_t shard_dim = 0;  // always 0 here (Shard(0))
-  int rank = 0;           // the group rank holding this shard
-  // This shard is rows [dim0_offset, dim0_offset + local dim 0) of the
-  // global parameter.
+  comm::ProcessGroup group;  // the group it is sharded over
+  int64_t shard_dim = 0;     // 0 unless shard_placement_fn chose another
+  int rank = 0;              // the group rank holding this shard
+  // With shard_dim 0: this shard is rows [dim0_offset, dim0_offset + local
+  // dim 0) of the global parameter, and padded_dim0 is dim 0 of the padded
+  // shard every rank gathers: ceil(global dim 0 / group size) (torch.chunk's
+  // chunk size). With another shard_dim every shard holds all of dim 0:
+  // dim0_offset is 0 and padded_dim0 the global dim 0.
   int64_t dim0_offset = 0;
-  // Dim 0 of the padded shard every rank gathers: ceil(global dim 0 /
-  // group size) (torch.chunk's chunk size).
   int64_t padded_dim0 = 0;
+  // The same along shard_dim: this shard is [shard_offset, shard_offset +
+  // local size) of the global parameter on shard_dim, padded to
+  // padded_shard_size there.
+  int64_t shard_offset = 0;
+  int64_t padded_shard_size = 0;
+  // HSDP (2-D mesh): the group the shard is replicated over; unset on a
+  // 1-D mesh or process group.
+  std::optional<comm::ProcessGroup> replicate_group;
 };
 
 // An all-gather FSDPModule::unshard(async_op=true) started (PyTorch's

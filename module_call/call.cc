@@ -65,6 +65,23 @@ void ForwardCall::finish(const std::vector<at::Tensor>& outputs, bool known) {
   }
 }
 
+bool ForwardCall::maps_outputs() const {
+  if (!hooks_) return false;
+  for (const auto& item : hooks_->forward) {
+    if (item.second.map_tensor_output) return true;
+  }
+  return false;
+}
+
+at::Tensor ForwardCall::map_output(const at::Tensor& t) const {
+  at::Tensor out = t;
+  if (!hooks_) return out;
+  for (const auto& item : hooks_->forward) {
+    if (item.second.map_tensor_output) out = item.second.map_tensor_output(out);
+  }
+  return out;
+}
+
 namespace {
 
 torch::nn::AnyValue any_forward(torch::nn::AnyModule& module,
@@ -127,6 +144,23 @@ torch::nn::AnyValue call_any(torch::nn::AnyModule& module, std::vector<torch::nn
     known = false;
   }
   point.finish(tensors, known);
+  if (!point.maps_outputs()) return out;
+  const auto map = [&point](const at::Tensor& t) { return point.map_output(t); };
+  if (auto* t = out.try_get<at::Tensor>()) {
+    return torch::nn::AnyValue(map(*t));
+  } else if (auto* v = out.try_get<std::vector<at::Tensor>>()) {
+    std::vector<at::Tensor> mapped = *v;
+    internal::map_tensors(mapped, map);
+    return torch::nn::AnyValue(std::move(mapped));
+  } else if (auto* t2 = out.try_get<std::tuple<at::Tensor, at::Tensor>>()) {
+    std::tuple<at::Tensor, at::Tensor> mapped = *t2;
+    internal::map_tensors(mapped, map);
+    return torch::nn::AnyValue(std::move(mapped));
+  } else if (auto* t3 = out.try_get<std::tuple<at::Tensor, at::Tensor, at::Tensor>>()) {
+    std::tuple<at::Tensor, at::Tensor, at::Tensor> mapped = *t3;
+    internal::map_tensors(mapped, map);
+    return torch::nn::AnyValue(std::move(mapped));
+  }
   return out;
 }
 

@@ -74,10 +74,15 @@ class ForwardCall {
   bool runs_as_region() const { return hooks_ && hooks_->region_runner; }
   std::vector<at::Tensor> run_region(TensorFunction forward, std::vector<at::Tensor> inputs);
 
-  // Runs the post_forward hooks on `out`'s tensors and returns it.
+  // Runs the post_forward hooks on `out`'s tensors and returns it, its
+  // tensors replaced by the map_tensor_output hooks.
   template <typename Out>
   Out finish(Out out);
   void finish(const std::vector<at::Tensor>& outputs, bool outputs_known);
+  // What the map_tensor_output hooks make of one output tensor, and
+  // whether there are any.
+  bool maps_outputs() const;
+  at::Tensor map_output(const at::Tensor& t) const;
 
  private:
   at::Tensor map_tensor(const at::Tensor& t) const;
@@ -116,6 +121,32 @@ bool collect_tensors(const std::pair<A, B>& pair, std::vector<at::Tensor>* out) 
   const bool a = collect_tensors(pair.first, out);
   const bool b = collect_tensors(pair.second, out);
   return a && b;
+}
+
+// Replaces, in place, the tensors collect_tensors finds in `value` by
+// fn(tensor).
+template <typename... Ts, typename Fn>
+void map_tensors(std::tuple<Ts...>& tuple, const Fn& fn);
+template <typename A, typename B, typename Fn>
+void map_tensors(std::pair<A, B>& pair, const Fn& fn);
+template <typename T, typename Fn>
+void map_tensors(T&, const Fn&) {}
+template <typename Fn>
+void map_tensors(at::Tensor& t, const Fn& fn) {
+  t = fn(t);
+}
+template <typename Fn>
+void map_tensors(std::vector<at::Tensor>& ts, const Fn& fn) {
+  for (auto& t : ts) t = fn(t);
+}
+template <typename... Ts, typename Fn>
+void map_tensors(std::tuple<Ts...>& tuple, const Fn& fn) {
+  std::apply([&](auto&... elems) { (map_tensors(elems, fn), ...); }, tuple);
+}
+template <typename A, typename B, typename Fn>
+void map_tensors(std::pair<A, B>& pair, const Fn& fn) {
+  map_tensors(pair.first, fn);
+  map_tensors(pair.second, fn);
 }
 
 template <typename T>
@@ -158,6 +189,9 @@ Out ForwardCall::finish(Out out) {
   std::vector<at::Tensor> tensors;
   const bool known = internal::collect_tensors(out, &tensors);
   finish(tensors, known);
+  if (maps_outputs()) {
+    internal::map_tensors(out, [this](const at::Tensor& t) { return map_output(t); });
+  }
   return out;
 }
 

@@ -20,8 +20,8 @@
 //
 // Order: pre_forward hooks run in registration order, then forward (inside
 // the region runner, if one is registered), then post_forward hooks in
-// registration order. When a pre_forward hook or forward throws, the
-// forward_failed hooks of the hooks whose pre_forward completed run (in
+// registration order, then map_tensor_output hooks in registration order. When a pre_forward hook
+// or forward throws, the forward_failed hooks of the hooks whose pre_forward completed run (in
 // reverse order) and the error propagates; post_forward does not run.
 //
 // Lifetimes: entries are keyed by the module and hold it weakly (a module
@@ -58,6 +58,14 @@ struct ForwardHooks {
   // After forward, with the tensors it returned (`outputs_known` false when
   // it returned a type the call point cannot look into; see call.h).
   std::function<void(const std::vector<at::Tensor>& outputs, bool outputs_known)> post_forward;
+  // Replaces each at::Tensor forward returned (PyTorch's forward hook
+  // returning a new output; FSDP's output_dtype casts floating-point
+  // outputs). Runs after every post_forward hook, in registration order,
+  // each on the previous one's result; the caller gets the result. Only
+  // reaches the tensors post_forward sees (at::Tensor, std::vector<at::Tensor>,
+  // tuples and pairs of those; a Sequential child's at::Tensor, vector or
+  // 2-/3-tuple); any other return type is returned unchanged.
+  std::function<at::Tensor(const at::Tensor&)> map_tensor_output;
   // Forward threw after this pre_forward completed.
   std::function<void()> forward_failed;
   // The module's forward is about to run again inside a region that reruns

@@ -10,6 +10,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "module_call/call.h"
@@ -52,6 +53,51 @@ TEST(ForwardHooks, MapTensorArgumentsInOrder) {
   module_call::register_forward_hooks(identity.ptr(), twice);
   module_call::register_forward_hooks(identity.ptr(), plus_one);
   EXPECT_EQ(module_call::call(identity, torch::full({1}, 3.0)).item<double>(), 7.0);
+}
+
+// A module returning a pair of tensors and an int.
+struct PairImpl : torch::nn::Module {
+  std::tuple<at::Tensor, at::Tensor, int> forward(const at::Tensor& x) { return {x, x + 1, 7}; }
+};
+TORCH_MODULE(Pair);
+
+TEST(ForwardHooks, MapTensorOutputsAfterPostForwardInOrder) {
+  torch::nn::Identity identity;
+  std::vector<std::string> log;
+  module_call::ForwardHooks twice = Logging(&log, "a");
+  module_call::ForwardHooks plus_one;
+  twice.map_tensor_output = [&log](const at::Tensor& t) {
+    log.push_back("a.map");
+    return t * 2;
+  };
+  plus_one.map_tensor_output = [&log](const at::Tensor& t) {
+    log.push_back("b.map");
+    return t + 1;
+  };
+  plus_one.post_forward = [&log](const std::vector<at::Tensor>& outputs, bool) {
+    // post_forward sees forward's own output, before any mapping.
+    log.push_back("b.post=" + std::to_string(outputs.at(0).item<double>()));
+  };
+  module_call::register_forward_hooks(identity.ptr(), twice);
+  module_call::register_forward_hooks(identity.ptr(), plus_one);
+  EXPECT_EQ(module_call::call(identity, torch::full({1}, 3.0)).item<double>(), 7.0);
+  EXPECT_THAT(log, ElementsAre("a.pre", "a.post/1", "b.post=3.000000", "a.map", "b.map"));
+
+  // Tuples: every tensor mapped, other elements unchanged; through a
+  // Sequential child too.
+  Pair pair;
+  module_call::ForwardHooks to_double;
+  to_double.map_tensor_output = [](const at::Tensor& t) { return t.to(torch::kDouble); };
+  module_call::register_forward_hooks(pair.ptr(), to_double);
+  auto [a, b, n] = module_call::call(pair, torch::ones({1}));
+  EXPECT_EQ(a.scalar_type(), torch::kDouble);
+  EXPECT_EQ(b.scalar_type(), torch::kDouble);
+  EXPECT_EQ(b.item<double>(), 2.0);
+  EXPECT_EQ(n, 7);
+  torch::nn::Sequential seq{torch::nn::Identity(), torch::nn::Identity()};
+  module_call::register_forward_hooks(seq[0], to_double);
+  at::Tensor out = module_call::call(seq, torch::ones({1}));
+  EXPECT_EQ(out.scalar_type(), torch::kDouble);
 }
 
 TEST(ForwardHooks, ForwardFailedForThoseWhosePreForwardRan) {

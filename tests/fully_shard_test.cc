@@ -26,6 +26,7 @@
 
 #include "comm/collectives.h"
 #include "comm/device_mesh.h"
+#include "comm/subgroups.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "functorch/module/named_member_accessor.h"
@@ -45,6 +46,9 @@ struct Case {
   std::string name;
   std::optional<std::variant<bool, int>> reshard_after_forward;
   bool frozen = false;
+  // shard_placement_fn: Shard(1) for 2-D parameters whose dim 1 divides
+  // the group.
+  bool shard1 = false;
 };
 
 Batch MakeBatch(int step, int rank, int world) {
@@ -110,11 +114,11 @@ void ExpectRel(const at::Tensor& actual, const at::Tensor& expected, const std::
       << (actual.to(torch::kDouble) - expected.to(torch::kDouble)).abs().max().item<double>();
 }
 
-// This rank's rows of `full` for the shard `param`.
+// This rank's part of `full` for the shard `param` (on its shard dim).
 at::Tensor Rows(const at::Tensor& param, const at::Tensor& full) {
   std::optional<fsdp::ShardedParamSpec> spec = fsdp::sharded_param_spec(param);
   TORCH_CHECK(spec.has_value(), "not a sharded parameter");
-  return full.narrow(0, spec->dim0_offset, param.size(0));
+  return full.narrow(spec->shard_dim, spec->shard_offset, param.size(spec->shard_dim));
 }
 
 void CheckShards(const torch::nn::Module& model, const std::map<std::string, at::Tensor>& full,
@@ -135,9 +139,25 @@ void TrainCase(comm::ProcessGroup& pg, const Case& c, const std::vector<Step>& r
   fsdp::FullyShardOptions options;
   options.process_group = pg;
   options.reshard_after_forward = c.reshard_after_forward;
+  const int world = pg.size();
+  if (c.shard1) {
+    options.shard_placement_fn = [world](const at::Tensor& p) -> std::optional<int64_t> {
+      if (p.dim() == 2 && p.size(1) % world == 0) return 1;
+      return std::nullopt;
+    };
+  }
   for (const auto& block : *model->blocks) fsdp::fully_shard(block, options);
   fsdp::FSDPModule root = fsdp::fully_shard(model, options);
   CheckShards(*model, Snapshot(*MakeNet(c.frozen)), c.name + " after fully_shard");
+  if (c.shard1) {
+    std::optional<fsdp::ShardedParamSpec> spec =
+        fsdp::sharded_param_spec(model->blocks[0]->named_parameters()["fc1.weight"]);
+    ASSERT_TRUE(spec.has_value());
+    EXPECT_EQ(spec->shard_dim, 1);
+    EXPECT_EQ(spec->shard_offset, pg.rank() * (kHidden / world));
+    EXPECT_EQ(model->blocks[0]->named_parameters()["fc1.weight"].sizes(),
+              at::IntArrayRef({kHidden, kHidden / world}));
+  }
   torch::optim::SGD optim(Trainable(*model), torch::optim::SGDOptions(kLr));
   for (int step = 0; step < kSteps; ++step) {
     const std::string what = c.name + " step " + std::to_string(step);
@@ -177,7 +197,11 @@ std::vector<Case> Cases(int world) {
       {"reshard_after_forward=false", false},
       {"frozen+float64", std::nullopt, /*frozen=*/true},
   };
-  if (world % 2 == 0) cases.push_back({"reshard_after_forward=2", 2});
+  if (world % 2 == 0) {
+    cases.push_back({"reshard_after_forward=2", 2});
+    // Shard(1) gathered over the post-forward group of 2 in backward.
+    cases.push_back({"shard_placement_fn=Shard(1)+reshard_after_forward=2", 2, false, true});
+  }
   return cases;
 }
 
@@ -480,6 +504,66 @@ TEST(FullyShard, BadInput) {
           << error;
     }
     {
+      absl::StatusOr<comm::DeviceMesh> mesh = comm::DeviceMesh::create(pg, {1, 1, 2});
+      ASSERT_TRUE(mesh.ok()) << mesh.status();
+      Net model(1);
+      fsdp::FullyShardOptions bad = options;
+      bad.mesh = *mesh;
+      const std::string error = ErrorOf([&] { fsdp::fully_shard(model, bad); });
+      EXPECT_NE(error.find("fully_shard expects a 1D or 2D DeviceMesh but got a 3-D mesh of "
+                           "shape [1, 1, 2]"),
+                std::string::npos)
+          << error;
+    }
+    {
+      // HSDP: a 1 x 2 mesh over both ranks, and a process group of this rank
+      // alone.
+      absl::StatusOr<comm::DeviceMesh> mesh = comm::init_hybrid_shard_mesh(pg, 1, 2);
+      ASSERT_TRUE(mesh.ok()) << mesh.status();
+      absl::StatusOr<comm::ProcessGroup> alone = comm::new_subgroups(pg, 1);
+      ASSERT_TRUE(alone.ok()) << alone.status();
+      Net model(1);
+      fsdp::FullyShardOptions bad;
+      bad.process_group = *alone;
+      bad.mesh = *mesh;
+      const std::string error = ErrorOf([&] { fsdp::fully_shard(model, bad); });
+      EXPECT_NE(error.find("options.mesh spans world ranks [0, 1] but options.process_group "
+                           "spans [" +
+                           std::to_string(pg.rank()) + "]"),
+                std::string::npos)
+          << error;
+    }
+    {
+      Net model(1);
+      fsdp::FullyShardOptions bad = options;
+      bad.shard_placement_fn = [](const at::Tensor&) -> std::optional<int64_t> { return 2; };
+      const std::string error = ErrorOf([&] { fsdp::fully_shard(model, bad); });
+      EXPECT_NE(error.find("shard_placement_fn returned Shard(2) for parameter 'in.weight' of "
+                           "shape [8, 6]: expected a dim in [-2, 2)"),
+                std::string::npos)
+          << error;
+    }
+    {
+      torch::nn::Linear linear(3, 3);
+      fsdp::FullyShardOptions bad = options;
+      bad.shard_placement_fn = [](const at::Tensor&) -> std::optional<int64_t> { return -1; };
+      const std::string error = ErrorOf([&] { fsdp::fully_shard(linear, bad); });
+      EXPECT_NE(error.find("FSDP does not support uneven sharding on dim 1: parameter 'weight' "
+                           "has shape [3, 3] (world size: 2)"),
+                std::string::npos)
+          << error;
+    }
+    {
+      Net model(1);
+      fsdp::FullyShardOptions bad = options;
+      bad.ignored_params = {model->in->weight, torch::ones({2})};
+      const std::string error = ErrorOf([&] { fsdp::fully_shard(model, bad); });
+      EXPECT_NE(error.find("options.ignored_params[1] (shape [2]) is not a parameter of the "
+                           "module"),
+                std::string::npos)
+          << error;
+    }
+    {
       struct ScalarImpl : torch::nn::Module {
         ScalarImpl() { register_parameter("s", torch::ones({})); }
       };
@@ -489,6 +573,58 @@ TEST(FullyShard, BadInput) {
                            "tensor with numel equal to 1."),
                 std::string::npos)
           << error;
+    }
+  });
+}
+
+// output_dtype and ignored_params on 2 ranks, against the unwrapped model.
+TEST(FullyShard, OutputDtypeAndIgnoredParamsOn2Ranks) {
+  const std::vector<Step> reference = Reference(false);
+  comm::testing::RunOnRanks(2, [&](comm::ProcessGroup& pg) {
+    {
+      // output_dtype float64 on the root: the output is cast (a
+      // differentiable cast: the float32 gradients are unchanged).
+      Net model = MakeNet(false);
+      fsdp::FullyShardOptions options;
+      options.process_group = pg;
+      for (const auto& block : *model->blocks) fsdp::fully_shard(block, options);
+      options.mp_policy.output_dtype = torch::kDouble;
+      fsdp::fully_shard(model, options);
+      Batch b = MakeBatch(0, pg.rank(), pg.size());
+      at::Tensor out = module_call::call(model, b.x);
+      EXPECT_EQ(out.scalar_type(), torch::kDouble);
+      Loss(out, b.y.to(torch::kDouble)).backward();
+      for (const auto& p : model->named_parameters()) {
+        ASSERT_TRUE(p.value().grad().defined()) << p.key();
+        EXPECT_EQ(p.value().grad().scalar_type(), torch::kFloat) << p.key();
+        ExpectRel(p.value().grad(), Rows(p.value(), reference[0].grads.at(p.key())),
+                  "output_dtype grad " + p.key());
+      }
+    }
+    {
+      // in.bias ignored by the root: left in place, unsharded, and its
+      // gradient is this rank's own (not reduced); the rest as usual.
+      Net model = MakeNet(false);
+      const at::Tensor bias = model->in->bias;
+      fsdp::FullyShardOptions options;
+      options.process_group = pg;
+      for (const auto& block : *model->blocks) fsdp::fully_shard(block, options);
+      options.ignored_params = {bias};
+      fsdp::FSDPModule root = fsdp::fully_shard(model, options);
+      EXPECT_TRUE(model->in->named_parameters()["bias"].is_same(bias));
+      EXPECT_FALSE(fsdp::sharded_param_spec(bias).has_value());
+      for (const auto& p : root.sharded_parameters()) EXPECT_FALSE(p.is_same(bias));
+      Batch b = MakeBatch(0, pg.rank(), pg.size());
+      Loss(module_call::call(model, b.x), b.y).backward();
+      Net local = MakeNet(false);
+      Loss(local->forward(b.x), b.y).backward();
+      ASSERT_TRUE(bias.grad().defined());
+      ExpectRel(bias.grad(), local->in->bias.grad(), "ignored in.bias grad (local)");
+      for (const auto& p : model->named_parameters()) {
+        if (p.key() == "in.bias") continue;
+        ExpectRel(p.value().grad(), Rows(p.value(), reference[0].grads.at(p.key())),
+                  "grad " + p.key() + " beside an ignored parameter");
+      }
     }
   });
 }

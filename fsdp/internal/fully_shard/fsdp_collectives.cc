@@ -69,7 +69,7 @@ void foreach_all_gather_copy_out(AllGatherResult& result, const std::vector<FSDP
 }
 
 void foreach_reduce(const std::vector<FSDPParam*>& params, const std::vector<at::Tensor>& grads,
-                    const comm::ProcessGroup& group) {
+                    const comm::ProcessGroup& group, const comm::ProcessGroup& replicate_group) {
   at::NoGradGuard no_grad;
   const int64_t world = group.size();
   const c10::ScalarType dtype = params.front()->reduce_dtype();
@@ -84,7 +84,13 @@ void foreach_reduce(const std::vector<FSDPParam*>& params, const std::vector<at:
     const FSDPParam& p = *params[i];
     const int64_t n = p.padded_shard_numel();
     at::Tensor dst = input.narrow(1, column, n);
-    at::Tensor flat = grads[i].reshape({-1});
+    at::Tensor flat = grads[i];
+    if (p.shard_dim() != 0) {
+      // Rank r's part is chunk r on the shard dim: stack the chunks on dim
+      // 0 (PyTorch's _default_reduce_scatter_input_fn).
+      flat = at::cat(flat.chunk(world, p.shard_dim()), 0);
+    }
+    flat = flat.reshape({-1});
     if (flat.scalar_type() != dtype) flat = flat.to(dtype);
     const int64_t pad = world * n - flat.numel();
     if (pad > 0) flat = at::constant_pad_nd(flat, {0, pad});
@@ -93,6 +99,11 @@ void foreach_reduce(const std::vector<FSDPParam*>& params, const std::vector<at:
   }
   at::Tensor output = at::empty({total}, options);
   comm::reduce_scatter_tensor(group, output, input.view({-1}), comm::ReduceOp::kAvg).wait();
+  if (replicate_group.is_member() && replicate_group.size() > 1) {
+    // HSDP: the shards, averaged over the shard group, averaged again over
+    // the replicas (PyTorch's all_reduce with AVG on the replicate group).
+    comm::all_reduce(replicate_group, output, comm::ReduceOp::kAvg).wait();
+  }
   int64_t offset = 0;
   for (FSDPParam* p : params) {
     const int64_t local_numel = p->sharded_param().numel();

@@ -38,9 +38,11 @@ void foreach_all_gather_copy_out(AllGatherResult& result, const std::vector<FSDP
 // `params`, all in the reduce dtype) averaged over `group`, and adds each
 // rank's rows to the shards' .grad (PyTorch's foreach_reduce: chunk-cat
 // copy-in, reduce_scatter_tensor with AVG, views of the output). Blocks
-// until done.
+// until done. HSDP: `replicate_group` (empty otherwise) then averages the
+// reduce-scattered shards with an all-reduce before they are added. A
+// parameter sharded on another dim has its gradient chunked on that dim.
 void foreach_reduce(const std::vector<FSDPParam*>& params, const std::vector<at::Tensor>& grads,
-                    const comm::ProcessGroup& group);
+                    const comm::ProcessGroup& group, const comm::ProcessGroup& replicate_group);
 
 }  // namespace internal
 }  // namespace fsdp

@@ -1,5 +1,6 @@
 #include "fsdp/internal/fully_shard/fsdp_param.h"
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/StorageImpl.h>
@@ -41,10 +42,11 @@ at::Tensor storage_view(const at::Tensor& base, int64_t offset, at::IntArrayRef 
 FSDPParam::FSDPParam(std::vector<std::string> fqns, const at::Tensor& param,
                      const comm::ProcessGroup& group, const comm::ProcessGroup& post_forward_group,
                      std::optional<c10::ScalarType> param_dtype,
-                     std::optional<c10::ScalarType> reduce_dtype)
+                     std::optional<c10::ScalarType> reduce_dtype, int64_t shard_dim)
     : fqns_(std::move(fqns)),
       orig_param_(c10::weak_intrusive_ptr<c10::TensorImpl>(param.getIntrusivePtr())),
       post_forward_group_(post_forward_group),
+      shard_dim_(shard_dim),
       world_size_(group.size()),
       requires_grad_(param.requires_grad()),
       orig_dtype_(param.scalar_type()) {
@@ -54,33 +56,44 @@ FSDPParam::FSDPParam(std::vector<std::string> fqns, const at::Tensor& param,
   TORCH_CHECK(param.is_contiguous(), "fully_shard: FSDP does not support non-contiguous ",
               "parameters yet: parameter '", name, "' has shape ", param.sizes(), " and stride ",
               param.strides());
+  TORCH_INTERNAL_ASSERT(shard_dim_ >= 0 && shard_dim_ < param.dim());
   const bool floating = at::isFloatingType(orig_dtype_);
   param_dtype_ = floating && param_dtype ? *param_dtype : orig_dtype_;
   reduce_dtype_ = floating && reduce_dtype ? *reduce_dtype : param_dtype_;
   global_shape_ = param.sizes().vec();
-  for (size_t i = 1; i < global_shape_.size(); ++i) row_numel_ *= global_shape_[i];
-  const int64_t d0 = global_shape_[0];
-  chunk_dim0_ = (d0 + world_size_ - 1) / world_size_;
-  dim0_offset_ = std::min<int64_t>(d0, group.rank() * chunk_dim0_);
-  const int64_t local_d0 = std::min<int64_t>(chunk_dim0_, d0 - dim0_offset_);
+  const int64_t size = global_shape_[shard_dim_];
+  chunk_ = (size + world_size_ - 1) / world_size_;
+  TORCH_INTERNAL_ASSERT(shard_dim_ == 0 || chunk_ * world_size_ == size);
+  shard_offset_ = std::min<int64_t>(size, group.rank() * chunk_);
+  const int64_t local = std::min<int64_t>(chunk_, size - shard_offset_);
   local_shape_ = global_shape_;
-  local_shape_[0] = local_d0;
-  padded_shard_numel_ = chunk_dim0_ * row_numel_;
+  local_shape_[shard_dim_] = local;
+  std::vector<int64_t> padded_shape = global_shape_;
+  padded_shape[shard_dim_] = chunk_;
+  padded_shard_numel_ = 1;
+  for (int64_t s : padded_shape) padded_shard_numel_ *= s;
 
   at::NoGradGuard no_grad;
   padded_shard_ = at::zeros({padded_shard_numel_}, param.options().requires_grad(false));
-  if (local_d0 > 0) {
-    padded_shard_.narrow(0, 0, local_d0 * row_numel_)
-        .copy_(param.detach().narrow(0, dim0_offset_, local_d0).reshape({-1}));
+  if (local > 0) {
+    padded_shard_.view(padded_shape)
+        .narrow(shard_dim_, 0, local)
+        .copy_(param.detach().narrow(shard_dim_, shard_offset_, local));
   }
+  // On dim 0 the real rows are the padded shard's front; on another dim
+  // there is no padding. Either way the shard is a contiguous prefix.
   sharded_param_ = storage_view(padded_shard_, 0, local_shape_);
   sharded_param_.set_requires_grad(requires_grad_);
 
-  std::vector<int64_t> padded_global = global_shape_;
-  padded_global[0] = chunk_dim0_ * world_size_;
   all_gather_output_ =
       at::empty({padded_shard_numel_ * world_size_}, padded_shard_.options().dtype(param_dtype_));
-  unsharded_param_ = storage_view(all_gather_output_, 0, global_shape_);
+  if (shard_dim_ == 0) {
+    unsharded_param_ = storage_view(all_gather_output_, 0, global_shape_);
+  } else {
+    unsharded_buffer_ = at::empty({param.numel()}, all_gather_output_.options());
+    unsharded_param_ = storage_view(unsharded_buffer_, 0, global_shape_);
+    free_storage(unsharded_buffer_);
+  }
   free_storage(all_gather_output_);
   unsharded_param_.set_requires_grad(requires_grad_);
 }
@@ -95,10 +108,22 @@ void FSDPParam::alloc_all_gather_output() { alloc_storage(all_gather_output_); }
 
 void FSDPParam::to_unsharded() {
   post_forward_shard_ = at::Tensor();
+  if (shard_dim_ != 0) {
+    // all_gather_output_ is [W * global dim 0, ...] (the shards stacked on
+    // dim 0): cat its W chunks on shard_dim_ into the unsharded buffer,
+    // through a tensor of its own so the leaf's version is not bumped.
+    at::NoGradGuard no_grad;
+    alloc_storage(unsharded_buffer_);
+    std::vector<int64_t> stacked = local_shape_;
+    stacked[0] *= world_size_;
+    at::Tensor out = storage_view(unsharded_buffer_, 0, global_shape_);
+    at::cat_out(out, all_gather_output_.view(stacked).chunk(world_size_, 0), shard_dim_);
+  }
   state_ = ShardedState::kUnsharded;
 }
 
 void FSDPParam::to_sharded() {
+  if (shard_dim_ != 0) free_storage(unsharded_buffer_);
   free_storage(all_gather_output_);
   post_forward_shard_ = at::Tensor();
   state_ = ShardedState::kSharded;
@@ -114,6 +139,7 @@ void FSDPParam::to_sharded_post_forward() {
   at::NoGradGuard no_grad;
   post_forward_shard_ =
       all_gather_output_.narrow(0, part * post_forward_group_.rank(), part).clone();
+  if (shard_dim_ != 0) free_storage(unsharded_buffer_);
   free_storage(all_gather_output_);
   state_ = ShardedState::kShardedPostForward;
 }

@@ -11,6 +11,13 @@
 // global parameter [W*chunk, rest...]; the unsharded parameter is its first
 // d0 rows.
 //
+// Sharded on another dim d (shard_placement_fn; size(d) divisible by W, so
+// no padding): the padded shard is torch.chunk(param, W, d)[rank], made
+// contiguous; the all-gather output is still the W shards back to back,
+// and the unsharded parameter lives in a buffer of its own, filled from it
+// by torch.cat(chunks, d) (PyTorch's _reassemble_all_gather_outputs). Both
+// buffers are allocated while unsharded.
+//
 // Tensors that share memory are made with set_ (fresh TensorImpls, own
 // version counters), so writing a gathered buffer never bumps the version
 // of a tensor autograd saved (PyTorch uses _unsafe_preserve_version_counter
@@ -50,8 +57,8 @@ class FSDPParam {
   // reshard_after_forward (empty otherwise).
   FSDPParam(std::vector<std::string> fqns, const at::Tensor& param, const comm::ProcessGroup& group,
             const comm::ProcessGroup& post_forward_group,
-            std::optional<c10::ScalarType> param_dtype,
-            std::optional<c10::ScalarType> reduce_dtype);
+            std::optional<c10::ScalarType> param_dtype, std::optional<c10::ScalarType> reduce_dtype,
+            int64_t shard_dim = 0);
 
   const std::vector<std::string>& fqns() const { return fqns_; }
   const at::Tensor& sharded_param() const { return sharded_param_; }
@@ -62,8 +69,12 @@ class FSDPParam {
   c10::ScalarType param_dtype() const { return param_dtype_; }
   c10::ScalarType reduce_dtype() const { return reduce_dtype_; }
   const std::vector<int64_t>& global_shape() const { return global_shape_; }
-  int64_t padded_dim0() const { return chunk_dim0_; }
-  int64_t dim0_offset() const { return dim0_offset_; }
+  int64_t shard_dim() const { return shard_dim_; }
+  // Along shard_dim: the padded chunk size, and where this shard starts.
+  int64_t padded_shard_size() const { return chunk_; }
+  int64_t shard_offset() const { return shard_offset_; }
+  int64_t padded_dim0() const { return shard_dim_ == 0 ? chunk_ : global_shape_[0]; }
+  int64_t dim0_offset() const { return shard_dim_ == 0 ? shard_offset_ : 0; }
   // The original parameter's TensorImpl (weakly): the identity PyTorch's
   // duplicate-parameter check compares.
   const c10::weak_intrusive_ptr<c10::TensorImpl>& orig_param() const { return orig_param_; }
@@ -102,9 +113,9 @@ class FSDPParam {
   comm::ProcessGroup post_forward_group_;
   std::vector<int64_t> global_shape_;
   std::vector<int64_t> local_shape_;
-  int64_t row_numel_ = 1;  // elements per dim-0 row
-  int64_t chunk_dim0_ = 0;
-  int64_t dim0_offset_ = 0;
+  int64_t shard_dim_ = 0;
+  int64_t chunk_ = 0;         // padded shard size along shard_dim_
+  int64_t shard_offset_ = 0;  // along shard_dim_
   int64_t padded_shard_numel_ = 0;
   int world_size_ = 1;
   bool requires_grad_ = false;
@@ -115,7 +126,8 @@ class FSDPParam {
   at::Tensor padded_shard_;        // 1-D, orig dtype, padded_shard_numel
   at::Tensor sharded_param_;       // leaf over padded_shard_'s front
   at::Tensor all_gather_output_;   // 1-D, param dtype; freed while sharded
-  at::Tensor unsharded_param_;     // leaf over all_gather_output_
+  at::Tensor unsharded_buffer_;    // shard_dim_ != 0 only: 1-D, param dtype
+  at::Tensor unsharded_param_;     // leaf over all_gather_output_ (or unsharded_buffer_)
   at::Tensor post_forward_shard_;  // 1-D, kShardedPostForward only
   ShardedState state_ = ShardedState::kSharded;
 };

@@ -11,11 +11,12 @@ namespace internal {
 
 FSDPParamGroup::FSDPParamGroup(const std::shared_ptr<torch::nn::Module>& module,
                                std::vector<std::unique_ptr<FSDPParam>> params,
-                               comm::ProcessGroup group, comm::ProcessGroup post_forward_group,
-                               bool reshard_after_forward)
+                               comm::ProcessGroup group, comm::ProcessGroup replicate_group,
+                               comm::ProcessGroup post_forward_group, bool reshard_after_forward)
     : module_(module),
       params_(std::move(params)),
       group_(std::move(group)),
+      replicate_group_(std::move(replicate_group)),
       post_forward_group_(std::move(post_forward_group)),
       reshard_after_forward_(reshard_after_forward) {
   update_module_tensors();
@@ -91,7 +92,7 @@ void FSDPParamGroup::post_backward() {
       grads.push_back(grad);
     }
     if (!with_grad.empty()) {
-      foreach_reduce(with_grad, grads, group_);
+      foreach_reduce(with_grad, grads, group_, replicate_group_);
       for (FSDPParam* p : with_grad) p->clear_unsharded_grad();
     }
   }

@@ -30,14 +30,17 @@ namespace internal {
 
 class FSDPParamGroup {
  public:
-  // `module` is held weakly. `post_forward_group`: the smaller group of an
-  // int reshard_after_forward (empty otherwise).
+  // `module` is held weakly. `replicate_group`: HSDP's replicate group
+  // (empty otherwise). `post_forward_group`: the smaller group of an int
+  // reshard_after_forward (empty otherwise).
   FSDPParamGroup(const std::shared_ptr<torch::nn::Module>& module,
                  std::vector<std::unique_ptr<FSDPParam>> params, comm::ProcessGroup group,
-                 comm::ProcessGroup post_forward_group, bool reshard_after_forward);
+                 comm::ProcessGroup replicate_group, comm::ProcessGroup post_forward_group,
+                 bool reshard_after_forward);
 
   const std::vector<std::unique_ptr<FSDPParam>>& params() const { return params_; }
   const comm::ProcessGroup& group() const { return group_; }
+  const comm::ProcessGroup& replicate_group() const { return replicate_group_; }
   ShardedState state() const { return params_.front()->state(); }
   bool unshard_pending() const { return pending_.has_value(); }
 
@@ -62,6 +65,7 @@ class FSDPParamGroup {
   std::weak_ptr<torch::nn::Module> module_;
   std::vector<std::unique_ptr<FSDPParam>> params_;
   comm::ProcessGroup group_;
+  comm::ProcessGroup replicate_group_;
   comm::ProcessGroup post_forward_group_;
   bool reshard_after_forward_;
   bool reshard_after_backward_ = true;

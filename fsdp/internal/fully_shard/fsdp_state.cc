@@ -123,8 +123,12 @@ std::optional<ShardedParamSpec> find_sharded_param(const at::Tensor& t) {
       spec.global_shape = p->global_shape();
       spec.group = group->group();
       spec.rank = group->group().rank();
+      spec.shard_dim = p->shard_dim();
       spec.dim0_offset = p->dim0_offset();
       spec.padded_dim0 = p->padded_dim0();
+      spec.shard_offset = p->shard_offset();
+      spec.padded_shard_size = p->padded_shard_size();
+      if (group->replicate_group().is_member()) spec.replicate_group = group->replicate_group();
       return spec;
     }
   }
@@ -155,6 +159,13 @@ void FSDPState::register_hooks() {
   hooks.post_forward = [weak](const std::vector<at::Tensor>& outputs, bool /*known*/) {
     if (auto s = weak.lock()) s->post_forward(outputs);
   };
+  if (const std::optional<c10::ScalarType> dtype = mp_policy_.output_dtype) {
+    // PyTorch's _cast_output_dtype: floating-point outputs to output_dtype.
+    hooks.map_tensor_output = [dtype](const at::Tensor& t) {
+      if (!t.defined() || !t.is_floating_point() || t.scalar_type() == *dtype) return t;
+      return t.to(*dtype);
+    };
+  }
   hooks.forward_failed = [weak] {
     if (auto s = weak.lock()) s->forward_failed();
   };
