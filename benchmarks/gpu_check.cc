@@ -34,6 +34,12 @@
 //                                  SGD on the GPU (float32 and bfloat16
 //                                  buckets) against torch::optim on the CPU;
 //                                  steps under sync-debug mode error
+//   fsdp_step_no_sync              one full FSDP training step (forward,
+//                                  backward with the gradient reduction,
+//                                  fused AdamW; bf16 parameters, fp32
+//                                  reduction) on the NCCL world of 1 under
+//                                  sync-debug mode error, 3 times after a
+//                                  warm-up step: only the loss is read
 //
 // The FSDP checks train trainer/models.h's transformer (2 layers, width 64,
 // seq 32) for 5 SGD steps (lr 0.1, momentum 0.9) on one fixed batch of 8
@@ -951,6 +957,117 @@ CheckResult CheckFusedOptimizers() {
 }
 
 // ---------------------------------------------------------------------------
+// A full FSDP training step with no host synchronisation (issue 36, item 5).
+
+// CUDA's sync-debug mode set to error while alive (PyTorch's
+// torch.cuda.set_sync_debug_mode("error")): any call that makes the host
+// wait for the GPU (a .item(), a blocking copy, cudaStreamSynchronize, a
+// nonzero) throws. Off again when the scope ends, thrown through or not.
+// Nothing on the CPU.
+class SyncDebugError {
+ public:
+  explicit SyncDebugError(bool on) : on_(on) {
+#ifdef TORCHFSDP_CUDA
+    if (on_) c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+#endif
+  }
+  ~SyncDebugError() {
+#ifdef TORCHFSDP_CUDA
+    if (on_) c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+#endif
+  }
+  SyncDebugError(const SyncDebugError&) = delete;
+  SyncDebugError& operator=(const SyncDebugError&) = delete;
+
+ private:
+  bool on_;
+};
+
+// The trainer's step on the NCCL world of 1: trainer/models.h's transformer
+// (SDPA attention) in FSDP FULL_SHARD, one unit per block, bf16 parameters
+// with fp32 reduction, optim/'s fused AdamW; the batch copied from pinned
+// memory without blocking. Step 1 warms up (NCCL's communicator, the
+// optimizer's state, the allocator's pools); steps 2-4 each run forward,
+// backward (gradient reduction inside) and the optimizer step under
+// sync-debug mode error, phase by phase, so a synchronisation is reported
+// naming the phase. Only each step's loss is then read (.item(), the
+// logged loss: outside the mode). The losses must be finite and fall
+// (the same batch every step).
+CheckResult CheckFsdpStepNoSync(const comm::ProcessGroup& group) {
+  Problems problems;
+  auto model = BuildTransformer();
+  model->set_block_runner(
+      [](int64_t, trainer::TransformerBlock& block, const torch::Tensor& x,
+         const torch::Tensor& mask) { return module_call::call(block, x, mask); });
+  fsdp::FullyShardedDataParallel::Options options;
+  options.process_group = group;
+  options.sharding_strategy = fsdp::ShardingStrategy::kFullShard;
+  options.auto_wrap_policy =
+      module_call::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>();
+  if (!DryRun()) options.device_id = g_device;
+  options.use_orig_params = true;
+  options.mixed_precision.param_dtype = torch::kBFloat16;
+  options.mixed_precision.reduce_dtype = torch::kFloat32;
+  options.mixed_precision.buffer_dtype = torch::kFloat32;
+  fsdp::FullyShardedDataParallel fsdp_model(model, options);
+  optim::AdamW optimizer(fsdp_model.parameters(),
+                         torch::optim::AdamWOptions(1e-3).weight_decay(0.01),
+                         optim::Implementation::kFused);
+  // This rank's rows, pinned once, so each step's copy to the GPU is
+  // asynchronous (a pageable copy waits for the GPU).
+  torch::Tensor host_batch = Batch(group.rank(), group.size());
+  if (!DryRun()) host_batch = host_batch.pin_memory();
+
+  constexpr int kNoSyncSteps = 3;
+  std::vector<double> losses;
+  for (int step = 1; step <= 1 + kNoSyncSteps; ++step) {
+    const bool checked = step > 1 && !DryRun();
+    std::string phase = "zero_grad and the batch's copy";
+    try {
+      torch::Tensor loss;
+      {
+        SyncDebugError mode(checked);
+        optimizer.zero_grad();
+        const torch::Tensor batch = host_batch.to(g_device, /*non_blocking=*/true);
+        phase = "forward";
+        loss = fsdp_model.run([&] { return model->Loss(batch); });
+        phase = "backward (FSDP's gradient reduction inside)";
+        loss.backward();
+        phase = "the fused AdamW step";
+        optimizer.step();
+      }
+      phase = "reading the loss";
+      losses.push_back(loss.item<double>());
+    } catch (const c10::Error& e) {
+      std::string what = e.what_without_backtrace();
+      if (const auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
+      problems.Add(absl::StrCat("step ", step, ", ", phase,
+                                checked ? " (under sync-debug mode error)" : "", ": ", what));
+      break;
+    }
+  }
+  if (problems.empty()) {
+    for (size_t i = 0; i < losses.size(); ++i) {
+      if (!std::isfinite(losses[i])) {
+        problems.Add(absl::StrCat("step ", i + 1, ": loss ", losses[i], " is not finite"));
+      }
+    }
+    if (!losses.empty() && !(losses.back() < losses.front())) {
+      problems.Add(absl::StrFormat("the loss did not fall over %d steps (%.6f -> %.6f)",
+                                   static_cast<int>(losses.size()), losses.front(), losses.back()));
+    }
+  }
+  if (!problems.empty()) return Fail(problems.Joined());
+  return Pass(absl::StrFormat(
+      "FSDP FULL_SHARD, bf16 parameters and fp32 reduction, fused AdamW: %d steps, loss "
+      "%.6f -> %.6f%s",
+      static_cast<int>(losses.size()), losses.front(), losses.back(),
+      DryRun() ? " (dry run: no sync-debug mode on the CPU)"
+               : "; steps 2-4 (forward, backward with the reduction, optimizer step) under "
+                 "sync-debug mode error: no host synchronisation but the loss's"));
+}
+
+// ---------------------------------------------------------------------------
 
 struct Check {
   const char* name;
@@ -1042,6 +1159,7 @@ int main(int argc, char** argv) {
       {{"fsdp_parity_cpu_offload", on_fsdp_world(CheckFsdpParityCpuOffload)}, false},
       {{"fsdp_gloo_2_ranks_cuda", CheckFsdpGlooTwoRanksCuda}, false},
       {{"fused_optimizers", CheckFusedOptimizers}, false},
+      {{"fsdp_step_no_sync", on_fsdp_world(CheckFsdpStepNoSync)}, false},
   };
 
   int failed = 0;
