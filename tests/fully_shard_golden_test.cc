@@ -67,14 +67,15 @@ class Golden {
 };
 
 // float32 cases: 1e-6 relative. bf16 compute (reduced in float32): Python
-// and C++ run the same CPU kernels, but bfloat16 keeps 8 bits of mantissa,
-// so an op evaluated in another order moves a value by 2^-8 relative; the
-// tolerance is a few of those.
+// and C++ run the same CPU kernels of the same wheel, and were measured to
+// agree to 1e-4 relative (2026-11-26); the tolerance, 1e-3, is a quarter of
+// bfloat16's 2^-8, so the same run computed in float32 (about 4e-3 away)
+// fails.
 struct Tolerance {
   double rtol = 1e-6, atol = 1e-7;
 };
 constexpr Tolerance kFloat32;
-constexpr Tolerance kBFloat16{2e-2, 2e-3};
+constexpr Tolerance kBFloat16{1e-3, 1e-5};
 
 void ExpectRel(const at::Tensor& actual, const at::Tensor& expected, const std::string& what,
                const Tolerance& tol) {
