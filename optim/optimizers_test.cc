@@ -420,5 +420,123 @@ TEST(OptimizersErrorTest, StateOfAnotherDtype) {
             "onto the parameters' devices)");
 }
 
+// Python's own optimizer state dicts (tools/golden/optim_golden.py's
+// optim_state_dict_golden.pt), saved by AdamW / SGD with fused=True and
+// foreach=True after step kSteps - 2: their param_groups carry 'fused':
+// True or 'foreach': True. state_dict::ImportOptimizerState accepts them
+// (fused / foreach pick how the update is computed, not the update or its
+// state) into our fused and foreach optimizers and into torch::optim's, and
+// replaying the last step from there gives Python's parameters.
+c10::IValue PythonStateDict(const std::string& key) {
+  const std::string path = Runfile("optim/testdata/optim_state_dict_golden.pt");
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "cannot open " << path;
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto dict = torch::pickle_load(bytes).toGenericDict();
+  auto it = dict.find(key);
+  if (it == dict.end()) {
+    ADD_FAILURE() << "optim_state_dict_golden.pt has no '" << key << "'";
+    return c10::IValue();
+  }
+  return it->value();
+}
+
+// Imports Python's `<name>.<saved_impl>` state into `opt` (over `params`,
+// set to Python's parameters after step kSteps - 2), replays step kSteps - 1
+// and compares with Python's parameters after it.
+void ExpectImportedStepMatches(const std::string& name, const std::string& saved_impl,
+                               const std::vector<Tensor>& params, torch::optim::Optimizer& opt,
+                               const std::set<std::pair<int, int>>& missing,
+                               const std::string& what) {
+  const std::string prefix = name + "." + saved_impl + ".";
+  const c10::IValue saved = PythonStateDict(name + "." + saved_impl);
+  ASSERT_TRUE(saved.isGenericDict());
+  const auto groups = saved.toGenericDict().at("param_groups").toList();
+  const auto group0 = groups.get(0).toGenericDict();
+  EXPECT_TRUE(group0.at(saved_impl).toBool())
+      << "the fixture's group 0 lacks '" << saved_impl << "': True";
+  auto state = state_dict::OptimStateDictFromIValue(saved);
+  ASSERT_TRUE(state.ok()) << state.status();
+  const absl::Status imported = state_dict::ImportOptimizerState(opt, *state);
+  ASSERT_TRUE(imported.ok()) << what << ": " << imported;
+  {
+    torch::NoGradGuard no_grad;
+    for (int i = 0; i < kParams; ++i) {
+      params[i].copy_(
+          golden()[prefix + "param." + std::to_string(kSteps - 2) + "." + std::to_string(i)]);
+    }
+  }
+  SetGrads(params, kSteps - 1, missing);
+  opt.step();
+  for (int i = 0; i < kParams; ++i) {
+    EXPECT_TRUE(
+        Close(params[i],
+              golden()[prefix + "param." + std::to_string(kSteps - 1) + "." + std::to_string(i)]))
+        << what << ": param " << i;
+  }
+}
+
+TEST(PythonFusedStateImportTest, AdamW) {
+  for (const std::string saved : {"fused", "foreach"}) {
+    for (const Implementation impl : {Implementation::kFused, Implementation::kForeach}) {
+      // Options other than Python's (lr 1, no weight decay): the import
+      // replaces them with the saved groups'.
+      auto params = Params([](int i) { return golden()["init." + std::to_string(i)]; });
+      const auto o = torch::optim::AdamWOptions(1.0).weight_decay(0.0);
+      AdamW opt(Groups(params, o, o), o, impl);
+      ExpectImportedStepMatches(
+          "adamw", saved, params, opt, kMissingAdam,
+          "Python AdamW(" + saved + "=True) into optim::AdamW (" + implementation_name(impl) + ")");
+    }
+    auto params = Params([](int i) { return golden()["init." + std::to_string(i)]; });
+    const auto o = torch::optim::AdamWOptions(1.0).weight_decay(0.0);
+    torch::optim::AdamW opt(Groups(params, o, o), o);
+    ExpectImportedStepMatches("adamw", saved, params, opt, kMissingAdam,
+                              "Python AdamW(" + saved + "=True) into torch::optim::AdamW");
+  }
+}
+
+TEST(PythonFusedStateImportTest, SgdNesterov) {
+  for (const std::string saved : {"fused", "foreach"}) {
+    for (const Implementation impl : {Implementation::kFused, Implementation::kForeach}) {
+      auto params = Params([](int i) { return golden()["init." + std::to_string(i)]; });
+      const auto o = torch::optim::SGDOptions(1.0).momentum(0.9).nesterov(true);
+      SGD opt(Groups(params, o, o), o, impl);
+      ExpectImportedStepMatches(
+          "sgd_nesterov", saved, params, opt, kMissingSgd,
+          "Python SGD(" + saved + "=True) into optim::SGD (" + implementation_name(impl) + ")");
+    }
+  }
+}
+
+// 'fused' / 'foreach' must still be a bool or None; the Python-only switches
+// that change the update ('maximize', 'capturable', 'differentiable') stay
+// refused when on.
+TEST(PythonFusedStateImportTest, BadSwitchesAreRefused) {
+  auto state = state_dict::OptimStateDictFromIValue(PythonStateDict("adamw.fused"));
+  ASSERT_TRUE(state.ok()) << state.status();
+  auto params = Params([](int i) { return golden()["init." + std::to_string(i)]; });
+  const auto o = torch::optim::AdamWOptions(1.0);
+  AdamW opt(Groups(params, o, o), o);
+
+  auto bad = *state;
+  bad.param_groups[1].options["fused"] = c10::IValue(std::string("yes"));
+  absl::Status s = state_dict::ImportOptimizerState(opt, bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message())
+                .find("param_groups[1]['fused'] is String, expected a bool "
+                      "or None"),
+            std::string::npos)
+      << s;
+
+  bad = *state;
+  bad.param_groups[0].options["capturable"] = c10::IValue(true);
+  s = state_dict::ImportOptimizerState(opt, bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_NE(std::string(s.message()).find("param_groups[0]['capturable'] is True"),
+            std::string::npos)
+      << s;
+}
+
 }  // namespace
 }  // namespace optim

@@ -117,8 +117,21 @@ absl::StatusOr<std::tuple<double, double>> GetBetas(const OptimParamGroup& g, si
 }
 
 // Python-only switches LibTorch does not implement: accepted only when off.
+// "fused" and "foreach" (Python's fused=True / foreach=True) choose how the
+// update is computed, not what it computes: Python's fused, foreach and
+// for-loop steps are the same update to float rounding, with the same state
+// ("step", "exp_avg", ...). So a state saved by Python's AdamW(fused=True)
+// or (foreach=True) loads into any of ours (torch::optim's for-loop, or
+// optim/'s fused and foreach, whose state is torch::optim's), and the
+// optimizer keeps computing its own way; they need only be a bool or None.
 absl::Status CheckPythonOnlyOptions(const OptimParamGroup& g, size_t index) {
-  for (const char* key : {"maximize", "capturable", "differentiable", "fused"}) {
+  for (const char* key : {"fused", "foreach"}) {
+    const c10::IValue* v = g.options.find(key);
+    if (v != nullptr && !v->isNone() && !v->isBool()) {
+      return OptionError(index, key, *v, "a bool or None");
+    }
+  }
+  for (const char* key : {"maximize", "capturable", "differentiable"}) {
     const c10::IValue* v = g.options.find(key);
     if (v == nullptr || v->isNone()) continue;
     if (!v->isBool()) return OptionError(index, key, *v, "a bool");

@@ -75,8 +75,13 @@ absl::StatusOr<OptimStateDict> ExportOptimizerState(const torch::optim::Optimize
 // before the optimizer is changed; on success tensors are copied (cast to the
 // parameter's dtype/device, "step" to an integer) and group hyperparameters
 // replaced. Python-only options that LibTorch lacks are accepted when they
-// are off ("maximize", "capturable", "differentiable", "fused" false;
-// "foreach" any) and rejected otherwise; other unknown keys are ignored.
+// are off ("maximize", "capturable", "differentiable" false) and rejected
+// otherwise. "fused" and "foreach" (Python's fused=True / foreach=True) are
+// accepted either way (a bool or None): they pick how the update is
+// computed, not the update or the state, so Python's fused AdamW state
+// loads into torch::optim's AdamW and optim/'s fused or foreach one alike,
+// and the optimizer keeps its own implementation. Other unknown keys
+// (Python 2.x's "decoupled_weight_decay", ...) are ignored.
 absl::Status ImportOptimizerState(torch::optim::Optimizer& optimizer, const OptimStateDict& state);
 
 // The FQN of each optimizer parameter in ID order, looked up in `model`'s

@@ -23,13 +23,22 @@ parameters after every step and the final optimizer state:
 
 with <impl> "fused" or "foreach". Writes optim/testdata/optim_golden.pt
 ({name: Tensor}, read by C++ with torch::pickle_load).
+
+Also writes optim/testdata/optim_state_dict_golden.pt: {"<case>.<impl>":
+opt.state_dict()} for the adamw and sgd_nesterov cases, taken after step
+STEPS - 2 (so the last step can be replayed from it): Python's own optimizer
+state dicts, whose param_groups carry 'fused': True or 'foreach': True, for
+state_dict/optim_state_test (importing them into our optimizers).
 """
+import copy
 import os
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "..", "optim", "testdata", "optim_golden.pt")
+STATE_DICT_OUT = os.path.join(HERE, "..", "..", "optim", "testdata", "optim_state_dict_golden.pt")
+STATE_DICT_CASES = ("adamw", "sgd_nesterov")
 SHAPES = [(5, 3), (7,), (2, 3, 4), (1,)]
 STEPS = 4
 MISSING = {(0, 1), (2, 3)}  # (step, param) without a gradient
@@ -57,7 +66,7 @@ CASES = {
 }
 
 
-def run(out, name, impl, init, grads):
+def run(out, name, impl, init, grads, state_dicts):
     cls, g0, g1, shared = CASES[name]
     params = [t.clone().requires_grad_(True) for t in init]
     groups = [dict(params=params[:2], **g0), dict(params=params[2:], **g1)]
@@ -69,6 +78,8 @@ def run(out, name, impl, init, grads):
         opt.step()
         for i, p in enumerate(params):
             out[f"{name}.{impl}.param.{s}.{i}"] = p.detach().clone()
+        if s == STEPS - 2 and name in STATE_DICT_CASES:
+            state_dicts[f"{name}.{impl}"] = copy.deepcopy(opt.state_dict())
     for i, p in enumerate(params):
         for entry, value in opt.state[p].items():
             if value is None:
@@ -87,12 +98,15 @@ def main():
         for i in range(len(SHAPES)):
             if (s, i) not in MISSING_SGD:  # MISSING_SGD is within MISSING
                 out[f"grad.{s}.{i}"] = grads[s][i]
+    state_dicts = {}
     for name in CASES:
         for impl in ("fused", "foreach"):
-            run(out, name, impl, init, grads)
+            run(out, name, impl, init, grads, state_dicts)
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     torch.save(out, OUT)
     print(f"wrote {len(out)} tensors to {os.path.relpath(OUT)} (torch {torch.__version__})")
+    torch.save(state_dicts, STATE_DICT_OUT)
+    print(f"wrote {len(state_dicts)} optimizer state dicts to {os.path.relpath(STATE_DICT_OUT)}")
 
 
 if __name__ == "__main__":
