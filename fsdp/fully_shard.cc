@@ -290,6 +290,10 @@ void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool re
                  [&](FSDPParamGroup& g) { g.set_reshard_after_backward(reshard_after_backward); });
 }
 
+void FSDPModule::set_is_last_backward(bool is_last_backward) {
+  state_->set_is_last_backward(is_last_backward);
+}
+
 void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
   state_->forward_prefetch.clear();
   for (const auto& m : modules) state_->forward_prefetch.push_back(m.state_);

@@ -190,6 +190,20 @@ class FSDPModule {
   // reduced (default true).
   void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);
 
+  // PyTorch's set_is_last_backward: whether the next backward is the last
+  // one before the gradients are read (default true, and it stays as set).
+  // Each module's gradient reduce-scatter starts, asynchronously, when its
+  // backward is done; with true, the end of backward waits for all of
+  // them (HSDP: and their all-reduces) and adds them to the shards' .grad.
+  // With false (microbatches whose backward more backward follows) it does
+  // not wait: the reductions stay in flight, overlapping what comes next,
+  // and each lands in .grad when the same module's next reduction starts
+  // or at the end of the next backward run with true. Until then the
+  // shards' .grad lack them (PyTorch on CUDA leaves them unsynchronised
+  // instead). Set it on the root (before or after the first forward);
+  // it applies to the root's whole tree.
+  void set_is_last_backward(bool is_last_backward);
+
   // Explicit prefetching (PyTorch's set_modules_to_forward_prefetch /
   // set_modules_to_backward_prefetch): when this module's forward (its
   // pre-backward) starts, the all-gathers of `modules` (fully_shard modules)

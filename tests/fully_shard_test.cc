@@ -365,6 +365,49 @@ TEST(FullyShard, ControlsAndMixedPrecisionOn2Ranks) {
   });
 }
 
+// set_is_last_backward(false) on the root: the first microbatch's
+// reductions stay in flight (the shards have no .grad after its backward);
+// the second microbatch's, run with true, lands both: the gradient of the
+// two microbatches' summed losses. On a process group and on an HSDP mesh
+// (2 replicas x 1 shard: the replicate all-reduce deferred too).
+TEST(FullyShard, SetIsLastBackwardOn2Ranks) {
+  const std::map<std::string, at::Tensor> accumulated = AccumulatedReference();
+  comm::testing::RunOnRanks(2, [&](comm::ProcessGroup& pg) {
+    const int64_t half = kBatch / 2, local = half / pg.size();
+    for (bool hsdp : {false, true}) {
+      SCOPED_TRACE(hsdp ? "HSDP 2x1" : "process group");
+      Net model = MakeNet(false);
+      fsdp::FullyShardOptions options;
+      if (hsdp) {
+        absl::StatusOr<comm::DeviceMesh> mesh = comm::init_hybrid_shard_mesh(pg, 2, 1);
+        ASSERT_TRUE(mesh.ok()) << mesh.status();
+        options.mesh = *mesh;
+      } else {
+        options.process_group = pg;
+      }
+      for (const auto& block : *model->blocks) fsdp::fully_shard(block, options);
+      fsdp::FSDPModule root = fsdp::fully_shard(model, options);
+      Batch b = MakeBatch(0, 0, 1);
+      for (int micro = 0; micro < 2; ++micro) {
+        root.set_is_last_backward(micro == 1);
+        const int64_t row = micro * half + pg.rank() * local;
+        Loss(module_call::call(model, b.x.narrow(0, row, local)), b.y.narrow(0, row, local))
+            .backward();
+        if (micro == 0) {
+          for (const auto& p : model->named_parameters()) {
+            EXPECT_FALSE(p.value().grad().defined()) << p.key() << " after a non-last backward";
+          }
+        }
+      }
+      for (const auto& p : model->named_parameters()) {
+        ASSERT_TRUE(p.value().grad().defined()) << p.key();
+        ExpectRel(p.value().grad(), Rows(p.value(), accumulated.at(p.key())),
+                  "accumulated grad " + p.key());
+      }
+    }
+  });
+}
+
 // Two children sharing one weight (tied), each called through the call
 // point.
 struct TiedImpl : torch::nn::Module {

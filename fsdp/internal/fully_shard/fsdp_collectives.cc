@@ -68,8 +68,10 @@ void foreach_all_gather_copy_out(AllGatherResult& result, const std::vector<FSDP
   result.output = at::Tensor();
 }
 
-void foreach_reduce(const std::vector<FSDPParam*>& params, const std::vector<at::Tensor>& grads,
-                    const comm::ProcessGroup& group, const comm::ProcessGroup& replicate_group) {
+PendingReduce foreach_reduce_start(const std::vector<FSDPParam*>& params,
+                                   const std::vector<at::Tensor>& grads,
+                                   const comm::ProcessGroup& group,
+                                   const comm::ProcessGroup& replicate_group) {
   at::NoGradGuard no_grad;
   const int64_t world = group.size();
   const c10::ScalarType dtype = params.front()->reduce_dtype();
@@ -97,19 +99,35 @@ void foreach_reduce(const std::vector<FSDPParam*>& params, const std::vector<at:
     dst.copy_(flat.view({world, n}));
     column += n;
   }
-  at::Tensor output = at::empty({total}, options);
-  comm::reduce_scatter_tensor(group, output, input.view({-1}), comm::ReduceOp::kAvg).wait();
+  PendingReduce pending;
+  pending.input = input.view({-1});
+  pending.output = at::empty({total}, options);
+  pending.work =
+      comm::reduce_scatter_tensor(group, pending.output, pending.input, comm::ReduceOp::kAvg);
+  pending.params = params;
+  pending.replicate_group = replicate_group;
+  return pending;
+}
+
+void foreach_reduce_finish(PendingReduce& pending) {
+  pending.work.wait();
+  at::NoGradGuard no_grad;
+  at::Tensor output = pending.output;
+  pending.input = at::Tensor();
+  const comm::ProcessGroup& replicate_group = pending.replicate_group;
   if (replicate_group.is_member() && replicate_group.size() > 1) {
     // HSDP: the shards, averaged over the shard group, averaged again over
     // the replicas (PyTorch's all_reduce with AVG on the replicate group).
     comm::all_reduce(replicate_group, output, comm::ReduceOp::kAvg).wait();
   }
   int64_t offset = 0;
-  for (FSDPParam* p : params) {
+  for (FSDPParam* p : pending.params) {
     const int64_t local_numel = p->sharded_param().numel();
     p->accumulate_sharded_grad(output.narrow(0, offset, local_numel));
     offset += p->padded_shard_numel();
   }
+  pending.output = at::Tensor();
+  pending.params.clear();
 }
 
 }  // namespace internal

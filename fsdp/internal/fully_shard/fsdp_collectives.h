@@ -34,15 +34,30 @@ AllGatherResult foreach_all_gather(const std::vector<FSDPParam*>& params,
 void foreach_all_gather_copy_out(AllGatherResult& result, const std::vector<FSDPParam*>& params,
                                  const comm::ProcessGroup& group);
 
-// Reduce-scatters the unsharded gradients `grads` (one per entry of
-// `params`, all in the reduce dtype) averaged over `group`, and adds each
-// rank's rows to the shards' .grad (PyTorch's foreach_reduce: chunk-cat
-// copy-in, reduce_scatter_tensor with AVG, views of the output). Blocks
-// until done. HSDP: `replicate_group` (empty otherwise) then averages the
-// reduce-scattered shards with an all-reduce before they are added. A
-// parameter sharded on another dim has its gradient chunked on that dim.
-void foreach_reduce(const std::vector<FSDPParam*>& params, const std::vector<at::Tensor>& grads,
-                    const comm::ProcessGroup& group, const comm::ProcessGroup& replicate_group);
+// A gradient reduction in flight: the reduce-scatter's Work and the
+// buffers it reads and writes.
+struct PendingReduce {
+  comm::Work work;
+  at::Tensor input;   // [W, total], the copy-in
+  at::Tensor output;  // [total], this rank's padded shards, reduce dtype
+  std::vector<FSDPParam*> params;
+  comm::ProcessGroup replicate_group;
+};
+
+// Starts reduce-scattering the unsharded gradients `grads` (one per entry
+// of `params`, any dtype: cast to the reduce dtype in the copy-in) averaged
+// over `group` (PyTorch's foreach_reduce: chunk-cat copy-in,
+// reduce_scatter_tensor with AVG). A parameter sharded on another dim has
+// its gradient chunked on that dim. The gradients may be freed once this
+// returns.
+PendingReduce foreach_reduce_start(const std::vector<FSDPParam*>& params,
+                                   const std::vector<at::Tensor>& grads,
+                                   const comm::ProcessGroup& group,
+                                   const comm::ProcessGroup& replicate_group);
+// Waits for it; HSDP (`replicate_group` not empty): all-reduces the shards
+// averaged over the replicas; then adds each rank's part to the shards'
+// .grad (views of the output).
+void foreach_reduce_finish(PendingReduce& pending);
 
 }  // namespace internal
 }  // namespace fsdp

@@ -81,6 +81,15 @@ void FSDPParamGroup::post_forward() {
   reshard();
 }
 
+FSDPParamGroup::~FSDPParamGroup() {
+  if (!pending_reduce_) return;
+  try {
+    pending_reduce_->work.wait();
+  } catch (const std::exception&) {
+    // A destructor waits the operation out and drops its error.
+  }
+}
+
 void FSDPParamGroup::post_backward() {
   if (requires_gradient_sync_) {
     std::vector<FSDPParam*> with_grad;
@@ -92,11 +101,21 @@ void FSDPParamGroup::post_backward() {
       grads.push_back(grad);
     }
     if (!with_grad.empty()) {
-      foreach_reduce(with_grad, grads, group_, replicate_group_);
+      // The previous reduction (a backward that was not the last) lands in
+      // .grad first.
+      finish_gradient_reduction();
+      pending_reduce_ = foreach_reduce_start(with_grad, grads, group_, replicate_group_);
       for (FSDPParam* p : with_grad) p->clear_unsharded_grad();
     }
   }
   if (reshard_after_backward_) reshard();
+}
+
+void FSDPParamGroup::finish_gradient_reduction() {
+  if (!pending_reduce_) return;
+  PendingReduce pending = std::move(*pending_reduce_);
+  pending_reduce_.reset();
+  foreach_reduce_finish(pending);
 }
 
 }  // namespace internal

@@ -8,9 +8,15 @@
 //                         unsharded parameters
 //   post_forward()        reshard (to the post-forward group for an int
 //                         reshard_after_forward) unless told to keep them
-//   post_backward()       reduce-scatter the unsharded gradients into the
-//                         shards' .grad (or keep accumulating them without
-//                         gradient sync), then reshard
+//   post_backward()       start reduce-scattering the unsharded gradients
+//                         (or keep accumulating them without gradient
+//                         sync), then reshard
+//   finish_gradient_reduction()
+//                         wait for that reduction (HSDP: then all-reduce)
+//                         and add it to the shards' .grad; the root's
+//                         end-of-backward callback calls it when
+//                         is_last_backward, the group's next post_backward
+//                         always (before starting its own)
 //   reshard()             back to the shards
 #pragma once
 
@@ -48,9 +54,13 @@ class FSDPParamGroup {
   void wait_for_unshard();
   void reshard();
   void post_forward();
-  // Reduces (or, without gradient sync, keeps) the gradients; reshards
-  // when reshard_after_backward.
+  // Starts reducing (or, without gradient sync, keeps) the gradients;
+  // reshards when reshard_after_backward.
   void post_backward();
+  void finish_gradient_reduction();
+  bool reduction_pending() const { return pending_reduce_.has_value(); }
+  // Waits out a reduction still in flight (its error dropped).
+  ~FSDPParamGroup();
 
   bool reshard_after_forward() const { return reshard_after_forward_; }
   void set_reshard_after_forward(bool value) { reshard_after_forward_ = value; }
@@ -73,6 +83,7 @@ class FSDPParamGroup {
   std::optional<AllGatherResult> pending_;
   // The group the pending all-gather runs over.
   comm::ProcessGroup pending_group_;
+  std::optional<PendingReduce> pending_reduce_;
 };
 
 }  // namespace internal

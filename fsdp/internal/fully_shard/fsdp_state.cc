@@ -142,7 +142,8 @@ FSDPState::FSDPState(const std::shared_ptr<torch::nn::Module>& module, std::stri
       name_(std::move(name)),
       group_(std::move(group)),
       mp_policy_(mp_policy),
-      auto_reshard_after_forward_(auto_reshard_after_forward) {}
+      auto_reshard_after_forward_(auto_reshard_after_forward),
+      context_(std::make_shared<FSDPStateContext>()) {}
 
 FSDPState::~FSDPState() { hooks_.remove(); }
 
@@ -177,7 +178,8 @@ void FSDPState::lazy_init() {
   std::shared_ptr<torch::nn::Module> root = module();
   TORCH_CHECK(root != nullptr, "fully_shard: the module was destroyed");
   is_root_ = true;
-  context_ = std::make_shared<FSDPStateContext>();
+  // The root's own context (set_is_last_backward may have been called on
+  // it already) becomes the tree's.
   context_->all_states.push_back(shared_from_this());
   std::unordered_set<const FSDPState*> seen{this};
   for (const auto& item : root->named_modules()) {
@@ -315,6 +317,19 @@ void FSDPState::root_final_callback() {
     s->pre_backward_done_ = false;
     s->post_backward_done_ = false;
     s->pending_input_grads_ = 0;
+  }
+  if (context().is_last_backward) {
+    // PyTorch's wait_for_gradient_reduction: every reduction lands in .grad
+    // before backward() returns. Otherwise they stay in flight, finished by
+    // the next backward.
+    for (const auto& s : context().all_states) {
+      if (!s->group_) continue;
+      try {
+        s->group_->finish_gradient_reduction();
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
   }
   context().final_callback_queued = false;
   if (error) std::rethrow_exception(error);

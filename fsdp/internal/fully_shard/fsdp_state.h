@@ -26,6 +26,9 @@ class FSDPState;
 struct FSDPStateContext {
   std::vector<std::shared_ptr<FSDPState>> all_states;  // root first, pre-order
   bool final_callback_queued = false;
+  // PyTorch's is_last_backward: whether the end of backward waits for the
+  // gradient reductions still in flight (FSDPModule::set_is_last_backward).
+  bool is_last_backward = true;
 };
 
 class FSDPState : public std::enable_shared_from_this<FSDPState> {
@@ -40,6 +43,10 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   std::shared_ptr<torch::nn::Module> module() const { return module_.lock(); }
   const std::string& name() const { return name_; }
   FSDPParamGroup* param_group() const { return group_.get(); }
+  // Sets it on this state's context: its own until the root's lazy
+  // initialisation, which shares the root's with the whole tree (so set it
+  // on the root, as in PyTorch).
+  void set_is_last_backward(bool value) { context_->is_last_backward = value; }
 
   // The hooks.
   void pre_forward();
