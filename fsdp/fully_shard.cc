@@ -221,9 +221,10 @@ FSDPModule fully_shard(const ModulePtr& module, const FullyShardOptions& options
     std::vector<std::unique_ptr<FSDPParam>> params;
     for (auto& [names, p] : managed.params) {
       const int64_t shard_dim = resolve_shard_dim(options, p, names.front(), group.size(), name);
-      params.push_back(std::make_unique<FSDPParam>(names, p, group, post_forward_group,
-                                                   options.mp_policy.param_dtype,
-                                                   options.mp_policy.reduce_dtype, shard_dim));
+      params.push_back(std::make_unique<FSDPParam>(
+          names, p, group, post_forward_group, options.mp_policy.param_dtype,
+          options.mp_policy.reduce_dtype, shard_dim, options.offload_policy.has_value(),
+          options.offload_policy.has_value() && options.offload_policy->pin_memory));
     }
     param_group =
         std::make_unique<FSDPParamGroup>(module, std::move(params), group, groups.replicate,

@@ -88,6 +88,24 @@ struct MixedPrecisionPolicy {
   bool cast_forward_inputs = true;
 };
 
+// PyTorch's CPUOffloadPolicy: the sharded parameters (and so their
+// gradients and the optimizer's state and step) live on the CPU; the
+// module computes on the device its parameters were on when fully_shard
+// was called.
+//   * Each shard is copied to the CPU at fully_shard (pinned when
+//     pin_memory and a CUDA device is present: at::globalContext().hasCUDA();
+//     a CPU-only process has no pinned memory and keeps ordinary memory).
+//   * Before each all-gather the shard is copied to the compute device
+//     (non_blocking when pinned); the gathered parameters live there.
+//   * Each reduced gradient is copied back to the CPU (blocking) and added
+//     to the shard's .grad there.
+// With parameters already on the CPU (a CPU-only run) the shards stay
+// where they are, in ordinary memory: the policy then changes nothing but
+// what sharded_parameters() promise (CPU tensors).
+struct CPUOffloadPolicy {
+  bool pin_memory = true;
+};
+
 struct FullyShardOptions {
   // The group parameters are sharded over. Give it, or a mesh, or both.
   //   1-D mesh: parameters are sharded over its group (the mesh's ranks,
@@ -129,6 +147,8 @@ struct FullyShardOptions {
   // does), and its gradient is chunked on that dim before the
   // reduce-scatter. sharded_param_spec() reports the dim in shard_dim.
   std::function<std::optional<int64_t>(const at::Tensor& param)> shard_placement_fn;
+  // PyTorch's offload_policy: unset is its OffloadPolicy() (no offload).
+  std::optional<CPUOffloadPolicy> offload_policy;
 };
 
 // What a sharded parameter is (a DTensor's spec with placement

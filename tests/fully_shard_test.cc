@@ -9,6 +9,7 @@
 // shapes that need padding (8 rows on 3 ranks, 3 rows on 2 and 4 ranks:
 // empty shards). Also against FullyShardedDataParallel on the same ranks,
 // and the bad-input errors.
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/utils/clip_grad.h>
@@ -620,10 +621,33 @@ TEST(FullyShard, BadInput) {
   });
 }
 
-// output_dtype and ignored_params on 2 ranks, against the unwrapped model.
+// output_dtype, ignored_params and CPUOffloadPolicy on 2 ranks, against
+// the unwrapped model.
 TEST(FullyShard, OutputDtypeAndIgnoredParamsOn2Ranks) {
   const std::vector<Step> reference = Reference(false);
   comm::testing::RunOnRanks(2, [&](comm::ProcessGroup& pg) {
+    {
+      // CPUOffloadPolicy on a CPU-only run: the shards are CPU tensors,
+      // pinned only where CUDA is present; training is unchanged.
+      Net model = MakeNet(false);
+      fsdp::FullyShardOptions options;
+      options.process_group = pg;
+      options.offload_policy = fsdp::CPUOffloadPolicy{};
+      for (const auto& block : *model->blocks) fsdp::fully_shard(block, options);
+      fsdp::fully_shard(model, options);
+      for (const auto& p : model->named_parameters()) {
+        EXPECT_TRUE(p.value().device().is_cpu()) << p.key();
+        EXPECT_EQ(p.value().is_pinned(), at::globalContext().hasCUDA()) << p.key();
+      }
+      torch::optim::SGD optim(model->parameters(), torch::optim::SGDOptions(kLr));
+      for (int step = 0; step < 2; ++step) {
+        Batch b = MakeBatch(step, pg.rank(), pg.size());
+        optim.zero_grad();
+        Loss(module_call::call(model, b.x), b.y).backward();
+        optim.step();
+        CheckShards(*model, reference[step].params, "offload step " + std::to_string(step));
+      }
+    }
     {
       // output_dtype float64 on the root: the output is cast (a
       // differentiable cast: the float32 gradients are unchanged).

@@ -41,7 +41,8 @@ AllGatherResult foreach_all_gather(const std::vector<FSDPParam*>& params,
     result.input_numels.push_back(inputs.back().numel());
     total += inputs.back().numel();
   }
-  const at::TensorOptions options = params.front()->sharded_param().options().dtype(dtype);
+  const at::TensorOptions options =
+      at::TensorOptions().device(params.front()->device()).dtype(dtype);
   // Copy-in: one contiguous buffer of this rank's inputs.
   at::Tensor input = at::empty({total}, options);
   at::cat_out(input, inputs, 0);

@@ -1,5 +1,6 @@
 #include "fsdp/internal/fully_shard/fsdp_param.h"
 
+#include <ATen/Context.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -42,10 +43,12 @@ at::Tensor storage_view(const at::Tensor& base, int64_t offset, at::IntArrayRef 
 FSDPParam::FSDPParam(std::vector<std::string> fqns, const at::Tensor& param,
                      const comm::ProcessGroup& group, const comm::ProcessGroup& post_forward_group,
                      std::optional<c10::ScalarType> param_dtype,
-                     std::optional<c10::ScalarType> reduce_dtype, int64_t shard_dim)
+                     std::optional<c10::ScalarType> reduce_dtype, int64_t shard_dim,
+                     bool offload_to_cpu, bool pin_memory)
     : fqns_(std::move(fqns)),
       orig_param_(c10::weak_intrusive_ptr<c10::TensorImpl>(param.getIntrusivePtr())),
       post_forward_group_(post_forward_group),
+      device_(param.device()),
       shard_dim_(shard_dim),
       world_size_(group.size()),
       requires_grad_(param.requires_grad()),
@@ -82,11 +85,17 @@ FSDPParam::FSDPParam(std::vector<std::string> fqns, const at::Tensor& param,
   }
   // On dim 0 the real rows are the padded shard's front; on another dim
   // there is no padding. Either way the shard is a contiguous prefix.
+  if (offload_to_cpu) {
+    padded_shard_ = padded_shard_.to(at::kCPU);
+    // Pinned memory needs a CUDA runtime with a device (a CPU-only process
+    // keeps ordinary memory).
+    if (pin_memory && at::globalContext().hasCUDA()) padded_shard_ = padded_shard_.pin_memory();
+  }
   sharded_param_ = storage_view(padded_shard_, 0, local_shape_);
   sharded_param_.set_requires_grad(requires_grad_);
 
-  all_gather_output_ =
-      at::empty({padded_shard_numel_ * world_size_}, padded_shard_.options().dtype(param_dtype_));
+  all_gather_output_ = at::empty({padded_shard_numel_ * world_size_},
+                                 param.options().dtype(param_dtype_).requires_grad(false));
   if (shard_dim_ == 0) {
     unsharded_param_ = storage_view(all_gather_output_, 0, global_shape_);
   } else {
@@ -101,6 +110,10 @@ FSDPParam::FSDPParam(std::vector<std::string> fqns, const at::Tensor& param,
 at::Tensor FSDPParam::all_gather_input() const {
   const at::Tensor& source =
       state_ == ShardedState::kShardedPostForward ? post_forward_shard_ : padded_shard_;
+  if (source.device() != device_) {
+    // Offloaded: host to device (asynchronous from pinned memory).
+    return source.to(device_, param_dtype_, /*non_blocking=*/source.is_pinned());
+  }
   return source.scalar_type() == param_dtype_ ? source : source.to(param_dtype_);
 }
 
@@ -154,7 +167,8 @@ void FSDPParam::clear_unsharded_grad() { unsharded_param_.mutable_grad().reset()
 
 void FSDPParam::accumulate_sharded_grad(const at::Tensor& grad) {
   at::NoGradGuard no_grad;
-  at::Tensor local = grad.scalar_type() == orig_dtype_ ? grad : grad.to(orig_dtype_);
+  // To the shard's dtype and device (the CPU when offloaded: blocking).
+  at::Tensor local = grad.to(sharded_param_.device(), orig_dtype_);
   at::Tensor& current = sharded_param_.mutable_grad();
   if (current.defined()) {
     current.add_(local.view(local_shape_));

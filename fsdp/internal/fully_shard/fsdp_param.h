@@ -18,6 +18,11 @@
 // by torch.cat(chunks, d) (PyTorch's _reassemble_all_gather_outputs). Both
 // buffers are allocated while unsharded.
 //
+// CPUOffloadPolicy: the padded shard (and the sharded parameter over it,
+// and its .grad) is on the CPU, pinned when asked and CUDA is present;
+// all_gather_input() copies it to the device; the gathered buffers are on
+// the device; accumulate_sharded_grad() copies the reduced gradient back.
+//
 // Tensors that share memory are made with set_ (fresh TensorImpls, own
 // version counters), so writing a gathered buffer never bumps the version
 // of a tensor autograd saved (PyTorch uses _unsafe_preserve_version_counter
@@ -25,6 +30,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/intrusive_ptr.h>
 
@@ -58,7 +64,7 @@ class FSDPParam {
   FSDPParam(std::vector<std::string> fqns, const at::Tensor& param, const comm::ProcessGroup& group,
             const comm::ProcessGroup& post_forward_group,
             std::optional<c10::ScalarType> param_dtype, std::optional<c10::ScalarType> reduce_dtype,
-            int64_t shard_dim = 0);
+            int64_t shard_dim = 0, bool offload_to_cpu = false, bool pin_memory = false);
 
   const std::vector<std::string>& fqns() const { return fqns_; }
   const at::Tensor& sharded_param() const { return sharded_param_; }
@@ -69,6 +75,9 @@ class FSDPParam {
   c10::ScalarType param_dtype() const { return param_dtype_; }
   c10::ScalarType reduce_dtype() const { return reduce_dtype_; }
   const std::vector<int64_t>& global_shape() const { return global_shape_; }
+  // Where the module computes: the parameter's device at fully_shard. The
+  // shard lives there too, or on the CPU when offloaded.
+  const c10::Device& device() const { return device_; }
   int64_t shard_dim() const { return shard_dim_; }
   // Along shard_dim: the padded chunk size, and where this shard starts.
   int64_t padded_shard_size() const { return chunk_; }
@@ -113,6 +122,7 @@ class FSDPParam {
   comm::ProcessGroup post_forward_group_;
   std::vector<int64_t> global_shape_;
   std::vector<int64_t> local_shape_;
+  c10::Device device_;
   int64_t shard_dim_ = 0;
   int64_t chunk_ = 0;         // padded shard size along shard_dim_
   int64_t shard_offset_ = 0;  // along shard_dim_
