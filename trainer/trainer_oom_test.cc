@@ -63,9 +63,10 @@ class LimitingAllocator final : public c10::Allocator {
 // allocator of the highest priority set so far).
 constexpr uint8_t kPriority = 100;
 
-// The MLP at a batch whose activations (512 rows x 16 tokens x 32 or 64
-// floats: 1-2 MiB per tensor) are far above kLimit, while every parameter,
-// gradient, optimizer state and checkpoint tensor is far below it.
+// The MLP at a batch whose tensors (2048 rows x 17 int64 tokens: 272 KiB;
+// the embedded window, 2048 x 16 x 8 floats: 1 MiB) are above kLimit, while
+// every parameter, gradient, optimizer state and checkpoint tensor is far
+// below it.
 trainer::Options Small(const std::string& dir) {
   trainer::Options o;
   o.model = trainer::ModelKind::kMlp;
@@ -73,7 +74,7 @@ trainer::Options Small(const std::string& dir) {
   o.vocab = 64;
   o.dim = 32;
   o.seq = 16;
-  o.global_batch = 512;
+  o.global_batch = 2048;
   o.warmup_steps = 2;
   o.steps = 2;
   o.checkpoint_dir = dir + "/ckpt";
