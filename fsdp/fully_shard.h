@@ -10,15 +10,27 @@
 //   loss.backward();                                        // reduce-scattered
 //   optim.step();
 //
+// HSDP (2 replicas of 4-way sharding on 8 ranks), bf16 compute with float32
+// reduction and float32 outputs from the root:
+//
+//   options.mesh = comm::init_hybrid_shard_mesh(world, 2, 4).value();
+//   options.mp_policy.param_dtype = torch::kBFloat16;
+//   options.mp_policy.reduce_dtype = torch::kFloat;
+//   for (auto& block : *model->blocks) fsdp::fully_shard(block.ptr(), options);
+//   options.mp_policy.output_dtype = torch::kFloat;
+//   fsdp::fully_shard(model.ptr(), options);
+//
 // Sharding. Each parameter of the module (those no nested fully_shard
-// module manages) is replaced, in the module, by this rank's dim-0 shard:
-// torch.chunk(param, world_size, dim=0)[rank], padded on dim 0 to the size
-// of chunk 0 in the storage FSDP gathers from (so the last ranks may hold a
-// smaller or an empty shard, as in PyTorch). named_parameters() returns the
-// shards, so a stock torch::optim optimizer steps on them;
-// sharded_param_spec() tells a shard's global shape, group and placement
-// (the C++ counterpart of a DTensor with Shard(0)). Frozen and trainable
-// parameters, and parameters of different dtypes, mix in one module.
+// module manages, less options.ignored_params) is replaced, in the module,
+// by this rank's dim-0 shard: torch.chunk(param, world_size, dim=0)[rank],
+// padded on dim 0 to the size of chunk 0 in the storage FSDP gathers from
+// (so the last ranks may hold a smaller or an empty shard, as in PyTorch);
+// options.shard_placement_fn may pick another dim per parameter.
+// named_parameters() returns the shards, so a stock torch::optim optimizer
+// steps on them; sharded_param_spec() tells a shard's global shape, group,
+// shard dim and offset (the C++ counterpart of a DTensor with Shard(d)).
+// Frozen and trainable parameters, and parameters of different dtypes, mix
+// in one module.
 //
 // Runtime, at the module call point (module_call/call.h; LibTorch has no
 // forward hooks): call the root, and each fully_shard submodule from its
@@ -28,20 +40,27 @@
 // the module's names point at the unsharded parameters; after forward they
 // are resharded (reshard_after_forward), gathered again when backward
 // reaches the module's outputs, and once the module's backward is done the
-// gradients are reduce-scattered (averaged over the group) straight into
-// each shard's .grad. The first module called (the root) initialises the
-// tree lazily and, at the end of backward, finishes whatever is left.
+// gradients are reduce-scattered (averaged over the group; HSDP: then
+// all-reduced, averaged, over the replicas), asynchronously, into each
+// shard's .grad. The first module called (the root) initialises the tree
+// lazily and, at the end of backward, finishes whatever is left and waits
+// for the reductions (unless set_is_last_backward(false)).
 //
-// Errors (c10::Error, with PyTorch's wording where it has one): fully_shard
-// twice on one module, or on a module after an ancestor; a scalar or
-// non-contiguous parameter; an int reshard_after_forward that does not
-// divide the group size; a mesh that does not match the process group; a
+// Errors (c10::Error naming the module, with PyTorch's wording where it has
+// one): fully_shard twice on one module, or on a module after an ancestor;
+// a scalar or non-contiguous parameter; an int reshard_after_forward that
+// does not divide the shard group's size; a mesh of other than 1 or 2 dims;
+// a mesh that does not match the process group; shard_placement_fn giving
+// a dim out of range, or one the parameter does not divide evenly over
+// the group; an ignored parameter that is not one of the module's; a
 // parameter shared between two fully_shard modules (PyTorch's behaviour:
 // error at the first forward, naming the parameter).
 //
 // Lifetimes: fully_shard's state lives as long as the module (a
 // process-wide registry keyed by the module, holding it weakly; a destroyed
-// module's state, with its shards, is dropped at the next fully_shard call). Threading:
+// module's state, with its shards, is dropped at the next fully_shard call;
+// a gradient reduction still in flight then is waited out). The options are
+// copied: shard_placement_fn is called during fully_shard only. Threading:
 // driven from one thread (plus autograd's); every rank must run the same
 // forward/backward sequence.
 #pragma once
