@@ -285,23 +285,52 @@ absl::Status AgreeOnStatus(const comm::ProcessGroup& group, const absl::Status& 
 }
 
 // A reader of a step directory that finds an entry under its own name or
-// under the FULL file's ("model.<fqn>", "optim.<fqn>.<entry>").
-ShardedReader CheckpointReader(const std::string& step_dir, const std::set<std::string>& names) {
-  return [step_dir, names](const ShardRequests& requests) -> absl::StatusOr<ShardedStateDict> {
+// under the FULL file's ("model.<fqn>", "optim.<fqn>.<entry>"). A sharded
+// checkpoint is read resharded (this rank's rows only); a FULL one (0-dim
+// entries included) whole, then cut.
+ShardedReader CheckpointReader(const std::string& step_dir, const std::set<std::string>& names,
+                               bool full) {
+  auto rename = [names](const ShardRequests& requests) {
     ShardRequests renamed;
     for (const auto& [name, request] : requests) {
-      const std::string full = FullCheckpointKey(name);
-      renamed.emplace_back(names.count(name) == 0 && names.count(full) > 0 ? full : name, request);
+      const std::string key = FullCheckpointKey(name);
+      renamed.emplace_back(names.count(name) == 0 && names.count(key) > 0 ? key : name, request);
     }
-    auto loaded = LoadResharded(step_dir, renamed);
-    if (!loaded.ok()) return loaded.status();
-    ShardedStateDict out;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      const ShardedTensor* st = loaded->find(renamed[i].first);
-      out.insert(requests[i].first, st != nullptr ? *st : ShardedTensor{});
-    }
-    return out;
+    return renamed;
   };
+  return
+      [step_dir, rename, full](const ShardRequests& requests) -> absl::StatusOr<ShardedStateDict> {
+        const ShardRequests renamed = rename(requests);
+        absl::StatusOr<ShardedStateDict> loaded;
+        if (full) {
+          auto file = LoadFullStateDict(step_dir);
+          if (!file.ok()) return file.status();
+          ShardedStateDict whole;
+          for (const auto& [name, request] : renamed) {
+            const torch::Tensor* t = file->find(name);
+            if (t == nullptr) continue;  // DictReader names it
+            ShardedTensor st;
+            st.global_shape = t->sizes().vec();
+            st.dtype = t->scalar_type();
+            st.pieces.push_back({FlatRange{0, t->numel()}, t->reshape({-1})});
+            whole.insert(name, std::move(st));
+          }
+          loaded = DictReader(whole)(renamed);
+          if (!loaded.ok()) {
+            return absl::Status(loaded.status().code(),
+                                absl::StrCat(step_dir, ": ", loaded.status().message()));
+          }
+        } else {
+          loaded = LoadResharded(step_dir, renamed);
+        }
+        if (!loaded.ok()) return loaded.status();
+        ShardedStateDict out;
+        for (size_t i = 0; i < requests.size(); ++i) {
+          const ShardedTensor* st = loaded->find(renamed[i].first);
+          out.insert(requests[i].first, st != nullptr ? *st : ShardedTensor{});
+        }
+        return out;
+      };
 }
 
 }  // namespace
@@ -472,8 +501,9 @@ absl::Status LoadFullyShardCheckpoint(torch::nn::Module& model, torch::optim::Op
       }
     }
   }
-  return LoadFullyShardFrom(model, optimizer, absl::StrCat("checkpoint ", step_dir), optim_entries,
-                            CheckpointReader(step_dir, names));
+  return LoadFullyShardFrom(
+      model, optimizer, absl::StrCat("checkpoint ", step_dir), optim_entries,
+      CheckpointReader(step_dir, names, manifest->kind == CheckpointKind::kFull));
 }
 
 }  // namespace state_dict
