@@ -153,7 +153,7 @@ class TransformerLM(nn.Module):
         """Mean cross-entropy on int64 [B, seq + 1] rows (TransformerLM::Loss)."""
         length = batch.shape[1] - 1
         tokens = batch[:, :length]
-        positions = torch.arange(length)
+        positions = torch.arange(length, device=batch.device)
         x = self.tok_emb(tokens) + self.pos_emb(positions)
         for block in self.blocks:
             x = block(x)  # causal: SDPA's is_causal, as the trainer
@@ -232,11 +232,14 @@ def forward_backward(args, model, optimizer, step, rank, world):
     optimizer.zero_grad()
     batch = synthetic_batch(args.vocab, args.seed, step, args.global_batch,
                             args.seq + 1, rank, world)
+    device = getattr(args, "device", "cpu")
+    if device != "cpu":  # fsdp_step.py --device cuda: pinned, copied without blocking
+        batch = batch.pin_memory().to(device, non_blocking=True)
     loss = model(batch)
     loss.backward()
     global_loss = loss.item()
     if world > 1:
-        t = torch.tensor([global_loss], dtype=torch.float64)
+        t = torch.tensor([global_loss], dtype=torch.float64, device=batch.device)
         dist.all_reduce(t)
         global_loss = t.item() / world
     return lr, global_loss

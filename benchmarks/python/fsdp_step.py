@@ -25,6 +25,20 @@ tokens_per_s), as ddp_step.py does.
          or grad_op (False). FSDP2 has no NO_SHARD.
 The MLP model has no blocks: the root is the only unit, as in the trainer.
 
+--device cuda runs on the GPU LOCAL_RANK (NCCL; a world of 1 when started
+directly), the peer of the trainer's --device cuda (benchmarks/run_gpu.sh):
+the batch is copied from pinned memory without blocking, and each step's
+JSON line also carries cuda_peak_allocated_bytes / cuda_peak_reserved_bytes
+(torch.cuda.max_memory_allocated / max_memory_reserved, the peaks reset at
+the start of every step, as the trainer's --log-json). --mixed-precision
+bf16 keeps bf16 parameters for compute and reduces gradients in float32
+(fsdp1: MixedPrecision(param_dtype=bf16, reduce_dtype=fp32,
+buffer_dtype=fp32); fsdp2: MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32)), as the trainer's --mixed-precision bf16. Attention is
+F.scaled_dot_product_attention(is_causal=True) as in the trainer (flash or
+memory-efficient kernels on CUDA); --optimizer-impl fused / foreach picks
+AdamW(fused=True) / (foreach=True).
+
 --check-grads K checks the gradients of the first K steps, before the
 optimizer step, against an unsharded single-process reference (the same
 initial model, trained on the whole global batch by the same optimizer, on
@@ -71,29 +85,37 @@ def clean_name(name):
     return name
 
 
-def wrap_fsdp1(model, sharding):
-    from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+def wrap_fsdp1(model, sharding, device, bf16):
+    from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
     strategy = {"full": ShardingStrategy.FULL_SHARD, "grad_op": ShardingStrategy.SHARD_GRAD_OP,
                 "none": ShardingStrategy.NO_SHARD}[sharding]
+    mp = None
+    if bf16:
+        mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                            buffer_dtype=torch.float32)
     return FSDP(model, sharding_strategy=strategy,
                 auto_wrap_policy=ModuleWrapPolicy({TransformerBlock}),
                 backward_prefetch=BackwardPrefetch.BACKWARD_PRE, use_orig_params=True,
-                device_id=torch.device("cpu"))
+                mixed_precision=mp, device_id=device)
 
 
-def wrap_fsdp2(model, sharding, world):
+def wrap_fsdp2(model, sharding, world, device, bf16):
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     if sharding == "none":
         sys.exit("fsdp_step: FSDP2 (fully_shard) has no NO_SHARD: use --sharding full or grad_op")
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(device.type, (world,))
     reshard = sharding == "full"
+    kwargs = {}
+    if bf16:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                   reduce_dtype=torch.float32)
     for module in model.modules():
         if isinstance(module, TransformerBlock):
-            fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(module, mesh=mesh, reshard_after_forward=reshard, **kwargs)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **kwargs)
     return model
 
 
@@ -148,6 +170,10 @@ def main():
     p.add_argument("--sharding", choices=["full", "grad_op", "none"], default="full")
     p.add_argument("--check-grads", type=int, default=0, metavar="K",
                    help="check the gradients of the first K steps against an unsharded reference")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: NCCL, the GPU LOCAL_RANK (benchmarks/run_gpu.sh)")
+    p.add_argument("--mixed-precision", choices=["none", "bf16"], default="none",
+                   help="bf16: bf16 parameters for compute, float32 gradient reduction")
     add_common_args(p)
     args = p.parse_args()
 
@@ -156,13 +182,22 @@ def main():
     if args.global_batch % world != 0:
         sys.exit(f"fsdp_step: --global-batch {args.global_batch} is not a multiple "
                  f"of WORLD_SIZE {world}")
+    if args.device == "cuda":
+        if args.check_grads:
+            sys.exit("fsdp_step: --check-grads is for --device cpu")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
     store_dir = None
     if "MASTER_ADDR" in os.environ:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        dist.init_process_group(backend, rank=rank, world_size=world)
     else:  # one rank, started directly: FSDP still needs a process group
         store_dir = tempfile.TemporaryDirectory(prefix="fsdp_step_")
         store = dist.FileStore(os.path.join(store_dir.name, "store"), 1)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        dist.init_process_group(backend, store=store, rank=0, world_size=1)
 
     torch.manual_seed(args.seed)
     cls = TransformerLM if args.model == "transformer" else MlpLM
@@ -172,22 +207,27 @@ def main():
     if args.check_grads > 0 and rank == 0:
         reference = copy.deepcopy(model)
         ref_optimizer = make_optimizer(args, reference.parameters())
+    bf16 = args.mixed_precision == "bf16"
     if args.fsdp == "fsdp1":
-        wrapped = wrap_fsdp1(model, args.sharding)
+        wrapped = wrap_fsdp1(model, args.sharding, device, bf16)
     else:
-        wrapped = wrap_fsdp2(model, args.sharding, world)
+        wrapped = wrap_fsdp2(model, args.sharding, world, device, bf16)
     optimizer = make_optimizer(args, wrapped.parameters())
 
     log = open(args.log_json, "w", encoding="utf-8") if args.log_json and rank == 0 else None
     if rank == 0:
         what = ("FullyShardedDataParallel" if args.fsdp == "fsdp1" else "fully_shard")
         print(f"fsdp_step: torch {torch.__version__}, {args.model}, {num_params} parameters, "
-              f"{world} rank(s) ({args.fsdp}: {what}, sharding {args.sharding}, gloo), "
-              f"global batch {args.global_batch}, {args.optimizer}, "
+              f"{world} rank(s) ({args.fsdp}: {what}, sharding {args.sharding}, {backend}, "
+              f"{device}, mixed precision {args.mixed_precision}), "
+              f"global batch {args.global_batch}, {args.optimizer} ({args.optimizer_impl}), "
               f"{torch.get_num_threads()} intra-op thread(s) per rank", flush=True)
     tokens_per_step = args.global_batch * args.seq
     failures = []
+    on_cuda = device.type == "cuda"
     for step in range(1, args.steps + 1):
+        if on_cuda:
+            torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
         lr, global_loss = forward_backward(args, wrapped, optimizer, step, rank, world)
 
@@ -223,6 +263,9 @@ def main():
             record = {"step": step, "loss": global_loss, "lr": lr, "step_time_s": step_time,
                       "tokens_per_s": tokens_per_step / step_time}
             record.update(check)
+            if on_cuda:
+                record["cuda_peak_allocated_bytes"] = [torch.cuda.max_memory_allocated(device)]
+                record["cuda_peak_reserved_bytes"] = [torch.cuda.max_memory_reserved(device)]
             log.write(json.dumps(record) + "\n")
             log.flush()
     if log:
