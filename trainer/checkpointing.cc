@@ -23,6 +23,8 @@
 #include "state_dict/fsdp/fsdp_full_checkpoint.h"
 #include "state_dict/fsdp/fsdp_optim_state_dict.h"
 #include "state_dict/fsdp/fsdp_state_dict.h"
+#include "state_dict/fully_shard/fully_shard_dcp.h"
+#include "state_dict/fully_shard/fully_shard_state_dict.h"
 #include "state_dict/optim_state.h"
 #include "trainer/finite_state.h"
 
@@ -46,14 +48,19 @@ state_dict::ShardedTensor Scalar(int64_t value) {
 // with `rename`, under the names it gives), then "trainer.step" and
 // "trainer.seed", which rank 0 writes.
 absl::StatusOr<state_dict::FsdpModelStateDict> TrainerShardedState(
-    const Options& o, fsdp::FullyShardedDataParallel& model,
-    const torch::optim::Optimizer& optimizer, int64_t step,
+    const Options& o, TrainedModel model, const torch::optim::Optimizer& optimizer, int64_t step,
     std::string (*rename)(const std::string&) = nullptr) {
-  auto state = state_dict::GetModelStateDict(model, state_dict::StateDictType::kSharded);
-  if (!state.ok()) return state.status();
-  auto optim = state_dict::ShardedOptimStateDict(model, optimizer);
-  if (!optim.ok()) return optim.status();
-  auto both = state_dict::MergeShardedStateDicts(std::move(*state), *optim);
+  absl::StatusOr<state_dict::FsdpModelStateDict> both;
+  if (model.fully_shard() != nullptr) {
+    // The same names and layout as FSDP1's (state_dict/fully_shard/).
+    both = state_dict::FullyShardStateDict(model.fully_shard()->module(), &optimizer);
+  } else {
+    auto state = state_dict::GetModelStateDict(*model.fsdp1(), state_dict::StateDictType::kSharded);
+    if (!state.ok()) return state.status();
+    auto optim = state_dict::ShardedOptimStateDict(*model.fsdp1(), optimizer);
+    if (!optim.ok()) return optim.status();
+    both = state_dict::MergeShardedStateDicts(std::move(*state), *optim);
+  }
   if (!both.ok()) return both.status();
   if (rename != nullptr) {
     state_dict::ShardedStateDict renamed;
@@ -70,7 +77,7 @@ absl::StatusOr<state_dict::FsdpModelStateDict> TrainerShardedState(
 
 // SHARDED: every rank writes its pieces of the model and the optimizer
 // state (no gathering), the trainer's step and seed go with rank 0's.
-absl::Status SaveShardedTrainerState(const Options& o, fsdp::FullyShardedDataParallel& model,
+absl::Status SaveShardedTrainerState(const Options& o, TrainedModel model,
                                      const torch::optim::Optimizer& optimizer, int64_t step,
                                      state_dict::AsyncCheckpointer* async) {
   auto both = TrainerShardedState(o, model, optimizer, step);
@@ -89,7 +96,7 @@ absl::Status SaveShardedTrainerState(const Options& o, fsdp::FullyShardedDataPar
 // --async-checkpoint runs the same save in the background, over a group of
 // its own (the training's collectives go on meanwhile on the main group);
 // the optimizer waits for it (WaitUntilWritten) as for every in-place save.
-absl::Status SaveFullTrainerState(const Options& o, fsdp::FullyShardedDataParallel& model,
+absl::Status SaveFullTrainerState(const Options& o, TrainedModel model,
                                   const torch::optim::Optimizer& optimizer,
                                   const comm::ProcessGroup& group, int64_t step, AsyncSave* async) {
   auto file_state = TrainerShardedState(o, model, optimizer, step, state_dict::FullCheckpointKey);
@@ -172,8 +179,7 @@ absl::Status InCheckpoint(const std::string& step_dir, const char* part, absl::S
 // A sharded checkpoint of any world size and strategy: each rank reads only
 // its ranges (state_dict's reshard on load).
 absl::StatusOr<int64_t> ResumeSharded(const std::string& step_dir, const Options& o,
-                                      fsdp::FullyShardedDataParallel& model,
-                                      torch::optim::Optimizer& optimizer) {
+                                      TrainedModel model, torch::optim::Optimizer& optimizer) {
   state_dict::ShardRequest scalar;
   scalar.global_shape = {1};
   scalar.dtype = torch::kInt64;
@@ -187,12 +193,21 @@ absl::StatusOr<int64_t> ResumeSharded(const std::string& step_dir, const Options
   const int64_t step = trainer->find(kStepKey)->pieces[0].data.item<int64_t>();
   const int64_t seed = trainer->find(kSeedKey)->pieces[0].data.item<int64_t>();
   if (auto s = CheckSeed(o, step_dir, seed); !s.ok()) return s;
-  if (auto s =
-          state_dict::LoadModelCheckpoint(model, step_dir, state_dict::StateDictType::kSharded);
+  if (model.fully_shard() != nullptr) {
+    if (auto s = state_dict::LoadFullyShardCheckpoint(model.fully_shard()->module(), &optimizer,
+                                                      step_dir);
+        !s.ok()) {
+      return InCheckpoint(step_dir, "model and optimizer", s);
+    }
+    return step;
+  }
+  if (auto s = state_dict::LoadModelCheckpoint(*model.fsdp1(), step_dir,
+                                               state_dict::StateDictType::kSharded);
       !s.ok()) {
     return InCheckpoint(step_dir, "model", s);
   }
-  if (auto s = state_dict::LoadShardedOptimCheckpoint(model, optimizer, step_dir); !s.ok()) {
+  if (auto s = state_dict::LoadShardedOptimCheckpoint(*model.fsdp1(), optimizer, step_dir);
+      !s.ok()) {
     return InCheckpoint(step_dir, "optimizer", s);
   }
   return step;
@@ -202,8 +217,7 @@ absl::StatusOr<int64_t> ResumeSharded(const std::string& step_dir, const Options
 // the FULL state dict, the optimizer state through shard_full (each rank
 // cuts its elements out), with the current optimizer's hyperparameters.
 absl::StatusOr<int64_t> ResumeFull(const std::string& step_dir, const Options& o,
-                                   fsdp::FullyShardedDataParallel& model,
-                                   torch::optim::Optimizer& optimizer) {
+                                   TrainedModel model, torch::optim::Optimizer& optimizer) {
   auto saved = state_dict::LoadFullStateDict(step_dir);
   if (!saved.ok()) return saved.status();
   const torch::Tensor* step = saved->find(kStepKey);
@@ -214,6 +228,16 @@ absl::StatusOr<int64_t> ResumeFull(const std::string& step_dir, const Options& o
                      ": expected a checkpoint written by the trainer"));
   }
   if (auto s = CheckSeed(o, step_dir, seed->item<int64_t>()); !s.ok()) return s;
+  if (model.fully_shard() != nullptr) {
+    // "model.<fqn>" / "optim.<fqn>.<entry>", each rank cutting its rows out.
+    if (auto s = state_dict::LoadFullyShardCheckpoint(model.fully_shard()->module(), &optimizer,
+                                                      step_dir);
+        !s.ok()) {
+      return InCheckpoint(step_dir, "model and optimizer", s);
+    }
+    return step->item<int64_t>();
+  }
+  fsdp::FullyShardedDataParallel& fsdp1 = *model.fsdp1();
   state_dict::FsdpModelStateDict model_state;
   model_state.type = state_dict::StateDictType::kFull;
   state_dict::OptimStateDict optim_state;
@@ -235,10 +259,10 @@ absl::StatusOr<int64_t> ResumeFull(const std::string& step_dir, const Options& o
   for (auto& [name, entries] : per_param) optim_state.state.emplace_back(name, std::move(entries));
   auto current = state_dict::ExportOptimizerState(optimizer);
   if (!current.ok()) return current.status();
-  auto mine = state_dict::ShardFullOptimStateDict(model, optimizer, optim_state);
+  auto mine = state_dict::ShardFullOptimStateDict(fsdp1, optimizer, optim_state);
   if (!mine.ok()) return InCheckpoint(step_dir, "optimizer", mine.status());
   mine->param_groups = current->param_groups;
-  if (auto s = state_dict::LoadModelStateDict(model, model_state); !s.ok()) {
+  if (auto s = state_dict::LoadModelStateDict(fsdp1, model_state); !s.ok()) {
     return InCheckpoint(step_dir, "model", s);
   }
   if (auto s = state_dict::ImportOptimizerState(optimizer, *mine); !s.ok()) {
@@ -247,11 +271,41 @@ absl::StatusOr<int64_t> ResumeFull(const std::string& step_dir, const Options& o
   return step->item<int64_t>();
 }
 
+// CheckStateFinite (finite_state.h) under either --fsdp: under fully_shard
+// this rank's shards (the parameters' FQNs) and optimizer state
+// ("<fqn>/<entry>"), with the same message.
+absl::Status StateFinite(TrainedModel model, const torch::optim::Optimizer& optimizer,
+                         const std::string& what) {
+  if (model.fsdp1() != nullptr) return CheckStateFinite(*model.fsdp1(), optimizer, what);
+  auto report = [&](const std::string& name, const torch::Tensor& t) -> absl::Status {
+    if (!t.defined() || !t.is_floating_point() || t.numel() == 0) return absl::OkStatus();
+    const torch::Tensor bad = torch::logical_not(torch::isfinite(t.detach())).reshape({-1});
+    const int64_t count = bad.sum().item<int64_t>();
+    if (count == 0) return absl::OkStatus();
+    const int64_t first = bad.nonzero()[0][0].item<int64_t>();
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": ", name, " holds ", count, " NaN/Inf values of ", t.numel(),
+                     " (the first at flat index ", first, ": ",
+                     t.detach().reshape({-1})[first].item<double>(), "): expected finite values"));
+  };
+  for (const auto& p : model.fully_shard()->module().named_parameters()) {
+    if (auto s = report(p.key(), p.value()); !s.ok()) return s;
+  }
+  auto state = state_dict::FullyShardOptimStateDict(model.fully_shard()->module(), optimizer);
+  if (!state.ok()) return state.status();
+  for (const auto& item : state->sharded) {
+    for (const auto& piece : item.value().pieces) {
+      if (auto s = report(item.key(), piece.data); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 // A loaded checkpoint's state is finite, unless --allow-nonfinite-import.
-absl::Status CheckLoadedFinite(const Options& o, const fsdp::FullyShardedDataParallel& model,
+absl::Status CheckLoadedFinite(const Options& o, TrainedModel model,
                                const torch::optim::Optimizer& optimizer, const std::string& what) {
   if (o.allow_nonfinite_import) return absl::OkStatus();
-  absl::Status s = CheckStateFinite(model, optimizer, what);
+  absl::Status s = StateFinite(model, optimizer, what);
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat(s.message(),
                                              " (refused: a diverged run's state; "
@@ -261,7 +315,7 @@ absl::Status CheckLoadedFinite(const Options& o, const fsdp::FullyShardedDataPar
 // Loads the checkpoint to resume from (o.resume_from, or the newest that
 // verifies), of either format; returns its step.
 absl::StatusOr<int64_t> LoadResumeCheckpoint(const Options& o, const comm::ProcessGroup& group,
-                                             fsdp::FullyShardedDataParallel& model,
+                                             TrainedModel model,
                                              torch::optim::Optimizer& optimizer) {
   std::optional<std::string> step_dir;
   if (!o.resume_from.empty()) {
@@ -394,7 +448,7 @@ absl::StatusOr<int64_t> ImportedStep(const Options& o, const state_dict::DcpChec
 // "trainer.*" entry (what a Python run saves: dcp.save({"model": ...,
 // "optim": ...})) starts at step 0; one without optimizer state loads the
 // model alone, the optimizer starting fresh.
-absl::StatusOr<ImportedDcp> ImportDcpOnRank(const Options& o, fsdp::FullyShardedDataParallel& model,
+absl::StatusOr<ImportedDcp> ImportDcpOnRank(const Options& o, TrainedModel model,
                                             torch::optim::Optimizer& optimizer) {
   const std::string what = ImportContext(o);
   std::error_code ec;
@@ -421,7 +475,11 @@ absl::StatusOr<ImportedDcp> ImportDcpOnRank(const Options& o, fsdp::FullySharded
   if (imported.has_optimizer) {
     if (auto s = CheckDcpOptimizer(o, *ckpt); !s.ok()) return s;
   }
-  if (auto s = state_dict::LoadFsdpDcp(*ckpt, model, imported.has_optimizer ? &optimizer : nullptr);
+  torch::optim::Optimizer* load_optimizer = imported.has_optimizer ? &optimizer : nullptr;
+  if (auto s =
+          model.fully_shard() != nullptr
+              ? state_dict::LoadFullyShardDcp(*ckpt, model.fully_shard()->module(), load_optimizer)
+              : state_dict::LoadFsdpDcp(*ckpt, *model.fsdp1(), load_optimizer);
       !s.ok()) {
     return InContext(what, s);
   }
@@ -454,8 +512,7 @@ absl::StatusOr<std::unique_ptr<DirectoryLock>> PrepareCheckpointDir(
 }
 
 absl::StatusOr<int64_t> ImportDcp(const Options& o, const comm::ProcessGroup& group,
-                                  fsdp::FullyShardedDataParallel& model,
-                                  torch::optim::Optimizer& optimizer) {
+                                  TrainedModel model, torch::optim::Optimizer& optimizer) {
   auto imported = ImportDcpOnRank(o, model, optimizer);
   const std::string what = ImportContext(o);
   if (auto s = AgreeOnStatus(group, imported.status(), what); !s.ok()) return s;
@@ -498,13 +555,12 @@ absl::Status CheckDcpExportTarget(const Options& o, const comm::ProcessGroup& gr
   return AgreeOnStatus(group, usable, what);
 }
 
-absl::Status ExportDcp(const Options& o, const comm::ProcessGroup& group,
-                       fsdp::FullyShardedDataParallel& model,
+absl::Status ExportDcp(const Options& o, const comm::ProcessGroup& group, TrainedModel model,
                        const torch::optim::Optimizer& optimizer, int64_t step) {
   const std::string what = absl::StrCat("--export-dcp='", o.export_dcp, "' step ", step);
   // As for checkpoints: never an export of non-finite state.
   if (auto s = AgreeOnStatus(
-          group, CheckStateFinite(model, optimizer, absl::StrCat(what, ": not written")), what);
+          group, StateFinite(model, optimizer, absl::StrCat(what, ": not written")), what);
       !s.ok()) {
     return s;
   }
@@ -512,7 +568,10 @@ absl::Status ExportDcp(const Options& o, const comm::ProcessGroup& group,
   const std::vector<state_dict::DcpShard::Object> trainer_state = {
       {kDcpStepPath, c10::IValue(step)}, {kDcpSeedPath, c10::IValue(o.seed)}};
   const absl::Status saved =
-      state_dict::SaveFsdpDcpShard(o.export_dcp, model, &optimizer, trainer_state);
+      model.fully_shard() != nullptr
+          ? state_dict::SaveFullyShardDcpShard(o.export_dcp, model.fully_shard()->module(),
+                                               &optimizer, trainer_state)
+          : state_dict::SaveFsdpDcpShard(o.export_dcp, *model.fsdp1(), &optimizer, trainer_state);
   // Also the barrier: every rank's shard is written before rank 0 commits.
   if (auto s = AgreeOnStatus(group, InContext(what, saved), what); !s.ok()) return s;
   absl::Status committed = absl::OkStatus();
@@ -559,8 +618,7 @@ absl::StatusOr<std::optional<std::string>> ChooseResumeCheckpoint(const std::str
 }
 
 absl::StatusOr<int64_t> ResumeTrainer(const Options& o, const comm::ProcessGroup& group,
-                                      fsdp::FullyShardedDataParallel& model,
-                                      torch::optim::Optimizer& optimizer) {
+                                      TrainedModel model, torch::optim::Optimizer& optimizer) {
   if (o.resume) return LoadResumeCheckpoint(o, group, model, optimizer);
   if (!o.checkpoint_dir.empty()) {
     auto existing = state_dict::LatestCheckpoint(o.checkpoint_dir);
@@ -574,7 +632,7 @@ absl::StatusOr<int64_t> ResumeTrainer(const Options& o, const comm::ProcessGroup
   return 0;
 }
 
-absl::Status SaveTrainerCheckpoint(const Options& o, fsdp::FullyShardedDataParallel& model,
+absl::Status SaveTrainerCheckpoint(const Options& o, TrainedModel model,
                                    const torch::optim::Optimizer& optimizer,
                                    const comm::ProcessGroup& group, int64_t step,
                                    AsyncSave* async) {
@@ -586,7 +644,7 @@ absl::Status SaveTrainerCheckpoint(const Options& o, fsdp::FullyShardedDataParal
   // Never a checkpoint of non-finite state (finite_state.h): nothing is
   // written and, since --keep-last runs only after a save, nothing pruned.
   if (auto s = AgreeOnStatus(
-          group, CheckStateFinite(model, optimizer, absl::StrCat(what, ": not saved")), what);
+          group, StateFinite(model, optimizer, absl::StrCat(what, ": not saved")), what);
       !s.ok()) {
     return s;
   }

@@ -12,7 +12,10 @@
 //   "trainer.seed"), each tensor gathered onto it just before its record
 //   is written (state_dict/fsdp/fsdp_full_checkpoint.h; the model's and the
 //   optimizer's keys: state_dict/fsdp/checkpoint_keys.h).
-// Either resumes on any world size and strategy (reshard on load).
+// Either resumes on any world size and strategy (reshard on load), and under
+// either --fsdp: the keys are the model's FQNs under FullyShardedDataParallel
+// and fully_shard alike (state_dict/fully_shard/), so a run saved under one
+// resumes under the other.
 //
 // PyTorch's distributed checkpoints (DCP, torch.distributed.checkpoint) move
 // a run between Python and the trainer: --import-dcp D continues from D,
@@ -46,6 +49,7 @@
 #include "state_dict/async_checkpoint.h"
 #include "trainer/options.h"
 #include "trainer/run_lock.h"
+#include "trainer/wrap.h"
 
 namespace trainer {
 
@@ -66,8 +70,7 @@ absl::StatusOr<std::unique_ptr<DirectoryLock>> PrepareCheckpointDir(
 // A restarted rank that finds a checkpoint resumes from it (options.resume
 // set by trainer_main), not from --import-dcp, which is older.
 absl::StatusOr<int64_t> ResumeTrainer(const Options& options, const comm::ProcessGroup& group,
-                                      fsdp::FullyShardedDataParallel& model,
-                                      torch::optim::Optimizer& optimizer);
+                                      TrainedModel model, torch::optim::Optimizer& optimizer);
 
 // --import-dcp: loads the DCP directory's model and optimizer state into
 // `model` and `optimizer` (each rank reads only the chunks it needs; any
@@ -81,8 +84,7 @@ absl::StatusOr<int64_t> ResumeTrainer(const Options& options, const comm::Proces
 // load as they are.
 // Every rank stops when one fails.
 absl::StatusOr<int64_t> ImportDcp(const Options& options, const comm::ProcessGroup& group,
-                                  fsdp::FullyShardedDataParallel& model,
-                                  torch::optim::Optimizer& optimizer);
+                                  TrainedModel model, torch::optim::Optimizer& optimizer);
 
 // --export-dcp, before training: AlreadyExists when the directory already
 // holds a DCP checkpoint (a `.metadata`), so that a run is not lost at its
@@ -93,8 +95,7 @@ absl::Status CheckDcpExportTarget(const Options& options, const comm::ProcessGro
 // (state_dict::SaveFsdpDcpShard, with "trainer.step" and "trainer.seed" as
 // python ints), then, once all have, rank 0 writes `.metadata`
 // (state_dict::CommitDcpCheckpoint), which makes the directory a checkpoint.
-absl::Status ExportDcp(const Options& options, const comm::ProcessGroup& group,
-                       fsdp::FullyShardedDataParallel& model,
+absl::Status ExportDcp(const Options& options, const comm::ProcessGroup& group, TrainedModel model,
                        const torch::optim::Optimizer& optimizer, int64_t step);
 
 // The checkpoint to resume from, chosen once for the job: rank 0 takes the
@@ -123,7 +124,7 @@ struct AsyncSave {
 // then --keep-last applies. With `async` (--async-checkpoint), the previous
 // async save is finished first, and this one is started on the live state and
 // finished later (FinishAsyncSave).
-absl::Status SaveTrainerCheckpoint(const Options& options, fsdp::FullyShardedDataParallel& model,
+absl::Status SaveTrainerCheckpoint(const Options& options, TrainedModel model,
                                    const torch::optim::Optimizer& optimizer,
                                    const comm::ProcessGroup& group, int64_t step, AsyncSave* async);
 

@@ -139,6 +139,10 @@ void DefineFlags(CLI::App& app, Options& o) {
   AddChoice(app, "--device", o.device, {Device::kCpu, Device::kCuda},
             "cuda: each rank on GPU LOCAL_RANK % count, NCCL for the model's collectives "
             "(a --config=cuda build on a machine with a GPU)");
+  AddChoice(app, "--fsdp", o.fsdp, {FsdpApi::kFsdp1, FsdpApi::kFullyShard},
+            "fsdp1: FullyShardedDataParallel (flat parameters); fully_shard: FSDP2's "
+            "per-parameter shards (--sharding full or grad_op, no --cpu-offload, "
+            "--backward-prefetch pre or none)");
   AddChoice(app, "--sharding", o.sharding,
             {Sharding::kFull, Sharding::kGradOp, Sharding::kNone, Sharding::kHybrid},
             "FSDP strategy (hybrid: a 2-D mesh of replicas x shards, e.g. 2x2 on --nproc 4)");
@@ -318,6 +322,26 @@ absl::Status CheckFeatureAvailability(const Options& o, int world_size) {
                      world_size, " x --grad-accum=", o.grad_accum, " = ", per_rank_parts,
                      " (each rank splits its share into grad-accum equal micro-batches)"));
   }
+  if (o.fsdp == FsdpApi::kFullyShard) {
+    // What fully_shard does not do here: refused by name, never ignored.
+    if (o.sharding == Sharding::kNone || o.sharding == Sharding::kHybrid) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--sharding=", Name(o.sharding),
+          " with --fsdp=fully_shard: expected --sharding=full (reshard after forward) or "
+          "grad_op (keep the parameters gathered until backward); fully_shard's mesh is 1-D "
+          "here (use --fsdp=fsdp1 for none and hybrid)"));
+    }
+    if (o.cpu_offload) {
+      return absl::InvalidArgumentError(
+          "--cpu-offload with --fsdp=fully_shard: fully_shard has no OffloadPolicy yet; use "
+          "--fsdp=fsdp1 to offload");
+    }
+    if (o.backward_prefetch == BackwardPrefetch::kPost) {
+      return absl::InvalidArgumentError(
+          "--backward-prefetch=post with --fsdp=fully_shard: expected pre (each block "
+          "prefetches the one before it in backward) or none; post is FSDP1's");
+    }
+  }
   if (o.sharding == Sharding::kHybrid) {
     if (auto shape = HybridMeshShape(world_size); !shape.ok()) return shape.status();
   }
@@ -353,6 +377,7 @@ const char* Name(DataFormat v) {
   }
   return "?";
 }
+const char* Name(FsdpApi v) { return v == FsdpApi::kFullyShard ? "fully_shard" : "fsdp1"; }
 const char* Name(Sharding v) {
   switch (v) {
     case Sharding::kFull: return "full";
@@ -411,6 +436,7 @@ std::vector<std::string> ToArgs(const Options& o) {
       absl::StrCat("--nproc=", o.nproc),
       absl::StrCat("--threads-per-rank=", o.threads_per_rank),
       absl::StrCat("--device=", Name(o.device)),
+      absl::StrCat("--fsdp=", Name(o.fsdp)),
       absl::StrCat("--sharding=", Name(o.sharding)),
       absl::StrCat("--mixed-precision=", Name(o.mixed_precision)),
       absl::StrCat("--cpu-offload=", o.cpu_offload ? "true" : "false"),

@@ -38,6 +38,9 @@ enum class OptimizerKind { kAdam, kAdamW, kSgd };
 enum class LrSchedule { kConstant, kCosine };
 enum class CheckpointFormat { kSharded, kFull };
 enum class Device { kCpu, kCuda };
+// Which FSDP wraps the model: FullyShardedDataParallel (FSDP1) or
+// fsdp::fully_shard (FSDP2, per-parameter shards; trainer/wrap.h).
+enum class FsdpApi { kFsdp1, kFullyShard };
 
 struct Options {
   ModelKind model = ModelKind::kTransformer;
@@ -76,6 +79,7 @@ struct Options {
   Device device = Device::kCpu;
 
   // FSDP.
+  FsdpApi fsdp = FsdpApi::kFsdp1;
   Sharding sharding = Sharding::kFull;
   MixedPrecision mixed_precision = MixedPrecision::kNone;
   bool cpu_offload = false;
@@ -173,6 +177,7 @@ const char* Name(DataFormat v);
 const char* Name(Sharding v);
 const char* Name(MixedPrecision v);
 const char* Name(Device v);
+const char* Name(FsdpApi v);
 const char* Name(BackwardPrefetch v);
 const char* Name(OptimizerKind v);
 const char* Name(LrSchedule v);

@@ -38,6 +38,14 @@ fsdp::BackwardPrefetch ToPrefetch(BackwardPrefetch b) {
 absl::StatusOr<std::unique_ptr<fsdp::FullyShardedDataParallel>> WrapModel(
     const Options& o, std::shared_ptr<LanguageModel> model, c10::Device device,
     const comm::ProcessGroup& world) {
+  if (o.fsdp == FsdpApi::kFullyShard) {
+    // A caller that knows only FSDP1 (Wrap dispatches --fsdp): refused, never
+    // trained under FSDP1 in silence.
+    return absl::UnimplementedError(
+        "--fsdp=fully_shard: this caller wraps with FullyShardedDataParallel only (WrapModel); "
+        "it must build the model with trainer::Wrap to train under fully_shard: use "
+        "--fsdp=fsdp1");
+  }
   fsdp::FullyShardedDataParallel::Options options;
   options.sharding_strategy = ToStrategy(o.sharding);
   if (o.sharding == Sharding::kHybrid) {
@@ -119,6 +127,132 @@ absl::StatusOr<std::unique_ptr<fsdp::FullyShardedDataParallel>> WrapModel(
   // Typed as LanguageModel (no single forward): the root is entered
   // through run() around Loss().
   return std::make_unique<fsdp::FullyShardedDataParallel>(model, std::move(options));
+}
+
+FullyShardModel::FullyShardModel(std::shared_ptr<LanguageModel> model, fsdp::FSDPModule root,
+                                 std::vector<std::string> unit_names)
+    : model_(std::move(model)), root_(std::move(root)), unit_names_(std::move(unit_names)) {}
+
+torch::Tensor FullyShardModel::run(const std::function<torch::Tensor()>& fn) {
+  module_call::ForwardCall call(*model_);
+  return call.finish(fn());
+}
+
+FullyShardModel::NoSyncGuard::NoSyncGuard(fsdp::FSDPModule root) : root_(std::move(root)) {
+  root_.set_requires_gradient_sync(false);
+}
+
+FullyShardModel::NoSyncGuard::~NoSyncGuard() { root_.set_requires_gradient_sync(true); }
+
+FullyShardModel::NoSyncGuard FullyShardModel::no_sync() { return NoSyncGuard(root_); }
+
+torch::Tensor FullyShardModel::clip_grad_norm_(double max_norm) {
+  std::vector<torch::Tensor> trainable;
+  for (const auto& p : model_->parameters()) {
+    if (p.requires_grad()) trainable.push_back(p);
+  }
+  return fsdp::clip_grad_norm_(trainable, max_norm);
+}
+
+std::vector<torch::Tensor> FullyShardModel::parameters() const { return model_->parameters(); }
+
+absl::StatusOr<std::unique_ptr<FullyShardModel>> WrapModelFullyShard(
+    const Options& o, std::shared_ptr<LanguageModel> model, c10::Device device,
+    const comm::ProcessGroup& world) {
+  // CheckFeatureAvailability refused what fully_shard does not do here
+  // (--sharding none/hybrid, --cpu-offload, --backward-prefetch=post).
+  fsdp::FullyShardOptions options;
+  options.process_group = world;
+  // full: reshard after forward (FULL_SHARD); grad_op: keep the gathered
+  // parameters from forward to backward (SHARD_GRAD_OP).
+  options.reshard_after_forward = o.sharding != Sharding::kGradOp;
+  if (o.mixed_precision == MixedPrecision::kBf16) {
+    options.mp_policy.param_dtype = torch::kBFloat16;
+    options.mp_policy.reduce_dtype = torch::kFloat32;
+  }
+  if (!device.is_cpu()) model->to(device);
+  if (o.activation_checkpointing == ActivationCheckpointing::kBlock) {
+    const auto blocks = activation_checkpointing::apply_activation_checkpointing(
+        model, module_call::module_type_auto_wrap_policy<TransformerBlockImpl>());
+    if (blocks.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--activation-checkpointing=block: the ", Name(o.model),
+          " model has no transformer blocks to checkpoint: use --model=transformer, or "
+          "--activation-checkpointing=none"));
+    }
+  }
+  std::vector<std::string> unit_names;
+  std::vector<fsdp::FSDPModule> blocks;
+  if (auto* lm = dynamic_cast<TransformerLM*>(model.get())) {
+    for (size_t i = 0; i < lm->blocks()->size(); ++i) {
+      std::shared_ptr<torch::nn::Module> block = lm->blocks()->ptr(i);
+      int64_t numel = 0;
+      for (const auto& p : block->parameters()) numel += p.numel();
+      const bool wrap = o.auto_wrap == AutoWrap::kBlock ||
+                        (o.auto_wrap == AutoWrap::kSize && numel >= o.auto_wrap_min_params);
+      if (!wrap) continue;
+      blocks.push_back(fsdp::fully_shard(block, options));
+      unit_names.push_back(absl::StrCat("blocks.", i));
+    }
+    // Every block call through the call point (a plain forward for a block
+    // that is not a unit).
+    lm->set_block_runner(
+        [](int64_t, TransformerBlock& block, const torch::Tensor& x, const torch::Tensor& mask) {
+          return module_call::call(block, x, mask);
+        });
+  }
+  fsdp::FSDPModule root =
+      fsdp::fully_shard(std::static_pointer_cast<torch::nn::Module>(model), options);
+  unit_names.insert(unit_names.begin(), "");
+  if (o.backward_prefetch == BackwardPrefetch::kPre) {
+    // Backward runs the blocks last to first: each prefetches the one
+    // before it (PyTorch's BACKWARD_PRE).
+    for (size_t i = 1; i < blocks.size(); ++i)
+      blocks[i].set_modules_to_backward_prefetch({blocks[i - 1]});
+  }
+  return std::make_unique<FullyShardModel>(std::move(model), std::move(root),
+                                           std::move(unit_names));
+}
+
+absl::StatusOr<WrappedModel> Wrap(const Options& o, std::shared_ptr<LanguageModel> model,
+                                  c10::Device device, const comm::ProcessGroup& world) {
+  WrappedModel out;
+  if (o.fsdp == FsdpApi::kFullyShard) {
+    auto wrapped = WrapModelFullyShard(o, std::move(model), device, world);
+    if (!wrapped.ok()) return wrapped.status();
+    out.fully_shard = std::move(*wrapped);
+  } else {
+    auto wrapped = WrapModel(o, std::move(model), device, world);
+    if (!wrapped.ok()) return wrapped.status();
+    out.fsdp1 = std::move(*wrapped);
+  }
+  return out;
+}
+
+torch::Tensor TrainedModel::run(const std::function<torch::Tensor()>& fn) const {
+  if (fsdp1_ != nullptr) return fsdp1_->run([&] { return fn(); });
+  return fully_shard_->run(fn);
+}
+
+TrainedModel::NoSyncGuard::NoSyncGuard(const TrainedModel& model) {
+  if (model.fsdp1() != nullptr) {
+    fsdp1_.emplace(model.fsdp1()->no_sync());
+  } else {
+    fully_shard_.emplace(model.fully_shard()->root());
+  }
+}
+
+torch::Tensor TrainedModel::clip_grad_norm_(double max_norm) const {
+  return fsdp1_ != nullptr ? fsdp1_->clip_grad_norm_(max_norm)
+                           : fully_shard_->clip_grad_norm_(max_norm);
+}
+
+std::vector<torch::Tensor> TrainedModel::parameters() const {
+  return fsdp1_ != nullptr ? fsdp1_->parameters() : fully_shard_->parameters();
+}
+
+std::vector<std::string> TrainedModel::fsdp_unit_names() const {
+  return fsdp1_ != nullptr ? fsdp1_->fsdp_unit_names() : fully_shard_->fsdp_unit_names();
 }
 
 }  // namespace trainer
