@@ -50,6 +50,8 @@ struct Case {
   // shard_placement_fn: Shard(1) for 2-D parameters whose dim 1 divides
   // the group.
   bool shard1 = false;
+  // HSDP: a (replicas x W/replicas) mesh instead of the process group.
+  int hsdp_replicas = 0;
 };
 
 Batch MakeBatch(int step, int rank, int world) {
@@ -141,6 +143,12 @@ void TrainCase(comm::ProcessGroup& pg, const Case& c, const std::vector<Step>& r
   options.process_group = pg;
   options.reshard_after_forward = c.reshard_after_forward;
   const int world = pg.size();
+  if (c.hsdp_replicas > 0) {
+    absl::StatusOr<comm::DeviceMesh> mesh =
+        comm::init_hybrid_shard_mesh(pg, c.hsdp_replicas, world / c.hsdp_replicas);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    options.mesh = *mesh;  // with process_group: the same ranks
+  }
   if (c.shard1) {
     options.shard_placement_fn = [world](const at::Tensor& p) -> std::optional<int64_t> {
       if (p.dim() == 2 && p.size(1) % world == 0) return 1;
@@ -202,6 +210,11 @@ std::vector<Case> Cases(int world) {
     cases.push_back({"reshard_after_forward=2", 2});
     // Shard(1) gathered over the post-forward group of 2 in backward.
     cases.push_back({"shard_placement_fn=Shard(1)+reshard_after_forward=2", 2, false, true});
+    cases.push_back({"HSDP 2 x W/2", std::nullopt, false, false, 2});
+  }
+  if (world == 4) {
+    // The post-forward groups split the mesh's shard group.
+    cases.push_back({"HSDP 1 x 4+reshard_after_forward=2", 2, false, false, 1});
   }
   return cases;
 }
