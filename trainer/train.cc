@@ -253,11 +253,11 @@ namespace {
 
 // Rank 0's first lines: the model, the data, the FSDP layout and the steps
 // this run trains, then the compute layout (threads, BLAS, allocator).
-void PrintRunHeader(const Options& o, int world, const fsdp::FullyShardedDataParallel& fsdp_model,
-                    const c10::Device& device, int64_t num_params,
-                    const std::string& data_description, int64_t first_step) {
+void PrintRunHeader(const Options& o, int world, TrainedModel fsdp_model, const c10::Device& device,
+                    int64_t num_params, const std::string& data_description, int64_t first_step) {
   std::string layout =
-      absl::StrCat(world, world == 1 ? " rank" : " ranks", ", FSDP ", Name(o.sharding));
+      absl::StrCat(world, world == 1 ? " rank" : " ranks", ", ",
+                   o.fsdp == FsdpApi::kFullyShard ? "fully_shard " : "FSDP ", Name(o.sharding));
   if (o.sharding == Sharding::kHybrid) {
     auto shape = HybridMeshShape(world);
     if (shape.ok())
@@ -290,9 +290,8 @@ void PrintRunHeader(const Options& o, int world, const fsdp::FullyShardedDataPar
 // rows. The first K-1 backwards run under no_sync (gradients accumulate
 // unreduced); the last one reduces the sum, averaged over ranks by FSDP.
 // Returns the rank's loss (the sum of the scaled micro-batch losses).
-double ForwardBackward(const Options& o, fsdp::FullyShardedDataParallel& fsdp_model,
-                       LanguageModel& model, const torch::Tensor& batch,
-                       const c10::Device& device) {
+double ForwardBackward(const Options& o, TrainedModel fsdp_model, LanguageModel& model,
+                       const torch::Tensor& batch, const c10::Device& device) {
   double local_loss = 0;
   const std::vector<torch::Tensor> micros = batch.chunk(o.grad_accum, 0);
   for (size_t m = 0; m < micros.size(); ++m) {
@@ -343,9 +342,8 @@ absl::Status LogStep(const comm::ProcessGroup& group, const std::vector<torch::T
 // After `step`: its checkpoint when --checkpoint-every (or the last step)
 // asks for one, else a step of the --async-checkpoint save in flight.
 absl::Status CheckpointAfterStep(const Options& o, const comm::ProcessGroup& group,
-                                 fsdp::FullyShardedDataParallel& fsdp_model,
-                                 torch::optim::Optimizer& optimizer, int64_t step,
-                                 AsyncSave* async) {
+                                 TrainedModel fsdp_model, torch::optim::Optimizer& optimizer,
+                                 int64_t step, AsyncSave* async) {
   const bool checkpoint_now =
       !o.checkpoint_dir.empty() &&
       ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == o.steps);
@@ -358,7 +356,7 @@ absl::Status CheckpointAfterStep(const Options& o, const comm::ProcessGroup& gro
 struct StepContext {
   const Options& o;
   const comm::ProcessGroup& group;
-  fsdp::FullyShardedDataParallel& fsdp_model;
+  TrainedModel fsdp_model;
   LanguageModel& model;
   torch::optim::Optimizer& optimizer;
   const std::vector<torch::Tensor>& params;
@@ -481,9 +479,9 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
   int64_t num_params = 0;
   for (const auto& p : model->parameters()) num_params += p.numel();
 
-  auto wrapped = WrapModel(o, model, *device, group);
+  auto wrapped = Wrap(o, model, *device, group);  // per --fsdp
   if (!wrapped.ok()) return wrapped.status();
-  fsdp::FullyShardedDataParallel& fsdp_model = **wrapped;
+  const TrainedModel fsdp_model = wrapped->model();
   const std::vector<torch::Tensor> params = fsdp_model.parameters();
   std::unique_ptr<torch::optim::Optimizer> optimizer = MakeOptimizer(o, params);
 
