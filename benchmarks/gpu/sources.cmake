@@ -86,6 +86,14 @@ set(TORCHFSDP_SRCS_fsdp__flat_param
   "${REPO}/fsdp/mixed_precision.cc"
   "${REPO}/fsdp/sharding_strategy.cc"
 )
+# //fsdp:fully_shard
+set(TORCHFSDP_SRCS_fsdp__fully_shard
+  "${REPO}/fsdp/fully_shard.cc"
+  "${REPO}/fsdp/internal/fully_shard/fsdp_collectives.cc"
+  "${REPO}/fsdp/internal/fully_shard/fsdp_param.cc"
+  "${REPO}/fsdp/internal/fully_shard/fsdp_param_group.cc"
+  "${REPO}/fsdp/internal/fully_shard/fsdp_state.cc"
+)
 # //fsdp:fully_sharded_data_parallel
 set(TORCHFSDP_SRCS_fsdp__fully_sharded_data_parallel
   "${REPO}/fsdp/fully_sharded_data_parallel.cc"
@@ -186,6 +194,14 @@ set(TORCHFSDP_SRCS_state_dict_fsdp__fsdp_state_dict
   "${REPO}/state_dict/fsdp/fsdp_state_dict.cc"
   "${REPO}/state_dict/fsdp/internal/fsdp_view.cc"
 )
+# //state_dict/fully_shard:fully_shard_dcp
+set(TORCHFSDP_SRCS_state_dict_fully_shard__fully_shard_dcp
+  "${REPO}/state_dict/fully_shard/fully_shard_dcp.cc"
+)
+# //state_dict/fully_shard:fully_shard_state_dict
+set(TORCHFSDP_SRCS_state_dict_fully_shard__fully_shard_state_dict
+  "${REPO}/state_dict/fully_shard/fully_shard_state_dict.cc"
+)
 # //trainer:data
 set(TORCHFSDP_SRCS_trainer__data
   "${REPO}/trainer/data.cc"
@@ -217,7 +233,7 @@ set(TORCHFSDP_SRCS_trainer__train
 )
 
 # ---- binaries ----------------------------------------------------------------
-# //trainer:trainer: links 49 project libraries
+# //trainer:trainer: links 52 project libraries
 set(TORCHFSDP_BINARY_SRCS_trainer
   "${REPO}/trainer/trainer_main.cc"
 )
@@ -255,6 +271,7 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_formats__zip_precheck}
   ${TORCHFSDP_SRCS_fsdp__comm_streams}
   ${TORCHFSDP_SRCS_fsdp__flat_param}
+  ${TORCHFSDP_SRCS_fsdp__fully_shard}
   ${TORCHFSDP_SRCS_fsdp__fully_sharded_data_parallel}
   ${TORCHFSDP_SRCS_functorch_module__named_member_accessor}
   ${TORCHFSDP_SRCS_host__compute_layout}
@@ -279,6 +296,8 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_state_dict_fsdp__fsdp_dcp}
   ${TORCHFSDP_SRCS_state_dict_fsdp__fsdp_full_checkpoint}
   ${TORCHFSDP_SRCS_state_dict_fsdp__fsdp_state_dict}
+  ${TORCHFSDP_SRCS_state_dict_fully_shard__fully_shard_dcp}
+  ${TORCHFSDP_SRCS_state_dict_fully_shard__fully_shard_state_dict}
   ${TORCHFSDP_SRCS_trainer__data}
   ${TORCHFSDP_SRCS_trainer__lr_schedule}
   ${TORCHFSDP_SRCS_trainer__models}
