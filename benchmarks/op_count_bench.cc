@@ -1,0 +1,244 @@
+// op_count_bench: how many ATen operators one training step dispatches, on
+// the trainer's FSDP state, counted with RecordFunction (issue 36's CPU goal:
+// no more than Python FSDP2 on the same model, which
+// benchmarks/python/op_count.py counts with torch.profiler).
+//
+//   bazel run -c opt //benchmarks:op_count_bench
+//
+// The model is trainer_bench's (TransformerLM: 8 blocks x 512, 8 heads,
+// vocab 256, seq 32, 2 rows), wrapped as the trainer wraps it
+// (fsdp::FullyShardedDataParallel FULL_SHARD, one unit per block plus the
+// root, backward prefetch pre, use_orig_params) on a Gloo world of 1, with
+// the trainer's optimizer (optim::AdamW, fused). One step is what Python's
+// peer does per step (benchmarks/python/fsdp_step.py): zero_grad, forward
+// and loss, backward (FSDP's gradient reduction inside), loss.item(), the
+// optimizer step. 3 warm-up steps, then 3 counted ones (the counts of
+// each are printed; they are equal when nothing is lazily set up).
+//
+// A global RecordFunction callback (at::addGlobalCallback, scope FUNCTION:
+// the dispatcher's operator calls, what the profiler records as "aten::...")
+// counts, per step:
+//   aten_ops      every aten:: operator call, nested ones included (an
+//                 aten::linear and the aten::t / aten::addmm it calls are 3)
+//   top_level     aten:: calls not inside another aten:: call on the same
+//                 thread (what the framework itself dispatches)
+//   other_ops     non-aten operators (c10d::, profiler::, ...)
+// and, with --list, the 40 most frequent aten:: names (--list=PHASE: those
+// of one phase: zero_grad, forward, backward, item, optimizer).
+//
+// The counts do not depend on the sizes (no data-dependent loops), only on
+// the model's structure, FSDP's units and the optimizer.
+#include <ATen/record_function.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <c10/util/Exception.h>
+#include <torch/optim/adamw.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+#include <torch/version.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "comm/process_group.h"
+#include "fsdp/fully_sharded_data_parallel.h"
+#include "fsdp/sharding_strategy.h"
+#include "module_call/call.h"
+#include "module_call/wrap_policy.h"
+#include "optim/optimizers.h"
+#include "trainer/models.h"
+
+namespace {
+
+const trainer::ModelConfig kConfig{/*layers=*/8, /*dim=*/512, /*heads=*/8, /*vocab=*/256,
+                                   /*seq=*/32};
+constexpr int64_t kRows = 2;
+constexpr int kWarmupSteps = 3;
+constexpr int kCountedSteps = 3;
+
+struct Counts {
+  std::atomic<int64_t> aten{0};
+  std::atomic<int64_t> top_level{0};
+  std::atomic<int64_t> other{0};
+  std::mutex mu;
+  std::map<std::string, int64_t> by_name;
+};
+
+Counts* g_counts = nullptr;
+std::atomic<bool> g_counting{false};
+bool g_list = false;
+// --list=PHASE: list only that phase's operators (zero_grad, forward,
+// backward, item, optimizer).
+std::string g_list_phase;
+std::string g_phase;
+thread_local int t_aten_depth = 0;
+
+std::unique_ptr<at::ObserverContext> OnEnter(const at::RecordFunction& fn) {
+  if (!g_counting.load(std::memory_order_relaxed)) return nullptr;
+  const char* name = fn.name();
+  const bool aten = std::strncmp(name, "aten::", 6) == 0;
+  if (aten) {
+    g_counts->aten.fetch_add(1, std::memory_order_relaxed);
+    if (t_aten_depth == 0) g_counts->top_level.fetch_add(1, std::memory_order_relaxed);
+    ++t_aten_depth;
+    if (g_list && (g_list_phase.empty() || g_list_phase == g_phase)) {
+      std::lock_guard<std::mutex> lock(g_counts->mu);
+      ++g_counts->by_name[name];
+    }
+  } else {
+    g_counts->other.fetch_add(1, std::memory_order_relaxed);
+  }
+  return nullptr;
+}
+
+void OnExit(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
+  if (!g_counting.load(std::memory_order_relaxed)) return;
+  if (std::strncmp(fn.name(), "aten::", 6) == 0 && t_aten_depth > 0) --t_aten_depth;
+}
+
+std::string MakeStoreDir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string templ =
+      absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/op_count_XXXXXX");
+  std::vector<char> buf(templ.begin(), templ.end());
+  buf.push_back('\0');
+  TORCH_CHECK(mkdtemp(buf.data()) != nullptr, "op_count_bench: mkdtemp('", templ,
+              "') failed: ", std::strerror(errno));
+  return buf.data();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--list") {
+      g_list = true;
+    } else if (absl::StartsWith(argv[i], "--list=")) {
+      g_list = true;
+      g_list_phase = std::string(argv[i]).substr(7);
+    } else {
+      std::fprintf(stderr,
+                   "op_count_bench: unknown argument '%s' (usage: op_count_bench [--list])\n",
+                   argv[i]);
+      return 2;
+    }
+  }
+  const std::string dir = MakeStoreDir();
+  int status = 0;
+  {
+    comm::InitOptions init;
+    init.backend = "gloo";
+    init.init_method = "file://" + dir + "/store";
+    init.rank = 0;
+    init.world_size = 1;
+    auto group = comm::init_process_group(init);
+    if (!group.ok()) {
+      std::fprintf(stderr, "op_count_bench: %s\n", std::string(group.status().message()).c_str());
+      return 1;
+    }
+    auto model = std::dynamic_pointer_cast<trainer::TransformerLM>(
+        trainer::BuildModel(trainer::ModelType::kTransformer, kConfig, /*seed=*/0));
+    TORCH_CHECK(model != nullptr, "op_count_bench: BuildModel did not return a TransformerLM");
+    int64_t num_params = 0;
+    for (const auto& p : model->parameters()) num_params += p.numel();
+    model->set_block_runner(
+        [](int64_t, trainer::TransformerBlock& block, const torch::Tensor& x,
+           const torch::Tensor& mask) { return module_call::call(block, x, mask); });
+    fsdp::FullyShardedDataParallel::Options options;
+    options.process_group = *group;
+    options.sharding_strategy = fsdp::ShardingStrategy::kFullShard;
+    options.auto_wrap_policy =
+        module_call::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>();
+    options.backward_prefetch = fsdp::BackwardPrefetch::kBackwardPre;
+    options.use_orig_params = true;
+    fsdp::FullyShardedDataParallel fsdp_model(model, options);
+    optim::AdamW optimizer(fsdp_model.parameters(),
+                           torch::optim::AdamWOptions(3e-3).weight_decay(0.01),
+                           optim::Implementation::kFused);
+    torch::manual_seed(1000);
+    const torch::Tensor batch =
+        torch::randint(kConfig.vocab, {kRows, kConfig.seq + 1}, torch::kInt64);
+
+    Counts counts;
+    g_counts = &counts;
+    at::addGlobalCallback(
+        at::RecordFunctionCallback(OnEnter, OnExit).scopes({at::RecordScope::FUNCTION}));
+    std::printf(
+        "op_count_bench: LibTorch %s, TransformerLM %lld parameters (%lld blocks x %lld, %lld "
+        "heads, vocab %lld, seq %lld, %lld rows), FSDP FULL_SHARD %zu units on a Gloo world of 1, "
+        "optim::AdamW (fused)\n",
+        TORCH_VERSION, static_cast<long long>(num_params), static_cast<long long>(kConfig.layers),
+        static_cast<long long>(kConfig.dim), static_cast<long long>(kConfig.heads),
+        static_cast<long long>(kConfig.vocab), static_cast<long long>(kConfig.seq),
+        static_cast<long long>(kRows), fsdp_model.fsdp_unit_names().size());
+    std::vector<int64_t> aten_per_step, top_per_step;
+    for (int step = 1; step <= kWarmupSteps + kCountedSteps; ++step) {
+      const bool counted = step > kWarmupSteps;
+      counts.aten = 0;
+      counts.top_level = 0;
+      counts.other = 0;
+      g_counting.store(counted);
+      // Each phase's aten:: count, as differences of the running total.
+      std::vector<int64_t> marks = {counts.aten.load()};
+      g_phase = "zero_grad";
+      optimizer.zero_grad();
+      marks.push_back(counts.aten.load());
+      g_phase = "forward";
+      torch::Tensor loss = fsdp_model.run([&] { return model->Loss(batch); });
+      marks.push_back(counts.aten.load());
+      g_phase = "backward";
+      loss.backward();
+      marks.push_back(counts.aten.load());
+      g_phase = "item";
+      const double value = loss.item<double>();
+      marks.push_back(counts.aten.load());
+      g_phase = "optimizer";
+      optimizer.step();
+      marks.push_back(counts.aten.load());
+      g_counting.store(false);
+      if (!counted) continue;
+      std::printf(
+          "step %d phases (aten_ops): zero_grad %lld, forward %lld, backward %lld, item %lld, "
+          "optimizer %lld\n",
+          step, static_cast<long long>(marks[1] - marks[0]),
+          static_cast<long long>(marks[2] - marks[1]), static_cast<long long>(marks[3] - marks[2]),
+          static_cast<long long>(marks[4] - marks[3]), static_cast<long long>(marks[5] - marks[4]));
+      aten_per_step.push_back(counts.aten.load());
+      top_per_step.push_back(counts.top_level.load());
+      std::printf("step %d: aten_ops %lld, top_level %lld, other_ops %lld (loss %.4f)\n", step,
+                  static_cast<long long>(counts.aten.load()),
+                  static_cast<long long>(counts.top_level.load()),
+                  static_cast<long long>(counts.other.load()), value);
+    }
+    std::printf("RESULT aten_ops_per_step %lld top_level_per_step %lld\n",
+                static_cast<long long>(aten_per_step.back()),
+                static_cast<long long>(top_per_step.back()));
+    if (g_list) {
+      std::vector<std::pair<int64_t, std::string>> sorted;
+      for (const auto& [name, n] : counts.by_name) sorted.emplace_back(n, name);
+      std::sort(sorted.rbegin(), sorted.rend());
+      for (size_t i = 0; i < sorted.size() && i < 40; ++i) {
+        std::printf("  %6lld  %s\n", static_cast<long long>(sorted[i].first / kCountedSteps),
+                    sorted[i].second.c_str());
+      }
+    }
+    at::clearCallbacks();
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  return status;
+}
