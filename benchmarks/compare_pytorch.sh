@@ -5,6 +5,7 @@
 #
 #   benchmarks/compare_pytorch.sh [--out FILE] [--rounds N] [--steps N]
 #                                 [--mlp-steps N] [--reps N] [--warmup N]
+#                                 [--cases LIST]
 #
 # Python is the venv's interpreter that `tools/setup.sh --with-python` makes,
 # ${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/python3
@@ -37,13 +38,21 @@
 #      full` (FULL_SHARD, the trainer's default) against Python's
 #      FullyShardedDataParallel (fsdp1) and fully_shard (fsdp2) running
 #      benchmarks/python/fsdp_step.py with the same model and flags, as in 3.
+#   5. A fully_shard step on 2 ranks over Gloo: `//:trainer --nproc 2 --fsdp
+#      fully_shard` (FSDP2's per-parameter sharding, reshard after forward)
+#      against Python's fully_shard (fsdp_step.py --fsdp fsdp2), as in 3.
+#      The table's "ours" column of 4 (FSDP1) and 5 (fully_shard) compares
+#      our two FSDPs in the same run.
+#
+# --cases picks what runs, a comma-separated subset of functorch (1 and 2),
+# ddp (3), fsdp (4 and 5); default functorch,ddp,fsdp.
 #
 # Builds what it needs with bazel (the flags of .bazelrc only). Writes nothing
 # into the repository unless --out FILE is given (then the table also goes
 # to FILE). Takes about 7-9 minutes on 2 cores after the build.
 set -euo pipefail
 
-usage() { sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,52p' "$0" | sed 's/^# \{0,1\}//'; }
 
 out=""
 rounds=2
@@ -51,6 +60,7 @@ steps=40       # transformer steps per run
 mlp_steps=200  # MLP steps per run (its steps take milliseconds)
 reps=3
 warmup=5
+cases=functorch,ddp,fsdp
 while (($#)); do
   case "$1" in
     --out) out="${2:?--out needs a FILE}"; shift 2 ;;
@@ -60,6 +70,8 @@ while (($#)); do
     --mlp-steps) mlp_steps="${2:?}"; shift 2 ;;
     --reps) reps="${2:?}"; shift 2 ;;
     --warmup) warmup="${2:?}"; shift 2 ;;
+    --cases) cases="${2:?--cases needs a LIST}"; shift 2 ;;
+    --cases=*) cases="${1#--cases=}"; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "compare_pytorch.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -67,6 +79,12 @@ done
 for v in rounds steps mlp_steps reps; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "compare_pytorch.sh: --${v//_/-} must be a positive integer" >&2; exit 2; }
 done
+IFS=, read -r -a case_list <<<"$cases"
+for c in "${case_list[@]}"; do
+  [[ $c == functorch || $c == ddp || $c == fsdp ]] ||
+    { echo "compare_pytorch.sh: --cases: '$c' is not one of functorch, ddp, fsdp" >&2; exit 2; }
+done
+wants() { [[ ",$cases," == *",$1,"* ]]; }
 [[ "$warmup" =~ ^[0-9]+$ ]] || { echo "compare_pytorch.sh: --warmup must be an integer >= 0" >&2; exit 2; }
 if ((warmup >= steps || warmup >= mlp_steps)); then
   echo "compare_pytorch.sh: --warmup $warmup leaves no timed steps (--steps $steps, --mlp-steps $mlp_steps)" >&2
@@ -121,6 +139,8 @@ py_same() {
   env OMP_NUM_THREADS="$threads" LD_PRELOAD="$tcmalloc" "$@"
 }
 
+report_functorch=()
+if wants functorch; then
 # --- 1. per-sample gradients ------------------------------------------------
 echo "== per-sample gradients: ours ($reps repetitions)" >&2
 "$bench_bin" --benchmark_filter='^BM_PerSampleGrad_' \
@@ -138,13 +158,17 @@ echo "== batched Hessians: ours ($reps repetitions)" >&2
 echo "== batched Hessians: Python torch.func ($reps repetitions)" >&2
 py_same "$cores" "$PY" benchmarks/python/hessian_bench.py --repetitions "$reps" \
   --json "$tmp/py_hessian.same.json" >&2
+report_functorch=(--cpp-bench "$tmp/cpp_bench.json" --cpp-hessian "$tmp/cpp_hessian.json"
+                  --py same "$tmp/py_bench.same.json" "$tmp/py_hessian.same.json")
+fi
 
 # --- 3. data-parallel step, 2 ranks -----------------------------------------
 
 run_ours() {  # model steps log [sharding]
   local model=$1 n=$2 log=$3 sharding=${4:-none}
   # NO_SHARD: FSDP without sharding is the data-parallel step DDP takes.
-  if ! timeout 300 "$trainer_bin" --nproc 2 --sharding "$sharding" --data synthetic --model "$model" \
+  if ! timeout 300 "$trainer_bin" --nproc 2 --sharding "$sharding" "${ours_flags[@]}" \
+      --data synthetic --model "$model" \
       "${common_flags[@]}" --steps "$n" --log-json "$log" >"$tmp/ours.out" 2>&1; then
     echo "compare_pytorch.sh: the trainer failed:" >&2; cat "$tmp/ours.out" >&2; exit 1
   fi
@@ -189,26 +213,36 @@ run_rounds() {  # title dir model steps sharding [python script args...]
   done
 }
 
+ours_flags=()  # the trainer's flags beyond the common ones
 ddp_args=()
-for model in transformer mlp; do
-  n=$steps; [[ $model == mlp ]] && n=$mlp_steps
-  run_rounds "data parallel, $model" "$tmp/$model" "$model" "$n" none
-  ddp_args+=(--ddp "DDP step, 2 ranks Gloo, $model" "$tmp/$model")
-done
+if wants ddp; then
+  for model in transformer mlp; do
+    n=$steps; [[ $model == mlp ]] && n=$mlp_steps
+    run_rounds "data parallel, $model" "$tmp/$model" "$model" "$n" none
+    ddp_args+=(--ddp "DDP step, 2 ranks Gloo, $model" "$tmp/$model")
+  done
+fi
 
 # --- 4. FSDP step, 2 ranks: FULL_SHARD against Python's FSDP1 and FSDP2 ------
 # Same model and flags; one unit per transformer block plus the root,
 # BACKWARD_PRE prefetch and use_orig_params on both sides (fsdp_step.py).
-for impl in fsdp1 fsdp2; do
-  run_rounds "FSDP FULL_SHARD vs Python $impl" "$tmp/$impl" transformer "$steps" full \
-    benchmarks/python/fsdp_step.py --fsdp "$impl" --sharding full
-  ddp_args+=(--ddp "FSDP FULL_SHARD step, 2 ranks Gloo, transformer, vs Python $impl" "$tmp/$impl")
-done
+if wants fsdp; then
+  for impl in fsdp1 fsdp2; do
+    run_rounds "FSDP FULL_SHARD vs Python $impl" "$tmp/$impl" transformer "$steps" full \
+      benchmarks/python/fsdp_step.py --fsdp "$impl" --sharding full
+    ddp_args+=(--ddp "FSDP FULL_SHARD step, 2 ranks Gloo, transformer, vs Python $impl" "$tmp/$impl")
+  done
+  # --- 5. fully_shard step, 2 ranks: against Python's fully_shard -----------
+  ours_flags=(--fsdp fully_shard)
+  run_rounds "fully_shard vs Python fsdp2" "$tmp/fully_shard" transformer "$steps" full \
+    benchmarks/python/fsdp_step.py --fsdp fsdp2 --sharding full
+  ours_flags=()
+  ddp_args+=(--ddp "fully_shard step (--fsdp fully_shard), 2 ranks Gloo, transformer, vs Python fsdp2"
+             "$tmp/fully_shard")
+fi
 
 torch_version=$("$PY" -c 'import torch; print(torch.__version__)')
-report=$("$PY" benchmarks/python/compare_report.py \
-  --cpp-bench "$tmp/cpp_bench.json" --cpp-hessian "$tmp/cpp_hessian.json" \
-  --py same "$tmp/py_bench.same.json" "$tmp/py_hessian.same.json" \
+report=$("$PY" benchmarks/python/compare_report.py "${report_functorch[@]}" \
   "${ddp_args[@]}" --warmup "$warmup" \
   --header "compare_pytorch: $(date -u '+%Y-%m-%d %H:%M UTC'), $cores cores, load average $(cut -d' ' -f1-3 /proc/loadavg), PyTorch $torch_version ($PY), $((SECONDS - start_s)) s of runs" \
   --header "Python 'same': the same torch wheel (its MKL, as ours), tcmalloc preloaded, OMP_NUM_THREADS=$cores (1 process) / $ddp_threads (each of 2 ranks, torchrun), as ours" \

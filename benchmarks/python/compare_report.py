@@ -87,40 +87,53 @@ def max_loss_diff(a_steps, b_steps):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--cpp-bench", required=True)
-    p.add_argument("--cpp-hessian", required=True)
+    # Without --cpp-bench/--cpp-hessian/--py (compare_pytorch.sh --cases
+    # without functorch) only the --ddp rows are made, for the label "same".
+    p.add_argument("--cpp-bench")
+    p.add_argument("--cpp-hessian")
     p.add_argument("--py", nargs=3, action="append", default=[],
                    metavar=("LABEL", "PY_BENCH", "PY_HESSIAN"))
     p.add_argument("--ddp", nargs=2, action="append", default=[], metavar=("NAME", "DIR"))
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--header", action="append", default=[])
     args = p.parse_args()
-    if not args.py:
-        sys.exit("compare_report: at least one --py LABEL PY_BENCH PY_HESSIAN is needed")
-    labels = [label for label, _, _ in args.py]
+    functorch_cases = bool(args.py or args.cpp_bench or args.cpp_hessian)
+    if functorch_cases and not (args.py and args.cpp_bench and args.cpp_hessian):
+        sys.exit("compare_report: the functorch rows need --cpp-bench, --cpp-hessian and at least "
+                 "one --py LABEL PY_BENCH PY_HESSIAN")
+    if not functorch_cases and not args.ddp:
+        sys.exit("compare_report: nothing to report (no --py and no --ddp)")
+    labels = [label for label, _, _ in args.py] or ["same"]
 
+    rows, notes = [], []
+
+    if functorch_cases:
+        functorch_rows(args, labels, rows, notes)
+    ddp_rows(args, labels, rows, notes)
+    print_report(args, labels, rows, notes)
+
+
+def add_row(rows, labels, what, ours, theirs_by_label):
+    row = [what, fmt_ms(ours)]
+    for label in labels:
+        theirs = theirs_by_label[label]
+        row += [fmt_ms(theirs), f"{ours / theirs:.2f}"]
+    rows.append(row)
+
+
+def functorch_rows(args, labels, rows, notes):
     cpp = read_cpp_bench(args.cpp_bench)
     cpp.update(read_cpp_bench(args.cpp_hessian))
     py = {}
     for label, bench, hessian in args.py:
         py[label] = read_py_cases(bench)
         py[label].update(read_py_cases(hessian))
-
-    rows, notes = [], []
-
-    def add_row(what, ours, theirs_by_label):
-        row = [what, fmt_ms(ours)]
-        for label in labels:
-            theirs = theirs_by_label[label]
-            row += [fmt_ms(theirs), f"{ours / theirs:.2f}"]
-        rows.append(row)
-
     for cpp_name, py_name, what in PER_SAMPLE + HESSIAN:
         missing = [cpp_name] if cpp_name not in cpp else []
         missing += [f"{py_name} ({label})" for label in labels if py_name not in py[label]]
         if missing:
             sys.exit(f"compare_report: missing {', '.join(missing)} in the results")
-        add_row(f"{what} (wall, median of reps)", cpp[cpp_name],
+        add_row(rows, labels, f"{what} (wall, median of reps)", cpp[cpp_name],
                 {label: py[label][py_name] for label in labels})
 
     for (batched, loop, what) in (("PerSampleGrad_VmapGrad", "PerSampleGrad_Loop",
@@ -134,6 +147,8 @@ def main():
         f"{py[label]['PerSampleGrad_VmapGrad'] / cpp['BM_PerSampleGrad_VmapGrad']:.1f}x faster "
         f"than PyTorch {label}" for label in labels))
 
+
+def ddp_rows(args, labels, rows, notes):
     for name, directory in args.ddp:
         ours_t, per_round = [], {label: [] for label in labels}
         theirs_t = {label: [] for label in labels}
@@ -155,7 +170,7 @@ def main():
                 loss_diff[label] = max(loss_diff[label], max_loss_diff(o_steps, q_steps))
         if rounds == 0:
             sys.exit(f"compare_report: {directory}: no ours.1.jsonl")
-        add_row(f"{name} (median step time)", statistics.median(ours_t),
+        add_row(rows, labels, f"{name} (median step time)", statistics.median(ours_t),
                 {label: statistics.median(theirs_t[label]) for label in labels})
         notes.append(
             f"{name}: {rounds} round(s) x {len(ours_t) // rounds} timed steps per side "
@@ -164,6 +179,8 @@ def main():
             + "; largest |loss(ours) - loss(PyTorch)| over all steps: " + ", ".join(
                 f"{label} {loss_diff[label]:.2g}" for label in labels))
 
+
+def print_report(args, labels, rows, notes):
     for line in args.header:
         print(line)
     if args.header:
