@@ -13,10 +13,15 @@
 //                          fsdp::FullyShardedDataParallel wrapped as the
 //                          trainer wraps it (one unit per block, backward
 //                          prefetch pre, use_orig_params).
+//   BM_Step/FULLY_SHARD    fsdp::fully_shard (FSDP2's per-parameter
+//                          shards) as the trainer applies it under
+//                          --fsdp=fully_shard (trainer::WrapModelFullyShard
+//                          with the trainer's defaults: each block, then the
+//                          root; resharded after forward; backward prefetch).
 //   BM_Step/<case>_ckpt    the same with every block activation-checkpointed
 //                          (activation_checkpointing/, as the trainer's
 //                          --activation-checkpointing=block), for NoFSDP,
-//                          FULL_SHARD and SHARD_GRAD_OP.
+//                          FULL_SHARD, SHARD_GRAD_OP and FULLY_SHARD.
 //
 // Memory counters besides peak RSS: fwd_retained_MiB, the bytes the
 // allocator holds more after the forward (loss computed) than before it,
@@ -63,7 +68,9 @@
 #include "module_call/wrap_policy.h"
 #include "trainer/json_log.h"
 #include "trainer/models.h"
+#include "trainer/options.h"
 #include "trainer/train.h"
+#include "trainer/wrap.h"
 
 namespace {
 
@@ -313,6 +320,31 @@ void BM_FSDP(benchmark::State& state, fsdp::ShardingStrategy strategy, bool chec
       static_cast<double>(model.peak_unsharded_bytes()) / (1024.0 * 1024.0);
 }
 
+void BM_FullyShard(benchmark::State& state, bool checkpointing) {
+  const comm::ProcessGroup& group = *g_group;
+  const int64_t base_rss = CurrentRssBytes();
+  auto lm = BuildLM();
+  const int64_t num_params = NumParams(*lm);
+  trainer::Options options;
+  options.fsdp = trainer::FsdpApi::kFullyShard;
+  if (checkpointing) {
+    options.activation_checkpointing = trainer::ActivationCheckpointing::kBlock;
+  }
+  auto wrapped = trainer::WrapModelFullyShard(
+      options, std::static_pointer_cast<trainer::LanguageModel>(lm), c10::Device(c10::kCPU), group);
+  TORCH_CHECK(wrapped.ok(), "trainer_bench: ", wrapped.status().ToString());
+  trainer::FullyShardModel& model = **wrapped;
+  torch::optim::Adam optim(model.parameters(), torch::optim::AdamOptions(kLr));
+  const torch::Tensor batch = RankBatch(group.rank());
+  ForwardRetained retained;
+  TimeSteps(state, [&] {
+    optim.zero_grad();
+    retained([&] { return model.run([&] { return lm->Loss(batch); }); }).backward();
+    optim.step();
+  });
+  Report(state, group, num_params, model.parameters(), optim, base_rss, retained);
+}
+
 void RegisterAll(const comm::ProcessGroup& group) {
   g_group = &group;
   const int iters = Iterations(group.size());
@@ -337,6 +369,8 @@ void RegisterAll(const comm::ProcessGroup& group) {
       [](benchmark::State& s) { BM_FSDP(s, ShardingStrategy::kFullShard, true); });
   add("SHARD_GRAD_OP_ckpt",
       [](benchmark::State& s) { BM_FSDP(s, ShardingStrategy::kShardGradOp, true); });
+  add("FULLY_SHARD", [](benchmark::State& s) { BM_FullyShard(s, false); });
+  add("FULLY_SHARD_ckpt", [](benchmark::State& s) { BM_FullyShard(s, true); });
 }
 
 int WorldSize() {
