@@ -10,7 +10,9 @@
 # is a per-process high-water mark. Baselines: 1 rank, the unwrapped model
 # (NoFSDP); N > 1, plain flatten/all-reduce/unflatten data parallelism
 # (DDP), which is also what NO_SHARD is held to (goal <= 1.10x) and
-# FULL_SHARD (goal <= 1.35x).
+# FULL_SHARD (goal <= 1.35x). FULLY_SHARD (fsdp::fully_shard as the
+# trainer's --fsdp=fully_shard applies it) is held to FULL_SHARD (issue 37:
+# no slower, peak memory no higher).
 #
 # State bytes (parameters + gradients + Adam state a rank holds, max over
 # ranks) are the benchmark's state_bytes counter, measured by
@@ -35,8 +37,8 @@ OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 
 for n in $RANKS; do
-  if [[ "$n" == 1 ]]; then cases="NoFSDP FULL_SHARD SHARD_GRAD_OP NO_SHARD"
-  else cases="DDP FULL_SHARD SHARD_GRAD_OP NO_SHARD"; fi
+  if [[ "$n" == 1 ]]; then cases="NoFSDP FULL_SHARD SHARD_GRAD_OP NO_SHARD FULLY_SHARD"
+  else cases="DDP FULL_SHARD SHARD_GRAD_OP NO_SHARD FULLY_SHARD"; fi
   for c in $cases; do
     echo "trainer_bench: $c on $n rank(s)" >&2
     TRAINER_BENCH_NPROC="$n" "$BENCH" --benchmark_filter="^BM_Step/$c/" \
@@ -60,7 +62,7 @@ print("| config | ranks | step ms | ratio vs baseline | state bytes/rank (max) |
 print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 params = None
 for n in ranks:
-    cases = ["NoFSDP" if n == 1 else "DDP", "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"]
+    cases = ["NoFSDP" if n == 1 else "DDP", "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "FULLY_SHARD"]
     base_ms = bench(n, cases[0])[0]
     for c in cases:
         ms, rss, params, sb = bench(n, c)
@@ -73,6 +75,12 @@ for n in ranks:
             t = "met" if ratio <= 1.35 else "MISSED"
             m = ("met" if sb / unsharded <= 1.0 / n + 0.05 else "MISSED") if unsharded else "?"
             goal = f"time <= 1.35x: {t}; bytes <= 1/N+5%: {m}"
+        elif c == "FULLY_SHARD":
+            full_ms, full_rss = bench(n, "FULL_SHARD")[:2]
+            t = "met" if ms <= full_ms else "MISSED"
+            r = "met" if rss <= full_rss else "MISSED"
+            goal = (f"vs FULL_SHARD: time {ms / full_ms:.2f}x (<= 1): {t}; "
+                    f"peak RSS {rss / full_rss:.2f}x (<= 1): {r}")
         base = "NoFSDP" if n == 1 else "DDP"
         sbs = f"{sb:,}" if sb is not None else "-"
         print(f"| {c} | {n} | {ms:.0f} | {ratio:.2f}x vs {base} | {sbs} | {frac} | {goal} | {rss:.0f} |")
