@@ -395,6 +395,54 @@ absl::StatusOr<FsdpModelStateDict> FullyShardStateDict(torch::nn::Module& model,
   return MergeShardedStateDicts(std::move(*state), *optim);
 }
 
+absl::StatusOr<TensorDict> FullyShardFullStateDict(torch::nn::Module& model,
+                                                   const torch::optim::Optimizer* optimizer,
+                                                   bool rank0_only) {
+  auto group = FullyShardGroup(model);
+  if (!group.ok()) return group.status();
+  auto state = FullyShardStateDict(model, optimizer);
+  if (auto s = AgreeOnStatus(*group, state.status(), "fully_shard state dict"); !s.ok()) return s;
+  const std::set<std::string> replicated(state->replicated.begin(), state->replicated.end());
+  const int world = group->size();
+  const bool keep = !rank0_only || group->rank() == 0;
+  TensorDict out;
+  for (const auto& item : state->sharded) {
+    const ShardedTensor& st = item.value();
+    const std::vector<int64_t>& shape = st.global_shape;
+    if (replicated.count(item.key()) > 0) {
+      if (keep) out.insert(item.key(), st.pieces.at(0).data.reshape(shape).clone());
+      continue;
+    }
+    // Dim-0 chunks as torch.chunk cuts them: rank r holds rows
+    // [r * chunk, ...), so each rank pads its piece to `chunk` rows and one
+    // all-gather lays them end to end.
+    const int64_t numel = st.global_numel();
+    const int64_t rows = shape.empty() ? 1 : shape[0];
+    const int64_t row = rows > 0 ? numel / rows : 0;
+    const int64_t chunk = (rows + world - 1) / world;
+    torch::Tensor local = torch::zeros({chunk * row}, torch::TensorOptions().dtype(st.dtype));
+    if (!st.pieces.empty()) {
+      const ShardPiece& piece = st.pieces[0];
+      if (piece.range.offset != group->rank() * chunk * row) {
+        return absl::InternalError(absl::StrCat(
+            "fully_shard state dict: '", item.key(), "' piece at flat offset ", piece.range.offset,
+            ": expected rank ", group->rank(), "'s chunk at ", group->rank() * chunk * row));
+      }
+      local.narrow(0, 0, piece.range.numel).copy_(piece.data);
+    }
+    torch::Tensor gathered =
+        torch::empty({world * chunk * row}, torch::TensorOptions().dtype(st.dtype));
+    try {
+      comm::all_gather_into_tensor(*group, gathered, local).wait();
+    } catch (const c10::Error& e) {
+      return absl::UnavailableError(absl::StrCat("fully_shard state dict: gathering '", item.key(),
+                                                 "': ", e.what_without_backtrace()));
+    }
+    if (keep) out.insert(item.key(), gathered.narrow(0, 0, numel).reshape(shape));
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<OptimParamGroup>> FullyShardParamGroups(
     const torch::nn::Module& model, const torch::optim::Optimizer& optimizer) {
   auto view = Describe(model);

@@ -62,6 +62,7 @@
 #include "state_dict/fsdp/fsdp_optim_state_dict.h"
 #include "state_dict/fsdp/fsdp_state_dict.h"
 #include "state_dict/sharded_tensor.h"
+#include "state_dict/tensor_dict.h"
 
 namespace state_dict {
 
@@ -85,6 +86,18 @@ absl::StatusOr<FsdpModelStateDict> FullyShardOptimStateDict(
 // SaveModelCheckpoint writes; `optimizer` may be null.
 absl::StatusOr<FsdpModelStateDict> FullyShardStateDict(torch::nn::Module& model,
                                                        const torch::optim::Optimizer* optimizer);
+
+// PyTorch's get_model_state_dict / get_optimizer_state_dict with
+// StateDictOptions(full_state_dict=True): every entry of
+// FullyShardStateDict(model, optimizer) whole, in its global shape ("<fqn>"
+// and "<fqn>/<entry>"), each sharded one all-gathered over the shards'
+// group (so the caller holds the whole model, as Python's does). With
+// `rank0_only` (Python's cpu_offload=True behaviour) ranks other than 0 get
+// an empty dict. Collective. SaveFullyShardCheckpoint(kFull) writes the same
+// tensors holding one at a time.
+absl::StatusOr<TensorDict> FullyShardFullStateDict(torch::nn::Module& model,
+                                                   const torch::optim::Optimizer* optimizer,
+                                                   bool rank0_only = false);
 
 // The optimizer's param_groups, each listing its parameters' FQNs, with
 // its hyperparameters under Python's names (as get_optimizer_state_dict's

@@ -181,6 +181,20 @@ TEST(FullyShardStateDict, MovesBetweenWorldSizesFormatsAndFsdp1) {
           ASSERT_TRUE(s.ok()) << s;
           CommitDcp(world, dir + "/fs_dcp");
           ExpectClose(Gathered(model), after2, "fully_shard after 2 steps");
+          // get_model_state_dict(full_state_dict=True): whole on every rank,
+          // the optimizer's too; rank0_only: rank 0's alone.
+          auto full = FullyShardFullStateDict(*model, &opt);
+          ASSERT_TRUE(full.ok()) << full.status();
+          Params full_model;
+          for (const auto& item : *full) {
+            if (item.key().find('/') == std::string::npos) full_model[item.key()] = item.value();
+          }
+          ExpectClose(full_model, after2, "FullyShardFullStateDict");
+          EXPECT_EQ((*full)["0.weight/exp_avg"].sizes(), torch::IntArrayRef({7, 5}));
+          EXPECT_EQ((*full)["2.bias/step"].dim(), 0);
+          auto rank0 = FullyShardFullStateDict(*model, nullptr, /*rank0_only=*/true);
+          ASSERT_TRUE(rank0.ok()) << rank0.status();
+          EXPECT_EQ(rank0->size(), world.rank() == 0 ? 4u : 0u);
           if (world.rank() == 0) {
             // What torch.load gives: "model.<fqn>" full tensors, Adam's
             // state under "optim.<fqn>.<entry>".
