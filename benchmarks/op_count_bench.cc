@@ -10,7 +10,8 @@
 // (fsdp::FullyShardedDataParallel FULL_SHARD, one unit per block plus the
 // root, backward prefetch pre, use_orig_params) on a Gloo world of 1, with
 // the trainer's optimizer (optim::AdamW, fused). One step is what Python's
-// peer does per step (benchmarks/python/fsdp_step.py): zero_grad, forward
+// peer does per step (benchmarks/python/fsdp_step.py): zero_grad (the
+// trainer's: optim::zero_grad, Python's set_to_none), forward
 // and loss, backward (FSDP's gradient reduction inside), loss.item(), the
 // optimizer step. 3 warm-up steps, then 3 counted ones (the counts of
 // each are printed; they are equal when nothing is lazily set up).
@@ -195,7 +196,7 @@ int main(int argc, char** argv) {
       // Each phase's aten:: count, as differences of the running total.
       std::vector<int64_t> marks = {counts.aten.load()};
       g_phase = "zero_grad";
-      optimizer.zero_grad();
+      optim::zero_grad(optimizer);  // as the trainer
       marks.push_back(counts.aten.load());
       g_phase = "forward";
       torch::Tensor loss = fsdp_model.run([&] { return model->Loss(batch); });

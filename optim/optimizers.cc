@@ -19,6 +19,7 @@
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/_fused_sgd.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
 #include <torch/types.h>
@@ -120,7 +121,14 @@ void fused_adam(Bucket<State>& b, const AdamHyper& h, bool decoupled, bool maxim
   for (size_t k = 0; k < b.params.size(); ++k) {
     step_tensors.push_back(steps.get(b.params[k], b.states[k]->step()));
   }
-  at::_foreach_add_(step_tensors, 1);
+  if (b.device.is_cpu()) {
+    // As Python's fused step on the CPU: the Tensor overload. ATen's CPU
+    // foreach has no multi-tensor kernel, and its Scalar overload wraps the
+    // scalar into a new tensor for every parameter (4 more operators each).
+    at::_foreach_add_(step_tensors, at::scalar_tensor(1.0, at::kFloat), /*alpha=*/1);
+  } else {
+    at::_foreach_add_(step_tensors, 1);
+  }
   const at::TensorList max_exp_avg_sqs =
       h.amsgrad ? at::TensorList(b.max_exp_avg_sqs) : at::TensorList();
   if (decoupled) {
@@ -340,6 +348,12 @@ Tensor step_with_closure(const torch::optim::Optimizer::LossClosure& closure, Up
 
 const char* implementation_name(Implementation implementation) {
   return implementation == Implementation::kFused ? "fused" : "foreach";
+}
+
+void zero_grad(torch::optim::Optimizer& optimizer) {
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) p.mutable_grad().reset();
+  }
 }
 
 Tensor& StepTensors::get(const Tensor& param, int64_t step) {

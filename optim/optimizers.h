@@ -61,6 +61,12 @@ enum class Implementation {
 // "fused" or "foreach".
 const char* implementation_name(Implementation implementation);
 
+// Python's Optimizer.zero_grad() (set_to_none=True): every parameter's
+// gradient dropped, no operator dispatched. LibTorch's
+// torch::optim::Optimizer::zero_grad (not virtual) first detaches each
+// gradient in place: one aten::detach_ per parameter per step.
+void zero_grad(torch::optim::Optimizer& optimizer);
+
 // The float32 step tensors the fused Adam kernels read, one per parameter,
 // each on its parameter's device. Internal to Adam / AdamW.
 class StepTensors {

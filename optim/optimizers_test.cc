@@ -538,5 +538,22 @@ TEST(PythonFusedStateImportTest, BadSwitchesAreRefused) {
       << s;
 }
 
+// Python's zero_grad(): every gradient dropped, the tensors left as they
+// were (no detach_: a gradient tensor someone else still holds keeps its
+// value), and the next backward creates fresh ones.
+TEST(ZeroGradTest, DropsEveryGradientLikePythonSetToNone) {
+  auto params = Params([](int i) { return golden()["init." + std::to_string(i)]; });
+  const auto o = torch::optim::AdamWOptions(0.1);
+  AdamW opt(Groups(params, o, o), o);
+  SetGrads(params, 0, {});
+  const Tensor held = params[2].grad();
+  const Tensor before = held.clone();
+  zero_grad(opt);
+  for (int i = 0; i < kParams; ++i) EXPECT_FALSE(params[i].grad().defined()) << i;
+  EXPECT_TRUE(torch::equal(held, before));
+  (params[0] * 2).sum().backward();
+  EXPECT_TRUE(torch::equal(params[0].grad(), torch::full_like(params[0], 2)));
+}
+
 }  // namespace
 }  // namespace optim

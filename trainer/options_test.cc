@@ -364,7 +364,7 @@ TEST(LrScheduleTest, WarmupThenConstantOrCosineToZero) {
 }
 
 TEST(JsonLogTest, LineIsJsonWithTheDocumentedKeys) {
-  StepRecord r{12, 3.25, 0.003, 0.5, 2048.0, {1000, 2000}, {30, 40}, {}};
+  StepRecord r{12, 3.25, 0.003, 0.5, 2048.0, {1000, 2000}, {30, 40}, {}, {}, {}};
   const std::string line = FormatJsonLine(r);
   // The documented key order; doubles in their shortest exact form.
   EXPECT_EQ(line,
@@ -448,7 +448,7 @@ TEST(OptionsTest, DataEvalAndNonFiniteFlags) {
 }
 
 TEST(JsonLogTest, ValLossOnlyWhenEvaluated) {
-  StepRecord r{5, 3.0, 0.001, 0.5, 100.0, {1}, {2}, {}};
+  StepRecord r{5, 3.0, 0.001, 0.5, 100.0, {1}, {2}, {}, {}, {}};
   EXPECT_THAT(FormatJsonLine(r), ::testing::Not(HasSubstr("val_loss")));
   r.val_loss = 2.5;
   EXPECT_THAT(FormatJsonLine(r), HasSubstr(",\"world_size\":1,\"val_loss\":2.5}"));

@@ -373,7 +373,8 @@ absl::StatusOr<double> TrainStep(StepContext& c, int64_t step, double lr,
   for (auto& param_group : c.optimizer.param_groups()) {
     param_group.options().set_lr(lr);
   }
-  c.optimizer.zero_grad();
+  // Python's zero_grad(): no detach_ per gradient (optim::zero_grad).
+  optim::zero_grad(c.optimizer);
   const double local_loss = ForwardBackward(c.o, c.fsdp_model, c.model, batch, c.device);
   const double grads_bad = LocalGradsFinite(c.params) ? 0.0 : 1.0;
   torch::Tensor l = torch::tensor({local_loss, grads_bad}, torch::kFloat64);

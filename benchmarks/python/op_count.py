@@ -29,7 +29,7 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddp_step import TransformerLM, exit_without_finalizing  # noqa: E402
@@ -43,16 +43,26 @@ def is_aten(event):
     return event.name.startswith("aten::")
 
 
+def phase_of(event):
+    while event is not None:
+        if event.name.startswith("phase::"):
+            return event.name[len("phase::"):]
+        event = event.cpu_parent
+    return "other"
+
+
 def count(events):
     aten = [e for e in events if is_aten(e)]
     top = 0
+    phases = collections.Counter()
     for e in aten:
+        phases[phase_of(e)] += 1
         parent = e.cpu_parent
         while parent is not None and not is_aten(parent):
             parent = parent.cpu_parent
         if parent is None:
             top += 1
-    return len(aten), top, collections.Counter(e.name for e in aten)
+    return len(aten), top, collections.Counter(e.name for e in aten), phases
 
 
 def main():
@@ -80,11 +90,18 @@ def main():
     batch = torch.randint(VOCAB, (ROWS, SEQ + 1), dtype=torch.int64)
 
     def step():
-        optimizer.zero_grad()
-        loss = wrapped(batch)
-        loss.backward()
-        value = loss.item()
-        optimizer.step()
+        # Each phase in a record_function range, so that its operators can
+        # be counted apart (op_count_bench's phases).
+        with record_function("phase::zero_grad"):
+            optimizer.zero_grad()
+        with record_function("phase::forward"):
+            loss = wrapped(batch)
+        with record_function("phase::backward"):
+            loss.backward()
+        with record_function("phase::item"):
+            value = loss.item()
+        with record_function("phase::optimizer"):
+            optimizer.step()
         return value
 
     print(f"op_count.py: torch {torch.__version__}, TransformerLM {num_params} parameters "
@@ -97,8 +114,11 @@ def main():
     for s in range(WARMUP + 1, WARMUP + COUNTED + 1):
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             value = step()
-        aten, top, names = count(prof.events())
+        aten, top, names, phases = count(prof.events())
         totals.update(names)
+        print(f"step {s} phases (aten_ops): " + ", ".join(
+            f"{name} {phases[name]}" for name in
+            ("zero_grad", "forward", "backward", "item", "optimizer", "other")), flush=True)
         print(f"step {s}: aten_ops {aten}, top_level {top} (loss {value:.4f})", flush=True)
     print(f"RESULT aten_ops_per_step {aten} top_level_per_step {top}", flush=True)
     if args.list:
