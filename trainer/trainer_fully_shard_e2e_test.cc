@@ -120,6 +120,10 @@ TEST(TrainerFullyShardE2eTest, CheckpointsResumeUnderEitherFsdp) {
 }
 
 TEST(TrainerFullyShardE2eTest, RefusesWhatFullyShardDoesNotDoNamingBothFlags) {
+  // The flag is honoured: the run says what it trains under.
+  RunResult ok = RunTrainer(std::string(kTiny) + " --steps=1 --nproc=2 --fsdp=fully_shard");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_THAT(ok.output, HasSubstr("2 ranks, fully_shard full, 3 units"));
   for (const char* flag :
        {"--sharding=none", "--sharding=hybrid", "--cpu-offload", "--backward-prefetch=post"}) {
     RunResult r = RunTrainer(std::string(kTiny) + " --nproc=2 --fsdp=fully_shard " + flag);
