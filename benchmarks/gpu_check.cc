@@ -1027,7 +1027,7 @@ CheckResult CheckFsdpStepNoSync(const comm::ProcessGroup& group) {
       torch::Tensor loss;
       {
         SyncDebugError mode(checked);
-        optimizer.zero_grad();
+        optim::zero_grad(optimizer);  // as the trainer
         const torch::Tensor batch = host_batch.to(g_device, /*non_blocking=*/true);
         phase = "forward";
         loss = fsdp_model.run([&] { return model->Loss(batch); });

@@ -20,7 +20,8 @@
 // statistics are reset when the step starts; the step's batch, forward,
 // backward, optimizer update and any --eval-every evaluation, not its
 // checkpoint): Python's torch.cuda.max_memory_allocated() /
-// max_memory_reserved() after torch.cuda.reset_peak_memory_stats().
+// max_memory_reserved() after torch.cuda.reset_peak_memory_stats(); -1 for
+// a rank whose allocator gave no figures (not a caching allocator).
 #pragma once
 
 #include <cstdint>
