@@ -3,13 +3,16 @@
 // no more than Python FSDP2 on the same model, which
 // benchmarks/python/op_count.py counts with torch.profiler).
 //
-//   bazel run -c opt //benchmarks:op_count_bench
+//   bazel run -c opt //benchmarks:op_count_bench -- [--fsdp=fsdp1|fully_shard] [--list[=PHASE]]
 //
 // The model is trainer_bench's (TransformerLM: 8 blocks x 512, 8 heads,
-// vocab 256, seq 32, 2 rows), wrapped as the trainer wraps it
-// (fsdp::FullyShardedDataParallel FULL_SHARD, one unit per block plus the
-// root, backward prefetch pre, use_orig_params) on a Gloo world of 1, with
-// the trainer's optimizer (optim::AdamW, fused). One step is what Python's
+// vocab 256, seq 32, 2 rows), wrapped by the trainer's own trainer::Wrap
+// (wrap.h) at its defaults on a Gloo world of 1: --fsdp=fsdp1 (the
+// default: fsdp::FullyShardedDataParallel FULL_SHARD, one unit per block
+// plus the root, backward prefetch pre, use_orig_params) or
+// --fsdp=fully_shard (fsdp::fully_shard on each block, then the root: the
+// port of Python's FSDP2), with the trainer's optimizer (optim::AdamW,
+// fused). One step is what Python's
 // peer does per step (benchmarks/python/fsdp_step.py): zero_grad (the
 // trainer's: optim::zero_grad, Python's set_to_none), forward
 // and loss, backward (FSDP's gradient reduction inside), loss.item(), the
@@ -56,12 +59,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "comm/process_group.h"
-#include "fsdp/fully_sharded_data_parallel.h"
-#include "fsdp/sharding_strategy.h"
-#include "module_call/call.h"
-#include "module_call/wrap_policy.h"
 #include "optim/optimizers.h"
 #include "trainer/models.h"
+#include "trainer/options.h"
+#include "trainer/wrap.h"
 
 namespace {
 
@@ -82,6 +83,7 @@ struct Counts {
 Counts* g_counts = nullptr;
 std::atomic<bool> g_counting{false};
 bool g_list = false;
+trainer::FsdpApi g_fsdp = trainer::FsdpApi::kFsdp1;
 // --list=PHASE: list only that phase's operators (zero_grad, forward,
 // backward, item, optimizer).
 std::string g_list_phase;
@@ -128,12 +130,17 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--list") {
       g_list = true;
+    } else if (std::string(argv[i]) == "--fsdp=fully_shard") {
+      g_fsdp = trainer::FsdpApi::kFullyShard;
+    } else if (std::string(argv[i]) == "--fsdp=fsdp1") {
+      g_fsdp = trainer::FsdpApi::kFsdp1;
     } else if (absl::StartsWith(argv[i], "--list=")) {
       g_list = true;
       g_list_phase = std::string(argv[i]).substr(7);
     } else {
       std::fprintf(stderr,
-                   "op_count_bench: unknown argument '%s' (usage: op_count_bench [--list])\n",
+                   "op_count_bench: unknown argument '%s' (usage: op_count_bench "
+                   "[--fsdp=fsdp1|fully_shard] [--list[=PHASE]])\n",
                    argv[i]);
       return 2;
     }
@@ -151,22 +158,27 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "op_count_bench: %s\n", std::string(group.status().message()).c_str());
       return 1;
     }
-    auto model = std::dynamic_pointer_cast<trainer::TransformerLM>(
-        trainer::BuildModel(trainer::ModelType::kTransformer, kConfig, /*seed=*/0));
-    TORCH_CHECK(model != nullptr, "op_count_bench: BuildModel did not return a TransformerLM");
+    trainer::Options o;
+    o.model = trainer::ModelKind::kTransformer;
+    o.layers = kConfig.layers;
+    o.dim = kConfig.dim;
+    o.heads = kConfig.heads;
+    o.vocab = kConfig.vocab;
+    o.seq = kConfig.seq;
+    o.global_batch = kRows;
+    o.fsdp = g_fsdp;
+    std::shared_ptr<trainer::LanguageModel> model =
+        trainer::BuildModel(trainer::ModelType::kTransformer, kConfig, /*seed=*/0);
     int64_t num_params = 0;
     for (const auto& p : model->parameters()) num_params += p.numel();
-    model->set_block_runner(
-        [](int64_t, trainer::TransformerBlock& block, const torch::Tensor& x,
-           const torch::Tensor& mask) { return module_call::call(block, x, mask); });
-    fsdp::FullyShardedDataParallel::Options options;
-    options.process_group = *group;
-    options.sharding_strategy = fsdp::ShardingStrategy::kFullShard;
-    options.auto_wrap_policy =
-        module_call::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>();
-    options.backward_prefetch = fsdp::BackwardPrefetch::kBackwardPre;
-    options.use_orig_params = true;
-    fsdp::FullyShardedDataParallel fsdp_model(model, options);
+    // The trainer's own wrapping (wrap.h) for its defaults: FULL_SHARD, one
+    // unit per block plus the root, backward prefetch pre, use_orig_params.
+    auto wrapped = trainer::Wrap(o, model, c10::Device(c10::kCPU), *group);
+    if (!wrapped.ok()) {
+      std::fprintf(stderr, "op_count_bench: %s\n", std::string(wrapped.status().message()).c_str());
+      return 1;
+    }
+    const trainer::TrainedModel fsdp_model = wrapped->model();
     optim::AdamW optimizer(fsdp_model.parameters(),
                            torch::optim::AdamWOptions(3e-3).weight_decay(0.01),
                            optim::Implementation::kFused);
@@ -180,12 +192,12 @@ int main(int argc, char** argv) {
         at::RecordFunctionCallback(OnEnter, OnExit).scopes({at::RecordScope::FUNCTION}));
     std::printf(
         "op_count_bench: LibTorch %s, TransformerLM %lld parameters (%lld blocks x %lld, %lld "
-        "heads, vocab %lld, seq %lld, %lld rows), FSDP FULL_SHARD %zu units on a Gloo world of 1, "
-        "optim::AdamW (fused)\n",
+        "heads, vocab %lld, seq %lld, %lld rows), --fsdp %s FULL_SHARD %zu units on a Gloo world "
+        "of 1, optim::AdamW (fused)\n",
         TORCH_VERSION, static_cast<long long>(num_params), static_cast<long long>(kConfig.layers),
         static_cast<long long>(kConfig.dim), static_cast<long long>(kConfig.heads),
         static_cast<long long>(kConfig.vocab), static_cast<long long>(kConfig.seq),
-        static_cast<long long>(kRows), fsdp_model.fsdp_unit_names().size());
+        static_cast<long long>(kRows), trainer::Name(g_fsdp), fsdp_model.fsdp_unit_names().size());
     std::vector<int64_t> aten_per_step, top_per_step;
     for (int step = 1; step <= kWarmupSteps + kCountedSteps; ++step) {
       const bool counted = step > kWarmupSteps;
