@@ -10,7 +10,7 @@
 //     by FSDP1 resumed by fully_shard and back; --export-dcp /
 //     --import-dcp likewise;
 //   * options: --fsdp=fully_shard with what it does not do (--sharding none
-//     or hybrid, --cpu-offload, --backward-prefetch=post) is refused naming
+//     or hybrid, --backward-prefetch=post) is refused naming
 //     both flags.
 #include <cmath>
 #include <filesystem>
@@ -256,7 +256,6 @@ TEST(FullyShardTrainer, RefusesWhatFullyShardDoesNotDoNamingBothFlags) {
   for (const Case& c :
        {Case{[](Options& x) { x.sharding = Sharding::kNone; }, "--sharding=none"},
         Case{[](Options& x) { x.sharding = Sharding::kHybrid; }, "--sharding=hybrid"},
-        Case{[](Options& x) { x.cpu_offload = true; }, "--cpu-offload"},
         Case{[](Options& x) { x.backward_prefetch = BackwardPrefetch::kPost; },
              "--backward-prefetch=post"}}) {
     Options bad = o;

@@ -141,8 +141,8 @@ void DefineFlags(CLI::App& app, Options& o) {
             "(a --config=cuda build on a machine with a GPU)");
   AddChoice(app, "--fsdp", o.fsdp, {FsdpApi::kFsdp1, FsdpApi::kFullyShard},
             "fsdp1: FullyShardedDataParallel (flat parameters); fully_shard: FSDP2's "
-            "per-parameter shards (--sharding full or grad_op, no --cpu-offload, "
-            "--backward-prefetch pre or none)");
+            "per-parameter shards (--sharding full or grad_op, --backward-prefetch pre or "
+            "none)");
   AddChoice(app, "--sharding", o.sharding,
             {Sharding::kFull, Sharding::kGradOp, Sharding::kNone, Sharding::kHybrid},
             "FSDP strategy (hybrid: a 2-D mesh of replicas x shards, e.g. 2x2 on --nproc 4)");
@@ -328,13 +328,9 @@ absl::Status CheckFeatureAvailability(const Options& o, int world_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--sharding=", Name(o.sharding),
           " with --fsdp=fully_shard: expected --sharding=full (reshard after forward) or "
-          "grad_op (keep the parameters gathered until backward); fully_shard's mesh is 1-D "
-          "here (use --fsdp=fsdp1 for none and hybrid)"));
-    }
-    if (o.cpu_offload) {
-      return absl::InvalidArgumentError(
-          "--cpu-offload with --fsdp=fully_shard: fully_shard has no OffloadPolicy yet; use "
-          "--fsdp=fsdp1 to offload");
+          "grad_op (keep the parameters gathered until backward); the trainer's fully_shard "
+          "shards over the world group (1-D: no HSDP here; use --fsdp=fsdp1 for none and "
+          "hybrid)"));
     }
     if (o.backward_prefetch == BackwardPrefetch::kPost) {
       return absl::InvalidArgumentError(

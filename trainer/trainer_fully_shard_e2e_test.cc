@@ -2,7 +2,8 @@
 // child process), against --fsdp=fsdp1 and the unwrapped model (1 rank):
 //   * the same loss sequence (1e-4 relative, as trainer_fsdp_e2e_test) on 2
 //     and 3 ranks, with --sharding=grad_op, --auto-wrap=none,
-//     --activation-checkpointing=block, --grad-accum=2 and --clip;
+//     --activation-checkpointing=block, --grad-accum=2, --cpu-offload
+//     (CPUOffloadPolicy) and --clip;
 //     --mixed-precision=bf16 within 3% of float32;
 //   * resume: a run checkpointed at step 4 (sharded and full, sync and
 //     --async-checkpoint) continues steps 5-8 with the uninterrupted run's
@@ -66,6 +67,8 @@ TEST(TrainerFullyShardE2eTest, SameLossesAsFsdp1AndTheUnwrappedModel) {
                    1e-4, "fully_shard + activation checkpointing");
   ExpectSameLosses(one.losses, Train("fs_accum", 2, "--fsdp=fully_shard --grad-accum=2").losses,
                    1e-4, "fully_shard grad-accum 2");
+  ExpectSameLosses(one.losses, Train("fs_offload", 2, "--fsdp=fully_shard --cpu-offload").losses,
+                   1e-4, "fully_shard cpu offload");
   const std::string clip = "--clip=0.05 --optimizer=sgd --lr=0.05 --lr-schedule=constant";
   ExpectSameLosses(Train("clip1", 1, clip + " --sharding=none").losses,
                    Train("fs_clip", 2, clip + " --fsdp=fully_shard").losses, 1e-4,
@@ -124,8 +127,7 @@ TEST(TrainerFullyShardE2eTest, RefusesWhatFullyShardDoesNotDoNamingBothFlags) {
   RunResult ok = RunTrainer(std::string(kTiny) + " --steps=1 --nproc=2 --fsdp=fully_shard");
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
   EXPECT_THAT(ok.output, HasSubstr("2 ranks, fully_shard full, 3 units"));
-  for (const char* flag :
-       {"--sharding=none", "--sharding=hybrid", "--cpu-offload", "--backward-prefetch=post"}) {
+  for (const char* flag : {"--sharding=none", "--sharding=hybrid", "--backward-prefetch=post"}) {
     RunResult r = RunTrainer(std::string(kTiny) + " --nproc=2 --fsdp=fully_shard " + flag);
     EXPECT_NE(r.exit_code, 0) << flag;
     EXPECT_THAT(r.output, HasSubstr("--fsdp=fully_shard")) << flag;

@@ -160,7 +160,7 @@ absl::StatusOr<std::unique_ptr<FullyShardModel>> WrapModelFullyShard(
     const Options& o, std::shared_ptr<LanguageModel> model, c10::Device device,
     const comm::ProcessGroup& world) {
   // CheckFeatureAvailability refused what fully_shard does not do here
-  // (--sharding none/hybrid, --cpu-offload, --backward-prefetch=post).
+  // (--sharding none/hybrid, --backward-prefetch=post).
   fsdp::FullyShardOptions options;
   options.process_group = world;
   // full: reshard after forward (FULL_SHARD); grad_op: keep the gathered
@@ -170,6 +170,9 @@ absl::StatusOr<std::unique_ptr<FullyShardModel>> WrapModelFullyShard(
     options.mp_policy.param_dtype = torch::kBFloat16;
     options.mp_policy.reduce_dtype = torch::kFloat32;
   }
+  // PyTorch's CPUOffloadPolicy: the shards, their gradients and the
+  // optimizer state on the CPU, computing on `device`.
+  if (o.cpu_offload) options.offload_policy = fsdp::CPUOffloadPolicy{};
   if (!device.is_cpu()) model->to(device);
   if (o.activation_checkpointing == ActivationCheckpointing::kBlock) {
     const auto blocks = activation_checkpointing::apply_activation_checkpointing(

@@ -76,6 +76,18 @@ absl::StatusOr<View> Describe(const torch::nn::Module& model) {
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     if (!item.value().defined()) continue;
     Entry e{item.key(), item.value(), fsdp::sharded_param_spec(item.value()), true};
+    if (e.spec && e.spec->shard_dim != 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          "fully_shard state dict: parameter '", e.fqn, "' is sharded on dim ", e.spec->shard_dim,
+          " (shard_placement_fn): expected Shard(0); only dim-0 shards are saved and loaded "
+          "here"));
+    }
+    if (e.spec && e.spec->replicate_group.has_value()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "fully_shard state dict: parameter '", e.fqn,
+          "' is sharded on a 2-D (HSDP) mesh: expected a 1-D mesh or process group; HSDP state "
+          "dicts are not implemented here"));
+    }
     if (e.spec && !view.group) {
       view.group = e.spec->group;
       view.world_size = e.spec->group.size();

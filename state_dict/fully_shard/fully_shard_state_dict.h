@@ -46,7 +46,9 @@
 //
 // Optimizers: torch::optim Adam, AdamW, SGD (and optim/'s subclasses of
 // them) stepping the model's sharded parameters. Every function is called
-// by every rank of the shards' group (1-D: fully_shard's mesh is 1-D).
+// by every rank of the shards' group. Not implemented (Unimplemented,
+// naming the parameter): HSDP (a 2-D mesh) and shard_placement_fn's shards
+// on a dim other than 0.
 #pragma once
 
 #include <cstdint>
