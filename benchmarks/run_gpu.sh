@@ -34,8 +34,8 @@
 #    the CUDA caching allocator's peak allocated / reserved bytes (ours:
 #    --log-json's cuda_peak_*; Python's: torch.cuda.max_memory_*).
 #    Environment: BENCH_STEPS (default 20), RUN_TIMEOUT (s per run, default
-#    120), BUDGET_S (after this many seconds of the script no further run
-#    starts, default 420), BENCH_CONFIGS ("name|flags;name|flags").
+#    90), BUDGET_S (after this many seconds of the script no further run
+#    starts, default 390: 390 + 90 < 8 min), BENCH_CONFIGS ("name|flags;name|flags").
 #
 # --cpu: the same pipeline on the CPU without a GPU, to test the script:
 # no build (the binaries must exist: bazel build //:trainer
@@ -58,8 +58,8 @@ REPORT_DIR="${OUT:-/tmp/gpu_out}"
 BUILD_DIR="${GPU_BUILD_DIR:-/tmp/gpu_build}"
 NOMINAL_PEAK_TFLOPS=989  # H100 SXM dense bf16 (without sparsity)
 SCRIPT_START=$(date +%s)
-RUN_TIMEOUT="${RUN_TIMEOUT:-120}"
-BUDGET_S="${BUDGET_S:-420}"
+RUN_TIMEOUT="${RUN_TIMEOUT:-90}"
+BUDGET_S="${BUDGET_S:-390}"
 BENCH_DEVICE=cuda
 
 build_anyway=0
@@ -223,7 +223,9 @@ if [ "$do_check" = 1 ]; then
   say "== gpu_check"
   check_args=()
   [ "$cpu_mode" = 1 ] && check_args=(--dry-run-on-cpu)
-  "$GPU_CHECK" "${check_args[@]}" > "$REPORT_DIR/gpu_check.log" 2>&1
+  # Bounded (CHECK_TIMEOUT, default 180 s): a hung collective must not eat the
+  # machine's time.
+  timeout "${CHECK_TIMEOUT:-180}" "$GPU_CHECK" "${check_args[@]}" > "$REPORT_DIR/gpu_check.log" 2>&1
   rc=$?
   # The PASS/FAIL/NOT RUN lines and the summary; the full output is in gpu_check.log.
   grep -E '^(PASS|FAIL|NOT RUN|gpu_check)' "$REPORT_DIR/gpu_check.log" | tee -a "$REPORT"
