@@ -110,11 +110,19 @@ PendingReduce foreach_reduce_start(const std::vector<FSDPParam*>& params,
   return pending;
 }
 
-void foreach_reduce_finish(PendingReduce& pending) {
+void foreach_reduce_wait(PendingReduce& pending) {
+  if (!pending.input.defined()) return;  // waited for already
   pending.work.wait();
+  // The Work holds the collective's tensors (Gloo's keeps its inputs and
+  // outputs): dropping it is what frees the copy-in.
+  pending.work = comm::Work();
+  pending.input = at::Tensor();
+}
+
+void foreach_reduce_finish(PendingReduce& pending) {
+  foreach_reduce_wait(pending);
   at::NoGradGuard no_grad;
   at::Tensor output = pending.output;
-  pending.input = at::Tensor();
   const comm::ProcessGroup& replicate_group = pending.replicate_group;
   if (replicate_group.is_member() && replicate_group.size() > 1) {
     // HSDP: the shards, averaged over the shard group, averaged again over

@@ -54,6 +54,9 @@ PendingReduce foreach_reduce_start(const std::vector<FSDPParam*>& params,
                                    const std::vector<at::Tensor>& grads,
                                    const comm::ProcessGroup& group,
                                    const comm::ProcessGroup& replicate_group);
+// Waits for the reduce-scatter and frees the copy-in (output stays);
+// once only: later calls return at once.
+void foreach_reduce_wait(PendingReduce& pending);
 // Waits for it; HSDP (`replicate_group` not empty): all-reduces the shards
 // averaged over the replicas; then adds each rank's part to the shards'
 // .grad (views of the output).

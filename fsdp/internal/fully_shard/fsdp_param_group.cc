@@ -111,6 +111,10 @@ void FSDPParamGroup::post_backward() {
   if (reshard_after_backward_) reshard();
 }
 
+void FSDPParamGroup::wait_for_reduce_scatter() {
+  if (pending_reduce_) foreach_reduce_wait(*pending_reduce_);
+}
+
 void FSDPParamGroup::finish_gradient_reduction() {
   if (!pending_reduce_) return;
   PendingReduce pending = std::move(*pending_reduce_);

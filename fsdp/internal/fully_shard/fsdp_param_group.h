@@ -59,6 +59,9 @@ class FSDPParamGroup {
   void post_backward();
   void finish_gradient_reduction();
   bool reduction_pending() const { return pending_reduce_.has_value(); }
+  // Waits for the reduce-scatter in flight and frees its copy-in; the
+  // result still lands in .grad at finish_gradient_reduction.
+  void wait_for_reduce_scatter();
   // Waits out a reduction still in flight (its error dropped).
   ~FSDPParamGroup();
 

@@ -300,7 +300,11 @@ void FSDPState::input_grad_ready() {
 void FSDPState::post_backward() {
   if (post_backward_done_ || !group_) return;
   post_backward_done_ = true;
+  FSDPParamGroup*& in_flight = context().reduce_scatter_in_flight;
+  if (in_flight != nullptr && in_flight != group_.get()) in_flight->wait_for_reduce_scatter();
+  in_flight = nullptr;
   group_->post_backward();
+  if (group_->reduction_pending()) in_flight = group_.get();
 }
 
 void FSDPState::root_final_callback() {

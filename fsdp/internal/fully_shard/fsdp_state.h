@@ -29,6 +29,11 @@ struct FSDPStateContext {
   // PyTorch's is_last_backward: whether the end of backward waits for the
   // gradient reductions still in flight (FSDPModule::set_is_last_backward).
   bool is_last_backward = true;
+  // The group whose reduce-scatter was started last and not yet waited for.
+  // The next group's post-backward waits for it first (PyTorch waits for
+  // the previous reduce-scatter before the next: reduce_scatter_state), so
+  // one copy-in buffer at a time is alive, not one per group.
+  FSDPParamGroup* reduce_scatter_in_flight = nullptr;
 };
 
 class FSDPState : public std::enable_shared_from_this<FSDPState> {
