@@ -285,6 +285,22 @@ void BM_DDP(benchmark::State& state) {
   Report(state, group, NumParams(*lm), params, optim, base_rss, retained);
 }
 
+// The steps of a wrapped model (either FSDP; the root entered through
+// run() around the loss) with Adam, timed and reported.
+void TimeWrappedSteps(benchmark::State& state, trainer::TransformerLM& lm,
+                      trainer::TrainedModel model, int64_t num_params, int64_t base_rss) {
+  const comm::ProcessGroup& group = *g_group;
+  torch::optim::Adam optim(model.parameters(), torch::optim::AdamOptions(kLr));
+  const torch::Tensor batch = RankBatch(group.rank());
+  ForwardRetained retained;
+  TimeSteps(state, [&] {
+    optim.zero_grad();
+    retained([&] { return model.run([&] { return lm.Loss(batch); }); }).backward();
+    optim.step();
+  });
+  Report(state, group, num_params, model.parameters(), optim, base_rss, retained);
+}
+
 void BM_FSDP(benchmark::State& state, fsdp::ShardingStrategy strategy, bool checkpointing) {
   const comm::ProcessGroup& group = *g_group;
   const int64_t base_rss = CurrentRssBytes();
@@ -307,15 +323,7 @@ void BM_FSDP(benchmark::State& state, fsdp::ShardingStrategy strategy, bool chec
   // root is entered through run().
   fsdp::FullyShardedDataParallel model(std::static_pointer_cast<trainer::LanguageModel>(lm),
                                        std::move(options));
-  torch::optim::Adam optim(model.parameters(), torch::optim::AdamOptions(kLr));
-  const torch::Tensor batch = RankBatch(group.rank());
-  ForwardRetained retained;
-  TimeSteps(state, [&] {
-    optim.zero_grad();
-    retained([&] { return model.run([&] { return lm->Loss(batch); }); }).backward();
-    optim.step();
-  });
-  Report(state, group, num_params, model.parameters(), optim, base_rss, retained);
+  TimeWrappedSteps(state, *lm, model, num_params, base_rss);
   state.counters["peak_gathered_MiB"] =
       static_cast<double>(model.peak_unsharded_bytes()) / (1024.0 * 1024.0);
 }
@@ -333,16 +341,7 @@ void BM_FullyShard(benchmark::State& state, bool checkpointing) {
   auto wrapped = trainer::WrapModelFullyShard(
       options, std::static_pointer_cast<trainer::LanguageModel>(lm), c10::Device(c10::kCPU), group);
   TORCH_CHECK(wrapped.ok(), "trainer_bench: ", wrapped.status().ToString());
-  trainer::FullyShardModel& model = **wrapped;
-  torch::optim::Adam optim(model.parameters(), torch::optim::AdamOptions(kLr));
-  const torch::Tensor batch = RankBatch(group.rank());
-  ForwardRetained retained;
-  TimeSteps(state, [&] {
-    optim.zero_grad();
-    retained([&] { return model.run([&] { return lm->Loss(batch); }); }).backward();
-    optim.step();
-  });
-  Report(state, group, num_params, model.parameters(), optim, base_rss, retained);
+  TimeWrappedSteps(state, *lm, **wrapped, num_params, base_rss);
 }
 
 void RegisterAll(const comm::ProcessGroup& group) {
