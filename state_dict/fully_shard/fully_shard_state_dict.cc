@@ -52,9 +52,14 @@ struct View {
   std::vector<Entry> entries;
   std::map<std::string, size_t> index;    // fqn -> entries
   std::map<const void*, size_t> by_impl;  // parameter TensorImpl -> entries
+  // Checkpoint numbering: (replicate index r, shard rank s) is rank
+  // r * shard size + s of replicate size * shard size (FSDP1's hybrid
+  // numbering, fsdp_state_dict.h); replica 0 writes the shard pieces.
   int world_size = 1;
   int rank = 0;
-  std::optional<comm::ProcessGroup> group;
+  std::optional<comm::ProcessGroup> group;      // the shard group
+  std::optional<comm::ProcessGroup> replicate;  // HSDP's replicate group
+  bool is_replica() const { return replicate.has_value() && replicate->rank() != 0; }
 };
 
 // Every fully_shard module of the tree back to its shards (named_parameters
@@ -82,16 +87,19 @@ absl::StatusOr<View> Describe(const torch::nn::Module& model) {
           " (shard_placement_fn): expected Shard(0); only dim-0 shards are saved and loaded "
           "here"));
     }
-    if (e.spec && e.spec->replicate_group.has_value()) {
-      return absl::UnimplementedError(absl::StrCat(
-          "fully_shard state dict: parameter '", e.fqn,
-          "' is sharded on a 2-D (HSDP) mesh: expected a 1-D mesh or process group; HSDP state "
-          "dicts are not implemented here"));
-    }
     if (e.spec && !view.group) {
       view.group = e.spec->group;
-      view.world_size = e.spec->group.size();
-      view.rank = e.spec->rank;
+      view.replicate = e.spec->replicate_group;
+      const int replicas = view.replicate ? view.replicate->size() : 1;
+      const int replica = view.replicate ? view.replicate->rank() : 0;
+      view.world_size = replicas * e.spec->group.size();
+      view.rank = replica * e.spec->group.size() + e.spec->rank;
+    } else if (e.spec && (e.spec->group.name() != view.group->name() ||
+                          e.spec->replicate_group.has_value() != view.replicate.has_value())) {
+      return absl::UnimplementedError(
+          absl::StrCat("fully_shard state dict: parameter '", e.fqn, "' is sharded over group '",
+                       e.spec->group.name(), "', the first sharded parameter over '",
+                       view.group->name(), "': expected one mesh for the whole tree"));
     }
     view.by_impl.emplace(item.value().unsafeGetTensorImpl(), view.entries.size());
     view.index.emplace(e.fqn, view.entries.size());
@@ -115,6 +123,7 @@ FsdpModelStateDict NewStateDict(const View& view) {
   out.type = StateDictType::kSharded;
   out.world_size = view.world_size;
   out.rank = view.rank;
+  out.shard_is_replica = view.is_replica();
   return out;
 }
 
@@ -296,6 +305,14 @@ absl::Status AgreeOnStatus(const comm::ProcessGroup& group, const absl::Status& 
   return absl::FailedPreconditionError(absl::StrCat(what, " failed on rank ", first));
 }
 
+// AgreeOnStatus over every rank of the tree's mesh: the shard group, then
+// (HSDP) the replicate group, so every rank learns of any rank's failure.
+absl::Status AgreeEverywhere(const View& view, const absl::Status& local, const std::string& what) {
+  absl::Status s = AgreeOnStatus(*view.group, local, what);
+  if (!view.replicate) return s;
+  return AgreeOnStatus(*view.replicate, s, what);
+}
+
 // A reader of a step directory that finds an entry under its own name or
 // under the FULL file's ("model.<fqn>", "optim.<fqn>.<entry>"). A sharded
 // checkpoint is read resharded (this rank's rows only); a FULL one (0-dim
@@ -410,13 +427,17 @@ absl::StatusOr<FsdpModelStateDict> FullyShardStateDict(torch::nn::Module& model,
 absl::StatusOr<TensorDict> FullyShardFullStateDict(torch::nn::Module& model,
                                                    const torch::optim::Optimizer* optimizer,
                                                    bool rank0_only) {
-  auto group = FullyShardGroup(model);
-  if (!group.ok()) return group.status();
+  auto view = Describe(model);
+  if (!view.ok()) return view.status();
+  const comm::ProcessGroup* group = &*view->group;
   auto state = FullyShardStateDict(model, optimizer);
-  if (auto s = AgreeOnStatus(*group, state.status(), "fully_shard state dict"); !s.ok()) return s;
+  if (auto s = AgreeEverywhere(*view, state.status(), "fully_shard state dict"); !s.ok()) {
+    return s;
+  }
   const std::set<std::string> replicated(state->replicated.begin(), state->replicated.end());
   const int world = group->size();
-  const bool keep = !rank0_only || group->rank() == 0;
+  // HSDP: each replica gathers over its own shard group.
+  const bool keep = !rank0_only || view->rank == 0;
   TensorDict out;
   for (const auto& item : state->sharded) {
     const ShardedTensor& st = item.value();
@@ -518,24 +539,35 @@ absl::Status SaveFullyShardCheckpoint(const std::string& root, int64_t step,
                                       torch::nn::Module& model,
                                       const torch::optim::Optimizer* optimizer,
                                       FullyShardCheckpointKind kind) {
-  auto group = FullyShardGroup(model);
-  if (!group.ok()) return group.status();
+  auto view = Describe(model);
+  if (!view.ok()) return view.status();
   auto state = FullyShardStateDict(model, optimizer);
   // Every rank took its state (or failed) before any writes.
-  if (auto s = AgreeOnStatus(*group, state.status(), "fully_shard state dict"); !s.ok()) return s;
+  if (auto s = AgreeEverywhere(*view, state.status(), "fully_shard state dict"); !s.ok()) {
+    return s;
+  }
   if (kind == FullyShardCheckpointKind::kFull) {
-    ShardedStateDict renamed;
-    for (const auto& item : state->sharded)
-      renamed.insert(FullCheckpointKey(item.key()), item.value());
-    state->sharded = std::move(renamed);
-    for (std::string& name : state->replicated) name = FullCheckpointKey(name);
-    return SaveFsdpFullCheckpoint(root, step, *state, *group);
+    absl::Status saved = absl::OkStatus();
+    if (!view->is_replica()) {
+      // Replica 0's shard group alone gathers and writes (HSDP: the other
+      // replicas hold the same shards).
+      ShardedStateDict renamed;
+      for (const auto& item : state->sharded) {
+        renamed.insert(FullCheckpointKey(item.key()), item.value());
+      }
+      state->sharded = std::move(renamed);
+      for (std::string& name : state->replicated) name = FullCheckpointKey(name);
+      state->world_size = view->group->size();
+      state->rank = view->group->rank();
+      saved = SaveFsdpFullCheckpoint(root, step, *state, *view->group);
+    }
+    return AgreeEverywhere(*view, saved, "SaveFsdpFullCheckpoint");
   }
   absl::Status saved = SaveModelCheckpoint(root, step, *state);
-  if (auto s = AgreeOnStatus(*group, saved, "SaveShard"); !s.ok()) return s;
+  if (auto s = AgreeEverywhere(*view, saved, "SaveShard"); !s.ok()) return s;
   absl::Status committed = absl::OkStatus();
-  if (group->rank() == 0) committed = CommitShardedCheckpoint(root, step, group->size());
-  return AgreeOnStatus(*group, committed, "CommitShardedCheckpoint");
+  if (view->rank == 0) committed = CommitShardedCheckpoint(root, step, view->world_size);
+  return AgreeEverywhere(*view, committed, "CommitShardedCheckpoint");
 }
 
 absl::Status LoadFullyShardCheckpoint(torch::nn::Module& model, torch::optim::Optimizer* optimizer,

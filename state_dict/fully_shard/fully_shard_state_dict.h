@@ -46,9 +46,14 @@
 //
 // Optimizers: torch::optim Adam, AdamW, SGD (and optim/'s subclasses of
 // them) stepping the model's sharded parameters. Every function is called
-// by every rank of the shards' group. Not implemented (Unimplemented,
-// naming the parameter): HSDP (a 2-D mesh) and shard_placement_fn's shards
-// on a dim other than 0.
+// by every rank of the shards' group (HSDP: every rank of the mesh).
+// HSDP (a 2-D mesh of replicate x shard): rank (replicate index r, shard
+// rank s) is checkpoint rank r * shard size + s of replicate x shard, as
+// FSDP1's hybrid strategies number them, and only replica 0 writes the
+// shard pieces (and, FULL, gathers and writes model.pt), so an HSDP
+// checkpoint is an ordinary sharded one, loading anywhere. Not implemented
+// (Unimplemented, naming the parameter): shard_placement_fn's shards on a
+// dim other than 0.
 #pragma once
 
 #include <cstdint>
@@ -69,7 +74,7 @@
 namespace state_dict {
 
 // The group the model's parameters are sharded over (that of its first
-// sharded parameter). FailedPrecondition when fully_shard sharded none of
+// sharded parameter; HSDP: the shard group). FailedPrecondition when fully_shard sharded none of
 // `model`'s parameters.
 absl::StatusOr<comm::ProcessGroup> FullyShardGroup(const torch::nn::Module& model);
 

@@ -12,6 +12,8 @@
 //   checkpoint and DCP: the same parameters after the third step.
 // - the FULL file's keys and values as a plain reader (LoadTensorDict,
 //   what torch.load gives) sees them.
+// - fully_shard on an HSDP mesh (3 replicas x 1 shard) saves SHARDED, FULL
+//   and DCP, loaded the same way.
 // - bad input: a missing key, a wrong global shape, FSDP1's flat-parameter
 //   keys, optimizer state of another shape: errors naming key and
 //   expectation, the model untouched.
@@ -31,6 +33,7 @@
 #include <torch/utils.h>
 
 #include "comm/collectives.h"
+#include "comm/device_mesh.h"
 #include "comm/subgroups.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/fully_sharded_data_parallel.h"
@@ -239,6 +242,40 @@ TEST(FullyShardStateDict, MovesBetweenWorldSizesFormatsAndFsdp1) {
           ASSERT_TRUE(SaveFsdpDcpShard(dir + "/f1_dcp", model, &opt).ok());
           CommitDcp(world, dir + "/f1_dcp");
         }
+        // ---- saved by fully_shard on an HSDP mesh (3 replicas x 1 shard):
+        // checkpoint ranks 0-2, replica 0 writing the pieces ----
+        {
+          auto mesh = comm::init_hybrid_shard_mesh(world, 3, 1);
+          ASSERT_TRUE(mesh.ok()) << mesh.status();
+          torch::nn::Sequential model = MakeModel();
+          fsdp::FullyShardOptions options;
+          options.mesh = *mesh;
+          fsdp::fully_shard((*model)[0], options);
+          fsdp::fully_shard((*model)[2], options);
+          fsdp::fully_shard(model, options);
+          torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
+          Step(model, opt, batches[0]);
+          Step(model, opt, batches[1]);
+          auto state = FullyShardModelStateDict(*model);
+          ASSERT_TRUE(state.ok()) << state.status();
+          EXPECT_EQ(state->world_size, 3);
+          EXPECT_EQ(state->rank, world.rank());
+          EXPECT_EQ(state->shard_is_replica, world.rank() != 0);
+          for (auto kind : {FullyShardCheckpointKind::kSharded, FullyShardCheckpointKind::kFull}) {
+            const std::string root =
+                dir + (kind == FullyShardCheckpointKind::kFull ? "/hsdp_full" : "/hsdp_sharded");
+            auto s = SaveFullyShardCheckpoint(root, 2, *model, &opt, kind);
+            ASSERT_TRUE(s.ok()) << s;
+          }
+          auto s = SaveFullyShardDcpShard(dir + "/hsdp_dcp", *model, &opt);
+          ASSERT_TRUE(s.ok()) << s;
+          CommitDcp(world, dir + "/hsdp_dcp");
+          auto full = FullyShardFullStateDict(*model, nullptr);
+          ASSERT_TRUE(full.ok()) << full.status();
+          Params full_model;
+          for (const auto& item : *full) full_model[item.key()] = item.value();
+          ExpectClose(full_model, after2, "HSDP FullyShardFullStateDict");
+        }
         // ---- loaded on 2 ranks (0, 1) and on 1 (rank 2) ----
         auto pair = comm::new_group(world, {0, 1});
         auto single = comm::new_group(world, {2});
@@ -252,7 +289,9 @@ TEST(FullyShardStateDict, MovesBetweenWorldSizesFormatsAndFsdp1) {
         for (const Source& src :
              {Source{"fs_sharded/step_2", false, true}, Source{"fs_full/step_2", false, true},
               Source{"fs_dcp", true, true}, Source{"f1_sharded/step_2", false, true},
-              Source{"f1_full/step_2", false, false}, Source{"f1_dcp", true, true}}) {
+              Source{"f1_full/step_2", false, false}, Source{"f1_dcp", true, true},
+              Source{"hsdp_sharded/step_2", false, true}, Source{"hsdp_full/step_2", false, true},
+              Source{"hsdp_dcp", true, true}}) {
           const std::string what = std::string(src.name) + " into fully_shard on " +
                                    std::to_string(pg.size()) + " ranks";
           torch::nn::Sequential model = Sharded(pg);
