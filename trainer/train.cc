@@ -5,12 +5,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <ATen/ops/_foreach_norm.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
@@ -289,10 +291,12 @@ void PrintRunHeader(const Options& o, int world, TrainedModel fsdp_model, const 
 // makes the accumulated gradient the gradient of the mean over the rank's
 // rows. The first K-1 backwards run under no_sync (gradients accumulate
 // unreduced); the last one reduces the sum, averaged over ranks by FSDP.
-// Returns the rank's loss (the sum of the scaled micro-batch losses).
-double ForwardBackward(const Options& o, TrainedModel fsdp_model, LanguageModel& model,
-                       const torch::Tensor& batch, const c10::Device& device) {
-  double local_loss = 0;
+// Returns the rank's loss (the sum of the scaled micro-batch losses), a
+// 0-dim float64 tensor on `device`, not read (the step reads it once,
+// with the gradients' finiteness flag: one host synchronisation per step).
+torch::Tensor ForwardBackward(const Options& o, TrainedModel fsdp_model, LanguageModel& model,
+                              const torch::Tensor& batch, const c10::Device& device) {
+  torch::Tensor local_loss;
   const std::vector<torch::Tensor> micros = batch.chunk(o.grad_accum, 0);
   for (size_t m = 0; m < micros.size(); ++m) {
     // To a GPU from pinned memory without blocking: a pageable copy would
@@ -304,7 +308,9 @@ double ForwardBackward(const Options& o, TrainedModel fsdp_model, LanguageModel&
       torch::Tensor loss =
           fsdp_model.run([&] { return model.Loss(micro); }) / static_cast<double>(o.grad_accum);
       loss.backward();
-      local_loss += loss.item<double>();
+      // In float64, in micro-batch order: the sum the host computed before.
+      const torch::Tensor value = loss.detach().to(torch::kFloat64);
+      local_loss = local_loss.defined() ? local_loss + value : value;
     };
     if (m + 1 < micros.size()) {
       auto no_sync = fsdp_model.no_sync();
@@ -314,6 +320,24 @@ double ForwardBackward(const Options& o, TrainedModel fsdp_model, LanguageModel&
     }
   }
   return local_loss;
+}
+
+// Whether some gradient of `params` holds NaN or Inf, as a 0-dim float64
+// tensor (1 or 0) on the gradients' device, not read: finite_state.h's
+// LocalGradsFinite without its host synchronisation and in one multi-tensor
+// pass on CUDA (not one isfinite/any per gradient): the infinity norm
+// (max |g|, NaN propagating) is NaN or Inf exactly when g holds one.
+torch::Tensor LocalGradsNonFinite(const std::vector<torch::Tensor>& params,
+                                  const c10::Device& device) {
+  std::vector<torch::Tensor> grads;
+  for (const torch::Tensor& p : params) {
+    const torch::Tensor& g = p.grad();
+    if (g.defined() && g.numel() > 0) grads.push_back(g);
+  }
+  if (grads.empty()) return torch::zeros({}, torch::dtype(torch::kFloat64).device(device));
+  const std::vector<torch::Tensor> norms =
+      at::_foreach_norm(grads, std::numeric_limits<double>::infinity());
+  return at::logical_not(at::isfinite(at::stack(norms))).any().to(torch::kFloat64);
 }
 
 // The --log-json record of a step: `record` with its per-rank figures (peak
@@ -379,9 +403,11 @@ absl::StatusOr<double> TrainStep(StepContext& c, int64_t step, double lr,
   }
   // Python's zero_grad(): no detach_ per gradient (optim::zero_grad).
   optim::zero_grad(c.optimizer);
-  const double local_loss = ForwardBackward(c.o, c.fsdp_model, c.model, batch, c.device);
-  const double grads_bad = LocalGradsFinite(c.params) ? 0.0 : 1.0;
-  torch::Tensor l = torch::tensor({local_loss, grads_bad}, torch::kFloat64);
+  const torch::Tensor local_loss = ForwardBackward(c.o, c.fsdp_model, c.model, batch, c.device);
+  const torch::Tensor grads_bad = LocalGradsNonFinite(c.params, c.device);
+  // The step's one read of the device: the loss and the flag together.
+  torch::Tensor l =
+      torch::stack({local_loss, grads_bad.to(local_loss.device())}).to(torch::kCPU).contiguous();
   comm::all_reduce(c.group, l, comm::ReduceOp::kAvg).wait();
   const double global_loss = l[0].item<double>();
   const bool grads_finite = l[1].item<double>() == 0.0;

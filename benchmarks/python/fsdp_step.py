@@ -85,7 +85,7 @@ def clean_name(name):
     return name
 
 
-def wrap_fsdp1(model, sharding, device, bf16):
+def wrap_fsdp1(model, sharding, device=torch.device("cpu"), bf16=False):
     from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -101,7 +101,7 @@ def wrap_fsdp1(model, sharding, device, bf16):
                 mixed_precision=mp, device_id=device)
 
 
-def wrap_fsdp2(model, sharding, world, device, bf16):
+def wrap_fsdp2(model, sharding, world, device=torch.device("cpu"), bf16=False):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     if sharding == "none":
