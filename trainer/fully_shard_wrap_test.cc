@@ -253,11 +253,9 @@ TEST(FullyShardTrainer, RefusesWhatFullyShardDoesNotDoNamingBothFlags) {
     void (*set)(Options&);
     const char* flag;
   };
-  for (const Case& c :
-       {Case{[](Options& x) { x.sharding = Sharding::kNone; }, "--sharding=none"},
-        Case{[](Options& x) { x.sharding = Sharding::kHybrid; }, "--sharding=hybrid"},
-        Case{[](Options& x) { x.backward_prefetch = BackwardPrefetch::kPost; },
-             "--backward-prefetch=post"}}) {
+  for (const Case& c : {Case{[](Options& x) { x.sharding = Sharding::kNone; }, "--sharding=none"},
+                        Case{[](Options& x) { x.backward_prefetch = BackwardPrefetch::kPost; },
+                             "--backward-prefetch=post"}}) {
     Options bad = o;
     c.set(bad);
     absl::Status s = CheckFeatureAvailability(bad, 4);

@@ -141,8 +141,8 @@ void DefineFlags(CLI::App& app, Options& o) {
             "(a --config=cuda build on a machine with a GPU)");
   AddChoice(app, "--fsdp", o.fsdp, {FsdpApi::kFsdp1, FsdpApi::kFullyShard},
             "fsdp1: FullyShardedDataParallel (flat parameters); fully_shard: FSDP2's "
-            "per-parameter shards (--sharding full or grad_op, --backward-prefetch pre or "
-            "none)");
+            "per-parameter shards (--sharding full, grad_op or hybrid; --backward-prefetch "
+            "pre or none)");
   AddChoice(app, "--sharding", o.sharding,
             {Sharding::kFull, Sharding::kGradOp, Sharding::kNone, Sharding::kHybrid},
             "FSDP strategy (hybrid: a 2-D mesh of replicas x shards, e.g. 2x2 on --nproc 4)");
@@ -324,13 +324,11 @@ absl::Status CheckFeatureAvailability(const Options& o, int world_size) {
   }
   if (o.fsdp == FsdpApi::kFullyShard) {
     // What fully_shard does not do here: refused by name, never ignored.
-    if (o.sharding == Sharding::kNone || o.sharding == Sharding::kHybrid) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--sharding=", Name(o.sharding),
-          " with --fsdp=fully_shard: expected --sharding=full (reshard after forward) or "
-          "grad_op (keep the parameters gathered until backward); the trainer's fully_shard "
-          "shards over the world group (1-D: no HSDP here; use --fsdp=fsdp1 for none and "
-          "hybrid)"));
+    if (o.sharding == Sharding::kNone) {
+      return absl::InvalidArgumentError(
+          "--sharding=none with --fsdp=fully_shard: expected --sharding=full (reshard after "
+          "forward), grad_op (keep the parameters gathered until backward) or hybrid (a 2-D "
+          "mesh of replicas x shards); fully_shard always shards (use --fsdp=fsdp1 for none)");
     }
     if (o.backward_prefetch == BackwardPrefetch::kPost) {
       return absl::InvalidArgumentError(

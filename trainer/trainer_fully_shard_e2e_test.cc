@@ -1,7 +1,7 @@
 // The trainer under --fsdp=fully_shard, end to end (//trainer:trainer as a
 // child process), against --fsdp=fsdp1 and the unwrapped model (1 rank):
 //   * the same loss sequence (1e-4 relative, as trainer_fsdp_e2e_test) on 2
-//     and 3 ranks, with --sharding=grad_op, --auto-wrap=none,
+//     and 3 ranks, with --sharding=grad_op, hybrid (2x2 on 4 ranks), --auto-wrap=none,
 //     --activation-checkpointing=block, --grad-accum=2, --cpu-offload
 //     (CPUOffloadPolicy) and --clip;
 //     --mixed-precision=bf16 within 3% of float32;
@@ -58,6 +58,8 @@ TEST(TrainerFullyShardE2eTest, SameLossesAsFsdp1AndTheUnwrappedModel) {
   ExpectSameLosses(one.losses,
                    Train("fs_grad_op", 2, "--fsdp=fully_shard --sharding=grad_op").losses, 1e-4,
                    "fully_shard grad_op");
+  ExpectSameLosses(one.losses, Train("fs_hybrid", 4, "--fsdp=fully_shard --sharding=hybrid").losses,
+                   1e-4, "fully_shard hybrid 2x2");
   ExpectSameLosses(
       one.losses,
       Train("fs_root", 2, "--fsdp=fully_shard --auto-wrap=none --backward-prefetch=none").losses,
@@ -117,6 +119,8 @@ TEST(TrainerFullyShardE2eTest, CheckpointsResumeUnderEitherFsdp) {
     ExpectResumes(whole.losses, std::string(format) + "_fs_to_f1", 3, fs + fmt, 2, f1 + fmt, ckpt,
                   resume);
   }
+  ExpectResumes(whole.losses, "sharded_hybrid_to_fs", 4, fs + " --sharding=hybrid", 3, fs, ckpt,
+                resume);
   ExpectResumes(whole.losses, "dcp_fs", 2, fs, 3, fs, "--export-dcp=", "--import-dcp=");
   ExpectResumes(whole.losses, "dcp_fs_to_f1", 3, fs, 2, f1, "--export-dcp=", "--import-dcp=");
   ExpectResumes(whole.losses, "dcp_f1_to_fs", 2, f1, 2, fs, "--export-dcp=", "--import-dcp=");
@@ -127,7 +131,7 @@ TEST(TrainerFullyShardE2eTest, RefusesWhatFullyShardDoesNotDoNamingBothFlags) {
   RunResult ok = RunTrainer(std::string(kTiny) + " --steps=1 --nproc=2 --fsdp=fully_shard");
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
   EXPECT_THAT(ok.output, HasSubstr("2 ranks, fully_shard full, 3 units"));
-  for (const char* flag : {"--sharding=none", "--sharding=hybrid", "--backward-prefetch=post"}) {
+  for (const char* flag : {"--sharding=none", "--backward-prefetch=post"}) {
     RunResult r = RunTrainer(std::string(kTiny) + " --nproc=2 --fsdp=fully_shard " + flag);
     EXPECT_NE(r.exit_code, 0) << flag;
     EXPECT_THAT(r.output, HasSubstr("--fsdp=fully_shard")) << flag;

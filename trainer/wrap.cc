@@ -160,11 +160,21 @@ absl::StatusOr<std::unique_ptr<FullyShardModel>> WrapModelFullyShard(
     const Options& o, std::shared_ptr<LanguageModel> model, c10::Device device,
     const comm::ProcessGroup& world) {
   // CheckFeatureAvailability refused what fully_shard does not do here
-  // (--sharding none/hybrid, --backward-prefetch=post).
+  // (--sharding none, --backward-prefetch=post).
   fsdp::FullyShardOptions options;
-  options.process_group = world;
-  // full: reshard after forward (FULL_SHARD); grad_op: keep the gathered
-  // parameters from forward to backward (SHARD_GRAD_OP).
+  if (o.sharding == Sharding::kHybrid) {
+    // HSDP: fully_shard on the same 2-D mesh (replicas x shards) as FSDP1's.
+    auto shape = HybridMeshShape(world.size());
+    if (!shape.ok()) return shape.status();
+    auto mesh = comm::init_hybrid_shard_mesh(world, shape->first, shape->second);
+    if (!mesh.ok()) return mesh.status();
+    options.mesh = std::move(*mesh);
+  } else {
+    options.process_group = world;
+  }
+  // full and hybrid: reshard after forward (FULL_SHARD, HYBRID_SHARD);
+  // grad_op: keep the gathered parameters from forward to backward
+  // (SHARD_GRAD_OP).
   options.reshard_after_forward = o.sharding != Sharding::kGradOp;
   if (o.mixed_precision == MixedPrecision::kBf16) {
     options.mp_policy.param_dtype = torch::kBFloat16;
