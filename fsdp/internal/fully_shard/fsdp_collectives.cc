@@ -6,6 +6,9 @@
 #include <ATen/ops/split_with_sizes_copy.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "comm/collectives.h"
 
 namespace fsdp {
@@ -27,6 +30,20 @@ at::Tensor as_dtype(const at::Tensor& t, c10::ScalarType dtype) {
   return t.view(dtype);  // to bytes (only used for kByte)
 }
 
+// The copies of the collectives' copy-in and copy-out move contiguous
+// bytes between contiguous buffers. On the CPU they are memcpy's here:
+// through ATen each would be a narrow, a view and a copy_ per parameter
+// and rank (5 to 8 dispatched operators), which is the host overhead per
+// unit that a C++ FSDP should not pay. Other devices go through ATen.
+bool host_memcpy_ok(const at::Tensor& t) { return t.device().is_cpu() && t.is_contiguous(); }
+
+char* bytes_of(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
+
+// memcpy, except for nothing: an empty shard's data pointer may be null.
+void copy_bytes(char* dst, const char* src, int64_t n) {
+  if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n));
+}
+
 }  // namespace
 
 AllGatherResult foreach_all_gather(const std::vector<FSDPParam*>& params,
@@ -45,7 +62,15 @@ AllGatherResult foreach_all_gather(const std::vector<FSDPParam*>& params,
       at::TensorOptions().device(params.front()->device()).dtype(dtype);
   // Copy-in: one contiguous buffer of this rank's inputs.
   at::Tensor input = at::empty({total}, options);
-  at::cat_out(input, inputs, 0);
+  if (std::all_of(inputs.begin(), inputs.end(), host_memcpy_ok)) {
+    char* dst = bytes_of(input);
+    for (const at::Tensor& in : inputs) {
+      copy_bytes(dst, bytes_of(in), static_cast<int64_t>(in.nbytes()));
+      dst += in.nbytes();
+    }
+  } else {
+    at::cat_out(input, inputs, 0);
+  }
   result.output = at::empty({total * group.size()}, options);
   result.work = comm::all_gather_into_tensor(group, result.output, input);
   return result;
@@ -57,15 +82,38 @@ void foreach_all_gather_copy_out(AllGatherResult& result, const std::vector<FSDP
   at::NoGradGuard no_grad;
   const int64_t world = group.size();
   const c10::ScalarType dtype = result.output.scalar_type();
-  std::vector<at::Tensor> outs;
-  for (size_t i = 0; i < params.size(); ++i) {
-    params[i]->alloc_all_gather_output();
-    outs.push_back(as_dtype(params[i]->all_gather_output(), dtype).view({world, -1}));
-    TORCH_INTERNAL_ASSERT(outs.back().size(1) == result.input_numels[i]);
+  for (FSDPParam* p : params) p->alloc_all_gather_output();
+  const bool on_host = host_memcpy_ok(result.output) &&
+                       std::all_of(params.begin(), params.end(), [](const FSDPParam* p) {
+                         return host_memcpy_ok(p->all_gather_output());
+                       });
+  if (on_host) {
+    // [W, total]: row r is rank r's inputs; each parameter's W pieces are
+    // the same columns of every row.
+    const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));
+    const int64_t total = result.output.numel() / world;
+    const char* rows = bytes_of(result.output);
+    int64_t column = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const int64_t piece = result.input_numels[i] * item;
+      TORCH_INTERNAL_ASSERT(params[i]->all_gather_output().nbytes() ==
+                            static_cast<size_t>(piece * world));
+      char* out = bytes_of(params[i]->all_gather_output());
+      for (int64_t r = 0; r < world; ++r) {
+        copy_bytes(out + r * piece, rows + (r * total + column) * item, piece);
+      }
+      column += result.input_numels[i];
+    }
+  } else {
+    std::vector<at::Tensor> outs;
+    for (size_t i = 0; i < params.size(); ++i) {
+      outs.push_back(as_dtype(params[i]->all_gather_output(), dtype).view({world, -1}));
+      TORCH_INTERNAL_ASSERT(outs.back().size(1) == result.input_numels[i]);
+    }
+    // [W, total]: row r is rank r's inputs; split its columns per parameter.
+    at::split_with_sizes_copy_out(outs, result.output.view({world, -1}), result.input_numels,
+                                  /*dim=*/1);
   }
-  // [W, total]: row r is rank r's inputs; split its columns per parameter.
-  at::split_with_sizes_copy_out(outs, result.output.view({world, -1}), result.input_numels,
-                                /*dim=*/1);
   result.output = at::Tensor();
 }
 
@@ -83,7 +131,34 @@ PendingReduce foreach_reduce_start(const std::vector<FSDPParam*>& params,
   // the rows of its gradient that rank r owns, zero-padded to the chunk.
   at::Tensor input = at::empty({world, total}, options);
   int64_t column = 0;
-  for (size_t i = 0; i < params.size(); ++i) {
+  const bool on_host = host_memcpy_ok(input) &&
+                       std::all_of(grads.begin(), grads.end(),
+                                   [&](const at::Tensor& g) {
+                                     return host_memcpy_ok(g) && g.scalar_type() == dtype;
+                                   }) &&
+                       std::all_of(params.begin(), params.end(),
+                                   [](const FSDPParam* p) { return p->shard_dim() == 0; });
+  if (on_host) {
+    // Rank r's part of a gradient is its dim-0 rows [r * chunk, (r + 1) *
+    // chunk), contiguous; what the last ranks lack of a full chunk is
+    // zero padding.
+    const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));
+    char* rows = bytes_of(input);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const int64_t n = params[i]->padded_shard_numel();
+      const int64_t numel = grads[i].numel();
+      const char* grad = bytes_of(grads[i]);
+      for (int64_t r = 0; r < world; ++r) {
+        const int64_t begin = std::min(r * n, numel);
+        const int64_t have = std::min(n, numel - begin);
+        char* dst = rows + (r * total + column) * item;
+        copy_bytes(dst, grad + begin * item, have * item);
+        if (n > have) std::memset(dst + have * item, 0, static_cast<size_t>((n - have) * item));
+      }
+      column += n;
+    }
+  }
+  for (size_t i = 0; i < params.size() && !on_host; ++i) {
     const FSDPParam& p = *params[i];
     const int64_t n = p.padded_shard_numel();
     at::Tensor dst = input.narrow(1, column, n);

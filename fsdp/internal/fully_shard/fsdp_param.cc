@@ -31,13 +31,14 @@ void alloc_storage(const at::Tensor& t) {
 }
 
 at::Tensor storage_view(const at::Tensor& base, int64_t offset, at::IntArrayRef sizes) {
-  std::vector<int64_t> strides(sizes.size(), 1);
-  for (int64_t i = static_cast<int64_t>(sizes.size()) - 2; i >= 0; --i) {
-    strides[i] = strides[i + 1] * std::max<int64_t>(sizes[i + 1], 1);
-  }
-  at::Tensor out = at::empty({0}, base.options());
-  out.set_(base.storage(), base.storage_offset() + offset, sizes, strides);
-  return out;
+  // Made directly rather than by empty() + set_(): this runs per parameter
+  // at every state change, and two dispatched operators each time are
+  // host overhead PyTorch's FSDP2 does not pay either (it swaps tensors).
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(base.storage()), base.key_set(),
+                                                   base.dtype());
+  impl->set_sizes_contiguous(sizes);
+  impl->set_storage_offset(base.storage_offset() + offset);
+  return at::Tensor(std::move(impl));
 }
 
 FSDPParam::FSDPParam(std::vector<std::string> fqns, const at::Tensor& param,
@@ -168,7 +169,9 @@ void FSDPParam::clear_unsharded_grad() { unsharded_param_.mutable_grad().reset()
 void FSDPParam::accumulate_sharded_grad(const at::Tensor& grad) {
   at::NoGradGuard no_grad;
   // To the shard's dtype and device (the CPU when offloaded: blocking).
-  at::Tensor local = grad.to(sharded_param_.device(), orig_dtype_);
+  at::Tensor local = grad.device() == sharded_param_.device() && grad.scalar_type() == orig_dtype_
+                         ? grad
+                         : grad.to(sharded_param_.device(), orig_dtype_);
   at::Tensor& current = sharded_param_.mutable_grad();
   if (current.defined()) {
     current.add_(local.view(local_shape_));
