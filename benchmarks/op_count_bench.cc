@@ -36,6 +36,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -66,11 +67,21 @@
 
 namespace {
 
-const trainer::ModelConfig kConfig{/*layers=*/8, /*dim=*/512, /*heads=*/8, /*vocab=*/256,
-                                   /*seq=*/32};
+trainer::ModelConfig g_config{/*layers=*/8, /*dim=*/512, /*heads=*/8, /*vocab=*/256,
+                              /*seq=*/32};
+// --tiny: the same structure (blocks, units, parameters per unit) with
+// negligible compute, so that a step's time is host time: what
+// run_host_overhead.sh measures per FSDP unit.
+const trainer::ModelConfig kTinyConfig{/*layers=*/8, /*dim=*/16, /*heads=*/2, /*vocab=*/32,
+                                       /*seq=*/8};
 constexpr int64_t kRows = 2;
 constexpr int kWarmupSteps = 3;
 constexpr int kCountedSteps = 3;
+// Timed after the counted steps, with the RecordFunction callback removed.
+constexpr int kTimedSteps = 50;
+// --fsdp=none: the model unwrapped (the baseline FSDP's overhead is
+// measured against).
+bool g_unwrapped = false;
 
 struct Counts {
   std::atomic<int64_t> aten{0};
@@ -134,13 +145,17 @@ int main(int argc, char** argv) {
       g_fsdp = trainer::FsdpApi::kFullyShard;
     } else if (std::string(argv[i]) == "--fsdp=fsdp1") {
       g_fsdp = trainer::FsdpApi::kFsdp1;
+    } else if (std::string(argv[i]) == "--fsdp=none") {
+      g_unwrapped = true;
+    } else if (std::string(argv[i]) == "--tiny") {
+      g_config = kTinyConfig;
     } else if (absl::StartsWith(argv[i], "--list=")) {
       g_list = true;
       g_list_phase = std::string(argv[i]).substr(7);
     } else {
       std::fprintf(stderr,
                    "op_count_bench: unknown argument '%s' (usage: op_count_bench "
-                   "[--fsdp=fsdp1|fully_shard] [--list[=PHASE]])\n",
+                   "[--fsdp=fsdp1|fully_shard|none] [--tiny] [--list[=PHASE]])\n",
                    argv[i]);
       return 2;
     }
@@ -160,31 +175,40 @@ int main(int argc, char** argv) {
     }
     trainer::Options o;
     o.model = trainer::ModelKind::kTransformer;
-    o.layers = kConfig.layers;
-    o.dim = kConfig.dim;
-    o.heads = kConfig.heads;
-    o.vocab = kConfig.vocab;
-    o.seq = kConfig.seq;
+    o.layers = g_config.layers;
+    o.dim = g_config.dim;
+    o.heads = g_config.heads;
+    o.vocab = g_config.vocab;
+    o.seq = g_config.seq;
     o.global_batch = kRows;
     o.fsdp = g_fsdp;
     std::shared_ptr<trainer::LanguageModel> model =
-        trainer::BuildModel(trainer::ModelType::kTransformer, kConfig, /*seed=*/0);
+        trainer::BuildModel(trainer::ModelType::kTransformer, g_config, /*seed=*/0);
     int64_t num_params = 0;
     for (const auto& p : model->parameters()) num_params += p.numel();
     // The trainer's own wrapping (wrap.h) for its defaults: FULL_SHARD, one
     // unit per block plus the root, backward prefetch pre, use_orig_params.
-    auto wrapped = trainer::Wrap(o, model, c10::Device(c10::kCPU), *group);
-    if (!wrapped.ok()) {
-      std::fprintf(stderr, "op_count_bench: %s\n", std::string(wrapped.status().message()).c_str());
-      return 1;
+    trainer::WrappedModel wrapped;
+    if (!g_unwrapped) {
+      auto made = trainer::Wrap(o, model, c10::Device(c10::kCPU), *group);
+      if (!made.ok()) {
+        std::fprintf(stderr, "op_count_bench: %s\n", std::string(made.status().message()).c_str());
+        return 1;
+      }
+      wrapped = std::move(*made);
     }
-    const trainer::TrainedModel fsdp_model = wrapped->model();
-    optim::AdamW optimizer(fsdp_model.parameters(),
-                           torch::optim::AdamWOptions(3e-3).weight_decay(0.01),
+    const std::vector<torch::Tensor> params =
+        g_unwrapped ? model->parameters() : wrapped.model().parameters();
+    const size_t units = g_unwrapped ? 0 : wrapped.model().fsdp_unit_names().size();
+    optim::AdamW optimizer(params, torch::optim::AdamWOptions(3e-3).weight_decay(0.01),
                            optim::Implementation::kFused);
     torch::manual_seed(1000);
     const torch::Tensor batch =
-        torch::randint(kConfig.vocab, {kRows, kConfig.seq + 1}, torch::kInt64);
+        torch::randint(g_config.vocab, {kRows, g_config.seq + 1}, torch::kInt64);
+    auto forward = [&] {
+      return g_unwrapped ? model->Loss(batch)
+                         : wrapped.model().run([&] { return model->Loss(batch); });
+    };
 
     Counts counts;
     g_counts = &counts;
@@ -194,10 +218,10 @@ int main(int argc, char** argv) {
         "op_count_bench: LibTorch %s, TransformerLM %lld parameters (%lld blocks x %lld, %lld "
         "heads, vocab %lld, seq %lld, %lld rows), --fsdp %s FULL_SHARD %zu units on a Gloo world "
         "of 1, optim::AdamW (fused)\n",
-        TORCH_VERSION, static_cast<long long>(num_params), static_cast<long long>(kConfig.layers),
-        static_cast<long long>(kConfig.dim), static_cast<long long>(kConfig.heads),
-        static_cast<long long>(kConfig.vocab), static_cast<long long>(kConfig.seq),
-        static_cast<long long>(kRows), trainer::Name(g_fsdp), fsdp_model.fsdp_unit_names().size());
+        TORCH_VERSION, static_cast<long long>(num_params), static_cast<long long>(g_config.layers),
+        static_cast<long long>(g_config.dim), static_cast<long long>(g_config.heads),
+        static_cast<long long>(g_config.vocab), static_cast<long long>(g_config.seq),
+        static_cast<long long>(kRows), g_unwrapped ? "none" : trainer::Name(g_fsdp), units);
     std::vector<int64_t> aten_per_step, top_per_step;
     for (int step = 1; step <= kWarmupSteps + kCountedSteps; ++step) {
       const bool counted = step > kWarmupSteps;
@@ -211,7 +235,7 @@ int main(int argc, char** argv) {
       optim::zero_grad(optimizer);  // as the trainer
       marks.push_back(counts.aten.load());
       g_phase = "forward";
-      torch::Tensor loss = fsdp_model.run([&] { return model->Loss(batch); });
+      torch::Tensor loss = forward();
       marks.push_back(counts.aten.load());
       g_phase = "backward";
       loss.backward();
@@ -237,9 +261,27 @@ int main(int argc, char** argv) {
                   static_cast<long long>(counts.top_level.load()),
                   static_cast<long long>(counts.other.load()), value);
     }
-    std::printf("RESULT aten_ops_per_step %lld top_level_per_step %lld\n",
-                static_cast<long long>(aten_per_step.back()),
-                static_cast<long long>(top_per_step.back()));
+    // Host time: the callback is gone (an active RecordFunction callback
+    // slows every operator down), then kTimedSteps steps one by one; the
+    // median step, in microseconds.
+    at::clearCallbacks();
+    std::vector<double> step_us;
+    for (int step = 0; step < kTimedSteps; ++step) {
+      const auto start = std::chrono::steady_clock::now();
+      optim::zero_grad(optimizer);
+      torch::Tensor loss = forward();
+      loss.backward();
+      loss.item<double>();
+      optimizer.step();
+      step_us.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+              .count());
+    }
+    std::sort(step_us.begin(), step_us.end());
+    std::printf(
+        "RESULT aten_ops_per_step %lld top_level_per_step %lld host_us_per_step %.1f units %zu\n",
+        static_cast<long long>(aten_per_step.back()), static_cast<long long>(top_per_step.back()),
+        step_us[step_us.size() / 2], units);
     if (g_list) {
       std::vector<std::pair<int64_t, std::string>> sorted;
       for (const auto& [name, n] : counts.by_name) sorted.emplace_back(n, name);
@@ -249,7 +291,6 @@ int main(int argc, char** argv) {
                     sorted[i].second.c_str());
       }
     }
-    at::clearCallbacks();
   }
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);

@@ -15,6 +15,7 @@
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -124,6 +125,14 @@ void check_all_collectives(ProcessGroup& pg) {
     }
   }
   barrier(pg).wait();
+}
+
+TEST(Work, DefaultIsCompletedAndWaitsAtOnce) {
+  comm::Work work;
+  EXPECT_TRUE(work.is_completed());
+  work.wait();  // no timeout of its own: returns, does not throw
+  work.wait(std::chrono::milliseconds(1));
+  work.wait_on_stream();
 }
 
 TEST(Collectives, MatchReferenceOnTwoRanks) {

@@ -14,7 +14,18 @@ Work::Work() : state_(std::make_shared<internal::WorkState>()) { state_->done = 
 
 Work::Work(std::shared_ptr<internal::WorkState> state) : state_(std::move(state)) {}
 
-void Work::wait() { wait(state_->default_timeout); }
+void Work::wait() {
+  {
+    // A completed Work (a default-constructed one too: it has no timeout of
+    // its own) has nothing to wait for.
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->done) {
+      if (state_->error) std::rethrow_exception(state_->error);
+      return;
+    }
+  }
+  wait(state_->default_timeout);
+}
 
 namespace {
 

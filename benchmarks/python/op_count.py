@@ -26,6 +26,7 @@ import collections
 import os
 import sys
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -36,7 +37,9 @@ from ddp_step import TransformerLM, exit_without_finalizing  # noqa: E402
 from fsdp_step import wrap_fsdp1, wrap_fsdp2  # noqa: E402
 
 LAYERS, DIM, HEADS, VOCAB, SEQ, ROWS = 8, 512, 8, 256, 32, 2
-WARMUP, COUNTED = 3, 3
+# --tiny: op_count_bench's --tiny (same structure, negligible compute).
+TINY = dict(DIM=16, HEADS=2, VOCAB=32, SEQ=8)
+WARMUP, COUNTED, TIMED = 3, 3, 50
 
 
 def is_aten(event):
@@ -67,10 +70,16 @@ def count(events):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--fsdp", choices=["fsdp1", "fsdp2"], default="fsdp2")
+    p.add_argument("--fsdp", choices=["fsdp1", "fsdp2", "none"], default="fsdp2",
+                   help="none: the model unwrapped (the baseline of FSDP's overhead)")
+    p.add_argument("--tiny", action="store_true",
+                   help="dim 16, 2 heads, vocab 32, seq 8: a step's time is host time")
     p.add_argument("--optimizer-impl", choices=["default", "foreach", "fused"], default="default")
     p.add_argument("--list", action="store_true")
     args = p.parse_args()
+    global DIM, HEADS, VOCAB, SEQ
+    if args.tiny:
+        DIM, HEADS, VOCAB, SEQ = TINY["DIM"], TINY["HEADS"], TINY["VOCAB"], TINY["SEQ"]
 
     store_dir = tempfile.TemporaryDirectory(prefix="op_count_")
     store = dist.FileStore(os.path.join(store_dir.name, "store"), 1)
@@ -79,7 +88,10 @@ def main():
     model = TransformerLM(LAYERS, DIM, HEADS, VOCAB, SEQ)
     num_params = sum(t.numel() for t in model.parameters())
     cpu = torch.device("cpu")
-    if args.fsdp == "fsdp1":
+    units = 0 if args.fsdp == "none" else LAYERS + 1
+    if args.fsdp == "none":
+        wrapped = model
+    elif args.fsdp == "fsdp1":
         wrapped = wrap_fsdp1(model, "full", cpu, bf16=False)
     else:
         wrapped = wrap_fsdp2(model, "full", 1, cpu, bf16=False)
@@ -120,7 +132,15 @@ def main():
             f"{name} {phases[name]}" for name in
             ("zero_grad", "forward", "backward", "item", "optimizer", "other")), flush=True)
         print(f"step {s}: aten_ops {aten}, top_level {top} (loss {value:.4f})", flush=True)
-    print(f"RESULT aten_ops_per_step {aten} top_level_per_step {top}", flush=True)
+    # Host time: no profiler; TIMED steps one by one, the median, in us.
+    times = []
+    for _ in range(TIMED):
+        start = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - start) * 1e6)
+    times.sort()
+    print(f"RESULT aten_ops_per_step {aten} top_level_per_step {top} "
+          f"host_us_per_step {times[len(times) // 2]:.1f} units {units}", flush=True)
     if args.list:
         for name, n in totals.most_common(40):
             print(f"  {n // COUNTED:6d}  {name}")

@@ -71,6 +71,11 @@ AllGatherResult foreach_all_gather(const std::vector<FSDPParam*>& params,
   } else {
     at::cat_out(input, inputs, 0);
   }
+  if (group.size() == 1) {
+    // Gathering over one rank is the copy-in itself.
+    result.output = input;
+    return result;
+  }
   result.output = at::empty({total * group.size()}, options);
   result.work = comm::all_gather_into_tensor(group, result.output, input);
   return result;
@@ -177,9 +182,14 @@ PendingReduce foreach_reduce_start(const std::vector<FSDPParam*>& params,
   }
   PendingReduce pending;
   pending.input = input.view({-1});
-  pending.output = at::empty({total}, options);
-  pending.work =
-      comm::reduce_scatter_tensor(group, pending.output, pending.input, comm::ReduceOp::kAvg);
+  if (world == 1) {
+    // The average over one rank is the copy-in itself.
+    pending.output = pending.input;
+  } else {
+    pending.output = at::empty({total}, options);
+    pending.work =
+        comm::reduce_scatter_tensor(group, pending.output, pending.input, comm::ReduceOp::kAvg);
+  }
   pending.params = params;
   pending.replicate_group = replicate_group;
   return pending;
@@ -206,8 +216,7 @@ void foreach_reduce_finish(PendingReduce& pending) {
   }
   int64_t offset = 0;
   for (FSDPParam* p : pending.params) {
-    const int64_t local_numel = p->sharded_param().numel();
-    p->accumulate_sharded_grad(output.narrow(0, offset, local_numel));
+    p->accumulate_sharded_grad(output, offset);
     offset += p->padded_shard_numel();
   }
   pending.output = at::Tensor();

@@ -166,20 +166,22 @@ at::Tensor FSDPParam::unsharded_grad() const { return unsharded_param_.grad(); }
 
 void FSDPParam::clear_unsharded_grad() { unsharded_param_.mutable_grad().reset(); }
 
-void FSDPParam::accumulate_sharded_grad(const at::Tensor& grad) {
+void FSDPParam::accumulate_sharded_grad(const at::Tensor& reduce_output, int64_t offset) {
   at::NoGradGuard no_grad;
+  // A tensor of its own over the reduce output's memory (not a dispatched
+  // narrow + view per parameter; and not an autograd view, so
+  // zero_grad(set_to_none=false) can detach_ it).
+  at::Tensor local = storage_view(reduce_output, offset, local_shape_);
   // To the shard's dtype and device (the CPU when offloaded: blocking).
-  at::Tensor local = grad.device() == sharded_param_.device() && grad.scalar_type() == orig_dtype_
-                         ? grad
-                         : grad.to(sharded_param_.device(), orig_dtype_);
+  if (local.device() != sharded_param_.device() || local.scalar_type() != orig_dtype_) {
+    local = local.to(sharded_param_.device(), orig_dtype_);
+  }
   at::Tensor& current = sharded_param_.mutable_grad();
   if (current.defined()) {
-    current.add_(local.view(local_shape_));
-    return;
+    current.add_(local);
+  } else {
+    current = std::move(local);
   }
-  // A tensor of its own over the reduce output's memory (set_, not a view,
-  // so zero_grad(set_to_none=false) can detach_ it).
-  current = storage_view(local, 0, local_shape_);
 }
 
 }  // namespace internal

@@ -112,9 +112,10 @@ class FSDPParam {
   // and its release.
   at::Tensor unsharded_grad() const;
   void clear_unsharded_grad();
-  // Adds `grad` (this rank's rows, reduce dtype) to the shard's .grad (set
-  // when it has none), cast to the parameter's dtype.
-  void accumulate_sharded_grad(const at::Tensor& grad);
+  // Adds this rank's reduced gradient, the shard's elements of the reduce
+  // output from `offset` on (reduce dtype), to the shard's .grad (set when
+  // it has none), cast to the parameter's dtype.
+  void accumulate_sharded_grad(const at::Tensor& reduce_output, int64_t offset);
 
  private:
   std::vector<std::string> fqns_;
