@@ -109,6 +109,13 @@ set(TORCHFSDP_SRCS_functorch_module__named_member_accessor
   "${REPO}/functorch/module/named_member_accessor.cc"
   "${REPO}/functorch/module/stock_module_bindings.cc"
 )
+# //functorch/transforms:transforms
+set(TORCHFSDP_SRCS_functorch_transforms
+  "${REPO}/functorch/transforms/autodiff.cc"
+  "${REPO}/functorch/transforms/decompositions.cc"
+  "${REPO}/functorch/transforms/pytree.cc"
+  "${REPO}/functorch/transforms/vmap.cc"
+)
 # //host:compute_layout
 set(TORCHFSDP_SRCS_host__compute_layout
   "${REPO}/host/compute_layout.cc"
@@ -240,7 +247,7 @@ set(TORCHFSDP_BINARY_SRCS_trainer
 set(TORCHFSDP_LINKOPTS_trainer
   "-ldl"
 )
-# //benchmarks:gpu_check: links 18 project libraries
+# //benchmarks:gpu_check: links 19 project libraries
 set(TORCHFSDP_BINARY_SRCS_gpu_check
   "${REPO}/benchmarks/gpu_check.cc"
 )
@@ -274,6 +281,7 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_fsdp__fully_shard}
   ${TORCHFSDP_SRCS_fsdp__fully_sharded_data_parallel}
   ${TORCHFSDP_SRCS_functorch_module__named_member_accessor}
+  ${TORCHFSDP_SRCS_functorch_transforms}
   ${TORCHFSDP_SRCS_host__compute_layout}
   ${TORCHFSDP_SRCS_host__thread_layout}
   ${TORCHFSDP_SRCS_launcher__flag_checks}
