@@ -17,6 +17,7 @@
 
 #include "comm/collectives.h"
 #include "fsdp/internal/comm_streams.h"
+#include "fsdp/internal/storage_view.h"
 #include "functorch/module/named_member_accessor.h"
 
 namespace fsdp {
@@ -134,14 +135,11 @@ void allocate_storage(const at::Tensor& t) {
 }
 
 // A 1-D tensor over elements [offset, offset + numel) of `t`'s storage that
-// is NOT an autograd view of `t` (set_ makes a fresh tensor). Used for what
-// optimizers hold (original params' data and grads): an autograd view there
-// would make Optimizer::zero_grad()'s in-place detach_ fail.
+// is NOT an autograd view of `t`. Used for what optimizers hold (original
+// params' data and grads): an autograd view there would make
+// Optimizer::zero_grad()'s in-place detach_ fail.
 at::Tensor storage_slice(const at::Tensor& t, int64_t offset, int64_t numel) {
-  at::NoGradGuard no_grad;
-  at::Tensor out = at::empty({0}, t.options());
-  out.set_(t.storage(), t.storage_offset() + offset, {numel}, {1});
-  return out;
+  return internal::storage_view(t, offset, {numel});
 }
 
 std::string join_names(const FlatParamInfo& info) {

@@ -103,6 +103,10 @@ set(TORCHFSDP_SRCS_fsdp__fully_sharded_data_parallel
   "${REPO}/fsdp/internal/runtime_state.cc"
   "${REPO}/fsdp/internal/unshard_params.cc"
 )
+# //fsdp:storage_view
+set(TORCHFSDP_SRCS_fsdp__storage_view
+  "${REPO}/fsdp/internal/storage_view.cc"
+)
 # //functorch/module:named_member_accessor
 set(TORCHFSDP_SRCS_functorch_module__named_member_accessor
   "${REPO}/functorch/module/internal/module_internals.cc"
@@ -240,14 +244,14 @@ set(TORCHFSDP_SRCS_trainer__train
 )
 
 # ---- binaries ----------------------------------------------------------------
-# //trainer:trainer: links 52 project libraries
+# //trainer:trainer: links 53 project libraries
 set(TORCHFSDP_BINARY_SRCS_trainer
   "${REPO}/trainer/trainer_main.cc"
 )
 set(TORCHFSDP_LINKOPTS_trainer
   "-ldl"
 )
-# //benchmarks:gpu_check: links 19 project libraries
+# //benchmarks:gpu_check: links 20 project libraries
 set(TORCHFSDP_BINARY_SRCS_gpu_check
   "${REPO}/benchmarks/gpu_check.cc"
 )
@@ -280,6 +284,7 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_fsdp__flat_param}
   ${TORCHFSDP_SRCS_fsdp__fully_shard}
   ${TORCHFSDP_SRCS_fsdp__fully_sharded_data_parallel}
+  ${TORCHFSDP_SRCS_fsdp__storage_view}
   ${TORCHFSDP_SRCS_functorch_module__named_member_accessor}
   ${TORCHFSDP_SRCS_functorch_transforms}
   ${TORCHFSDP_SRCS_host__compute_layout}

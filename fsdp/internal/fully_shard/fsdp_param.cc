@@ -30,17 +30,6 @@ void alloc_storage(const at::Tensor& t) {
   storage->set_nbytes(nbytes);
 }
 
-at::Tensor storage_view(const at::Tensor& base, int64_t offset, at::IntArrayRef sizes) {
-  // Made directly rather than by empty() + set_(): this runs per parameter
-  // at every state change, and two dispatched operators each time are
-  // host overhead PyTorch's FSDP2 does not pay either (it swaps tensors).
-  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(base.storage()), base.key_set(),
-                                                   base.dtype());
-  impl->set_sizes_contiguous(sizes);
-  impl->set_storage_offset(base.storage_offset() + offset);
-  return at::Tensor(std::move(impl));
-}
-
 FSDPParam::FSDPParam(std::vector<std::string> fqns, const at::Tensor& param,
                      const comm::ProcessGroup& group, const comm::ProcessGroup& post_forward_group,
                      std::optional<c10::ScalarType> param_dtype,

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "fsdp/internal/storage_view.h"
 
 namespace fsdp {
 namespace internal {
@@ -49,9 +50,6 @@ namespace internal {
 void free_storage(const at::Tensor& t);
 // Re-allocates `t`'s storage for its numel (contents uninitialised).
 void alloc_storage(const at::Tensor& t);
-// A tensor of `sizes` (contiguous) over `base`'s storage from element
-// `offset`, not an autograd view of `base`.
-at::Tensor storage_view(const at::Tensor& base, int64_t offset, at::IntArrayRef sizes);
 
 enum class ShardedState { kSharded, kShardedPostForward, kUnsharded };
 
