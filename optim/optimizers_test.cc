@@ -16,6 +16,7 @@
 
 #include "state_dict/optim_state.h"
 #include "state_dict/tensor_dict.h"
+#include "testing/golden_fixture.h"
 
 namespace optim {
 namespace {
@@ -26,41 +27,10 @@ using torch::optim::OptimizerParamGroup;
 constexpr int kSteps = 4;
 constexpr int kParams = 4;
 
-std::string Runfile(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir != nullptr && workspace != nullptr) {
-    return std::string(srcdir) + "/" + workspace + "/" + path;
-  }
-  return path;
-}
-
 // tools/golden/optim_golden.py's fixture: {name: Tensor}.
-class Golden {
- public:
-  Golden() {
-    const std::string path = Runfile("optim/testdata/optim_golden.pt");
-    std::ifstream in(path, std::ios::binary);
-    EXPECT_TRUE(in.good()) << "cannot open " << path;
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    dict_ = torch::pickle_load(bytes).toGenericDict();
-  }
-  bool has(const std::string& key) const { return dict_.contains(key); }
-  Tensor operator[](const std::string& key) const {
-    auto it = dict_.find(key);
-    if (it == dict_.end()) {
-      ADD_FAILURE() << "golden value '" << key << "' missing";
-      return Tensor();
-    }
-    return it->value().toTensor();
-  }
-
- private:
-  c10::impl::GenericDict dict_{c10::StringType::get(), c10::AnyType::get()};
-};
-
-const Golden& golden() {
-  static const Golden* g = new Golden();
+const test_data::GoldenFixture& golden() {
+  static const auto* g =
+      new test_data::GoldenFixture(test_data::RunfilePath("optim/testdata/optim_golden.pt"));
   return *g;
 }
 
@@ -428,7 +398,7 @@ TEST(OptimizersErrorTest, StateOfAnotherDtype) {
 // state) into our fused and foreach optimizers and into torch::optim's, and
 // replaying the last step from there gives Python's parameters.
 c10::IValue PythonStateDict(const std::string& key) {
-  const std::string path = Runfile("optim/testdata/optim_state_dict_golden.pt");
+  const std::string path = test_data::RunfilePath("optim/testdata/optim_state_dict_golden.pt");
   std::ifstream in(path, std::ios::binary);
   EXPECT_TRUE(in.good()) << "cannot open " << path;
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

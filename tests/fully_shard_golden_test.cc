@@ -28,6 +28,7 @@
 #include "comm/device_mesh.h"
 #include "fsdp/fully_shard.h"
 #include "module_call/call.h"
+#include "testing/golden_fixture.h"
 #include "testing/multiprocess.h"
 #include "tests/fsdp_test_models.h"
 
@@ -37,34 +38,7 @@ namespace {
 constexpr int kSteps = 3;
 constexpr double kLr = 0.1;
 
-std::string Runfile(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir != nullptr && workspace != nullptr) {
-    return std::string(srcdir) + "/" + workspace + "/" + path;
-  }
-  return path;
-}
-
-class Golden {
- public:
-  Golden() {
-    const std::string path = Runfile("tests/testdata/fully_shard_golden.pt");
-    std::ifstream in(path, std::ios::binary);
-    EXPECT_TRUE(in.good()) << "cannot open " << path;
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    dict_ = torch::pickle_load(bytes).toGenericDict();
-  }
-  bool has(const std::string& key) const { return dict_.contains(key); }
-  at::Tensor operator[](const std::string& key) const {
-    auto it = dict_.find(key);
-    TORCH_CHECK(it != dict_.end(), "golden value '", key, "' missing");
-    return it->value().toTensor();
-  }
-
- private:
-  c10::impl::GenericDict dict_{c10::StringType::get(), c10::AnyType::get()};
-};
+using Golden = test_data::GoldenFixture;
 
 // float32 cases: 1e-6 relative. bf16 compute (reduced in float32): Python
 // and C++ run the same CPU kernels of the same wheel, and were measured to
@@ -195,7 +169,7 @@ void RunCase(comm::ProcessGroup& pg, const Golden& golden, const std::string& mo
 }
 
 void RunWorld(int world, const std::vector<std::string>& modes) {
-  const Golden golden;
+  const Golden golden(test_data::RunfilePath("tests/testdata/fully_shard_golden.pt"));
   comm::testing::RunOptions options;
   options.timeout = std::chrono::seconds(240);
   comm::testing::RunOnRanks(
