@@ -10,7 +10,6 @@
 // to bf16 tolerance).
 #include <gtest/gtest.h>
 #include <torch/optim/sgd.h>
-#include <torch/serialize.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 
@@ -18,8 +17,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <optional>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
