@@ -1,5 +1,8 @@
 #include "state_dict/fsdp/fsdp_dcp.h"
 
+#include <functional>
+#include <optional>
+
 #include <variant>
 #include <vector>
 
@@ -34,28 +37,29 @@ void AddPythonOnlyOptions(const torch::optim::Optimizer& optimizer, OptimParamGr
 
 }  // namespace
 
-absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataParallel& model,
-                              const torch::optim::Optimizer* optimizer,
-                              const std::vector<DcpShard::Object>& extra_objects) {
+absl::Status SaveShardedStateAsDcp(
+    const std::string& dir, const char* caller, const FsdpModelStateDict& state,
+    const torch::optim::Optimizer* optimizer, const FsdpModelStateDict* optim_state,
+    const std::function<absl::StatusOr<std::vector<OptimParamGroup>>()>& param_groups,
+    const std::vector<DcpShard::Object>& extra_objects) {
   for (const DcpShard::Object& o : extra_objects) {
     const std::string* first = o.path.empty() ? nullptr : std::get_if<std::string>(&o.path[0]);
     if (o.path.empty() || (first != nullptr && (*first == kModelKey || *first == kOptimKey))) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "SaveFsdpDcpShard: extra object '", FlatKey(o.path),
+          caller, ": extra object '", FlatKey(o.path),
           "': expected a non-empty key path outside 'model' and 'optim' (the model's and the "
           "optimizer's state)"));
     }
   }
-  auto state = GetModelStateDict(model, StateDictType::kSharded);
-  if (!state.ok()) return state.status();
   DcpShard shard;
-  for (const auto& item : ShardToSave(*state)) {
+  for (const auto& item : ShardToSave(state)) {
     shard.tensors.push_back(DcpShard::Tensor{{kModelKey, item.key()}, item.value()});
   }
   if (optimizer != nullptr) {
-    auto optim = GetOptimStateDict(model, *optimizer, StateDictType::kSharded);
-    if (!optim.ok()) return optim.status();
-    for (const auto& item : ShardToSave(optim->sharded)) {
+    if (optim_state == nullptr) {
+      return absl::InternalError(absl::StrCat(caller, ": an optimizer without its state"));
+    }
+    for (const auto& item : ShardToSave(*optim_state)) {
       std::string fqn, entry;
       if (!SplitEntryName(item.key(), '/', &fqn, &entry)) {
         return absl::InternalError(
@@ -64,8 +68,8 @@ absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataPara
       shard.tensors.push_back(
           DcpShard::Tensor{{kOptimKey, kOptimStateKey, fqn, entry}, item.value()});
     }
-    if (state->rank == 0) {
-      auto groups = NamedParamGroups(model, *optimizer);
+    if (state.rank == 0) {
+      auto groups = param_groups();
       if (!groups.ok()) return groups.status();
       for (size_t i = 0; i < groups->size(); ++i) {
         OptimParamGroup& group = (*groups)[i];
@@ -82,10 +86,26 @@ absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataPara
       }
     }
   }
-  if (state->rank == 0) {
+  if (state.rank == 0) {
     shard.objects.insert(shard.objects.end(), extra_objects.begin(), extra_objects.end());
   }
-  return SaveDcpShard(dir, state->rank, shard);
+  return SaveDcpShard(dir, state.rank, shard);
+}
+
+absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataParallel& model,
+                              const torch::optim::Optimizer* optimizer,
+                              const std::vector<DcpShard::Object>& extra_objects) {
+  auto state = GetModelStateDict(model, StateDictType::kSharded);
+  if (!state.ok()) return state.status();
+  std::optional<FsdpOptimStateDict> optim;
+  if (optimizer != nullptr) {
+    auto got = GetOptimStateDict(model, *optimizer, StateDictType::kSharded);
+    if (!got.ok()) return got.status();
+    optim = std::move(*got);
+  }
+  return SaveShardedStateAsDcp(
+      dir, "SaveFsdpDcpShard", *state, optimizer, optim ? &optim->sharded : nullptr,
+      [&] { return NamedParamGroups(model, *optimizer); }, extra_objects);
 }
 
 absl::Status LoadFsdpDcp(const std::string& dir, fsdp::FullyShardedDataParallel& model,

@@ -35,14 +35,18 @@
 // optimizer load leaves the optimizer loaded).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <torch/optim/optimizer.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "state_dict/dcp.h"
+#include "state_dict/fsdp/fsdp_state_dict.h"
+#include "state_dict/optim_state.h"
 
 namespace state_dict {
 
@@ -66,6 +70,17 @@ namespace state_dict {
 absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataParallel& model,
                               const torch::optim::Optimizer* optimizer,
                               const std::vector<DcpShard::Object>& extra_objects = {});
+
+// SaveFsdpDcpShard's work on state already taken, for either FSDP
+// (state_dict/fully_shard saves fully_shard's through it): the model's
+// SHARDED `state` and, when `optimizer` is not null, its sharded
+// `optim_state` ('<fqn>/<entry>' entries) and, on rank 0 only,
+// `param_groups()` (FQNs). `caller` names the public function in errors.
+absl::Status SaveShardedStateAsDcp(
+    const std::string& dir, const char* caller, const FsdpModelStateDict& state,
+    const torch::optim::Optimizer* optimizer, const FsdpModelStateDict* optim_state,
+    const std::function<absl::StatusOr<std::vector<OptimParamGroup>>()>& param_groups,
+    const std::vector<DcpShard::Object>& extra_objects);
 
 // Loads `dir` into the model and, when `optimizer` is not null, the
 // optimizer's per-parameter state. Every rank reads only the chunks that

@@ -1,90 +1,32 @@
 #include "state_dict/fully_shard/fully_shard_dcp.h"
 
+#include <optional>
+#include <utility>
 #include <variant>
 #include <vector>
-
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
 
 #include "absl/strings/str_cat.h"
 #include "state_dict/dcp.h"
 #include "state_dict/fsdp/checkpoint_keys.h"
+#include "state_dict/fsdp/fsdp_dcp.h"
 #include "state_dict/fully_shard/fully_shard_state_dict.h"
 #include "state_dict/optim_state.h"
 
 namespace state_dict {
-namespace {
-
-// The options Python's optimizer of this kind has that LibTorch's lacks, at
-// the values LibTorch's behaviour matches (as fsdp_dcp.cc adds them):
-// Python's load_state_dict and dcp.load need them all.
-void AddPythonOnlyOptions(const torch::optim::Optimizer& optimizer, OptimParamGroup& group) {
-  auto add = [&](const char* key, c10::IValue value) {
-    if (!group.options.contains(key)) group.options.insert(key, std::move(value));
-  };
-  add("foreach", c10::IValue());
-  add("differentiable", false);
-  add("fused", c10::IValue());
-  if (dynamic_cast<const torch::optim::SGD*>(&optimizer) == nullptr) {
-    add("capturable", false);
-    add("decoupled_weight_decay", dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr);
-  }
-}
-
-}  // namespace
-
 absl::Status SaveFullyShardDcpShard(const std::string& dir, torch::nn::Module& model,
                                     const torch::optim::Optimizer* optimizer,
                                     const std::vector<DcpShard::Object>& extra_objects) {
-  for (const DcpShard::Object& o : extra_objects) {
-    const std::string* first = o.path.empty() ? nullptr : std::get_if<std::string>(&o.path[0]);
-    if (o.path.empty() || (first != nullptr && (*first == kModelKey || *first == kOptimKey))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "SaveFullyShardDcpShard: extra object '", FlatKey(o.path),
-          "': expected a non-empty key path outside 'model' and 'optim' (the model's and the "
-          "optimizer's state)"));
-    }
-  }
   auto state = FullyShardModelStateDict(model);
   if (!state.ok()) return state.status();
-  DcpShard shard;
-  for (const auto& item : ShardToSave(*state)) {
-    shard.tensors.push_back(DcpShard::Tensor{{kModelKey, item.key()}, item.value()});
-  }
+  std::optional<FsdpModelStateDict> optim;
   if (optimizer != nullptr) {
-    auto optim = FullyShardOptimStateDict(model, *optimizer);
-    if (!optim.ok()) return optim.status();
-    for (const auto& item : ShardToSave(*optim)) {
-      std::string fqn, entry;
-      if (!SplitEntryName(item.key(), '/', &fqn, &entry)) {
-        return absl::InternalError(
-            absl::StrCat("optimizer entry '", item.key(), "' is not '<parameter>/<entry>'"));
-      }
-      shard.tensors.push_back(
-          DcpShard::Tensor{{kOptimKey, kOptimStateKey, fqn, entry}, item.value()});
-    }
-    if (state->rank == 0) {
-      auto groups = FullyShardParamGroups(model, *optimizer);
-      if (!groups.ok()) return groups.status();
-      for (size_t i = 0; i < groups->size(); ++i) {
-        OptimParamGroup& group = (*groups)[i];
-        AddPythonOnlyOptions(*optimizer, group);
-        const int64_t index = static_cast<int64_t>(i);
-        for (const auto& option : group.options) {
-          shard.objects.push_back(DcpShard::Object{
-              {kOptimKey, kOptimParamGroupsKey, index, option.key()}, option.value()});
-        }
-        c10::impl::GenericList params(c10::StringType::get());
-        for (const ParamKey& key : group.params) params.push_back(std::get<std::string>(key));
-        shard.objects.push_back(DcpShard::Object{{kOptimKey, kOptimParamGroupsKey, index, "params"},
-                                                 c10::IValue(params)});
-      }
-    }
+    auto got = FullyShardOptimStateDict(model, *optimizer);
+    if (!got.ok()) return got.status();
+    optim = std::move(*got);
   }
-  if (state->rank == 0) {
-    shard.objects.insert(shard.objects.end(), extra_objects.begin(), extra_objects.end());
-  }
-  return SaveDcpShard(dir, state->rank, shard);
+  return SaveShardedStateAsDcp(
+      dir, "SaveFullyShardDcpShard", *state, optimizer, optim ? &*optim : nullptr,
+      [&] { return FullyShardParamGroups(model, *optimizer); }, extra_objects);
 }
 
 absl::Status LoadFullyShardDcp(const std::string& dir, torch::nn::Module& model,
