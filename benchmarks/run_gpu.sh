@@ -3,7 +3,8 @@
 # pieces, runs gpu_check, then our trainer against Python's FSDP peers on
 # two model sizes, and writes everything to ${OUT:-/tmp/gpu_out}/gpu_report.txt
 # (and prints it). One call, under 8 minutes on the lent H100/H200 (16
-# cores): build ~2 min, gpu_check ~1 min, the benchmark ~4 min.
+# cores): build ~2 min, gpu_check ~1 min, torch.func's functorch peers
+# ~0.5 min, the benchmark ~4 min.
 #
 #   bash benchmarks/run_gpu.sh [--build-anyway] [--cmake] [--no-build]
 #                              [--no-check] [--no-bench] [--cpu]
@@ -20,7 +21,17 @@
 #    CMake's source lists are benchmarks/gpu/sources.cmake, generated from
 #    the BUILD files (tools/gpu_cmake.py; regenerated here when stale).
 # 3. gpu_check (one PASS/FAIL line per check; fsdp_step_no_sync runs an
-#    FSDP step under CUDA's sync-debug mode error).
+#    FSDP step under CUDA's sync-debug mode error; functorch_per_sample_grads
+#    and functorch_batched_hessians compare our functorch on the GPU with the
+#    CPU and time it, median of 20 calls). Then torch.func's peers of those
+#    two on the same device: the PerSampleGrad_VmapGrad case of
+#    functorch/transforms/bench/functorch_reference_bench.py and the
+#    Hessian_VmapJacfwdJacrev case of benchmarks/python/hessian_bench.py,
+#    each --device cuda (synchronised after every call), --min-time 0.5,
+#    --repetitions 3, bounded by FUNC_TIMEOUT (s per run, default 60) and
+#    BUDGET_S; printed: ours (gpu_check's median) vs torch.func (median of
+#    the 3 means) and torch.func/ours (> 1: ours is faster). Skipped with
+#    --no-check or --no-bench.
 # 4. The dense matmul peak of this GPU, measured now (bf16 8192^3).
 # 5. Ours against the Python peers, interleaved per configuration: the
 #    trainer, Python's fully_shard and FullyShardedDataParallel
@@ -60,6 +71,8 @@ NOMINAL_PEAK_TFLOPS=989  # H100 SXM dense bf16 (without sparsity)
 SCRIPT_START=$(date +%s)
 RUN_TIMEOUT="${RUN_TIMEOUT:-90}"
 BUDGET_S="${BUDGET_S:-390}"
+FUNC_TIMEOUT="${FUNC_TIMEOUT:-60}"
+over_budget() { [ $(( $(date +%s) - SCRIPT_START )) -ge "$BUDGET_S" ]; }
 BENCH_DEVICE=cuda
 
 build_anyway=0
@@ -76,7 +89,7 @@ for arg in "$@"; do
     --no-check) do_check=0 ;;
     --no-bench|--no-mfu) do_bench=0 ;;
     --cpu) cpu_mode=1 ;;
-    -h|--help) sed -n '2,54p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,64p' "$0"; exit 0 ;;
     *) echo "run_gpu.sh: unknown argument '$arg' (--help lists them)" >&2; exit 2 ;;
   esac
 done
@@ -237,6 +250,70 @@ if [ "$do_check" = 1 ]; then
   fi
 fi
 
+# ---- 3b. Our functorch against torch.func on the device -------------------------
+if [ "$do_check" = 1 ] && [ "$do_bench" = 1 ]; then
+  say ""
+  say "== functorch on $BENCH_DEVICE: ours (gpu_check) against torch.func"
+  func_dir="$REPORT_DIR/functorch"
+  mkdir -p "$func_dir"
+  func_run() {  # $1: stem, then the script and its arguments
+    local stem="$1"
+    shift
+    rm -f "$func_dir/$stem.json"
+    if over_budget; then
+      say "torch.func $stem: SKIPPED (the script has run ${BUDGET_S} s, BUDGET_S)"
+      status=1
+      return
+    fi
+    local t0
+    t0=$(date +%s)
+    timeout "$FUNC_TIMEOUT" "$PYTHON" "$@" --device "$BENCH_DEVICE" --min-time 0.5 \
+      --repetitions 3 --json "$func_dir/$stem.json" > "$func_dir/$stem.log" 2>&1
+    local rc=$?
+    if [ "$rc" != 0 ]; then
+      status=1
+      say "torch.func $stem: FAILED (exit $rc$([ "$rc" = 124 ] && echo ", FUNC_TIMEOUT=${FUNC_TIMEOUT} s")); the end of $stem.log:"
+      tail -n 8 "$func_dir/$stem.log" | tee -a "$REPORT"
+    else
+      say "torch.func $stem: $(( $(date +%s) - t0 )) s ($(grep -m 1 "^torch " "$func_dir/$stem.log"))"
+    fi
+  }
+  func_run per_sample_grads "$ROOT/functorch/transforms/bench/functorch_reference_bench.py" \
+    --filter '^PerSampleGrad_VmapGrad$'
+  func_run batched_hessians "$ROOT/benchmarks/python/hessian_bench.py" \
+    --filter '^Hessian_VmapJacfwdJacrev$'
+  # Ours: the "median X ms" of gpu_check's PASS lines.
+  "$PYTHON" - "$REPORT_DIR/gpu_check.log" "$func_dir" <<'EOF' 2>&1 | tee -a "$REPORT"
+import json, os, re, sys
+log, func_dir = sys.argv[1], sys.argv[2]
+text = open(log, encoding="utf-8", errors="replace").read() if os.path.exists(log) else ""
+cases = [("per-sample grads: vmap(grad), MLP 128-256-10, batch 256", "functorch_per_sample_grads",
+          "per_sample_grads", "PerSampleGrad_VmapGrad"),
+         ("Hessians: vmap(jacfwd(jacrev)), 2-512-512-512-3, 1024 pts",
+          "functorch_batched_hessians", "batched_hessians", "Hessian_VmapJacfwdJacrev")]
+missing = False
+for label, check, stem, case in cases:
+    m = re.search(r"^PASS %s .* median ([0-9.]+) ms of (\d+) calls" % check, text, re.M)
+    ours = float(m.group(1)) if m else None
+    theirs = None
+    try:
+        with open(os.path.join(func_dir, stem + ".json"), encoding="utf-8") as f:
+            theirs = json.load(f)["cases"][case]["wall_s"] * 1e3
+    except (OSError, KeyError, ValueError):
+        pass
+    ours_s = f"{ours:9.3f} ms" if ours is not None else "(no PASS line)"
+    theirs_s = f"{theirs:9.3f} ms" if theirs is not None else "(no result)"
+    ratio = (f"torch.func/ours {theirs / ours:5.2f}x"
+             if ours is not None and theirs is not None and ours > 0 else "no ratio")
+    missing |= ours is None or theirs is None
+    print(f"  {label:58s} ours {ours_s}  torch.func {theirs_s}  {ratio}")
+print("  (ours: median of gpu_check's timed calls; torch.func: median of 3 means over"
+      " >= 0.5 s each; both synchronise the device after every call; > 1x: ours is faster)")
+sys.exit(1 if missing else 0)
+EOF
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+
 # ---- 4. The matmul peak ------------------------------------------------------------
 peak=0
 if [ "$do_bench" = 1 ]; then
@@ -316,7 +393,6 @@ if [ "$do_bench" = 1 ]; then
   # A launcher's variables would make the trainer and the Python peer join
   # a world: each runs as a lone process.
   unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
-  over_budget() { [ $(( $(date +%s) - SCRIPT_START )) -ge "$BUDGET_S" ]; }
   run_one() {  # $1: label, $2: log file stem, then the command
     local label="$1" stem="$2"
     shift 2

@@ -2,7 +2,7 @@
 
     ${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv/bin/python3 \
         benchmarks/python/hessian_bench.py [--repetitions N] [--filter REGEX]
-        [--json FILE]
+        [--json FILE] [--device cuda] [--min-time S]
 
 (the venv's Python that `tools/setup.sh --with-python` makes: the same
 `torch` wheel, hence the same LibTorch and MKL, as the C++ side).
@@ -14,6 +14,11 @@ same process. Threads are Python's defaults (printed). GFLOP/s use the
 analytic matmul count of hessian_bench.cc: 12 C per point, C = 2 (2*512 +
 2*512^2 + 512*3). Wall time per call is what is reported (the BLAS runs on
 the intra-op OpenMP threads); with --repetitions N, the median of N means.
+--device cuda: the same on cuda:0, the device synchronised after every
+timed call (benchmarks/run_gpu.sh runs Hessian_VmapJacfwdJacrev so, beside
+gpu_check's functorch_batched_hessians). --min-time S: seconds per
+repetition (default 1). The per-point loop is checked against the batched
+result on the first 64 points.
 """
 import argparse
 import json
@@ -43,13 +48,15 @@ def blas_description():
     return out
 
 
-def bench(fn, repetitions, min_time=1.0, min_iters=2):
+def bench(fn, repetitions, min_time=1.0, min_iters=2, sync=lambda: None):
     fn()
+    sync()
     walls = []
     for _ in range(repetitions):
         n, start = 0, time.perf_counter()
         while True:
             fn()
+            sync()
             n += 1
             elapsed = time.perf_counter() - start
             if elapsed >= min_time and n >= min_iters:
@@ -63,12 +70,21 @@ def main():
     p.add_argument("--repetitions", type=int, default=1)
     p.add_argument("--filter")
     p.add_argument("--json")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--min-time", type=float, default=1.0,
+                   help="seconds per repetition of a case (default 1)")
     args = p.parse_args()
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     torch.manual_seed(0)
-    w1, b1 = torch.randn(HIDDEN, IN) / IN ** 0.5, torch.randn(HIDDEN) * 0.1
-    w2, b2 = torch.randn(HIDDEN, HIDDEN) / HIDDEN ** 0.5, torch.randn(HIDDEN) * 0.1
-    w3, b3 = torch.randn(HIDDEN, HIDDEN) / HIDDEN ** 0.5, torch.randn(HIDDEN) * 0.1
-    w4, b4 = torch.randn(OUT, HIDDEN) / HIDDEN ** 0.5, torch.randn(OUT) * 0.1
+    def randn(*shape):
+        return torch.randn(*shape, device=device)
+
+    w1, b1 = randn(HIDDEN, IN) / IN ** 0.5, randn(HIDDEN) * 0.1
+    w2, b2 = randn(HIDDEN, HIDDEN) / HIDDEN ** 0.5, randn(HIDDEN) * 0.1
+    w3, b3 = randn(HIDDEN, HIDDEN) / HIDDEN ** 0.5, randn(HIDDEN) * 0.1
+    w4, b4 = randn(OUT, HIDDEN) / HIDDEN ** 0.5, randn(OUT) * 0.1
     F = torch.nn.functional
 
     def u(x):
@@ -77,7 +93,7 @@ def main():
         h = F.linear(h, w3, b3).tanh()
         return F.linear(h, w4, b4)
 
-    xs = torch.rand(POINTS, IN) * 2 - 1
+    xs = torch.rand(POINTS, IN, device=device) * 2 - 1
     batched = vmap(jacfwd(jacrev(u)))
     batched_h = vmap(hessian(u))
     per_point = hessian(u)
@@ -85,13 +101,16 @@ def main():
     def loop(x):
         return torch.stack([per_point(x[i]) for i in range(x.shape[0])])
 
-    a, b = torch.randn(POINTS, HIDDEN), torch.randn(HIDDEN, HIDDEN)
-    c = torch.empty(POINTS, HIDDEN)
+    a, b = randn(POINTS, HIDDEN), randn(HIDDEN, HIDDEN)
+    c = torch.empty(POINTS, HIDDEN, device=device)
     ref = batched(xs)
     assert ref.shape == (POINTS, OUT, IN, IN)
-    assert torch.allclose(ref, batched_h(xs)) and torch.allclose(ref, loop(xs), rtol=1e-4, atol=1e-5)
+    assert torch.allclose(ref, batched_h(xs))
+    assert torch.allclose(ref[:64], loop(xs[:64]), rtol=1e-4, atol=1e-5)
 
     label = f"intra-op threads {torch.get_num_threads()}; {blas_description()}"
+    if cuda:
+        label = f"device {device} ({torch.cuda.get_device_name(device)}); {label}"
     print(f"torch {torch.__version__}; {label}")
     cases = [
         ("Hessian_VmapJacfwdJacrev", lambda: batched(xs), FLOPS),
@@ -103,7 +122,7 @@ def main():
     for name, fn, flops in cases:
         if args.filter and not re.search(args.filter, name):
             continue
-        wall = bench(fn, args.repetitions)
+        wall = bench(fn, args.repetitions, min_time=args.min_time, sync=sync)
         results[name] = {"wall_s": wall, "gflops": flops / wall / 1e9}
         print(f"{name:28s} {wall * 1e3:10.2f} ms  {flops / wall / 1e9:7.1f} GFLOP/s", flush=True)
     sg = results.get("Sgemm_1024x512x512")

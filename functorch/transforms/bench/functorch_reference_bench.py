@@ -3,13 +3,18 @@
 
     ${TORCHFSDP_HOME:-~/.cache/torchfsdp-cpp}/venv/bin/python3 \
         functorch/transforms/bench/functorch_reference_bench.py
-        [--filter REGEX] [--repetitions N] [--json FILE]
+        [--filter REGEX] [--repetitions N] [--json FILE] [--device cuda]
+        [--min-time S]
 
 Same shapes and formulations as benchmarks/transforms_bench.cc. --filter
 runs only the cases whose name matches (re.search, as
 --benchmark_filter); --repetitions N times each case N times and reports
 the median of the N means; --json writes {case: {"cpu_s", "wall_s",
-"iterations"}} for scripts (benchmarks/compare_pytorch.sh).
+"iterations"}} for scripts (benchmarks/compare_pytorch.sh). --device cuda
+makes the tensors on cuda:0 and synchronises the device after every timed
+call (benchmarks/run_gpu.sh runs the PerSampleGrad_VmapGrad case so, beside
+gpu_check's functorch_per_sample_grads); the CPU time is then mostly the
+wait. --min-time S: seconds per repetition (default 1).
 """
 import argparse
 import json
@@ -22,7 +27,8 @@ import torch.nn.functional as F
 from torch.func import grad, jacrev, vmap
 
 
-OPTIONS = argparse.Namespace(filter=None, repetitions=1, json=None)
+OPTIONS = argparse.Namespace(filter=None, repetitions=1, json=None, device="cpu",
+                             min_time=1.0)
 RESULTS = {}
 
 
@@ -30,19 +36,27 @@ def selected(name):
     return OPTIONS.filter is None or re.search(OPTIONS.filter, name) is not None
 
 
-def bench(name, fn, unit="ms", min_time=1.0):
+def sync():
+    if OPTIONS.device != "cpu":
+        torch.cuda.synchronize()
+
+
+def bench(name, fn, unit="ms", min_time=None):
     """Mean wall and CPU time per call (CPU time is the steadier number when
     other processes share the machine, as Google Benchmark's CPU column).
     With --repetitions N, the median over N such means. Returns the CPU
     time, or None when --filter skips the case."""
     if not selected(name):
         return None
+    min_time = OPTIONS.min_time * (min_time or 1.0)
     fn()
+    sync()
     cpus, walls, total = [], [], 0
     for _ in range(OPTIONS.repetitions):
         n, start, cpu_start = 0, time.perf_counter(), time.process_time()
         while True:
             fn()
+            sync()
             n += 1
             elapsed = time.perf_counter() - start
             if elapsed >= min_time and n >= 3:
@@ -70,14 +84,20 @@ def main():
     parser.add_argument("--repetitions", type=int, default=1,
                         help="time each case N times; report the medians")
     parser.add_argument("--json", help="also write the results to this file as JSON")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--min-time", type=float, default=1.0,
+                        help="seconds per repetition of a case (default 1)")
     parser.parse_args(namespace=OPTIONS)
     if OPTIONS.repetitions < 1:
         parser.error("--repetitions must be >= 1")
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
-    w1, b1 = torch.randn(256, 128) * 0.05, torch.zeros(256)
-    w2, b2 = torch.randn(10, 256) * 0.05, torch.zeros(10)
-    x, t = torch.randn(256, 128), torch.randint(0, 10, (256,))
+    device = torch.device(OPTIONS.device)
+    where = f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {device}{where}")
+    w1, b1 = torch.randn(256, 128, device=device) * 0.05, torch.zeros(256, device=device)
+    w2, b2 = torch.randn(10, 256, device=device) * 0.05, torch.zeros(10, device=device)
+    x = torch.randn(256, 128, device=device)
+    t = torch.randint(0, 10, (256,), device=device)
 
     def example_loss(w1, b1, w2, b2, x, t):
         h = F.linear(x, w1, b1).relu()
@@ -100,13 +120,13 @@ def main():
     lp = bench("PerSampleGrad_Loop", loop)
     ratio("loop / vmap(grad)", lp, vg)
 
-    jw1, jb1 = torch.randn(64, 16) * 0.25, torch.randn(64) * 0.1
-    jw2, jb2 = torch.randn(16, 64) * 0.125, torch.randn(16) * 0.1
+    jw1, jb1 = torch.randn(64, 16, device=device) * 0.25, torch.randn(64, device=device) * 0.1
+    jw2, jb2 = torch.randn(16, 64, device=device) * 0.125, torch.randn(16, device=device) * 0.1
 
     def f(x):
         return F.linear(F.linear(x, jw1, jb1).tanh(), jw2, jb2).tanh()
 
-    xs = torch.randn(1024, 16)
+    xs = torch.randn(1024, 16, device=device)
     batched_jacobian = vmap(jacrev(f))
     vj = bench("BatchedJacobian_VmapJacrev", lambda: batched_jacobian(xs))
 
@@ -123,13 +143,14 @@ def main():
     jl = bench("BatchedJacobian_Loop", jloop, min_time=2.0)
     ratio("loop / vmap(jacrev)", jl, vj)
 
-    a, b = torch.randn(8, 5), torch.randn(8, 5)
+    a, b = torch.randn(8, 5, device=device), torch.randn(8, 5, device=device)
     batched_dot = vmap(torch.dot)
     bench("VmapDot_Tiny", lambda: batched_dot(a, b), unit="us")
     bench("Dot_Tiny_Direct", lambda: (a * b).sum(1), unit="us")
     if OPTIONS.json:
         with open(OPTIONS.json, "w", encoding="utf-8") as f:
             json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(),
+                       "device": str(device),
                        "cases": RESULTS}, f, indent=1)
 
 
