@@ -14,6 +14,14 @@
 namespace trainer {
 namespace {
 
+// --sharding=hybrid's 2-D mesh (replicas x shards) over `world`; both FSDPs
+// keep it, and with it the groups of its two dimensions.
+absl::StatusOr<comm::DeviceMesh> HybridMesh(const comm::ProcessGroup& world) {
+  auto shape = HybridMeshShape(world.size());
+  if (!shape.ok()) return shape.status();
+  return comm::init_hybrid_shard_mesh(world, shape->first, shape->second);
+}
+
 fsdp::ShardingStrategy ToStrategy(Sharding s) {
   switch (s) {
     case Sharding::kFull: return fsdp::ShardingStrategy::kFullShard;
@@ -49,10 +57,7 @@ absl::StatusOr<std::unique_ptr<fsdp::FullyShardedDataParallel>> WrapModel(
   fsdp::FullyShardedDataParallel::Options options;
   options.sharding_strategy = ToStrategy(o.sharding);
   if (o.sharding == Sharding::kHybrid) {
-    auto shape = HybridMeshShape(world.size());
-    if (!shape.ok()) return shape.status();
-    // FSDP keeps the mesh, and with it the groups of its two dimensions.
-    auto mesh = comm::init_hybrid_shard_mesh(world, shape->first, shape->second);
+    auto mesh = HybridMesh(world);
     if (!mesh.ok()) return mesh.status();
     options.device_mesh = std::move(*mesh);
   } else {
@@ -164,9 +169,7 @@ absl::StatusOr<std::unique_ptr<FullyShardModel>> WrapModelFullyShard(
   fsdp::FullyShardOptions options;
   if (o.sharding == Sharding::kHybrid) {
     // HSDP: fully_shard on the same 2-D mesh (replicas x shards) as FSDP1's.
-    auto shape = HybridMeshShape(world.size());
-    if (!shape.ok()) return shape.status();
-    auto mesh = comm::init_hybrid_shard_mesh(world, shape->first, shape->second);
+    auto mesh = HybridMesh(world);
     if (!mesh.ok()) return mesh.status();
     options.mesh = std::move(*mesh);
   } else {
