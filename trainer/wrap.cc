@@ -22,6 +22,27 @@ absl::StatusOr<comm::DeviceMesh> HybridMesh(const comm::ProcessGroup& world) {
   return comm::init_hybrid_shard_mesh(world, shape->first, shape->second);
 }
 
+// --activation-checkpointing=block, for both FSDPs: marks the blocks;
+// module_call::call (the block runner) then runs each one as a checkpointed
+// region, its unit gathered again for the recomputation in backward. The
+// last block too, although its backward runs right after the loss: leaving
+// it unmarked (1/8 less recompute on trainer_bench) kept the same allocated
+// peak but raised the 2-rank peak RSS (seq 512: FULL_SHARD 538 -> 557-568
+// MiB, SHARD_GRAD_OP 604-607 -> 612 MiB), the allocator's layout being what
+// changed.
+absl::Status CheckpointBlocks(const Options& o, const std::shared_ptr<LanguageModel>& model) {
+  if (o.activation_checkpointing != ActivationCheckpointing::kBlock) return absl::OkStatus();
+  const auto blocks = activation_checkpointing::apply_activation_checkpointing(
+      model, module_call::module_type_auto_wrap_policy<TransformerBlockImpl>());
+  if (blocks.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--activation-checkpointing=block: the ", Name(o.model),
+                     " model has no transformer blocks to checkpoint: use --model=transformer, or "
+                     "--activation-checkpointing=none"));
+  }
+  return absl::OkStatus();
+}
+
 fsdp::ShardingStrategy ToStrategy(Sharding s) {
   switch (s) {
     case Sharding::kFull: return fsdp::ShardingStrategy::kFullShard;
@@ -103,23 +124,7 @@ absl::StatusOr<std::unique_ptr<fsdp::FullyShardedDataParallel>> WrapModel(
   // is keyed by the model's own FQNs (checkpoints, OptimizerParamNames).
   options.use_orig_params = true;
 
-  if (o.activation_checkpointing == ActivationCheckpointing::kBlock) {
-    // Marks the blocks; module_call::call (the block runner below) then runs each
-    // one as a checkpointed region, its unit gathered again for the
-    // recomputation in backward. The last block too, although its backward
-    // runs right after the loss: leaving it unmarked (1/8 less recompute
-    // on trainer_bench) kept the same allocated peak but raised the 2-rank
-    // peak RSS (seq 512: FULL_SHARD 538 -> 557-568 MiB, SHARD_GRAD_OP
-    // 604-607 -> 612 MiB), the allocator's layout being what changed.
-    const auto blocks = activation_checkpointing::apply_activation_checkpointing(
-        model, module_call::module_type_auto_wrap_policy<TransformerBlockImpl>());
-    if (blocks.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--activation-checkpointing=block: the ", Name(o.model),
-          " model has no transformer blocks to checkpoint: use --model=transformer, or "
-          "--activation-checkpointing=none"));
-    }
-  }
+  if (auto status = CheckpointBlocks(o, model); !status.ok()) return status;
   if (auto* lm = dynamic_cast<TransformerLM*>(model.get())) {
     // Every block call goes through the runner: module_call::call gathers a
     // wrapped block before and reshards it after (a plain forward when the
@@ -187,16 +192,7 @@ absl::StatusOr<std::unique_ptr<FullyShardModel>> WrapModelFullyShard(
   // optimizer state on the CPU, computing on `device`.
   if (o.cpu_offload) options.offload_policy = fsdp::CPUOffloadPolicy{};
   if (!device.is_cpu()) model->to(device);
-  if (o.activation_checkpointing == ActivationCheckpointing::kBlock) {
-    const auto blocks = activation_checkpointing::apply_activation_checkpointing(
-        model, module_call::module_type_auto_wrap_policy<TransformerBlockImpl>());
-    if (blocks.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--activation-checkpointing=block: the ", Name(o.model),
-          " model has no transformer blocks to checkpoint: use --model=transformer, or "
-          "--activation-checkpointing=none"));
-    }
-  }
+  if (auto status = CheckpointBlocks(o, model); !status.ok()) return status;
   std::vector<std::string> unit_names;
   std::vector<fsdp::FSDPModule> blocks;
   if (auto* lm = dynamic_cast<TransformerLM*>(model.get())) {
