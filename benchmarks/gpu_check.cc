@@ -521,6 +521,34 @@ struct FsdpVariant {
 using AfterBackward =
     std::function<void(int step, fsdp::FullyShardedDataParallel& model, Problems& problems)>;
 
+// The FSDP checks' blocks run through module_call::call, where their units
+// are gathered and resharded.
+void RunBlocksThroughCallPoint(trainer::TransformerLM& model) {
+  model.set_block_runner(
+      [](int64_t, trainer::TransformerBlock& block, const torch::Tensor& x,
+         const torch::Tensor& mask) { return module_call::call(block, x, mask); });
+}
+
+// The wrapping every FSDP check trains under: FULL_SHARD over `group`, one
+// unit per block, device_id cuda:0 (not in a dry run), use_orig_params;
+// with `bf16`, bf16 parameters with fp32 reduction and buffers.
+fsdp::FullyShardedDataParallel::Options FullShardOptions(const comm::ProcessGroup& group,
+                                                         bool bf16) {
+  fsdp::FullyShardedDataParallel::Options options;
+  options.process_group = group;
+  options.sharding_strategy = fsdp::ShardingStrategy::kFullShard;
+  options.auto_wrap_policy =
+      module_call::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>();
+  if (!DryRun()) options.device_id = g_device;
+  options.use_orig_params = true;
+  if (bf16) {
+    options.mixed_precision.param_dtype = torch::kBFloat16;
+    options.mixed_precision.reduce_dtype = torch::kFloat32;
+    options.mixed_precision.buffer_dtype = torch::kFloat32;
+  }
+  return options;
+}
+
 // The same model wrapped in FSDP (FULL_SHARD, one unit per block,
 // device_id cuda:0, use_orig_params) on `group`, this rank's rows of each
 // step's batch. `after_backward` inspects the state between backward and
@@ -529,21 +557,8 @@ using AfterBackward =
 Run TrainFsdp(const comm::ProcessGroup& group, const FsdpVariant& variant,
               const AfterBackward& after_backward, Problems& problems) {
   auto model = BuildTransformer();  // built on the CPU; FSDP moves it to device_id
-  model->set_block_runner(
-      [](int64_t, trainer::TransformerBlock& block, const torch::Tensor& x,
-         const torch::Tensor& mask) { return module_call::call(block, x, mask); });
-  fsdp::FullyShardedDataParallel::Options options;
-  options.process_group = group;
-  options.sharding_strategy = fsdp::ShardingStrategy::kFullShard;
-  options.auto_wrap_policy =
-      module_call::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>();
-  if (!DryRun()) options.device_id = g_device;
-  options.use_orig_params = true;
-  if (variant.bf16) {
-    options.mixed_precision.param_dtype = torch::kBFloat16;
-    options.mixed_precision.reduce_dtype = torch::kFloat32;
-    options.mixed_precision.buffer_dtype = torch::kFloat32;
-  }
+  RunBlocksThroughCallPoint(*model);
+  fsdp::FullyShardedDataParallel::Options options = FullShardOptions(group, variant.bf16);
   options.cpu_offload.offload_params = variant.cpu_offload;
   fsdp::FullyShardedDataParallel fsdp_model(model, options);
 
@@ -1014,20 +1029,8 @@ class SyncDebugError {
 CheckResult CheckFsdpStepNoSync(const comm::ProcessGroup& group) {
   Problems problems;
   auto model = BuildTransformer();
-  model->set_block_runner(
-      [](int64_t, trainer::TransformerBlock& block, const torch::Tensor& x,
-         const torch::Tensor& mask) { return module_call::call(block, x, mask); });
-  fsdp::FullyShardedDataParallel::Options options;
-  options.process_group = group;
-  options.sharding_strategy = fsdp::ShardingStrategy::kFullShard;
-  options.auto_wrap_policy =
-      module_call::module_type_auto_wrap_policy<trainer::TransformerBlockImpl>();
-  if (!DryRun()) options.device_id = g_device;
-  options.use_orig_params = true;
-  options.mixed_precision.param_dtype = torch::kBFloat16;
-  options.mixed_precision.reduce_dtype = torch::kFloat32;
-  options.mixed_precision.buffer_dtype = torch::kFloat32;
-  fsdp::FullyShardedDataParallel fsdp_model(model, options);
+  RunBlocksThroughCallPoint(*model);
+  fsdp::FullyShardedDataParallel fsdp_model(model, FullShardOptions(group, /*bf16=*/true));
   optim::AdamW optimizer(fsdp_model.parameters(),
                          torch::optim::AdamWOptions(1e-3).weight_decay(0.01),
                          optim::Implementation::kFused);
