@@ -40,6 +40,12 @@
 //                                  reduction) on the NCCL world of 1 under
 //                                  sync-debug mode error, 3 times after a
 //                                  warm-up step: only the loss is read
+//   fully_shard_parity_fp32,       the five FSDP checks above repeated for
+//   fully_shard_parity_bf16,       fsdp::fully_shard (FSDP2, issue 37):
+//   fully_shard_parity_cpu_offload each block and then the root, on cuda:0,
+//   fully_shard_gloo_2_ranks_cuda  resharding after forward; bf16 as
+//   fully_shard_step_no_sync       MixedPrecisionPolicy(bf16, fp32), offload
+//                                  as CPUOffloadPolicy (shards pinned)
 //   functorch_per_sample_grads     vmap(grad(loss)) of an MLP 128-256-10,
 //                                  cross-entropy, batch 256, float32
 //                                  (transforms_bench's
@@ -117,6 +123,7 @@
 #include "comm/process_group.h"
 #include "comm/work.h"
 #include "fsdp/flat_param.h"
+#include "fsdp/fully_shard.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "functorch/transforms/transforms.h"
 #include "launcher/launch.h"
@@ -140,8 +147,11 @@ constexpr bool kBuiltWithCuda = false;
 
 // The exit status that means "skipped" (automake's convention).
 constexpr int kNotRun = 77;
-// The argument a re-executed rank of fsdp_gloo_2_ranks_cuda gets.
+// The arguments a re-executed rank of fsdp_gloo_2_ranks_cuda and
+// fully_shard_gloo_2_ranks_cuda gets: kGlooRankArg, then which FSDP.
 constexpr char kGlooRankArg[] = "--gloo-rank-child";
+constexpr char kFsdp1Api[] = "fsdp1";
+constexpr char kFullyShardApi[] = "fully_shard";
 // Runs the FSDP checks on the CPU (see g_device).
 constexpr char kDryRunArg[] = "--dry-run-on-cpu";
 
@@ -514,12 +524,14 @@ Run TrainUnwrapped(torch::Device device) {
 }
 
 struct FsdpVariant {
-  bool bf16 = false;         // param_dtype bf16, reduce_dtype and buffer_dtype fp32
-  bool cpu_offload = false;  // cpu_offload.offload_params
+  bool bf16 = false;         // param_dtype bf16, reduce_dtype (and FSDP1's buffer_dtype) fp32
+  bool cpu_offload = false;  // FSDP1's cpu_offload.offload_params; fully_shard's CPUOffloadPolicy
+  bool fully_shard = false;  // fsdp::fully_shard (FSDP2) instead of FullyShardedDataParallel
 };
 
+// Inspects the optimizer-facing parameters between backward and the step.
 using AfterBackward =
-    std::function<void(int step, fsdp::FullyShardedDataParallel& model, Problems& problems)>;
+    std::function<void(int step, const std::vector<torch::Tensor>& parameters, Problems& problems)>;
 
 // The FSDP checks' blocks run through module_call::call, where their units
 // are gathered and resharded.
@@ -549,67 +561,146 @@ fsdp::FullyShardedDataParallel::Options FullShardOptions(const comm::ProcessGrou
   return options;
 }
 
-// The same model wrapped in FSDP (FULL_SHARD, one unit per block,
-// device_id cuda:0, use_orig_params) on `group`, this rank's rows of each
-// step's batch. `after_backward` inspects the state between backward and
-// the optimizer step. Losses are averaged over the group (a CPU all-reduce:
-// the group must carry CPU tensors when it has more than one rank).
+// The transformer on g_device under one of the two FSDPs, as the checks
+// train it: FullyShardedDataParallel with FullShardOptions, or fsdp::fully_shard
+// (FSDP2) on each block and then the root, over `group`, resharding after
+// forward, with `variant`'s mixed precision and offload.
+class ShardedTransformer {
+ public:
+  ShardedTransformer(const comm::ProcessGroup& group, const FsdpVariant& variant)
+      : model_(BuildTransformer()) {
+    RunBlocksThroughCallPoint(*model_);
+    if (!variant.fully_shard) {
+      // Built on the CPU; FSDP moves it to device_id.
+      fsdp::FullyShardedDataParallel::Options options = FullShardOptions(group, variant.bf16);
+      options.cpu_offload.offload_params = variant.cpu_offload;
+      fsdp1_ = std::make_unique<fsdp::FullyShardedDataParallel>(model_, options);
+      return;
+    }
+    // fully_shard computes where the parameters are when it is applied.
+    model_->to(g_device);
+    fsdp::FullyShardOptions options;
+    options.process_group = group;
+    options.reshard_after_forward = true;
+    if (variant.bf16) {
+      options.mp_policy.param_dtype = torch::kBFloat16;
+      options.mp_policy.reduce_dtype = torch::kFloat32;
+    }
+    if (variant.cpu_offload) options.offload_policy = fsdp::CPUOffloadPolicy{};
+    for (size_t i = 0; i < model_->blocks()->size(); ++i) {
+      units_.push_back(fsdp::fully_shard(model_->blocks()->ptr(i), options));
+    }
+    units_.push_back(
+        fsdp::fully_shard(std::static_pointer_cast<torch::nn::Module>(model_), options));
+  }
+
+  trainer::TransformerLM& model() { return *model_; }
+  fsdp::FullyShardedDataParallel* fsdp1() { return fsdp1_.get(); }
+
+  // What the optimizer steps on: FSDP1's flat shards (or use_orig_params
+  // views), or fully_shard's per-parameter shards.
+  std::vector<torch::Tensor> parameters() const {
+    return fsdp1_ != nullptr ? fsdp1_->parameters() : model_->parameters();
+  }
+
+  // The loss of `batch` through the root's call point.
+  torch::Tensor Loss(const torch::Tensor& batch) {
+    if (fsdp1_ != nullptr) return fsdp1_->run([&] { return model_->Loss(batch); });
+    module_call::ForwardCall call(*model_);
+    return call.finish(model_->Loss(batch));
+  }
+
+  // The unsharded parameters, by name, as float32 on the CPU.
+  Params FullParams() {
+    if (fsdp1_ != nullptr) {
+      fsdp::SummonOptions summon;
+      summon.writeback = false;
+      auto full = fsdp1_->summon_full_params(summon);
+      return Snapshot(*fsdp1_->module());
+    }
+    for (fsdp::FSDPModule& unit : units_) unit.unshard();
+    Params params = Snapshot(*model_);
+    for (fsdp::FSDPModule& unit : units_) unit.reshard();
+    return params;
+  }
+
+  // How many FSDP units the model has (the root and one per block expected).
+  std::vector<std::string> UnitNames() const {
+    if (fsdp1_ != nullptr) return fsdp1_->fsdp_unit_names();
+    std::vector<std::string> names;
+    for (size_t i = 0; i + 1 < units_.size(); ++i) names.push_back(absl::StrCat("blocks.", i));
+    names.insert(names.begin(), "");
+    return names;
+  }
+
+  // The tensors that hold this rank's shards (FSDP1: each unit's flat
+  // shard; fully_shard: each parameter's).
+  std::vector<torch::Tensor> Shards() const {
+    if (fsdp1_ == nullptr) return model_->parameters();
+    std::vector<torch::Tensor> shards;
+    for (const fsdp::FlatParamHandle* handle : fsdp1_->handles()) {
+      if (handle != nullptr) shards.push_back(handle->flat_param());
+    }
+    return shards;
+  }
+
+ private:
+  std::shared_ptr<trainer::TransformerLM> model_;
+  std::unique_ptr<fsdp::FullyShardedDataParallel> fsdp1_;
+  std::vector<fsdp::FSDPModule> units_;  // fully_shard's: the blocks, then the root
+};
+
+// The same model wrapped per `variant` on `group`, this rank's rows of
+// each step's batch. `after_backward` inspects the state between backward
+// and the optimizer step. Losses are averaged over the group (a CPU
+// all-reduce: the group must carry CPU tensors when it has more than one
+// rank).
 Run TrainFsdp(const comm::ProcessGroup& group, const FsdpVariant& variant,
               const AfterBackward& after_backward, Problems& problems) {
-  auto model = BuildTransformer();  // built on the CPU; FSDP moves it to device_id
-  RunBlocksThroughCallPoint(*model);
-  fsdp::FullyShardedDataParallel::Options options = FullShardOptions(group, variant.bf16);
-  options.cpu_offload.offload_params = variant.cpu_offload;
-  fsdp::FullyShardedDataParallel fsdp_model(model, options);
-
-  const int units = static_cast<int>(fsdp_model.fsdp_unit_names().size());
+  ShardedTransformer sharded(group, variant);
+  const std::string api = variant.fully_shard ? "fully_shard" : "FSDP";
+  const std::vector<std::string> unit_names = sharded.UnitNames();
+  const int units = static_cast<int>(unit_names.size());
   if (units != 1 + static_cast<int>(kModel.layers)) {
-    problems.Add(absl::StrCat("FSDP made ", units, " units (",
-                              absl::StrJoin(fsdp_model.fsdp_unit_names(), ", "),
+    problems.Add(absl::StrCat(api, " made ", units, " units (", absl::StrJoin(unit_names, ", "),
                               "): expected the root and one per block, ", 1 + kModel.layers));
   }
   // Where the shards live: cuda:0, or pinned CPU memory under offload.
-  for (const fsdp::FlatParamHandle* handle : fsdp_model.handles()) {
-    if (handle == nullptr) continue;
-    const torch::Tensor& shard = handle->flat_param();
+  for (const torch::Tensor& shard : sharded.Shards()) {
     if (variant.cpu_offload) {
       if (!shard.device().is_cpu()) {
-        problems.Add(absl::StrCat("cpu_offload: a unit's shard is on ", shard.device().str(),
+        problems.Add(absl::StrCat("cpu_offload: a shard is on ", shard.device().str(),
                                   ": expected the CPU"));
       } else if (!DryRun() && !shard.is_pinned()) {
         problems.Add(
-            "cpu_offload: a unit's shard is in pageable CPU memory: expected pinned "
+            "cpu_offload: a shard is in pageable CPU memory: expected pinned "
             "(so its copies to the GPU are asynchronous)");
       }
     } else if (shard.device() != g_device) {
-      problems.Add(absl::StrCat("a unit's shard is on ", shard.device().str(), ": expected ",
-                                g_device.str(), " (device_id)"));
+      problems.Add(absl::StrCat("a shard is on ", shard.device().str(), ": expected ",
+                                g_device.str(), variant.fully_shard ? "" : " (device_id)"));
     }
     if (shard.scalar_type() != torch::kFloat) {
-      problems.Add(absl::StrCat("a unit's shard has dtype ", c10::toString(shard.scalar_type()),
+      problems.Add(absl::StrCat("a shard has dtype ", c10::toString(shard.scalar_type()),
                                 ": expected float32 (the optimizer's full precision)"));
     }
+    if (!problems.empty()) break;
   }
 
-  auto optim = MakeOptimizer(fsdp_model.parameters());
+  auto optim = MakeOptimizer(sharded.parameters());
   Run run;
   for (int step = 0; step < kSteps; ++step) {
     optim->zero_grad();
     const torch::Tensor batch = Batch(group.rank(), group.size()).to(g_device);
-    torch::Tensor loss = fsdp_model.run([&] { return model->Loss(batch); });
+    torch::Tensor loss = sharded.Loss(batch);
     loss.backward();
-    if (after_backward) after_backward(step, fsdp_model, problems);
+    if (after_backward) after_backward(step, sharded.parameters(), problems);
     optim->step();
     torch::Tensor global = torch::tensor({loss.item<double>()}, torch::kDouble);
     if (group.size() > 1) comm::all_reduce(group, global, comm::ReduceOp::kAvg).wait();
     run.losses.push_back(global.item<double>());
   }
-  fsdp::SummonOptions summon;
-  summon.writeback = false;
-  {
-    auto full = fsdp_model.summon_full_params(summon);
-    run.params = Snapshot(*fsdp_model.module());
-  }
+  run.params = sharded.FullParams();
   return run;
 }
 
@@ -690,11 +781,11 @@ const Run& Reference() {
   return *reference;
 }
 
-CheckResult CheckFsdpParityFullShardFp32(const comm::ProcessGroup& group) {
+CheckResult CheckParityFp32(const comm::ProcessGroup& group, bool fully_shard) {
   Problems problems;
-  auto check_devices = [](int step, fsdp::FullyShardedDataParallel& model, Problems& p) {
+  auto check_devices = [](int step, const std::vector<torch::Tensor>& parameters, Problems& p) {
     if (step != 0) return;
-    for (const torch::Tensor& param : model.parameters()) {
+    for (const torch::Tensor& param : parameters) {
       if (param.device() != g_device || !param.grad().defined() ||
           param.grad().device() != g_device) {
         p.Add(absl::StrCat("after backward: a parameter on ", param.device().str(), " with ",
@@ -705,7 +796,9 @@ CheckResult CheckFsdpParityFullShardFp32(const comm::ProcessGroup& group) {
       }
     }
   };
-  const Run fsdp = TrainFsdp(group, FsdpVariant{}, check_devices, problems);
+  FsdpVariant variant;
+  variant.fully_shard = fully_shard;
+  const Run fsdp = TrainFsdp(group, variant, check_devices, problems);
   const Run& ref = Reference();
   if (!(ref.losses.back() < ref.losses.front())) {
     problems.Add(
@@ -730,12 +823,12 @@ CheckResult CheckFsdpParityFullShardFp32(const comm::ProcessGroup& group) {
 // the trainer's README states 3% and measures < 1%), gradients finite and
 // fp32 (reduced in fp32, cast back to the parameters' dtype), parameters
 // still fp32 and finite.
-CheckResult CheckFsdpParityBf16(const comm::ProcessGroup& group) {
+CheckResult CheckParityBf16(const comm::ProcessGroup& group, bool fully_shard) {
   constexpr double kBf16LossRtol = 2e-2;
   Problems problems;
-  auto check_grads = [](int step, fsdp::FullyShardedDataParallel& model, Problems& p) {
+  auto check_grads = [](int step, const std::vector<torch::Tensor>& parameters, Problems& p) {
     int with_grad = 0;
-    for (const torch::Tensor& param : model.parameters()) {
+    for (const torch::Tensor& param : parameters) {
       if (param.scalar_type() != torch::kFloat) {
         p.Add(absl::StrCat("step ", step, ": a parameter has dtype ",
                            c10::toString(param.scalar_type()), ": expected float32"));
@@ -757,7 +850,10 @@ CheckResult CheckFsdpParityBf16(const comm::ProcessGroup& group) {
     }
     if (with_grad == 0) p.Add(absl::StrCat("step ", step, ": no parameter has a gradient"));
   };
-  const Run fsdp = TrainFsdp(group, FsdpVariant{/*bf16=*/true, false}, check_grads, problems);
+  FsdpVariant variant;
+  variant.bf16 = true;
+  variant.fully_shard = fully_shard;
+  const Run fsdp = TrainFsdp(group, variant, check_grads, problems);
   const Run& ref = Reference();
   const Closeness loss =
       CompareLosses(problems, fsdp.losses, ref.losses, kBf16LossRtol, "bf16 vs fp32");
@@ -777,10 +873,10 @@ CheckResult CheckFsdpParityBf16(const comm::ProcessGroup& group) {
 // on the CPU, gathered onto cuda:0 to compute. The optimizer then runs on
 // the CPU and the reference's on the GPU; both compute the same fp32 SGD,
 // so the fp32 tolerance applies.
-CheckResult CheckFsdpParityCpuOffload(const comm::ProcessGroup& group) {
+CheckResult CheckParityCpuOffload(const comm::ProcessGroup& group, bool fully_shard) {
   Problems problems;
-  auto check_offloaded = [](int step, fsdp::FullyShardedDataParallel& model, Problems& p) {
-    for (const torch::Tensor& param : model.parameters()) {
+  auto check_offloaded = [](int step, const std::vector<torch::Tensor>& parameters, Problems& p) {
+    for (const torch::Tensor& param : parameters) {
       if (!param.device().is_cpu()) {
         p.Add(absl::StrCat("step ", step, ": an optimizer-facing parameter is on ",
                            param.device().str(), ": expected the CPU (offload_params)"));
@@ -793,8 +889,10 @@ CheckResult CheckFsdpParityCpuOffload(const comm::ProcessGroup& group) {
       }
     }
   };
-  const Run fsdp =
-      TrainFsdp(group, FsdpVariant{false, /*cpu_offload=*/true}, check_offloaded, problems);
+  FsdpVariant variant;
+  variant.cpu_offload = true;
+  variant.fully_shard = fully_shard;
+  const Run fsdp = TrainFsdp(group, variant, check_offloaded, problems);
   const Run& ref = Reference();
   const Closeness loss = CompareLosses(problems, fsdp.losses, ref.losses, kFp32Rtol, "offload");
   const Closeness params = CompareParams(problems, fsdp.params, ref.params, kFp32Rtol, kFp32Atol);
@@ -823,7 +921,7 @@ constexpr double kTwoRankAtol = kFp32Atol;
 // launcher's environment) against the unwrapped model, which every rank
 // trains itself on the whole batch. Prints one "RESULT ..." line (rank 0)
 // or the problems, and exits 0 when it matched.
-int RunGlooRank() {
+int RunGlooRank(bool fully_shard) {
   comm::InitOptions init;  // gloo, env://: RANK, WORLD_SIZE, MASTER_* from launcher::launch
   init.timeout = kCollectiveTimeout;
   auto group = comm::init_process_group(init);
@@ -834,7 +932,9 @@ int RunGlooRank() {
   }
   try {
     Problems problems;
-    const Run fsdp = TrainFsdp(*group, FsdpVariant{}, nullptr, problems);
+    FsdpVariant variant;
+    variant.fully_shard = fully_shard;
+    const Run fsdp = TrainFsdp(*group, variant, nullptr, problems);
     const Run ref = TrainUnwrapped(g_device);
     const Closeness loss =
         CompareLosses(problems, fsdp.losses, ref.losses, kTwoRankLossRtol, "2 ranks");
@@ -846,11 +946,12 @@ int RunGlooRank() {
     }
     if (group->rank() == 0) {
       std::printf(
-          "RESULT %d SGD steps on %d ranks (Gloo, %s tensors, half the batch each): "
+          "RESULT %s: %d SGD steps on %d ranks (Gloo, %s tensors, half the batch each): "
           "max loss difference %.3g (relative %.3g, tolerance %.0e), final parameters "
           "max abs difference %.3g (tolerance rtol %.0e, atol %.0e)\n",
-          kSteps, group->size(), DryRun() ? "CPU" : "CUDA", loss.max_abs, loss.max_rel,
-          kTwoRankLossRtol, params.max_abs, kTwoRankRtol, kTwoRankAtol);
+          fully_shard ? "fully_shard" : "FSDP FULL_SHARD", kSteps, group->size(),
+          DryRun() ? "CPU" : "CUDA", loss.max_abs, loss.max_rel, kTwoRankLossRtol, params.max_abs,
+          kTwoRankRtol, kTwoRankAtol);
       std::fflush(stdout);
     }
     return 0;
@@ -862,14 +963,14 @@ int RunGlooRank() {
 
 // Re-executes this binary as 2 ranks through launcher::launch (as the trainer's
 // --nproc does) and collects their verdict.
-CheckResult CheckFsdpGlooTwoRanksCuda() {
+CheckResult CheckGlooTwoRanksCuda(bool fully_shard) {
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return Fail("cannot resolve /proc/self/exe to re-execute this binary");
   self[n] = '\0';
   launcher::LaunchOptions launch;
   launch.nproc_per_node = 2;
-  launch.command = {self, kGlooRankArg};
+  launch.command = {self, kGlooRankArg, fully_shard ? kFullyShardApi : kFsdp1Api};
   if (DryRun()) launch.command.push_back(kDryRunArg);
   launch.timeout = std::chrono::minutes(5);
   launch.collective_timeout = kCollectiveTimeout;
@@ -1026,13 +1127,13 @@ class SyncDebugError {
 // naming the phase. Only each step's loss is then read (.item(), the
 // logged loss: outside the mode). The losses must be finite and fall
 // (the same batch every step).
-CheckResult CheckFsdpStepNoSync(const comm::ProcessGroup& group) {
+CheckResult CheckStepNoSync(const comm::ProcessGroup& group, bool fully_shard) {
   Problems problems;
-  auto model = BuildTransformer();
-  RunBlocksThroughCallPoint(*model);
-  fsdp::FullyShardedDataParallel fsdp_model(model, FullShardOptions(group, /*bf16=*/true));
-  optim::AdamW optimizer(fsdp_model.parameters(),
-                         torch::optim::AdamWOptions(1e-3).weight_decay(0.01),
+  FsdpVariant variant;
+  variant.bf16 = true;
+  variant.fully_shard = fully_shard;
+  ShardedTransformer sharded(group, variant);
+  optim::AdamW optimizer(sharded.parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01),
                          optim::Implementation::kFused);
   // This rank's rows, pinned once, so each step's copy to the GPU is
   // asynchronous (a pageable copy waits for the GPU).
@@ -1051,7 +1152,7 @@ CheckResult CheckFsdpStepNoSync(const comm::ProcessGroup& group) {
         optim::zero_grad(optimizer);  // as the trainer
         const torch::Tensor batch = host_batch.to(g_device, /*non_blocking=*/true);
         phase = "forward";
-        loss = fsdp_model.run([&] { return model->Loss(batch); });
+        loss = sharded.Loss(batch);
         phase = "backward (FSDP's gradient reduction inside)";
         loss.backward();
         phase = "the fused AdamW step";
@@ -1080,9 +1181,10 @@ CheckResult CheckFsdpStepNoSync(const comm::ProcessGroup& group) {
   }
   if (!problems.empty()) return Fail(problems.Joined());
   return Pass(absl::StrFormat(
-      "FSDP FULL_SHARD, bf16 parameters and fp32 reduction, fused AdamW: %d steps, loss "
+      "%s, bf16 parameters and fp32 reduction, fused AdamW: %d steps, loss "
       "%.6f -> %.6f%s",
-      static_cast<int>(losses.size()), losses.front(), losses.back(),
+      fully_shard ? "fully_shard" : "FSDP FULL_SHARD", static_cast<int>(losses.size()),
+      losses.front(), losses.back(),
       DryRun() ? " (dry run: no sync-debug mode on the CPU)"
                : "; steps 2-4 (forward, backward with the reduction, optimizer step) under "
                  "sync-debug mode error: no host synchronisation but the loss's"));
@@ -1293,6 +1395,7 @@ int main(int argc, char** argv) {
   std::string only;
   bool dry_run = false;
   bool rank_child = false;
+  bool rank_child_fully_shard = false;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--only" && i + 1 < args.size()) {
       only = args[++i];
@@ -1300,8 +1403,10 @@ int main(int argc, char** argv) {
       only = args[i].substr(7);
     } else if (args[i] == kDryRunArg) {
       dry_run = true;
-    } else if (args[i] == kGlooRankArg) {
+    } else if (args[i] == kGlooRankArg && i + 1 < args.size() &&
+               (args[i + 1] == kFsdp1Api || args[i + 1] == kFullyShardApi)) {
       rank_child = true;
+      rank_child_fully_shard = args[++i] == kFullyShardApi;
     } else {
       std::fprintf(stderr,
                    "gpu_check: unknown argument '%s' (usage: gpu_check [--only SUBSTRING] "
@@ -1311,7 +1416,7 @@ int main(int argc, char** argv) {
     }
   }
   if (dry_run) g_device = torch::Device(torch::kCPU);
-  if (rank_child) return RunGlooRank();
+  if (rank_child) return RunGlooRank(rank_child_fully_shard);
 
   if (!dry_run) {
     if (auto why = WhyNotRun()) {
@@ -1331,11 +1436,14 @@ int main(int argc, char** argv) {
   // The FSDP checks share one world of 1 (NCCL; Gloo in a dry run), made
   // lazily, so a failure to make it fails those checks, each naming it.
   std::optional<absl::StatusOr<WorldOf1>> fsdp_world;
-  auto on_fsdp_world = [&](CheckResult (*check)(const comm::ProcessGroup&)) {
-    return [&fsdp_world, check]() -> CheckResult {
+  // Each FSDP check runs for FullyShardedDataParallel (fully_shard false)
+  // and for fully_shard.
+  auto on_fsdp_world = [&](CheckResult (*check)(const comm::ProcessGroup&, bool),
+                           bool fully_shard) {
+    return [&fsdp_world, check, fully_shard]() -> CheckResult {
       if (!fsdp_world) fsdp_world.emplace(MakeWorldOf1(DryRun() ? "gloo" : "nccl"));
       if (!fsdp_world->ok()) return Fail(std::string(fsdp_world->status().message()));
-      return check((*fsdp_world)->group);
+      return check((*fsdp_world)->group, fully_shard);
     };
   };
   struct Entry {
@@ -1346,12 +1454,17 @@ int main(int argc, char** argv) {
       {{"nccl_world_of_1", CheckNcclWorldOf1}, true},
       {{"gloo_cpu_nccl_cuda_world_of_1", CheckGlooCpuNcclCudaWorldOf1}, true},
       {{"nccl_work_stream_ordered", CheckNcclWorkStreamOrdered}, true},
-      {{"fsdp_parity_full_shard_fp32", on_fsdp_world(CheckFsdpParityFullShardFp32)}, false},
-      {{"fsdp_parity_bf16", on_fsdp_world(CheckFsdpParityBf16)}, false},
-      {{"fsdp_parity_cpu_offload", on_fsdp_world(CheckFsdpParityCpuOffload)}, false},
-      {{"fsdp_gloo_2_ranks_cuda", CheckFsdpGlooTwoRanksCuda}, false},
+      {{"fsdp_parity_full_shard_fp32", on_fsdp_world(CheckParityFp32, false)}, false},
+      {{"fsdp_parity_bf16", on_fsdp_world(CheckParityBf16, false)}, false},
+      {{"fsdp_parity_cpu_offload", on_fsdp_world(CheckParityCpuOffload, false)}, false},
+      {{"fsdp_gloo_2_ranks_cuda", [] { return CheckGlooTwoRanksCuda(false); }}, false},
       {{"fused_optimizers", CheckFusedOptimizers}, false},
-      {{"fsdp_step_no_sync", on_fsdp_world(CheckFsdpStepNoSync)}, false},
+      {{"fsdp_step_no_sync", on_fsdp_world(CheckStepNoSync, false)}, false},
+      {{"fully_shard_parity_fp32", on_fsdp_world(CheckParityFp32, true)}, false},
+      {{"fully_shard_parity_bf16", on_fsdp_world(CheckParityBf16, true)}, false},
+      {{"fully_shard_parity_cpu_offload", on_fsdp_world(CheckParityCpuOffload, true)}, false},
+      {{"fully_shard_gloo_2_ranks_cuda", [] { return CheckGlooTwoRanksCuda(true); }}, false},
+      {{"fully_shard_step_no_sync", on_fsdp_world(CheckStepNoSync, true)}, false},
       {{"functorch_per_sample_grads", CheckFunctorchPerSampleGrads}, false},
       {{"functorch_batched_hessians", CheckFunctorchBatchedHessians}, false},
   };

@@ -34,9 +34,10 @@
 #    --no-check or --no-bench.
 # 4. The dense matmul peak of this GPU, measured now (bf16 8192^3).
 # 5. Ours against the Python peers, interleaved per configuration: the
-#    trainer, Python's fully_shard and FullyShardedDataParallel
-#    (benchmarks/python/fsdp_step.py) each with AdamW fused=True and
-#    foreach=True, the trainer again; all bf16 parameters with fp32
+#    trainer (FSDP1, its default), the trainer with --fsdp fully_shard,
+#    Python's fully_shard with AdamW fused=True and foreach=True and
+#    FullyShardedDataParallel with fused=True (benchmarks/python/fsdp_step.py),
+#    both trainer runs again; all bf16 parameters with fp32
 #    reduction, SDPA causal attention, a world of 1. Configurations: 152M
 #    (12 layers x 1024, 16 heads, seq 1024, global batch 16) and 408M (8
 #    layers x 2048, 16 heads, seq 2048, global batch 16). Printed per run:
@@ -47,6 +48,10 @@
 #    Environment: BENCH_STEPS (default 20), RUN_TIMEOUT (s per run, default
 #    90), BUDGET_S (after this many seconds of the script no further run
 #    starts, default 390: 390 + 90 < 8 min), BENCH_CONFIGS ("name|flags;name|flags").
+#
+# 6. Out of memory in a step: the 408M configuration with a batch that
+#    cannot fit must exit with status 3 and a line naming the step and the
+#    allocator's figures (GPU only).
 #
 # --cpu: the same pipeline on the CPU without a GPU, to test the script:
 # no build (the binaries must exist: bazel build //:trainer
@@ -89,7 +94,7 @@ for arg in "$@"; do
     --no-check) do_check=0 ;;
     --no-bench|--no-mfu) do_bench=0 ;;
     --cpu) cpu_mode=1 ;;
-    -h|--help) sed -n '2,64p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,69p' "$0"; exit 0 ;;
     *) echo "run_gpu.sh: unknown argument '$arg' (--help lists them)" >&2; exit 2 ;;
   esac
 done
@@ -366,9 +371,10 @@ EOF
 fi
 
 # ---- 5. Ours against Python's FSDP peers, interleaved ----------------------------
-# Per configuration: ours, Python's fully_shard (FSDP2) and
-# FullyShardedDataParallel (FSDP1), each with AdamW(fused=True) and
-# AdamW(foreach=True), then ours again. Every run is one process on one GPU
+# Per configuration: ours (FSDP1, then --fsdp fully_shard), Python's
+# fully_shard (FSDP2) with AdamW(fused=True) and AdamW(foreach=True),
+# FullyShardedDataParallel (FSDP1) with AdamW(fused=True), then both of
+# ours again. Every run is one process on one GPU
 # (a world of 1 on NCCL), bf16 parameters with fp32 gradient reduction,
 # FULL_SHARD with one unit per block, SDPA causal attention, AdamW (lr 3e-3,
 # weight decay 0.01, cosine after 10 warm-up steps), synthetic tokens,
@@ -389,7 +395,7 @@ if [ "$do_bench" = 1 ]; then
   # BENCH_CONFIGS="name|flags;name|flags" replaces them.
   if [ -n "${BENCH_CONFIGS:-}" ]; then IFS=';' read -r -a configs <<< "$BENCH_CONFIGS"; fi
   py_variants=("fully_shard|fsdp2|fused" "fully_shard|fsdp2|foreach"
-               "FullyShardedDataParallel|fsdp1|fused" "FullyShardedDataParallel|fsdp1|foreach")
+               "FullyShardedDataParallel|fsdp1|fused")
   # A launcher's variables would make the trainer and the Python peer join
   # a world: each runs as a lone process.
   unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
@@ -426,6 +432,8 @@ if [ "$do_bench" = 1 ]; then
           --model transformer --data synthetic --optimizer adamw "${model_flags[@]}"
           --steps "$BENCH_STEPS")
     run_one ours1 "${name}_ours1" "${ours[@]}" --log-json "$bench_dir/${name}_ours1.jsonl"
+    run_one ours_fully_shard1 "${name}_ours_fully_shard1" "${ours[@]}" --fsdp fully_shard \
+      --log-json "$bench_dir/${name}_ours_fully_shard1.jsonl"
     for variant in "${py_variants[@]}"; do
       IFS='|' read -r what kind impl <<< "$variant"
       run_one "py:$what/$impl" "${name}_${kind}_$impl" \
@@ -434,6 +442,8 @@ if [ "$do_bench" = 1 ]; then
         "${model_flags[@]}" --steps "$BENCH_STEPS" --log-json "$bench_dir/${name}_${kind}_$impl.jsonl"
     done
     run_one ours2 "${name}_ours2" "${ours[@]}" --log-json "$bench_dir/${name}_ours2.jsonl"
+    run_one ours_fully_shard2 "${name}_ours_fully_shard2" "${ours[@]}" --fsdp fully_shard \
+      --log-json "$bench_dir/${name}_ours_fully_shard2.jsonl"
     # N from the trainer's first line (both runs print the same).
     params="$(cat "$bench_dir/${name}_ours1.log" "$bench_dir/${name}_ours2.log" 2>/dev/null |
               sed -n 's/^trainer: [a-z]*, \([0-9]*\) parameters.*/\1/p' | head -1)"
@@ -447,6 +457,33 @@ if [ "$do_bench" = 1 ]; then
       --peak-tflops "$peak" "${runs[@]}" | tee -a "$REPORT"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
   done
+fi
+
+# ---- 6. Out of memory in a step (issue 36, item 4) -------------------------------
+# The 408M configuration with a global batch of 512 sequences of 2048: its
+# activations do not fit in the GPU's memory, the parameters do. Expected:
+# exit status 3 and one line "step 1: out of memory on cuda:0 ..." naming
+# the allocator's figures (trainer/train.cc), no abort.
+if [ "$do_bench" = 1 ] && [ "$BENCH_DEVICE" = cuda ]; then
+  say ""
+  say "== out of memory in a step"
+  if over_budget; then
+    say "oom: SKIPPED (the script has run ${BUDGET_S} s, BUDGET_S)"
+  else
+    oom_log="$REPORT_DIR/oom.log"
+    timeout 60 "$TRAINER" --device cuda --nproc 1 --mixed-precision bf16 --model transformer \
+      --data synthetic --optimizer adamw --layers 8 --dim 2048 --heads 16 --seq 2048 \
+      --global-batch 512 --vocab 256 --steps 2 > "$oom_log" 2>&1
+    rc=$?
+    oom_line="$(grep -m 1 'out of memory' "$oom_log")"
+    if [ "$rc" = 3 ] && [ -n "$oom_line" ]; then
+      say "oom: PASS exit status 3: $oom_line"
+    else
+      status=1
+      say "oom: FAIL exit status $rc (expected 3 with an 'out of memory' line); the end of oom.log:"
+      tail -n 8 "$oom_log" | tee -a "$REPORT"
+    fi
+  fi
 fi
 
 say ""

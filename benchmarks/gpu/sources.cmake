@@ -251,7 +251,7 @@ set(TORCHFSDP_BINARY_SRCS_trainer
 set(TORCHFSDP_LINKOPTS_trainer
   "-ldl"
 )
-# //benchmarks:gpu_check: links 20 project libraries
+# //benchmarks:gpu_check: links 21 project libraries
 set(TORCHFSDP_BINARY_SRCS_gpu_check
   "${REPO}/benchmarks/gpu_check.cc"
 )

@@ -5,11 +5,12 @@ keys step, tokens_per_s, step_time_s, and on CUDA cuda_peak_allocated_bytes
 / cuda_peak_reserved_bytes, lists with one entry per rank).
 
     python3 gpu_report.py --title "152M ..." --params N --peak-tflops P \\
-        [--skip 5] ours1=PATH py:fully_shard/fused=PATH ... ours2=PATH
+        [--skip 5] ours1=PATH ours_fully_shard1=PATH py:fully_shard/fused=PATH ... ours2=PATH
 
 Each run: the median tokens/s over the steps after --skip (the first steps
 include cuBLAS's and the caching allocator's set-up), its ratio to the best
-Python run (labels starting "py:"), MFU = 6 * N * tokens/s against the peak
+Python run (labels starting "py:"; a SUMMARY line per kind of our run,
+labels starting "ours" less their trailing digits), MFU = 6 * N * tokens/s against the peak
 measured in the same run (--peak-tflops; 6 N FLOP per token: forward and
 backward of every parameter, attention's T^2 terms not counted), and the
 largest per-step peak allocated / reserved bytes (the caching allocator's:
@@ -88,17 +89,25 @@ def main():
         loss = "-" if r["loss"] is None else f"{r['loss']:.4f}"
         print(f"{r['label']:<34} {r['tok_s']:>10.0f} {ratio:>9} {mfu:>7} {gib(r['alloc']):>11} "
               f"{gib(r['reserved']):>13} {loss:>10}  median of {r['first']}..{r['last']}")
-    ours = [r for r in rows if r["label"].startswith("ours") and not r["failed"]]
-    if best and ours:
+    # Our runs by what ran, their repeats' trailing digits dropped: "ours1"
+    # and "ours2" (the trainer's default, FSDP1) are "ours";
+    # "ours_fully_shard1" is "ours_fully_shard".
+    groups = {}
+    for r in rows:
+        if r["label"].startswith("ours") and not r["failed"]:
+            groups.setdefault(r["label"].rstrip("0123456789"), []).append(r)
+    best_alloc = min((r["alloc"] for r in python if r["alloc"] is not None), default=None)
+    best_res = min((r["reserved"] for r in python if r["reserved"] is not None), default=None)
+    for name, ours in groups.items():
+        if not best:
+            break
         ratios = ", ".join(f"{r['tok_s'] / best['tok_s']:.3f}x" for r in ours)
-        print(f"SUMMARY {args.title}: ours / best Python ({best['label']}, {best['tok_s']:.0f} "
+        print(f"SUMMARY {args.title}: {name} / best Python ({best['label']}, {best['tok_s']:.0f} "
               f"tokens/s) = {ratios}")
-        best_alloc = min((r["alloc"] for r in python if r["alloc"] is not None), default=None)
-        best_res = min((r["reserved"] for r in python if r["reserved"] is not None), default=None)
         our_alloc = max((r["alloc"] for r in ours if r["alloc"] is not None), default=None)
         our_res = max((r["reserved"] for r in ours if r["reserved"] is not None), default=None)
         if None not in (best_alloc, our_alloc, best_res, our_res):
-            print(f"SUMMARY {args.title}: memory ours / leanest Python: allocated "
+            print(f"SUMMARY {args.title}: memory {name} / leanest Python: allocated "
                   f"{our_alloc / best_alloc:.3f}x ({gib(our_alloc)} vs {gib(best_alloc)}), "
                   f"reserved {our_res / best_res:.3f}x ({gib(our_res)} vs {gib(best_res)})")
     return 1 if failed else 0
