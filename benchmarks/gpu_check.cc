@@ -39,7 +39,9 @@
 //                                  fused AdamW; bf16 parameters, fp32
 //                                  reduction) on the NCCL world of 1 under
 //                                  sync-debug mode error, 3 times after a
-//                                  warm-up step: only the loss is read
+//                                  warm-up step and a step that counts the
+//                                  synchronisations under mode warn: only
+//                                  the loss is read
 //   fully_shard_parity_fp32,       the five FSDP checks above repeated for
 //   fully_shard_parity_bf16,       fsdp::fully_shard (FSDP2, issue 37):
 //   fully_shard_parity_cpu_offload each block and then the root, on cuda:0,
@@ -103,6 +105,7 @@
 #include <vector>
 
 #include <ATen/Context.h>
+#include <c10/util/Backtrace.h>
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 #include <torch/nn/functional/linear.h>
@@ -1093,40 +1096,76 @@ CheckResult CheckFusedOptimizers() {
 // ---------------------------------------------------------------------------
 // A full FSDP training step with no host synchronisation (issue 36, item 5).
 
-// CUDA's sync-debug mode set to error while alive (PyTorch's
-// torch.cuda.set_sync_debug_mode("error")): any call that makes the host
-// wait for the GPU (a .item(), a blocking copy, cudaStreamSynchronize, a
-// nonzero) throws. Off again when the scope ends, thrown through or not.
-// Nothing on the CPU.
-class SyncDebugError {
+// CUDA's sync-debug mode (PyTorch's torch.cuda.set_sync_debug_mode) while
+// alive: kError makes any call that makes the host wait for the GPU (a
+// .item(), a blocking copy, cudaStreamSynchronize, a nonzero) throw; kWarn
+// makes it warn, and this scope records each such warning instead of
+// printing it (with the phase set at the time and the stack where it was
+// raised; autograd replays its worker threads' warnings on this thread at
+// the end of backward, so those stacks show the replay). Off again when
+// the scope ends, thrown through or not. Nothing on the CPU.
+class SyncDebugScope : public c10::WarningHandler {
  public:
-  explicit SyncDebugError(bool on) : on_(on) {
+  enum class Mode { kOff, kWarn, kError };
+  struct Sync {
+    std::string phase;
+    std::string stack;
+  };
+
+  explicit SyncDebugScope(Mode mode) : mode_(mode) {
 #ifdef TORCHFSDP_CUDA
-    if (on_) c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+    if (mode_ == Mode::kWarn) {
+      previous_handler_ = c10::WarningUtils::get_warning_handler();
+      c10::WarningUtils::set_warning_handler(this);
+    }
+    if (mode_ != Mode::kOff) {
+      c10::cuda::warning_state().set_sync_debug_mode(mode_ == Mode::kWarn
+                                                         ? c10::cuda::SyncDebugMode::L_WARN
+                                                         : c10::cuda::SyncDebugMode::L_ERROR);
+    }
 #endif
   }
-  ~SyncDebugError() {
+  ~SyncDebugScope() override {
 #ifdef TORCHFSDP_CUDA
-    if (on_) c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    if (mode_ != Mode::kOff) {
+      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    }
+    if (mode_ == Mode::kWarn) c10::WarningUtils::set_warning_handler(previous_handler_);
 #endif
   }
-  SyncDebugError(const SyncDebugError&) = delete;
-  SyncDebugError& operator=(const SyncDebugError&) = delete;
+  SyncDebugScope(const SyncDebugScope&) = delete;
+  SyncDebugScope& operator=(const SyncDebugScope&) = delete;
+
+  void set_phase(std::string phase) { phase_ = std::move(phase); }
+  const std::vector<Sync>& syncs() const { return syncs_; }
+
+  void process(const c10::Warning& warning) override {
+    if (!absl::StrContains(warning.msg(), "synchroniz")) {
+      if (previous_handler_ != nullptr) previous_handler_->process(warning);
+      return;
+    }
+    syncs_.push_back({phase_, c10::get_backtrace(/*frames_to_skip=*/1,
+                                                 /*maximum_number_of_frames=*/24)});
+  }
 
  private:
-  bool on_;
+  Mode mode_;
+  c10::WarningHandler* previous_handler_ = nullptr;
+  std::string phase_;
+  std::vector<Sync> syncs_;
 };
 
 // The trainer's step on the NCCL world of 1: trainer/models.h's transformer
 // (SDPA attention) in FSDP FULL_SHARD, one unit per block, bf16 parameters
 // with fp32 reduction, optim/'s fused AdamW; the batch copied from pinned
 // memory without blocking. Step 1 warms up (NCCL's communicator, the
-// optimizer's state, the allocator's pools); steps 2-4 each run forward,
-// backward (gradient reduction inside) and the optimizer step under
-// sync-debug mode error, phase by phase, so a synchronisation is reported
-// naming the phase. Only each step's loss is then read (.item(), the
-// logged loss: outside the mode). The losses must be finite and fall
-// (the same batch every step).
+// optimizer's state, the allocator's pools); step 2 runs under sync-debug
+// mode warn and counts every synchronising call by phase (their stacks go
+// to stderr); steps 3-5 each run forward, backward (gradient reduction
+// inside) and the optimizer step under sync-debug mode error, phase by
+// phase, so a synchronisation is reported naming the phase. Only each step's loss is then read
+// (.item(), the logged loss: outside the mode). The losses must be finite and fall (the same batch
+// every step).
 CheckResult CheckStepNoSync(const comm::ProcessGroup& group, bool fully_shard) {
   Problems problems;
   FsdpVariant variant;
@@ -1140,23 +1179,36 @@ CheckResult CheckStepNoSync(const comm::ProcessGroup& group, bool fully_shard) {
   torch::Tensor host_batch = Batch(group.rank(), group.size());
   if (!DryRun()) host_batch = host_batch.pin_memory();
 
+  // Step 1 warms up; step 2 surveys under kWarn (every synchronising call
+  // of the step counted, by phase, with where it was raised: written to
+  // stderr); steps 3-5 are the test, under kError.
   constexpr int kNoSyncSteps = 3;
   std::vector<double> losses;
-  for (int step = 1; step <= 1 + kNoSyncSteps; ++step) {
-    const bool checked = step > 1 && !DryRun();
+  std::vector<SyncDebugScope::Sync> surveyed;
+  for (int step = 1; step <= 2 + kNoSyncSteps; ++step) {
+    const bool survey = step == 2 && !DryRun();
+    const bool checked = step > 2 && !DryRun();
     std::string phase = "zero_grad and the batch's copy";
     try {
       torch::Tensor loss;
       {
-        SyncDebugError mode(checked);
+        SyncDebugScope mode(checked  ? SyncDebugScope::Mode::kError
+                            : survey ? SyncDebugScope::Mode::kWarn
+                                     : SyncDebugScope::Mode::kOff);
+        auto enter = [&](const char* what) {
+          phase = what;
+          mode.set_phase(phase);
+        };
+        enter("zero_grad and the batch's copy");
         optim::zero_grad(optimizer);  // as the trainer
         const torch::Tensor batch = host_batch.to(g_device, /*non_blocking=*/true);
-        phase = "forward";
+        enter("forward");
         loss = sharded.Loss(batch);
-        phase = "backward (FSDP's gradient reduction inside)";
+        enter("backward (FSDP's gradient reduction inside)");
         loss.backward();
-        phase = "the fused AdamW step";
+        enter("the fused AdamW step");
         optimizer.step();
+        surveyed = mode.syncs();
       }
       phase = "reading the loss";
       losses.push_back(loss.item<double>());
@@ -1165,8 +1217,24 @@ CheckResult CheckStepNoSync(const comm::ProcessGroup& group, bool fully_shard) {
       if (const auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
       problems.Add(absl::StrCat("step ", step, ", ", phase,
                                 checked ? " (under sync-debug mode error)" : "", ": ", what));
+      // Where: the whole error, its stack included, for gpu_check.log.
+      std::fprintf(stderr, "%s step %d, %s: %s\n", fully_shard ? "fully_shard" : "FSDP", step,
+                   phase.c_str(), e.what());
       break;
     }
+  }
+  if (!surveyed.empty()) {
+    std::map<std::string, int> by_phase;
+    for (const SyncDebugScope::Sync& sync : surveyed) {
+      ++by_phase[sync.phase];
+      std::fprintf(stderr, "%s step 2 synchronised the host in %s, at:\n%s\n",
+                   fully_shard ? "fully_shard" : "FSDP", sync.phase.c_str(), sync.stack.c_str());
+    }
+    std::vector<std::string> counts;
+    for (const auto& [where, n] : by_phase) counts.push_back(absl::StrCat(where, " x", n));
+    problems.Add(absl::StrCat("step 2 under sync-debug mode warn: ", surveyed.size(),
+                              " synchronising calls (", absl::StrJoin(counts, ", "),
+                              "; their stacks are in gpu_check's stderr)"));
   }
   if (problems.empty()) {
     for (size_t i = 0; i < losses.size(); ++i) {
@@ -1186,8 +1254,9 @@ CheckResult CheckStepNoSync(const comm::ProcessGroup& group, bool fully_shard) {
       fully_shard ? "fully_shard" : "FSDP FULL_SHARD", static_cast<int>(losses.size()),
       losses.front(), losses.back(),
       DryRun() ? " (dry run: no sync-debug mode on the CPU)"
-               : "; steps 2-4 (forward, backward with the reduction, optimizer step) under "
-                 "sync-debug mode error: no host synchronisation but the loss's"));
+               : "; step 2 under sync-debug mode warn found no synchronising call, steps 3-5 "
+                 "(forward, backward with the reduction, optimizer step) ran under sync-debug "
+                 "mode error: no host synchronisation but the loss's"));
 }
 
 // ---------------------------------------------------------------------------

@@ -22,8 +22,8 @@ constexpr double kEmbeddingStd = 0.02;
 
 }  // namespace
 
-torch::Tensor CausalMask(int64_t length) {
-  return torch::full({length, length}, -std::numeric_limits<float>::infinity()).triu(1);
+torch::Tensor CausalMask(int64_t length, const torch::TensorOptions& options) {
+  return torch::full({length, length}, -std::numeric_limits<float>::infinity(), options).triu(1);
 }
 
 TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t heads, AttentionKernel attention)
@@ -93,7 +93,7 @@ torch::Tensor TransformerLM::forward(const torch::Tensor& tokens) {
               " tokens, expected at most seq=", config_.seq);
   torch::Tensor positions = torch::arange(length, tokens.options());
   torch::Tensor x = tok_emb_(tokens) + pos_emb_(positions);
-  const torch::Tensor mask = CausalMask(length).to(x.device(), x.dtype());
+  const torch::Tensor mask = CausalMask(length, x.options());
   // The single call site of the blocks (see set_block_runner).
   for (size_t i = 0; i < blocks_->size(); ++i) {
     TransformerBlock block = blocks_->ptr<TransformerBlockImpl>(i);

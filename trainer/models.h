@@ -142,7 +142,10 @@ std::shared_ptr<LanguageModel> BuildModel(ModelType type, const ModelConfig& con
 
 // [T, T] float mask for nn::MultiheadAttention: 0 where key <= query, -inf
 // where key > query, so position t never sees later positions (the
-// semantics of SDPA's is_causal=true).
-torch::Tensor CausalMask(int64_t length);
+// semantics of SDPA's is_causal=true), made where `options` say (float
+// unless they name another floating dtype). Made on the device rather than
+// copied there: a copy from pageable CPU memory would make every forward
+// wait for the GPU.
+torch::Tensor CausalMask(int64_t length, const torch::TensorOptions& options = {});
 
 }  // namespace trainer
