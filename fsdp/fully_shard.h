@@ -36,7 +36,10 @@
 // forward hooks): call the root, and each fully_shard submodule from its
 // parent, through module_call::call. Around a module's forward its
 // parameters are all-gathered in one collective (copy-in to one flat
-// buffer, all_gather_into_tensor, copy-out with split_with_sizes_copy) and
+// buffer, all_gather_into_tensor, copy-out with split_with_sizes_copy;
+// the copy-in is skipped when the shards share one dtype, gathered in it,
+// on the compute device: they then lie back to back in one buffer per
+// module, which is the all-gather's input) and
 // the module's names point at the unsharded parameters; after forward they
 // are resharded (reshard_after_forward), gathered again when backward
 // reaches the module's outputs, and once the module's backward is done the
@@ -217,6 +220,9 @@ class FSDPModule {
 
   // All-gathers the module's parameters now (PyTorch's unshard); with
   // async_op the returned handle's wait() finishes it, otherwise it is done.
+  // The all-gather may read the shards themselves while in flight (no
+  // copy-in when they share one dtype on the compute device): do not
+  // change them (e.g. an optimizer step) before wait().
   UnshardHandle unshard(bool async_op = false);
   // Frees the gathered parameters (PyTorch's reshard).
   void reshard();

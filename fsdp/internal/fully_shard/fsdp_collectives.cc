@@ -44,10 +44,28 @@ void copy_bytes(char* dst, const char* src, int64_t n) {
   if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n));
 }
 
+// Whether `inputs` are `buffer`'s elements back to back, in order, in its
+// dtype: then it is the copy-in already.
+bool inputs_are_buffer(const std::vector<at::Tensor>& inputs, const at::Tensor& buffer) {
+  if (!buffer.defined()) return false;
+  const char* next = bytes_of(buffer);
+  int64_t numel = 0;
+  for (const at::Tensor& in : inputs) {
+    if (in.scalar_type() != buffer.scalar_type() || in.device() != buffer.device() ||
+        !in.is_contiguous() || (in.numel() > 0 && bytes_of(in) != next)) {
+      return false;
+    }
+    next += in.nbytes();
+    numel += in.numel();
+  }
+  return numel == buffer.numel();
+}
+
 }  // namespace
 
 AllGatherResult foreach_all_gather(const std::vector<FSDPParam*>& params,
-                                   const comm::ProcessGroup& group) {
+                                   const comm::ProcessGroup& group,
+                                   const at::Tensor& shard_buffer) {
   at::NoGradGuard no_grad;
   const c10::ScalarType dtype = gather_dtype(params);
   AllGatherResult result;
@@ -60,16 +78,22 @@ AllGatherResult foreach_all_gather(const std::vector<FSDPParam*>& params,
   }
   const at::TensorOptions options =
       at::TensorOptions().device(params.front()->device()).dtype(dtype);
-  // Copy-in: one contiguous buffer of this rank's inputs.
-  at::Tensor input = at::empty({total}, options);
-  if (std::all_of(inputs.begin(), inputs.end(), host_memcpy_ok)) {
-    char* dst = bytes_of(input);
-    for (const at::Tensor& in : inputs) {
-      copy_bytes(dst, bytes_of(in), static_cast<int64_t>(in.nbytes()));
-      dst += in.nbytes();
-    }
+  // Copy-in: one contiguous buffer of this rank's inputs (unless they are
+  // one already).
+  at::Tensor input;
+  if (inputs_are_buffer(inputs, shard_buffer)) {
+    input = shard_buffer;
   } else {
-    at::cat_out(input, inputs, 0);
+    input = at::empty({total}, options);
+    if (std::all_of(inputs.begin(), inputs.end(), host_memcpy_ok)) {
+      char* dst = bytes_of(input);
+      for (const at::Tensor& in : inputs) {
+        copy_bytes(dst, bytes_of(in), static_cast<int64_t>(in.nbytes()));
+        dst += in.nbytes();
+      }
+    } else {
+      at::cat_out(input, inputs, 0);
+    }
   }
   if (group.size() == 1) {
     // Gathering over one rank is the copy-in itself.

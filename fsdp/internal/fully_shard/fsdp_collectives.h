@@ -24,9 +24,14 @@ struct AllGatherResult {
 
 // Copy-in of every parameter's all_gather_input() into one flat buffer and
 // the all-gather of it over `group` (PyTorch's foreach_all_gather). Mixed
-// parameter dtypes are gathered as bytes.
+// parameter dtypes are gathered as bytes. When `shard_buffer` is defined
+// and the inputs are its elements back to back, in order (the group's
+// shards while sharded), it is the all-gather's input itself, without a
+// copy-in: the shards must then not change until the all-gather is waited
+// for (the Work holds the buffer).
 AllGatherResult foreach_all_gather(const std::vector<FSDPParam*>& params,
-                                   const comm::ProcessGroup& group);
+                                   const comm::ProcessGroup& group,
+                                   const at::Tensor& shard_buffer = at::Tensor());
 
 // Waits and copies each parameter's W pieces out of the flat buffer into
 // its all_gather_output() (allocated here), with split_with_sizes_copy

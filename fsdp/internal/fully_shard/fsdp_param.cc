@@ -97,6 +97,18 @@ FSDPParam::FSDPParam(std::vector<std::string> fqns, const at::Tensor& param,
   unsharded_param_.set_requires_grad(requires_grad_);
 }
 
+void FSDPParam::place_padded_shard(const at::Tensor& buffer, int64_t offset) {
+  TORCH_INTERNAL_ASSERT(buffer.scalar_type() == padded_shard_.scalar_type() &&
+                        buffer.device() == padded_shard_.device() && buffer.dim() == 1 &&
+                        offset + padded_shard_numel_ <= buffer.numel());
+  at::NoGradGuard no_grad;
+  at::Tensor placed = storage_view(buffer, offset, {padded_shard_numel_});
+  placed.copy_(padded_shard_);
+  padded_shard_ = std::move(placed);
+  sharded_param_ = storage_view(padded_shard_, 0, local_shape_);
+  sharded_param_.set_requires_grad(requires_grad_);
+}
+
 at::Tensor FSDPParam::all_gather_input() const {
   const at::Tensor& source =
       state_ == ShardedState::kShardedPostForward ? post_forward_shard_ : padded_shard_;

@@ -89,6 +89,14 @@ class FSDPParam {
 
   // Elements of one rank's padded shard, and of the whole gathered buffer.
   int64_t padded_shard_numel() const { return padded_shard_numel_; }
+  // The padded shard (1-D, orig dtype; on the CPU when offloaded).
+  const at::Tensor& padded_shard() const { return padded_shard_; }
+  // Moves the padded shard into `buffer` (1-D, the padded shard's dtype
+  // and device), elements [offset, offset + padded_shard_numel()), and
+  // makes the sharded parameter a fresh leaf over it. Only before anything
+  // has seen sharded_param() (the group's constructor does it, so that its
+  // shards lie back to back and are the all-gather's input as they are).
+  void place_padded_shard(const at::Tensor& buffer, int64_t offset);
   // What this rank contributes to the next all-gather (1-D, param_dtype):
   // the padded shard, or the post-forward shard in kShardedPostForward.
   at::Tensor all_gather_input() const;

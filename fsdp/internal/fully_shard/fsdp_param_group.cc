@@ -1,5 +1,6 @@
 #include "fsdp/internal/fully_shard/fsdp_param_group.h"
 
+#include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <utility>
@@ -19,7 +20,30 @@ FSDPParamGroup::FSDPParamGroup(const std::shared_ptr<torch::nn::Module>& module,
       replicate_group_(std::move(replicate_group)),
       post_forward_group_(std::move(post_forward_group)),
       reshard_after_forward_(reshard_after_forward) {
+  place_shards_back_to_back();
   update_module_tensors();
+}
+
+void FSDPParamGroup::place_shards_back_to_back() {
+  // Only when every padded shard is already what the all-gather sends: one
+  // dtype, gathered in it, on the compute device (not offloaded).
+  const at::Tensor& first = params_.front()->padded_shard();
+  int64_t total = 0;
+  for (const auto& p : params_) {
+    const at::Tensor& shard = p->padded_shard();
+    if (shard.scalar_type() != first.scalar_type() || p->param_dtype() != shard.scalar_type() ||
+        shard.device() != p->device() || shard.device() != first.device()) {
+      return;
+    }
+    total += p->padded_shard_numel();
+  }
+  at::Tensor buffer = at::empty({total}, first.options());
+  int64_t offset = 0;
+  for (const auto& p : params_) {
+    p->place_padded_shard(buffer, offset);
+    offset += p->padded_shard_numel();
+  }
+  shard_buffer_ = std::move(buffer);
 }
 
 std::vector<FSDPParam*> FSDPParamGroup::raw_params() const {
@@ -50,7 +74,7 @@ void FSDPParamGroup::unshard(bool async) {
     return;
   }
   pending_group_ = state() == ShardedState::kShardedPostForward ? post_forward_group_ : group_;
-  pending_ = foreach_all_gather(raw_params(), pending_group_);
+  pending_ = foreach_all_gather(raw_params(), pending_group_, shard_buffer_);
   if (!async) wait_for_unshard();
 }
 

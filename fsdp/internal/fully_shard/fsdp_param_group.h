@@ -74,6 +74,9 @@ class FSDPParamGroup {
   std::vector<FSDPParam*> raw_params() const;
   // Points the module's names at each parameter's module_tensor().
   void update_module_tensors();
+  // Moves the padded shards, in order, into shard_buffer_ when they can
+  // share one (see shard_buffer_).
+  void place_shards_back_to_back();
 
   std::weak_ptr<torch::nn::Module> module_;
   std::vector<std::unique_ptr<FSDPParam>> params_;
@@ -84,6 +87,12 @@ class FSDPParamGroup {
   bool reshard_after_backward_ = true;
   bool requires_gradient_sync_ = true;
   std::optional<AllGatherResult> pending_;
+  // This rank's padded shards back to back (each FSDPParam's padded shard
+  // and sharded parameter are views of it), when they share a dtype that
+  // is also the gather dtype and live on the compute device; undefined
+  // otherwise (mixed dtypes, param_dtype casts, CPU offload). Sharded, it
+  // is the all-gather's input as it is: no copy-in.
+  at::Tensor shard_buffer_;
   // The group the pending all-gather runs over.
   comm::ProcessGroup pending_group_;
   std::optional<PendingReduce> pending_reduce_;

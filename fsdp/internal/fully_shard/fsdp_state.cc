@@ -322,6 +322,17 @@ void FSDPState::root_final_callback() {
     s->post_backward_done_ = false;
     s->pending_input_grads_ = 0;
   }
+  for (const auto& s : context().all_states) {
+    // A prefetched all-gather still in flight (a group kept unsharded after
+    // backward): it may read the shards themselves (the shard buffer), so it
+    // lands before backward returns and an optimizer steps on them.
+    if (!s->group_ || !s->group_->unshard_pending()) continue;
+    try {
+      s->group_->wait_for_unshard();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
   if (context().is_last_backward) {
     // PyTorch's wait_for_gradient_reduction: every reduction lands in .grad
     // before backward() returns. Otherwise they stay in flight, finished by
