@@ -38,13 +38,33 @@ struct Entry {
   std::vector<int64_t> global_shape() const {
     return spec ? spec->global_shape : tensor.sizes().vec();
   }
-  // This rank's part of the flattened global tensor.
+  int64_t shard_dim() const { return spec ? spec->shard_dim : 0; }
+  // This rank's part of the flattened global tensor, in the order of the
+  // shard's own (contiguous) elements. A dim-0 shard is one run of whole
+  // rows; a Shard(d) shard with d > 0 is one run per index of the dims
+  // before d: its [shard_offset, + local size) slice of dim d, times the
+  // dims after d.
   std::vector<FlatRange> ranges() const {
     const int64_t numel = tensor.numel();
     if (numel == 0) return {};
     if (!spec) return {FlatRange{0, numel}};
-    const int64_t row = tensor.size(0) > 0 ? numel / tensor.size(0) : 0;
-    return {FlatRange{spec->dim0_offset * row, numel}};
+    const int64_t d = spec->shard_dim;
+    if (d == 0) {
+      const int64_t row = numel / tensor.size(0);
+      return {FlatRange{spec->dim0_offset * row, numel}};
+    }
+    const std::vector<int64_t>& global = spec->global_shape;
+    int64_t outer = 1, inner = 1;
+    for (int64_t i = 0; i < d; ++i) outer *= global[static_cast<size_t>(i)];
+    for (size_t i = static_cast<size_t>(d) + 1; i < global.size(); ++i) inner *= global[i];
+    const int64_t run = tensor.size(d) * inner;
+    const int64_t stride = global[static_cast<size_t>(d)] * inner;
+    std::vector<FlatRange> out;
+    out.reserve(static_cast<size_t>(outer));
+    for (int64_t o = 0; o < outer; ++o) {
+      out.push_back(FlatRange{o * stride + spec->shard_offset * inner, run});
+    }
+    return out;
   }
 };
 
@@ -81,12 +101,6 @@ absl::StatusOr<View> Describe(const torch::nn::Module& model) {
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     if (!item.value().defined()) continue;
     Entry e{item.key(), item.value(), fsdp::sharded_param_spec(item.value()), true};
-    if (e.spec && e.spec->shard_dim != 0) {
-      return absl::UnimplementedError(absl::StrCat(
-          "fully_shard state dict: parameter '", e.fqn, "' is sharded on dim ", e.spec->shard_dim,
-          " (shard_placement_fn): expected Shard(0); only dim-0 shards are saved and loaded "
-          "here"));
-    }
     if (e.spec && !view.group) {
       view.group = e.spec->group;
       view.replicate = e.spec->replicate_group;
@@ -118,6 +132,47 @@ absl::StatusOr<View> Describe(const torch::nn::Module& model) {
   return view;
 }
 
+// A Shard(d) entry (d > 0) whole on every rank of `group`: every rank
+// holds an equal chunk of dim d (fully_shard requires it), its runs in
+// order; gathered end to end they are the chunks, concatenated again on
+// dim d. Collective.
+absl::StatusOr<torch::Tensor> GatherOffDim0(const std::string& key, const ShardedTensor& st,
+                                            int64_t dim, const comm::ProcessGroup& group) {
+  const int world = group.size();
+  const int64_t numel = st.global_numel();
+  std::vector<torch::Tensor> runs;
+  for (const ShardPiece& piece : st.pieces) runs.push_back(piece.data);
+  const torch::Tensor local =
+      runs.empty() ? torch::empty({0}, torch::TensorOptions().dtype(st.dtype)) : torch::cat(runs);
+  if (local.numel() * world != numel) {
+    return absl::InternalError(absl::StrCat("fully_shard state dict: '", key, "' (Shard(", dim,
+                                            ")) holds ", local.numel(), " elements on rank ",
+                                            group.rank(), ": expected ", numel, " / ", world));
+  }
+  torch::Tensor gathered = torch::empty({numel}, torch::TensorOptions().dtype(st.dtype));
+  try {
+    comm::all_gather_into_tensor(group, gathered, local).wait();
+  } catch (const c10::Error& e) {
+    return absl::UnavailableError(absl::StrCat("fully_shard state dict: gathering '", key,
+                                               "': ", e.what_without_backtrace()));
+  }
+  std::vector<int64_t> stacked = {world};
+  stacked.insert(stacked.end(), st.global_shape.begin(), st.global_shape.end());
+  stacked[static_cast<size_t>(dim) + 1] /= world;
+  return torch::cat(gathered.view(stacked).unbind(0), dim);
+}
+
+// The shard dim of state dict entry `key`, `st` ("<fqn>" or
+// "<fqn>/<entry>": a parameter's optimizer state of its shape is sharded
+// as the parameter; Adam's 0-dim "step" is not); 0 for everything not
+// sharded off dim 0.
+int64_t ShardDimOf(const View& view, const std::string& key, const ShardedTensor& st) {
+  const auto entry = view.index.find(key.substr(0, key.find('/')));
+  if (entry == view.index.end()) return 0;
+  const Entry& e = view.entries[entry->second];
+  return e.global_shape() == st.global_shape ? e.shard_dim() : 0;
+}
+
 FsdpModelStateDict NewStateDict(const View& view) {
   FsdpModelStateDict out;
   out.type = StateDictType::kSharded;
@@ -133,8 +188,12 @@ ShardedTensor Pieces(const Entry& e, const torch::Tensor& value) {
   ShardedTensor st;
   st.global_shape = e.global_shape();
   st.dtype = value.scalar_type();
-  const std::vector<FlatRange> ranges = e.ranges();
-  if (!ranges.empty()) st.pieces.push_back({ranges[0], value.detach().reshape({-1})});
+  const torch::Tensor flat = value.detach().reshape({-1});
+  int64_t at = 0;
+  for (const FlatRange& range : e.ranges()) {
+    st.pieces.push_back({range, flat.narrow(0, at, range.numel)});
+    at += range.numel;
+  }
   return st;
 }
 
@@ -195,13 +254,19 @@ absl::StatusOr<torch::Tensor> Local(const ShardedStateDict& loaded, const std::s
     return absl::NotFoundError(absl::StrCat("entry '", name, "' was not loaded"));
   }
   if (ranges.empty()) return torch::zeros(local_shape, torch::TensorOptions().dtype(dtype));
-  if (st->pieces.size() != 1 || !(st->pieces[0].range == ranges[0])) {
-    return absl::InvalidArgumentError(absl::StrCat("entry '", name, "': the source returned ",
-                                                   st->pieces.size(),
-                                                   " pieces, expected exactly this rank's range [",
-                                                   ranges[0].offset, ", ", ranges[0].end(), ")"));
+  bool exact = st->pieces.size() == ranges.size();
+  for (size_t i = 0; exact && i < ranges.size(); ++i) exact = st->pieces[i].range == ranges[i];
+  if (!exact) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("entry '", name, "': the source returned ", st->pieces.size(),
+                     " pieces, expected exactly this rank's ", ranges.size(),
+                     " range(s) starting [", ranges[0].offset, ", ", ranges[0].end(), ")"));
   }
-  return st->pieces[0].data.reshape(local_shape);
+  if (st->pieces.size() == 1) return st->pieces[0].data.reshape(local_shape);
+  std::vector<torch::Tensor> runs;
+  runs.reserve(st->pieces.size());
+  for (const ShardPiece& piece : st->pieces) runs.push_back(piece.data);
+  return torch::cat(runs).reshape(local_shape);
 }
 
 absl::Status LoadOptim(const View& view, torch::optim::Optimizer& optimizer,
@@ -446,10 +511,17 @@ absl::StatusOr<TensorDict> FullyShardFullStateDict(torch::nn::Module& model,
       if (keep) out.insert(item.key(), st.pieces.at(0).data.reshape(shape).clone());
       continue;
     }
+    const int64_t dim = ShardDimOf(*view, item.key(), st);
+    const int64_t numel = st.global_numel();
+    if (dim != 0) {
+      auto whole = GatherOffDim0(item.key(), st, dim, *group);
+      if (!whole.ok()) return whole.status();
+      if (keep) out.insert(item.key(), std::move(*whole));
+      continue;
+    }
     // Dim-0 chunks as torch.chunk cuts them: rank r holds rows
     // [r * chunk, ...), so each rank pads its piece to `chunk` rows and one
     // all-gather lays them end to end.
-    const int64_t numel = st.global_numel();
     const int64_t rows = shape.empty() ? 1 : shape[0];
     const int64_t row = rows > 0 ? numel / rows : 0;
     const int64_t chunk = (rows + world - 1) / world;
@@ -553,13 +625,29 @@ absl::Status SaveFullyShardCheckpoint(const std::string& root, int64_t step,
       // replicas hold the same shards).
       ShardedStateDict renamed;
       for (const auto& item : state->sharded) {
-        renamed.insert(FullCheckpointKey(item.key()), item.value());
+        ShardedTensor st = item.value();
+        if (const int64_t dim = ShardDimOf(*view, item.key(), st); dim != 0) {
+          // SaveFsdpFullCheckpoint takes one contiguous piece per rank: a
+          // Shard(d) entry is gathered whole here (so each is held whole
+          // on every rank of the group until the file is written) and
+          // handed over as group rank 0's single piece.
+          auto whole = GatherOffDim0(item.key(), st, dim, *view->group);
+          if (!whole.ok()) {
+            saved = whole.status();
+            break;
+          }
+          st.pieces.clear();
+          if (view->group->rank() == 0) {
+            st.pieces.push_back({FlatRange{0, whole->numel()}, whole->reshape({-1})});
+          }
+        }
+        renamed.insert(FullCheckpointKey(item.key()), std::move(st));
       }
       state->sharded = std::move(renamed);
       for (std::string& name : state->replicated) name = FullCheckpointKey(name);
       state->world_size = view->group->size();
       state->rank = view->group->rank();
-      saved = SaveFsdpFullCheckpoint(root, step, *state, *view->group);
+      if (saved.ok()) saved = SaveFsdpFullCheckpoint(root, step, *state, *view->group);
     }
     return AgreeEverywhere(*view, saved, "SaveFsdpFullCheckpoint");
   }

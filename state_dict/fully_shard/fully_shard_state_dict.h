@@ -51,9 +51,12 @@
 // rank s) is checkpoint rank r * shard size + s of replicate x shard, as
 // FSDP1's hybrid strategies number them, and only replica 0 writes the
 // shard pieces (and, FULL, gathers and writes model.pt), so an HSDP
-// checkpoint is an ordinary sharded one, loading anywhere. Not implemented
-// (Unimplemented, naming the parameter): shard_placement_fn's shards on a
-// dim other than 0.
+// checkpoint is an ordinary sharded one, loading anywhere.
+// shard_placement_fn's Shard(d) shards, d > 0 (Python's DTensor with
+// Shard(d)), are one piece per index of the dims before d (a 2-D weight on
+// Shard(1): one piece per row, at that row's columns) and load into either
+// layout; a FULL save (SaveFullyShardCheckpoint kFull) gathers each of them
+// whole onto every rank of the group before writing it.
 #pragma once
 
 #include <cstdint>

@@ -17,10 +17,14 @@
 // - bad input: a missing key, a wrong global shape, FSDP1's flat-parameter
 //   keys, optimizer state of another shape: errors naming key and
 //   expectation, the model untouched.
+// - on 2 ranks, shard_placement_fn's Shard(1) weights: SHARDED, FULL and
+//   DCP saved and loaded into Shard(1) and dim-0 trees on 2 ranks and 1,
+//   and a dim-0 tree's checkpoints into Shard(1) trees.
 #include "state_dict/fully_shard/fully_shard_state_dict.h"
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -393,6 +397,138 @@ TEST(FullyShardStateDict, MovesBetweenWorldSizesFormatsAndFsdp1) {
           auto s = LoadFullyShardCheckpoint(*model, &opt, dir + "/nowhere/step_2");
           EXPECT_FALSE(s.ok());
           EXPECT_NE(std::string(s.message()).find("nowhere"), std::string::npos) << s;
+        }
+      },
+      run);
+}
+
+// ---- Shard(1): shard_placement_fn's shards off dim 0 ----
+
+// Every weight's dims divide by 2, so shard_placement_fn may put the
+// weights on Shard(1) over 2 ranks (fully_shard shards off dim 0 only
+// evenly).
+torch::nn::Sequential MakeEvenModel() {
+  torch::manual_seed(3);
+  return torch::nn::Sequential(torch::nn::Linear(6, 4), torch::nn::ReLU(), torch::nn::Linear(4, 2));
+}
+
+std::vector<torch::Tensor> EvenBatches() {
+  torch::manual_seed(11);
+  std::vector<torch::Tensor> out;
+  for (int i = 0; i < 3; ++i) out.push_back(torch::randn({4, 6}));
+  return out;
+}
+
+Params EvenReference(int steps) {
+  torch::nn::Sequential model = MakeEvenModel();
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
+  const auto batches = EvenBatches();
+  for (int i = 0; i < steps; ++i) {
+    model->forward(batches[static_cast<size_t>(i)]).pow(2).sum().backward();
+    opt.step();
+    opt.zero_grad();
+  }
+  return Snapshot(*model);
+}
+
+// fully_shard over `pg`, the 2-D weights on Shard(1) with `dim1`, else
+// dim 0.
+torch::nn::Sequential EvenSharded(const comm::ProcessGroup& pg, bool dim1) {
+  torch::nn::Sequential model = MakeEvenModel();
+  fsdp::FullyShardOptions options;
+  options.process_group = pg;
+  if (dim1) {
+    options.shard_placement_fn = [](const at::Tensor& p) -> std::optional<int64_t> {
+      if (p.dim() == 2) return 1;
+      return std::nullopt;
+    };
+  }
+  fsdp::fully_shard((*model)[0], options);
+  fsdp::fully_shard((*model)[2], options);
+  fsdp::fully_shard(model, options);
+  return model;
+}
+
+// On 2 ranks: a Shard(1) tree saves SHARDED, FULL and DCP and gives its
+// full state dict; each loads into a Shard(1) tree and a dim-0 tree on 2
+// ranks and on 1, and a dim-0 tree's checkpoint into a Shard(1) tree; after
+// a third step all equal the unwrapped model's 3 steps (Adam's state
+// arrived too).
+TEST(FullyShardStateDict, ShardOffDimZeroSavesAndLoads) {
+  const std::string dir = Dir() + "_dim1";
+  const Params after2 = EvenReference(2), after3 = EvenReference(3);
+  const auto batches = EvenBatches();
+  comm::testing::RunOptions run;
+  run.timeout = std::chrono::seconds(240);
+  comm::testing::RunOnRanks(
+      2,
+      [&](comm::ProcessGroup& world) {
+        if (world.rank() == 0) std::filesystem::create_directories(dir);
+        comm::barrier(world).wait();
+        for (bool dim1 : {true, false}) {
+          const std::string tag = dim1 ? "dim1" : "dim0";
+          torch::nn::Sequential model = EvenSharded(world, dim1);
+          if (dim1) {
+            auto spec = fsdp::sharded_param_spec((*model)[0]->named_parameters()["weight"]);
+            ASSERT_TRUE(spec.has_value());
+            ASSERT_EQ(spec->shard_dim, 1);
+          }
+          torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
+          Step(model, opt, batches[0]);
+          Step(model, opt, batches[1]);
+          ExpectClose(Gathered(model), after2, tag + " after 2 steps");
+          for (auto kind : {FullyShardCheckpointKind::kSharded, FullyShardCheckpointKind::kFull}) {
+            const std::string root =
+                dir + "/" + tag + (kind == FullyShardCheckpointKind::kFull ? "_full" : "_sharded");
+            auto s = SaveFullyShardCheckpoint(root, 2, *model, &opt, kind);
+            ASSERT_TRUE(s.ok()) << tag << ": " << s;
+          }
+          auto s = SaveFullyShardDcpShard(dir + "/" + tag + "_dcp", *model, &opt);
+          ASSERT_TRUE(s.ok()) << s;
+          CommitDcp(world, dir + "/" + tag + "_dcp");
+          auto full = FullyShardFullStateDict(*model, &opt);
+          ASSERT_TRUE(full.ok()) << full.status();
+          Params full_model;
+          for (const auto& item : *full) {
+            if (item.key().find('/') == std::string::npos) full_model[item.key()] = item.value();
+          }
+          ExpectClose(full_model, after2, tag + " FullyShardFullStateDict");
+          EXPECT_EQ((*full)["0.weight/exp_avg"].sizes(), torch::IntArrayRef({4, 6}));
+        }
+        if (world.rank() == 0) {
+          // The FULL file as torch.load sees it: whole tensors.
+          auto file = LoadTensorDict(dir + "/dim1_full/step_2/model.pt");
+          ASSERT_TRUE(file.ok()) << file.status();
+          Params model_part;
+          for (const auto& item : file->tensors) {
+            if (item.key().rfind("model.", 0) == 0) model_part[item.key().substr(6)] = item.value();
+          }
+          ExpectClose(model_part, after2, "dim1 FULL file");
+          EXPECT_EQ(file->tensors["optim.0.weight.exp_avg"].sizes(), torch::IntArrayRef({4, 6}));
+        }
+        auto single = comm::new_group(world, {world.rank()});
+        ASSERT_TRUE(single.ok());
+        struct Target {
+          const comm::ProcessGroup* pg;
+          bool dim1;
+        };
+        for (const std::string src : {"dim1_sharded/step_2", "dim1_full/step_2", "dim1_dcp",
+                                      "dim0_sharded/step_2", "dim0_dcp"}) {
+          for (const Target& target : {Target{&world, true}, Target{&world, false},
+                                       Target{&*single, false}, Target{&*single, true}}) {
+            const std::string what = src + " into " + (target.dim1 ? "Shard(1)" : "Shard(0)") +
+                                     " on " + std::to_string(target.pg->size()) + " rank(s)";
+            torch::nn::Sequential model = EvenSharded(*target.pg, target.dim1);
+            torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
+            const std::string path = dir + "/" + src;
+            absl::Status s = src.find("_dcp") != std::string::npos
+                                 ? LoadFullyShardDcp(path, *model, &opt)
+                                 : LoadFullyShardCheckpoint(*model, &opt, path);
+            ASSERT_TRUE(s.ok()) << what << ": " << s;
+            ExpectClose(Gathered(model), after2, what + " (loaded)");
+            Step(model, opt, batches[2]);
+            ExpectClose(Gathered(model), after3, what + " (third step)");
+          }
         }
       },
       run);
