@@ -12,11 +12,19 @@
 //   directory (set_state_dict), checks the FULL model.pt with torch.load
 //   (weights_only, its default) against what it loaded, and takes the third
 //   step: again the same parameters as ours.
+// - the same both ways with shard_placement_fn's Shard(1) on the 2-D
+//   weights (Sequential(Linear(6, 4), ReLU, Linear(4, 2)), the weights
+//   split by columns): testdata/python_fsdp2_shard1_w2 (Python's chunks
+//   [rows, cols / 2]) loads into our Shard(1) tree on 2 ranks and our dim-0
+//   tree on 3 and continues to testdata/py_after_shard1.pt; our Shard(1)
+//   DCP directory (a [1, cols / 2] chunk per row) loads into Python's
+//   Shard(1) fully_shard on 2 ranks, which continues as ours does.
 #include "state_dict/fully_shard/fully_shard_dcp.h"
 
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,20 +51,27 @@ namespace {
 using formats::testing::PythonTorchAvailable;
 using formats::testing::RunPython;
 
-// Python's side of the second test. argv: our directory d (d/ckpt: DCP,
-// d/full/step_2/model.pt: FULL), the fixture's batches.pt.
+// Python's side of the tests of our directories. argv: our directory d
+// (d/ckpt: DCP, d/full/step_2/model.pt: FULL), the fixture's batches.pt,
+// the model's in / hidden / out features, and the dim shard_placement_fn
+// gives the 2-D weights (-1: none, dim 0).
 constexpr char kPythonLoad[] = R"PY(
 import os, sys, torch, torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict, StateDictOptions
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Shard
 
-def run(rank, d, batches):
+def run(rank, d, batches, n_in, n_hidden, n_out, dim):
     dist.init_process_group("gloo", init_method="file://%s/store" % d, rank=rank, world_size=2)
     torch.manual_seed(123)  # overwritten by the load
-    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
-    fully_shard(model[0]); fully_shard(model[2]); fully_shard(model)
+    model = torch.nn.Sequential(torch.nn.Linear(n_in, n_hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(n_hidden, n_out))
+    kw = {} if dim < 0 else {"shard_placement_fn": lambda p: Shard(dim) if p.dim() == 2 else None}
+    fully_shard(model[0], **kw); fully_shard(model[2], **kw); fully_shard(model, **kw)
+    if dim >= 0:
+        assert model[0].weight.placements == (Shard(dim),), model[0].weight.placements
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     msd, osd = get_state_dict(model, opt)
     sd = {"model": msd, "optim": osd}
@@ -85,7 +100,8 @@ def run(rank, d, batches):
     sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
 
 if __name__ == "__main__":
-    mp.spawn(run, args=(sys.argv[1], sys.argv[2]), nprocs=2)
+    mp.spawn(run, args=(sys.argv[1], sys.argv[2]) + tuple(int(a) for a in sys.argv[3:7]),
+             nprocs=2)
 )PY";
 
 std::string Fixture(const std::string& name) {
@@ -93,16 +109,38 @@ std::string Fixture(const std::string& name) {
          "/state_dict/fully_shard/testdata/" + name;
 }
 
-std::string Dir() {
+std::string Dir(const std::string& name = "fully_shard_dcp") {
   const char* tmp = std::getenv("TEST_TMPDIR");
-  return std::string(tmp == nullptr ? "/tmp" : tmp) + "/fully_shard_dcp";
+  return std::string(tmp == nullptr ? "/tmp" : tmp) + "/" + name;
 }
 
-torch::nn::Sequential Sharded(const comm::ProcessGroup& pg) {
+// Sequential(Linear(in, hidden), ReLU, Linear(hidden, out)) and the dim
+// shard_placement_fn gives its 2-D weights (-1: none, dim 0): the first
+// fixture's model, and the Shard(1) fixture's.
+struct Shape {
+  int64_t in, hidden, out, dim;
+};
+constexpr Shape kDim0Model{5, 7, 3, -1};
+constexpr Shape kShard1Model{6, 4, 2, 1};
+
+std::string PythonArgs(const std::string& dir, const std::string& batches, const Shape& shape) {
+  return dir + " " + batches + " " + std::to_string(shape.in) + " " + std::to_string(shape.hidden) +
+         " " + std::to_string(shape.out) + " " + std::to_string(shape.dim);
+}
+
+torch::nn::Sequential Sharded(const comm::ProcessGroup& pg, const Shape& shape = kDim0Model) {
   torch::manual_seed(123);  // overwritten by the load, or below
-  torch::nn::Sequential model(torch::nn::Linear(5, 7), torch::nn::ReLU(), torch::nn::Linear(7, 3));
+  torch::nn::Sequential model(torch::nn::Linear(shape.in, shape.hidden), torch::nn::ReLU(),
+                              torch::nn::Linear(shape.hidden, shape.out));
   fsdp::FullyShardOptions options;
   options.process_group = pg;
+  if (shape.dim >= 0) {
+    const int64_t dim = shape.dim;
+    options.shard_placement_fn = [dim](const at::Tensor& p) -> std::optional<int64_t> {
+      if (p.dim() == 2) return dim;
+      return std::nullopt;
+    };
+  }
   fsdp::fully_shard((*model)[0], options);
   fsdp::fully_shard((*model)[2], options);
   fsdp::fully_shard(model, options);
@@ -190,11 +228,89 @@ TEST(FullyShardDcp, OurDirectoryContinuesInPython) {
   if (comm::testing::IsRankProcess()) return;
   ASSERT_EQ(failed, 0);
   std::string output;
-  ASSERT_EQ(RunPython(kPythonLoad, dir + " " + Fixture("batches.pt"), &output), 0) << output;
+  ASSERT_EQ(RunPython(kPythonLoad, PythonArgs(dir, Fixture("batches.pt"), kDim0Model), &output), 0)
+      << output;
   auto ours = LoadTensorDict(dir + "/ours_after.pt");
   auto python = LoadTensorDict(dir + "/py_after_ours.pt");
   ASSERT_TRUE(ours.ok() && python.ok());
   ExpectClose(ours->tensors, python->tensors, "Python's fully_shard on 2 ranks from ours");
+}
+
+// Shard(1) on 2 ranks, or dim 0 on 3, loads Python's Shard(1) directory
+// (its weights' chunks [rows, cols / 2] at column offsets 0 and cols / 2)
+// and takes the third step to Python's parameters after its third.
+void PythonShard1DirectoryContinuesHere(comm::ProcessGroup& pg, const Shape& shape) {
+  auto batches = LoadTensorDict(Fixture("batches_shard1.pt"));
+  ASSERT_TRUE(batches.ok()) << batches.status();
+  torch::nn::Sequential model = Sharded(pg, shape);
+  auto spec = fsdp::sharded_param_spec((*model)[0]->named_parameters()["weight"]);
+  ASSERT_TRUE(spec.has_value());
+  ASSERT_EQ(spec->shard_dim, shape.dim < 0 ? 0 : shape.dim);
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
+  auto loaded = LoadFullyShardDcp(Fixture("python_fsdp2_shard1_w2"), *model, &opt);
+  ASSERT_TRUE(loaded.ok()) << loaded;
+  Step(model, opt, batches->tensors["x3"]);
+  auto python = LoadTensorDict(Fixture("py_after_shard1.pt"));
+  ASSERT_TRUE(python.ok()) << python.status();
+  ExpectClose(Gathered(model), python->tensors,
+              "Python's Shard(1) fully_shard DCP on " + std::to_string(pg.size()) + " ranks, dim " +
+                  std::to_string(spec->shard_dim));
+}
+
+TEST(FullyShardDcp, PythonShard1DirectoryContinuesHereOnShard1) {
+  comm::testing::RunOnRanks(
+      2, [&](comm::ProcessGroup& pg) { PythonShard1DirectoryContinuesHere(pg, kShard1Model); });
+}
+
+TEST(FullyShardDcp, PythonShard1DirectoryContinuesHereOnDim0OnAnotherWorldSize) {
+  comm::testing::RunOnRanks(3, [&](comm::ProcessGroup& pg) {
+    PythonShard1DirectoryContinuesHere(pg, {6, 4, 2, -1});
+  });
+}
+
+// Ours with Shard(1) on 2 ranks saves (a [1, cols / 2] DCP chunk per row
+// of a weight); Python's fully_shard with Shard(1) on 2 loads and continues.
+TEST(FullyShardDcp, OurShard1DirectoryContinuesInPython) {
+  const std::string dir = Dir("fully_shard_dcp_shard1");
+  if (!comm::testing::IsRankProcess()) {
+    ASSERT_TRUE(PythonTorchAvailable()) << "run tools/setup.sh --with-python";
+    std::filesystem::create_directories(dir);
+  }
+  const int failed = comm::testing::RunOnRanks(2, [&](comm::ProcessGroup& pg) {
+    auto batches = LoadTensorDict(Fixture("batches_shard1.pt"));
+    ASSERT_TRUE(batches.ok()) << batches.status();
+    torch::nn::Sequential model = Sharded(pg, kShard1Model);
+    // The fixture's parameters, then 2 steps of our own with a fresh Adam.
+    auto loaded = LoadFullyShardDcp(Fixture("python_fsdp2_shard1_w2"), *model, nullptr);
+    ASSERT_TRUE(loaded.ok()) << loaded;
+    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
+    Step(model, opt, batches->tensors["x1"]);
+    Step(model, opt, batches->tensors["x2"]);
+    auto saved = SaveFullyShardDcpShard(dir + "/ckpt", *model, &opt);
+    ASSERT_TRUE(saved.ok()) << saved;
+    comm::barrier(pg).wait();
+    if (pg.rank() == 0) {
+      auto committed = CommitDcpCheckpoint(dir + "/ckpt", pg.size());
+      ASSERT_TRUE(committed.ok()) << committed;
+    }
+    auto full =
+        SaveFullyShardCheckpoint(dir + "/full", 2, *model, &opt, FullyShardCheckpointKind::kFull);
+    ASSERT_TRUE(full.ok()) << full;
+    Step(model, opt, batches->tensors["x3"]);
+    TensorDict after = Gathered(model);
+    if (pg.rank() == 0) ASSERT_TRUE(SaveTensorDict(after, dir + "/ours_after.pt").ok());
+  });
+  if (comm::testing::IsRankProcess()) return;
+  ASSERT_EQ(failed, 0);
+  std::string output;
+  ASSERT_EQ(
+      RunPython(kPythonLoad, PythonArgs(dir, Fixture("batches_shard1.pt"), kShard1Model), &output),
+      0)
+      << output;
+  auto ours = LoadTensorDict(dir + "/ours_after.pt");
+  auto python = LoadTensorDict(dir + "/py_after_ours.pt");
+  ASSERT_TRUE(ours.ok() && python.ok());
+  ExpectClose(ours->tensors, python->tensors, "Python's Shard(1) fully_shard on 2 ranks from ours");
 }
 
 }  // namespace
