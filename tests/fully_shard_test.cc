@@ -8,7 +8,8 @@
 // float64 parameter (mixed dtypes: gathered as bytes) in the root's group,
 // shapes that need padding (8 rows on 3 ranks, 3 rows on 2 and 4 ranks:
 // empty shards). Also against FullyShardedDataParallel on the same ranks,
-// and the bad-input errors.
+// the bad-input errors, and that a module's shards of one dtype lie back to
+// back in one buffer (the all-gather's input, no copy-in).
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
@@ -706,6 +707,48 @@ TEST(FullyShard, OutputDtypeAndIgnoredParamsOn2Ranks) {
                   "grad " + p.key() + " beside an ignored parameter");
       }
     }
+  });
+}
+
+// A module's shards of one dtype lie back to back in one buffer, each
+// padded to its chunk (the all-gather sends that buffer without a
+// copy-in), and stay there through training; the mixed-dtype root group
+// (a frozen float64 parameter) still trains (RunCases' frozen case).
+TEST(FullyShard, ShardsOfOneDtypeShareOneBufferOn3Ranks) {
+  comm::testing::RunOnRanks(3, [](comm::ProcessGroup& pg) {
+    Net model = MakeNet(false);
+    fsdp::FullyShardOptions options;
+    options.process_group = pg;
+    std::vector<fsdp::FSDPModule> blocks;
+    for (const auto& block : *model->blocks) blocks.push_back(fsdp::fully_shard(block, options));
+    fsdp::fully_shard(model, options);
+    auto expect_back_to_back = [&](const std::string& when) {
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        const std::vector<at::Tensor> shards = blocks[b].sharded_parameters();
+        ASSERT_GE(shards.size(), 2u);
+        const char* next = static_cast<const char*>(shards.front().data_ptr());
+        for (const at::Tensor& shard : shards) {
+          std::optional<fsdp::ShardedParamSpec> spec = fsdp::sharded_param_spec(shard);
+          ASSERT_TRUE(spec.has_value());
+          int64_t padded = spec->padded_dim0;
+          for (size_t d = 1; d < spec->global_shape.size(); ++d) padded *= spec->global_shape[d];
+          if (shard.numel() > 0) {
+            EXPECT_EQ(static_cast<const char*>(shard.data_ptr()), next)
+                << when << ": block " << b << " shard of " << spec->global_shape;
+          }
+          next += padded * static_cast<int64_t>(shard.element_size());
+        }
+      }
+    };
+    expect_back_to_back("after fully_shard");
+    torch::optim::SGD optim(model->parameters(), kLr);
+    for (int step = 0; step < 2; ++step) {
+      Batch b = MakeBatch(step, pg.rank(), pg.size());
+      optim.zero_grad();
+      Loss(module_call::call(model, b.x), b.y).backward();
+      optim.step();
+    }
+    expect_back_to_back("after 2 steps");
   });
 }
 
