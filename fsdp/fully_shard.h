@@ -49,6 +49,17 @@
 // lazily and, at the end of backward, finishes whatever is left and waits
 // for the reductions (unless set_is_last_backward(false)).
 //
+// On an accelerator (CUDA) the all-gathers run on FSDP1's unshard stream
+// and the reductions (reduce-scatter, HSDP's all-reduce, the accumulation
+// into .grad) on its reduce stream, ordered against the caller's stream
+// with events, so the host never waits for communication; the copy-out
+// and the reduce-scatter's copy-in run on the caller's stream. Buffers
+// used across streams are held until the consuming stream has waited for
+// them (PyTorch's AllGatherState / ReduceScatterState), never
+// record_stream'ed, so memory use is deterministic. A one-rank group sends
+// nothing and uses no side stream. (Run on one GPU only: 2 Gloo ranks with
+// CUDA tensors, benchmarks/gpu_check; never on several GPUs over NCCL.)
+//
 // Errors (c10::Error naming the module, with PyTorch's wording where it has
 // one): fully_shard twice on one module, or on a module after an ancestor;
 // a scalar or non-contiguous parameter; an int reshard_after_forward that

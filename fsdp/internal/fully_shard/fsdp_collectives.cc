@@ -4,12 +4,14 @@
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/split_with_sizes_copy.h>
+#include <c10/core/StreamGuard.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
 #include <cstring>
 
 #include "comm/collectives.h"
+#include "fsdp/internal/comm_streams.h"
 
 namespace fsdp {
 namespace internal {
@@ -61,6 +63,28 @@ bool inputs_are_buffer(const std::vector<at::Tensor>& inputs, const at::Tensor& 
   return numel == buffer.numel();
 }
 
+// HSDP: the shards, averaged over the shard group, averaged again over the
+// replicas (PyTorch's all_reduce with AVG on the replicate group); then
+// each parameter's part of `output` into its shard's .grad. `on_stream`:
+// queued on the current (reduce) stream, the all-reduce waited for there.
+void add_to_sharded_grads(const at::Tensor& output, const std::vector<FSDPParam*>& params,
+                          const comm::ProcessGroup& replicate_group, bool on_stream) {
+  at::NoGradGuard no_grad;
+  if (replicate_group.is_member() && replicate_group.size() > 1) {
+    comm::Work work = comm::all_reduce(replicate_group, output, comm::ReduceOp::kAvg);
+    if (on_stream) {
+      work.wait_on_stream();
+    } else {
+      work.wait();
+    }
+  }
+  int64_t offset = 0;
+  for (FSDPParam* p : params) {
+    p->accumulate_sharded_grad(output, offset);
+    offset += p->padded_shard_numel();
+  }
+}
+
 }  // namespace
 
 AllGatherResult foreach_all_gather(const std::vector<FSDPParam*>& params,
@@ -105,9 +129,9 @@ AllGatherResult foreach_all_gather(const std::vector<FSDPParam*>& params,
   return result;
 }
 
-void foreach_all_gather_copy_out(AllGatherResult& result, const std::vector<FSDPParam*>& params,
+void foreach_all_gather_copy_out(const AllGatherResult& result,
+                                 const std::vector<FSDPParam*>& params,
                                  const comm::ProcessGroup& group) {
-  result.work.wait();
   at::NoGradGuard no_grad;
   const int64_t world = group.size();
   const c10::ScalarType dtype = result.output.scalar_type();
@@ -143,13 +167,13 @@ void foreach_all_gather_copy_out(AllGatherResult& result, const std::vector<FSDP
     at::split_with_sizes_copy_out(outs, result.output.view({world, -1}), result.input_numels,
                                   /*dim=*/1);
   }
-  result.output = at::Tensor();
 }
 
 PendingReduce foreach_reduce_start(const std::vector<FSDPParam*>& params,
                                    const std::vector<at::Tensor>& grads,
                                    const comm::ProcessGroup& group,
-                                   const comm::ProcessGroup& replicate_group) {
+                                   const comm::ProcessGroup& replicate_group,
+                                   const std::optional<c10::Stream>& reduce_stream) {
   at::NoGradGuard no_grad;
   const int64_t world = group.size();
   const c10::ScalarType dtype = params.front()->reduce_dtype();
@@ -206,6 +230,16 @@ PendingReduce foreach_reduce_start(const std::vector<FSDPParam*>& params,
   }
   PendingReduce pending;
   pending.input = input.view({-1});
+  pending.params = params;
+  pending.replicate_group = replicate_group;
+  std::optional<c10::StreamGuard> on_reduce_stream;
+  if (reduce_stream) {
+    // Everything from here on is queued on the reduce stream, after the
+    // copy-in (the output is allocated there, and so are the .grad views
+    // of it).
+    wait_stream(*reduce_stream, current_stream(input.device()));
+    on_reduce_stream.emplace(*reduce_stream);
+  }
   if (world == 1) {
     // The average over one rank is the copy-in itself.
     pending.output = pending.input;
@@ -214,14 +248,27 @@ PendingReduce foreach_reduce_start(const std::vector<FSDPParam*>& params,
     pending.work =
         comm::reduce_scatter_tensor(group, pending.output, pending.input, comm::ReduceOp::kAvg);
   }
-  pending.params = params;
-  pending.replicate_group = replicate_group;
+  if (reduce_stream) {
+    pending.work.wait_on_stream();
+    const at::Tensor output = pending.output;
+    std::vector<FSDPParam*> reduced_params = std::move(pending.params);
+    pending.params.clear();
+    pending.output = at::Tensor();
+    add_to_sharded_grads(output, reduced_params, replicate_group, /*on_stream=*/true);
+    pending.reduced.emplace(reduce_stream->device_type());
+    pending.reduced->record(*reduce_stream);
+  }
   return pending;
 }
 
 void foreach_reduce_wait(PendingReduce& pending) {
   if (!pending.input.defined()) return;  // waited for already
-  pending.work.wait();
+  if (pending.reduced) {
+    // The current stream waits for the reduce stream's work; the host goes on.
+    pending.reduced->block(current_stream(pending.input.device()));
+  } else {
+    pending.work.wait();
+  }
   // The Work holds the collective's tensors (Gloo's keeps its inputs and
   // outputs): dropping it is what frees the copy-in.
   pending.work = comm::Work();
@@ -230,18 +277,9 @@ void foreach_reduce_wait(PendingReduce& pending) {
 
 void foreach_reduce_finish(PendingReduce& pending) {
   foreach_reduce_wait(pending);
-  at::NoGradGuard no_grad;
-  at::Tensor output = pending.output;
-  const comm::ProcessGroup& replicate_group = pending.replicate_group;
-  if (replicate_group.is_member() && replicate_group.size() > 1) {
-    // HSDP: the shards, averaged over the shard group, averaged again over
-    // the replicas (PyTorch's all_reduce with AVG on the replicate group).
-    comm::all_reduce(replicate_group, output, comm::ReduceOp::kAvg).wait();
-  }
-  int64_t offset = 0;
-  for (FSDPParam* p : pending.params) {
-    p->accumulate_sharded_grad(output, offset);
-    offset += p->padded_shard_numel();
+  if (pending.output.defined()) {
+    add_to_sharded_grads(pending.output, pending.params, pending.replicate_group,
+                         /*on_stream=*/false);
   }
   pending.output = at::Tensor();
   pending.params.clear();

@@ -5,7 +5,10 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
 
+#include <optional>
 #include <vector>
 
 #include "comm/process_group.h"
@@ -33,10 +36,13 @@ AllGatherResult foreach_all_gather(const std::vector<FSDPParam*>& params,
                                    const comm::ProcessGroup& group,
                                    const at::Tensor& shard_buffer = at::Tensor());
 
-// Waits and copies each parameter's W pieces out of the flat buffer into
-// its all_gather_output() (allocated here), with split_with_sizes_copy
-// (PyTorch's foreach_all_gather_copy_out).
-void foreach_all_gather_copy_out(AllGatherResult& result, const std::vector<FSDPParam*>& params,
+// Copies each parameter's W pieces out of the flat buffer into its
+// all_gather_output() (allocated here), with split_with_sizes_copy
+// (PyTorch's foreach_all_gather_copy_out), on the current stream. The
+// caller has waited for result.work (wait(), or on an accelerator
+// wait_on_stream()) and keeps result.output until the copies are done.
+void foreach_all_gather_copy_out(const AllGatherResult& result,
+                                 const std::vector<FSDPParam*>& params,
                                  const comm::ProcessGroup& group);
 
 // A gradient reduction in flight: the reduce-scatter's Work and the
@@ -47,6 +53,10 @@ struct PendingReduce {
   at::Tensor output;  // [total], this rank's padded shards, reduce dtype
   std::vector<FSDPParam*> params;
   comm::ProcessGroup replicate_group;
+  // On an accelerator: recorded on the reduce stream once the reduction
+  // (and its accumulation into .grad) is queued there; waiting for it is a
+  // stream wait, not a host one.
+  std::optional<c10::Event> reduced;
 };
 
 // Starts reduce-scattering the unsharded gradients `grads` (one per entry
@@ -55,16 +65,27 @@ struct PendingReduce {
 // reduce_scatter_tensor with AVG). A parameter sharded on another dim has
 // its gradient chunked on that dim. The gradients may be freed once this
 // returns.
+//
+// With `reduce_stream` (an accelerator; PyTorch's reduce_scatter_stream)
+// the copy-in runs on the current stream; the reduce-scatter, HSDP's
+// all-reduce and the accumulation into the shards' .grad are queued at
+// once on `reduce_stream` after it, and `reduced` recorded: the host never
+// waits. The copy-in stays allocated (in the result) until the current
+// stream has waited for `reduced` (foreach_reduce_wait), so no
+// record_stream is needed and memory use is deterministic.
 PendingReduce foreach_reduce_start(const std::vector<FSDPParam*>& params,
                                    const std::vector<at::Tensor>& grads,
                                    const comm::ProcessGroup& group,
-                                   const comm::ProcessGroup& replicate_group);
-// Waits for the reduce-scatter and frees the copy-in (output stays);
-// once only: later calls return at once.
+                                   const comm::ProcessGroup& replicate_group,
+                                   const std::optional<c10::Stream>& reduce_stream);
+// Waits for the reduce-scatter (on an accelerator: the current stream
+// waits for `reduced`) and frees the copy-in (output stays); once only:
+// later calls return at once.
 void foreach_reduce_wait(PendingReduce& pending);
-// Waits for it; HSDP (`replicate_group` not empty): all-reduces the shards
-// averaged over the replicas; then adds each rank's part to the shards'
-// .grad (views of the output).
+// Waits for it; then (unless queued on the reduce stream already) HSDP
+// (`replicate_group` not empty) all-reduces the shards averaged over the
+// replicas and each rank's part is added to the shards' .grad (views of
+// the output).
 void foreach_reduce_finish(PendingReduce& pending);
 
 }  // namespace internal

@@ -1,6 +1,7 @@
 #include "fsdp/internal/fully_shard/fsdp_param_group.h"
 
 #include <ATen/ops/empty.h>
+#include <c10/core/StreamGuard.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <utility>
@@ -74,15 +75,51 @@ void FSDPParamGroup::unshard(bool async) {
     return;
   }
   pending_group_ = state() == ShardedState::kShardedPostForward ? post_forward_group_ : group_;
-  pending_ = foreach_all_gather(raw_params(), pending_group_, shard_buffer_);
+  if (gathers_on_stream(pending_group_)) {
+    FSDPCommContext& ctx = *comm_ctx_;
+    const c10::Stream unshard_stream = ctx.streams->unshard;
+    if (ctx.last_all_gather) {
+      // Its buffers go back to the unshard stream's pool now: what that
+      // stream allocates next is queued after their copy-out.
+      ctx.last_all_gather->copied_out.block(unshard_stream);
+      ctx.last_all_gather.reset();
+    }
+    // The shards as the compute stream left them (the optimizer's step).
+    wait_stream(unshard_stream, current_stream(device()));
+    c10::StreamGuard on_unshard_stream(unshard_stream);
+    pending_ = foreach_all_gather(raw_params(), pending_group_, shard_buffer_);
+  } else {
+    pending_ = foreach_all_gather(raw_params(), pending_group_, shard_buffer_);
+  }
   if (!async) wait_for_unshard();
+}
+
+bool FSDPParamGroup::gathers_on_stream(const comm::ProcessGroup& group) const {
+  return comm_ctx_->streams.has_value() && group.size() > 1;
+}
+
+bool FSDPParamGroup::reduces_on_stream() const {
+  return comm_ctx_->streams.has_value() &&
+         (group_.size() > 1 || (replicate_group_.is_member() && replicate_group_.size() > 1));
 }
 
 void FSDPParamGroup::wait_for_unshard() {
   if (!pending_) return;
   AllGatherResult result = std::move(*pending_);
   pending_.reset();
-  foreach_all_gather_copy_out(result, raw_params(), pending_group_);
+  if (gathers_on_stream(pending_group_)) {
+    // The compute stream waits for the collective (the host does not) and
+    // copies out; the buffers stay allocated until the next all-gather's
+    // stream has waited for that copy-out (PyTorch's AllGatherState).
+    result.work.wait_on_stream();
+    foreach_all_gather_copy_out(result, raw_params(), pending_group_);
+    FSDPCommContext::CopiedOut copied{std::move(result), c10::Event(device().type())};
+    copied.copied_out.record(current_stream(device()));
+    comm_ctx_->last_all_gather = std::move(copied);
+  } else {
+    result.work.wait();
+    foreach_all_gather_copy_out(result, raw_params(), pending_group_);
+  }
   for (const auto& p : params_) p->to_unsharded();
   update_module_tensors();
 }
@@ -128,7 +165,10 @@ void FSDPParamGroup::post_backward() {
       // The previous reduction (a backward that was not the last) lands in
       // .grad first.
       finish_gradient_reduction();
-      pending_reduce_ = foreach_reduce_start(with_grad, grads, group_, replicate_group_);
+      pending_reduce_ = foreach_reduce_start(
+          with_grad, grads, group_, replicate_group_,
+          reduces_on_stream() ? std::optional<c10::Stream>(comm_ctx_->streams->reduce)
+                              : std::nullopt);
       for (FSDPParam* p : with_grad) p->clear_unsharded_grad();
     }
   }

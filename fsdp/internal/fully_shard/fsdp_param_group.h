@@ -20,6 +20,7 @@
 //   reshard()             back to the shards
 #pragma once
 
+#include <c10/core/Event.h>
 #include <torch/nn/module.h>
 
 #include <memory>
@@ -28,11 +29,28 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "fsdp/internal/comm_streams.h"
 #include "fsdp/internal/fully_shard/fsdp_collectives.h"
 #include "fsdp/internal/fully_shard/fsdp_param.h"
 
 namespace fsdp {
 namespace internal {
+
+// What the groups of one root's tree share (PyTorch's FSDPCommContext):
+// on an accelerator, FSDP1's process-wide all-gather ("unshard") and
+// reduce-scatter ("reduce") streams, and the last all-gather copied out,
+// whose buffers are dropped only once the next all-gather's stream has
+// waited for `copied_out` (instead of record_stream: memory stays
+// deterministic). On the CPU, and for one-rank groups (which send
+// nothing), no streams: everything runs as the caller's code does.
+struct FSDPCommContext {
+  std::optional<CommStreams> streams;
+  struct CopiedOut {
+    AllGatherResult result;
+    c10::Event copied_out;
+  };
+  std::optional<CopiedOut> last_all_gather;
+};
 
 class FSDPParamGroup {
  public:
@@ -47,6 +65,10 @@ class FSDPParamGroup {
   const std::vector<std::unique_ptr<FSDPParam>>& params() const { return params_; }
   const comm::ProcessGroup& group() const { return group_; }
   const comm::ProcessGroup& replicate_group() const { return replicate_group_; }
+  // The compute device (where the unsharded parameters live).
+  const c10::Device& device() const { return params_.front()->device(); }
+  // The root's lazy initialisation shares one context with its tree.
+  void set_comm_context(std::shared_ptr<FSDPCommContext> ctx) { comm_ctx_ = std::move(ctx); }
   ShardedState state() const { return params_.front()->state(); }
   bool unshard_pending() const { return pending_.has_value(); }
 
@@ -77,6 +99,10 @@ class FSDPParamGroup {
   // Moves the padded shards, in order, into shard_buffer_ when they can
   // share one (see shard_buffer_).
   void place_shards_back_to_back();
+  // Whether an all-gather over `group` / this group's gradient reduction
+  // runs on the context's streams (an accelerator, something to send).
+  bool gathers_on_stream(const comm::ProcessGroup& group) const;
+  bool reduces_on_stream() const;
 
   std::weak_ptr<torch::nn::Module> module_;
   std::vector<std::unique_ptr<FSDPParam>> params_;
@@ -96,6 +122,7 @@ class FSDPParamGroup {
   // The group the pending all-gather runs over.
   comm::ProcessGroup pending_group_;
   std::optional<PendingReduce> pending_reduce_;
+  std::shared_ptr<FSDPCommContext> comm_ctx_ = std::make_shared<FSDPCommContext>();
 };
 
 }  // namespace internal

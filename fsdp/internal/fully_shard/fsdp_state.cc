@@ -12,6 +12,8 @@
 #include <unordered_set>
 #include <utility>
 
+#include "fsdp/internal/comm_streams.h"
+
 namespace fsdp {
 namespace internal {
 namespace {
@@ -191,6 +193,14 @@ void FSDPState::lazy_init() {
     state->fqn_ = item.key();
     state->context_ = context_;
     context_->all_states.push_back(state);
+  }
+  // One communication context for the tree: the compute device's streams
+  // (none on the CPU), shared by every group.
+  auto comm_ctx = std::make_shared<FSDPCommContext>();
+  for (const auto& state : context_->all_states) {
+    if (!state->group_) continue;
+    if (!comm_ctx->streams) comm_ctx->streams = comm_streams_for(state->group_->device());
+    state->group_->set_comm_context(comm_ctx);
   }
   // The root keeps its parameters after forward (backward needs them at
   // once), unless reshard_after_forward was given explicitly.
