@@ -9,6 +9,9 @@
 //     same losses for steps 4-6, under fully_shard and across --fsdp: saved
 //     by FSDP1 resumed by fully_shard and back; --export-dcp /
 //     --import-dcp likewise;
+//   * between forward and backward the root keeps its parameters
+//     gathered (PyTorch's default for the root), the blocks are sharded
+//     under --sharding=full, all gathered under grad_op;
 //   * options: --fsdp=fully_shard with what it does not do (--sharding none
 //     or hybrid, --backward-prefetch=post) is refused naming
 //     both flags.
@@ -24,6 +27,7 @@
 #include <torch/types.h>
 
 #include "comm/collectives.h"
+#include "fsdp/fully_shard.h"
 #include "testing/multiprocess.h"
 #include "trainer/checkpointing.h"
 #include "trainer/data.h"
@@ -243,6 +247,42 @@ TEST(FullyShardTrainer, CheckpointsResumeUnderEitherFsdp) {
         }
       },
       run);
+}
+
+// Between forward and backward: under --sharding=full the blocks are
+// resharded and the root keeps its own parameters gathered (PyTorch's
+// default reshard_after_forward=None for the root, as FSDP1's FULL_SHARD
+// root unit), so backward gathers no root parameters again; under
+// --sharding=grad_op every unit keeps its parameters. After backward all
+// are sharded.
+TEST(FullyShardTrainer, RootKeepsItsParametersAfterForward) {
+  comm::testing::RunOnRanks(2, [](comm::ProcessGroup& pg) {
+    for (Sharding sharding : {Sharding::kFull, Sharding::kGradOp}) {
+      const std::string what = sharding == Sharding::kFull ? "full" : "grad_op";
+      Options o = Tiny();
+      o.fsdp = FsdpApi::kFullyShard;
+      o.sharding = sharding;
+      auto lm = Build(o);
+      auto wrapped = Wrap(o, lm, c10::Device(c10::kCPU), pg);
+      ASSERT_TRUE(wrapped.ok()) << wrapped.status();
+      TrainedModel model = wrapped->model();
+      torch::Tensor loss = model.run([&] { return lm->Loss(Batch(o, 1, pg.rank(), pg.size())); });
+      int64_t root_params = 0;
+      for (const auto& p : lm->named_parameters()) {
+        const bool in_block = p.key().rfind("blocks.", 0) == 0;
+        root_params += in_block ? 0 : 1;
+        const bool want_sharded = in_block && sharding == Sharding::kFull;
+        EXPECT_EQ(fsdp::sharded_param_spec(p.value()).has_value(), want_sharded)
+            << what << ", after forward: " << p.key();
+      }
+      EXPECT_GT(root_params, 0);
+      loss.backward();
+      for (const auto& p : lm->named_parameters()) {
+        EXPECT_TRUE(fsdp::sharded_param_spec(p.value()).has_value())
+            << what << ", after backward: " << p.key();
+      }
+    }
+  });
 }
 
 TEST(FullyShardTrainer, RefusesWhatFullyShardDoesNotDoNamingBothFlags) {

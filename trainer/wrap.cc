@@ -180,9 +180,9 @@ absl::StatusOr<std::unique_ptr<FullyShardModel>> WrapModelFullyShard(
   } else {
     options.process_group = world;
   }
-  // full and hybrid: reshard after forward (FULL_SHARD, HYBRID_SHARD);
-  // grad_op: keep the gathered parameters from forward to backward
-  // (SHARD_GRAD_OP).
+  // full and hybrid: the blocks reshard after forward (FULL_SHARD,
+  // HYBRID_SHARD); grad_op: every unit keeps its gathered parameters from
+  // forward to backward (SHARD_GRAD_OP). The root's options are set below.
   options.reshard_after_forward = o.sharding != Sharding::kGradOp;
   if (o.mixed_precision == MixedPrecision::kBf16) {
     options.mp_policy.param_dtype = torch::kBFloat16;
@@ -213,8 +213,15 @@ absl::StatusOr<std::unique_ptr<FullyShardModel>> WrapModelFullyShard(
           return module_call::call(block, x, mask);
         });
   }
+  // The root under full and hybrid: reshard_after_forward unset, PyTorch's
+  // default (None): the root keeps its parameters after forward, since
+  // backward needs them at once (as FSDP1's FULL_SHARD root unit, which is
+  // not resharded after forward), saving one all-gather per step. grad_op
+  // keeps them anyway (false).
+  fsdp::FullyShardOptions root_options = options;
+  if (o.sharding != Sharding::kGradOp) root_options.reshard_after_forward.reset();
   fsdp::FSDPModule root =
-      fsdp::fully_shard(std::static_pointer_cast<torch::nn::Module>(model), options);
+      fsdp::fully_shard(std::static_pointer_cast<torch::nn::Module>(model), root_options);
   unit_names.insert(unit_names.begin(), "");
   if (o.backward_prefetch == BackwardPrefetch::kPre) {
     // Backward runs the blocks last to first: each prefetches the one

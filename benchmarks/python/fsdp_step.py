@@ -21,8 +21,10 @@ tokens_per_s), as ddp_step.py does.
          ModuleWrapPolicy({TransformerBlock}), BACKWARD_PRE prefetch and
          use_orig_params=True, as the trainer's defaults.
   fsdp2  torch.distributed.fsdp.fully_shard on a 1-D CPU DeviceMesh: each
-         block, then the root; --sharding full (reshard_after_forward=True)
-         or grad_op (False). FSDP2 has no NO_SHARD.
+         block, then the root; --sharding full (the blocks
+         reshard_after_forward=True, the root PyTorch's default None: it
+         keeps its parameters after forward, as the trainer's) or grad_op
+         (False for all). FSDP2 has no NO_SHARD.
 The MLP model has no blocks: the root is the only unit, as in the trainer.
 
 --device cuda runs on the GPU LOCAL_RANK (NCCL; a world of 1 when started
@@ -115,7 +117,11 @@ def wrap_fsdp2(model, sharding, world, device=torch.device("cpu"), bf16=False):
     for module in model.modules():
         if isinstance(module, TransformerBlock):
             fully_shard(module, mesh=mesh, reshard_after_forward=reshard, **kwargs)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **kwargs)
+    # The root: PyTorch's default (reshard_after_forward=None, i.e. kept
+    # after forward) under full; False under grad_op, as every unit.
+    if not reshard:
+        kwargs["reshard_after_forward"] = False
+    fully_shard(model, mesh=mesh, **kwargs)
     return model
 
 
