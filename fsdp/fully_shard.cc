@@ -286,6 +286,11 @@ void FSDPModule::set_requires_gradient_sync(bool requires_gradient_sync, bool re
                  [&](FSDPParamGroup& g) { g.set_requires_gradient_sync(requires_gradient_sync); });
 }
 
+void FSDPModule::set_requires_all_reduce(bool requires_all_reduce, bool recurse) {
+  for_each_group(state_, recurse,
+                 [&](FSDPParamGroup& g) { g.set_requires_all_reduce(requires_all_reduce); });
+}
+
 void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool recurse) {
   for_each_group(state_, recurse,
                  [&](FSDPParamGroup& g) { g.set_reshard_after_backward(reshard_after_backward); });

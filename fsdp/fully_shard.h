@@ -242,6 +242,12 @@ class FSDPModule {
   // With `recurse`, for every fully_shard module in this one's subtree too
   // (PyTorch's default).
   void set_requires_gradient_sync(bool requires_gradient_sync, bool recurse = true);
+  // HSDP (a 2-D mesh): false makes backward reduce-scatter the gradients
+  // over the shard group but not all-reduce them over the replicas; the
+  // results are kept and added in before the next all-reduce (PyTorch's
+  // set_requires_all_reduce: gradient accumulation that sends less), and
+  // reach .grad only then. No effect without a replicate group.
+  void set_requires_all_reduce(bool requires_all_reduce, bool recurse = true);
   // Whether backward reshards the parameters once their gradients are
   // reduced (default true).
   void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);

@@ -423,6 +423,43 @@ TEST(FullyShard, SetIsLastBackwardOn2Ranks) {
   });
 }
 
+// HSDP (2 replicas x 1 shard) with set_requires_all_reduce(false) for the
+// first of two microbatches: its reduction is kept, neither all-reduced
+// over the replicas nor in .grad after its backward; the second
+// microbatch's backward (true) adds it in before its all-reduce: the
+// gradient of the two microbatches' summed losses, as without the flag.
+TEST(FullyShard, SetRequiresAllReduceOn2Ranks) {
+  const std::map<std::string, at::Tensor> accumulated = AccumulatedReference();
+  comm::testing::RunOnRanks(2, [&](comm::ProcessGroup& pg) {
+    const int64_t half = kBatch / 2, local = half / pg.size();
+    Net model = MakeNet(false);
+    fsdp::FullyShardOptions options;
+    absl::StatusOr<comm::DeviceMesh> mesh = comm::init_hybrid_shard_mesh(pg, 2, 1);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    options.mesh = *mesh;
+    for (const auto& block : *model->blocks) fsdp::fully_shard(block, options);
+    fsdp::FSDPModule root = fsdp::fully_shard(model, options);
+    Batch b = MakeBatch(0, 0, 1);
+    for (int micro = 0; micro < 2; ++micro) {
+      root.set_requires_all_reduce(micro == 1);
+      const int64_t row = micro * half + pg.rank() * local;
+      Loss(module_call::call(model, b.x.narrow(0, row, local)), b.y.narrow(0, row, local))
+          .backward();
+      if (micro == 0) {
+        for (const auto& p : model->named_parameters()) {
+          EXPECT_FALSE(p.value().grad().defined())
+              << p.key() << " after a backward without all-reduce";
+        }
+      }
+    }
+    for (const auto& p : model->named_parameters()) {
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      ExpectRel(p.value().grad(), Rows(p.value(), accumulated.at(p.key())),
+                "accumulated grad " + p.key());
+    }
+  });
+}
+
 // Two children sharing one weight (tied), each called through the call
 // point.
 struct TiedImpl : torch::nn::Module {

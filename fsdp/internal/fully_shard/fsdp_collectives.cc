@@ -64,13 +64,29 @@ bool inputs_are_buffer(const std::vector<at::Tensor>& inputs, const at::Tensor& 
 }
 
 // HSDP: the shards, averaged over the shard group, averaged again over the
-// replicas (PyTorch's all_reduce with AVG on the replicate group); then
+// replicas (PyTorch's all_reduce with AVG on the replicate group; without
+// all-reduce, kept in *replica.partial instead, and no further); then
 // each parameter's part of `output` into its shard's .grad. `on_stream`:
 // queued on the current (reduce) stream, the all-reduce waited for there.
 void add_to_sharded_grads(const at::Tensor& output, const std::vector<FSDPParam*>& params,
-                          const comm::ProcessGroup& replicate_group, bool on_stream) {
+                          const comm::ProcessGroup& replicate_group,
+                          const ReplicaReduction& replica, bool on_stream) {
   at::NoGradGuard no_grad;
   if (replicate_group.is_member() && replicate_group.size() > 1) {
+    at::Tensor& partial = *replica.partial;
+    if (!replica.all_reduce) {
+      // Kept (summed) until an all-reduce; .grad does not see it yet.
+      if (partial.defined()) {
+        partial.add_(output);
+      } else {
+        partial = output;
+      }
+      return;
+    }
+    if (partial.defined()) {
+      output.add_(partial);
+      partial = at::Tensor();
+    }
     comm::Work work = comm::all_reduce(replicate_group, output, comm::ReduceOp::kAvg);
     if (on_stream) {
       work.wait_on_stream();
@@ -173,6 +189,7 @@ PendingReduce foreach_reduce_start(const std::vector<FSDPParam*>& params,
                                    const std::vector<at::Tensor>& grads,
                                    const comm::ProcessGroup& group,
                                    const comm::ProcessGroup& replicate_group,
+                                   const ReplicaReduction& replica,
                                    const std::optional<c10::Stream>& reduce_stream) {
   at::NoGradGuard no_grad;
   const int64_t world = group.size();
@@ -232,6 +249,7 @@ PendingReduce foreach_reduce_start(const std::vector<FSDPParam*>& params,
   pending.input = input.view({-1});
   pending.params = params;
   pending.replicate_group = replicate_group;
+  pending.replica = replica;
   std::optional<c10::StreamGuard> on_reduce_stream;
   if (reduce_stream) {
     // Everything from here on is queued on the reduce stream, after the
@@ -254,7 +272,7 @@ PendingReduce foreach_reduce_start(const std::vector<FSDPParam*>& params,
     std::vector<FSDPParam*> reduced_params = std::move(pending.params);
     pending.params.clear();
     pending.output = at::Tensor();
-    add_to_sharded_grads(output, reduced_params, replicate_group, /*on_stream=*/true);
+    add_to_sharded_grads(output, reduced_params, replicate_group, replica, /*on_stream=*/true);
     pending.reduced.emplace(reduce_stream->device_type());
     pending.reduced->record(*reduce_stream);
   }
@@ -278,7 +296,7 @@ void foreach_reduce_wait(PendingReduce& pending) {
 void foreach_reduce_finish(PendingReduce& pending) {
   foreach_reduce_wait(pending);
   if (pending.output.defined()) {
-    add_to_sharded_grads(pending.output, pending.params, pending.replicate_group,
+    add_to_sharded_grads(pending.output, pending.params, pending.replicate_group, pending.replica,
                          /*on_stream=*/false);
   }
   pending.output = at::Tensor();

@@ -45,6 +45,13 @@ void foreach_all_gather_copy_out(const AllGatherResult& result,
                                  const std::vector<FSDPParam*>& params,
                                  const comm::ProcessGroup& group);
 
+// HSDP's step after the reduce-scatter: the all-reduce over the replicas,
+// or (all_reduce false) keeping the result in *partial for the next one.
+struct ReplicaReduction {
+  bool all_reduce = true;
+  at::Tensor* partial = nullptr;  // the group's; outlives the reduction
+};
+
 // A gradient reduction in flight: the reduce-scatter's Work and the
 // buffers it reads and writes.
 struct PendingReduce {
@@ -53,6 +60,7 @@ struct PendingReduce {
   at::Tensor output;  // [total], this rank's padded shards, reduce dtype
   std::vector<FSDPParam*> params;
   comm::ProcessGroup replicate_group;
+  ReplicaReduction replica;
   // On an accelerator: recorded on the reduce stream once the reduction
   // (and its accumulation into .grad) is queued there; waiting for it is a
   // stream wait, not a host one.
@@ -77,6 +85,7 @@ PendingReduce foreach_reduce_start(const std::vector<FSDPParam*>& params,
                                    const std::vector<at::Tensor>& grads,
                                    const comm::ProcessGroup& group,
                                    const comm::ProcessGroup& replicate_group,
+                                   const ReplicaReduction& replica,
                                    const std::optional<c10::Stream>& reduce_stream);
 // Waits for the reduce-scatter (on an accelerator: the current stream
 // waits for `reduced`) and frees the copy-in (output stays); once only:
@@ -84,8 +93,9 @@ PendingReduce foreach_reduce_start(const std::vector<FSDPParam*>& params,
 void foreach_reduce_wait(PendingReduce& pending);
 // Waits for it; then (unless queued on the reduce stream already) HSDP
 // (`replicate_group` not empty) all-reduces the shards averaged over the
-// replicas and each rank's part is added to the shards' .grad (views of
-// the output).
+// replicas (with `replica.all_reduce` false: adds them to *replica.partial
+// instead, and nothing reaches .grad) and each rank's part is added to the
+// shards' .grad (views of the output).
 void foreach_reduce_finish(PendingReduce& pending);
 
 }  // namespace internal

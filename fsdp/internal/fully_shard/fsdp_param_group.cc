@@ -167,6 +167,7 @@ void FSDPParamGroup::post_backward() {
       finish_gradient_reduction();
       pending_reduce_ = foreach_reduce_start(
           with_grad, grads, group_, replicate_group_,
+          ReplicaReduction{requires_all_reduce_, &partial_reduce_output_},
           reduces_on_stream() ? std::optional<c10::Stream>(comm_ctx_->streams->reduce)
                               : std::nullopt);
       for (FSDPParam* p : with_grad) p->clear_unsharded_grad();

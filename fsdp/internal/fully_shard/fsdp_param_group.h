@@ -91,6 +91,7 @@ class FSDPParamGroup {
   void set_reshard_after_forward(bool value) { reshard_after_forward_ = value; }
   void set_reshard_after_backward(bool value) { reshard_after_backward_ = value; }
   void set_requires_gradient_sync(bool value) { requires_gradient_sync_ = value; }
+  void set_requires_all_reduce(bool value) { requires_all_reduce_ = value; }
 
  private:
   std::vector<FSDPParam*> raw_params() const;
@@ -112,6 +113,11 @@ class FSDPParamGroup {
   bool reshard_after_forward_;
   bool reshard_after_backward_ = true;
   bool requires_gradient_sync_ = true;
+  bool requires_all_reduce_ = true;
+  // HSDP without all-reduce: the sum of the shard-group averages not yet
+  // all-reduced (PyTorch's _partial_reduce_output), added in before the
+  // next all-reduce.
+  at::Tensor partial_reduce_output_;
   std::optional<AllGatherResult> pending_;
   // This rank's padded shards back to back (each FSDPParam's padded shard
   // and sharded parameter are views of it), when they share a dtype that
