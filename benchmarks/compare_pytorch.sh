@@ -39,7 +39,8 @@
 #      FullyShardedDataParallel (fsdp1) and fully_shard (fsdp2) running
 #      benchmarks/python/fsdp_step.py with the same model and flags, as in 3.
 #   5. A fully_shard step on 2 ranks over Gloo: `//:trainer --nproc 2 --fsdp
-#      fully_shard` (FSDP2's per-parameter sharding, reshard after forward)
+#      fully_shard` (FSDP2's per-parameter sharding; the blocks reshard after
+#      forward, the root keeps its parameters: PyTorch's default)
 #      against Python's fully_shard (fsdp_step.py --fsdp fsdp2), as in 3.
 #      The table's "ours" column of 4 (FSDP1) and 5 (fully_shard) compares
 #      our two FSDPs in the same run.
