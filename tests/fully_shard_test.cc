@@ -794,5 +794,22 @@ TEST(FullyShard, MatchesUnwrappedOn2Ranks) { RunCases(2); }
 TEST(FullyShard, MatchesUnwrappedOn3Ranks) { RunCases(3); }
 TEST(FullyShard, MatchesUnwrappedOn4Ranks) { RunCases(4); }
 
+// HSDP beyond 4 ranks: 3 replicas x 2 shards and 2 replicas x 3 shards on
+// 6 ranks, against the unwrapped model.
+TEST(FullyShard, HsdpMatchesUnwrappedOn6Ranks) {
+  const std::vector<Step> plain = Reference(false);
+  comm::testing::RunOptions options;
+  options.timeout = std::chrono::seconds(240);
+  comm::testing::RunOnRanks(
+      6,
+      [&](comm::ProcessGroup& pg) {
+        for (const Case& c : {Case{"HSDP 3 x 2", std::nullopt, false, false, 3},
+                              Case{"HSDP 2 x 3", std::nullopt, false, false, 2}}) {
+          TrainCase(pg, c, plain);
+        }
+      },
+      options);
+}
+
 }  // namespace
 }  // namespace fsdp_test
