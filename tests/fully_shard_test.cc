@@ -380,6 +380,38 @@ TEST(FullyShard, ControlsAndMixedPrecisionOn2Ranks) {
   });
 }
 
+// Two microbatches (the halves of batch 0, this rank's rows of each)
+// through the net under fully_shard with `options` (each block, then the
+// root), `before` setting the root up for each: after the first backward
+// (`first_backward` says what kind) no parameter has a .grad; after the
+// second each holds its part of `accumulated`, the gradient of the two
+// microbatches' summed losses.
+void ExpectGradientOfTwoMicrobatches(
+    const comm::ProcessGroup& pg, const fsdp::FullyShardOptions& options,
+    const std::function<void(fsdp::FSDPModule& root, int micro)>& before,
+    const std::string& first_backward, const std::map<std::string, at::Tensor>& accumulated) {
+  const int64_t half = kBatch / 2, local = half / pg.size();
+  Net model = MakeNet(false);
+  for (const auto& block : *model->blocks) fsdp::fully_shard(block, options);
+  fsdp::FSDPModule root = fsdp::fully_shard(model, options);
+  Batch b = MakeBatch(0, 0, 1);
+  for (int micro = 0; micro < 2; ++micro) {
+    before(root, micro);
+    const int64_t row = micro * half + pg.rank() * local;
+    Loss(module_call::call(model, b.x.narrow(0, row, local)), b.y.narrow(0, row, local)).backward();
+    if (micro == 0) {
+      for (const auto& p : model->named_parameters()) {
+        EXPECT_FALSE(p.value().grad().defined()) << p.key() << " after " << first_backward;
+      }
+    }
+  }
+  for (const auto& p : model->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    ExpectRel(p.value().grad(), Rows(p.value(), accumulated.at(p.key())),
+              "accumulated grad " + p.key());
+  }
+}
+
 // set_is_last_backward(false) on the root: the first microbatch's
 // reductions stay in flight (the shards have no .grad after its backward);
 // the second microbatch's, run with true, lands both: the gradient of the
@@ -388,10 +420,8 @@ TEST(FullyShard, ControlsAndMixedPrecisionOn2Ranks) {
 TEST(FullyShard, SetIsLastBackwardOn2Ranks) {
   const std::map<std::string, at::Tensor> accumulated = AccumulatedReference();
   comm::testing::RunOnRanks(2, [&](comm::ProcessGroup& pg) {
-    const int64_t half = kBatch / 2, local = half / pg.size();
     for (bool hsdp : {false, true}) {
       SCOPED_TRACE(hsdp ? "HSDP 2x1" : "process group");
-      Net model = MakeNet(false);
       fsdp::FullyShardOptions options;
       if (hsdp) {
         absl::StatusOr<comm::DeviceMesh> mesh = comm::init_hybrid_shard_mesh(pg, 2, 1);
@@ -400,25 +430,10 @@ TEST(FullyShard, SetIsLastBackwardOn2Ranks) {
       } else {
         options.process_group = pg;
       }
-      for (const auto& block : *model->blocks) fsdp::fully_shard(block, options);
-      fsdp::FSDPModule root = fsdp::fully_shard(model, options);
-      Batch b = MakeBatch(0, 0, 1);
-      for (int micro = 0; micro < 2; ++micro) {
-        root.set_is_last_backward(micro == 1);
-        const int64_t row = micro * half + pg.rank() * local;
-        Loss(module_call::call(model, b.x.narrow(0, row, local)), b.y.narrow(0, row, local))
-            .backward();
-        if (micro == 0) {
-          for (const auto& p : model->named_parameters()) {
-            EXPECT_FALSE(p.value().grad().defined()) << p.key() << " after a non-last backward";
-          }
-        }
-      }
-      for (const auto& p : model->named_parameters()) {
-        ASSERT_TRUE(p.value().grad().defined()) << p.key();
-        ExpectRel(p.value().grad(), Rows(p.value(), accumulated.at(p.key())),
-                  "accumulated grad " + p.key());
-      }
+      ExpectGradientOfTwoMicrobatches(
+          pg, options,
+          [](fsdp::FSDPModule& root, int micro) { root.set_is_last_backward(micro == 1); },
+          "a non-last backward", accumulated);
     }
   });
 }
@@ -431,32 +446,14 @@ TEST(FullyShard, SetIsLastBackwardOn2Ranks) {
 TEST(FullyShard, SetRequiresAllReduceOn2Ranks) {
   const std::map<std::string, at::Tensor> accumulated = AccumulatedReference();
   comm::testing::RunOnRanks(2, [&](comm::ProcessGroup& pg) {
-    const int64_t half = kBatch / 2, local = half / pg.size();
-    Net model = MakeNet(false);
     fsdp::FullyShardOptions options;
     absl::StatusOr<comm::DeviceMesh> mesh = comm::init_hybrid_shard_mesh(pg, 2, 1);
     ASSERT_TRUE(mesh.ok()) << mesh.status();
     options.mesh = *mesh;
-    for (const auto& block : *model->blocks) fsdp::fully_shard(block, options);
-    fsdp::FSDPModule root = fsdp::fully_shard(model, options);
-    Batch b = MakeBatch(0, 0, 1);
-    for (int micro = 0; micro < 2; ++micro) {
-      root.set_requires_all_reduce(micro == 1);
-      const int64_t row = micro * half + pg.rank() * local;
-      Loss(module_call::call(model, b.x.narrow(0, row, local)), b.y.narrow(0, row, local))
-          .backward();
-      if (micro == 0) {
-        for (const auto& p : model->named_parameters()) {
-          EXPECT_FALSE(p.value().grad().defined())
-              << p.key() << " after a backward without all-reduce";
-        }
-      }
-    }
-    for (const auto& p : model->named_parameters()) {
-      ASSERT_TRUE(p.value().grad().defined()) << p.key();
-      ExpectRel(p.value().grad(), Rows(p.value(), accumulated.at(p.key())),
-                "accumulated grad " + p.key());
-    }
+    ExpectGradientOfTwoMicrobatches(
+        pg, options,
+        [](fsdp::FSDPModule& root, int micro) { root.set_requires_all_reduce(micro == 1); },
+        "a backward without all-reduce", accumulated);
   });
 }
 

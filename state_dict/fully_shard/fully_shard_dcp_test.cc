@@ -177,111 +177,55 @@ void ExpectClose(const TensorDict& ours, const TensorDict& python, const std::st
   }
 }
 
-// Python's fully_shard saved on 2 ranks; ours loads on 3 and continues.
-TEST(FullyShardDcp, PythonDirectoryContinuesHereOnAnotherWorldSize) {
-  comm::testing::RunOnRanks(3, [&](comm::ProcessGroup& pg) {
-    auto batches = LoadTensorDict(Fixture("batches.pt"));
-    ASSERT_TRUE(batches.ok()) << batches.status();
-    torch::nn::Sequential model = Sharded(pg);
-    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
-    auto loaded = LoadFullyShardDcp(Fixture("python_fsdp2_w2"), *model, &opt);
-    ASSERT_TRUE(loaded.ok()) << loaded;
-    Step(model, opt, batches->tensors["x3"]);
-    auto python = LoadTensorDict(Fixture("py_after.pt"));
-    ASSERT_TRUE(python.ok()) << python.status();
-    ExpectClose(Gathered(model), python->tensors, "Python's fully_shard DCP on 3 ranks");
-  });
-}
-
-// Ours saves on 3 ranks; Python's fully_shard on 2 loads and continues.
-TEST(FullyShardDcp, OurDirectoryContinuesInPython) {
-  const std::string dir = Dir();
-  if (!comm::testing::IsRankProcess()) {
-    ASSERT_TRUE(PythonTorchAvailable()) << "run tools/setup.sh --with-python";
-    std::filesystem::create_directories(dir);
-  }
-  const int failed = comm::testing::RunOnRanks(3, [&](comm::ProcessGroup& pg) {
-    auto batches = LoadTensorDict(Fixture("batches.pt"));
-    ASSERT_TRUE(batches.ok()) << batches.status();
-    torch::nn::Sequential model = Sharded(pg);
-    // Start from the fixture's parameters (Python's after its 2 steps),
-    // then 2 steps of our own with a fresh Adam: what we save is ours.
-    auto loaded = LoadFullyShardDcp(Fixture("python_fsdp2_w2"), *model, nullptr);
-    ASSERT_TRUE(loaded.ok()) << loaded;
-    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
-    Step(model, opt, batches->tensors["x1"]);
-    Step(model, opt, batches->tensors["x2"]);
-    auto saved = SaveFullyShardDcpShard(dir + "/ckpt", *model, &opt);
-    ASSERT_TRUE(saved.ok()) << saved;
-    comm::barrier(pg).wait();
-    if (pg.rank() == 0) {
-      auto committed = CommitDcpCheckpoint(dir + "/ckpt", pg.size());
-      ASSERT_TRUE(committed.ok()) << committed;
-    }
-    auto full =
-        SaveFullyShardCheckpoint(dir + "/full", 2, *model, &opt, FullyShardCheckpointKind::kFull);
-    ASSERT_TRUE(full.ok()) << full;
-    Step(model, opt, batches->tensors["x3"]);
-    TensorDict after = Gathered(model);
-    if (pg.rank() == 0) ASSERT_TRUE(SaveTensorDict(after, dir + "/ours_after.pt").ok());
-  });
-  if (comm::testing::IsRankProcess()) return;
-  ASSERT_EQ(failed, 0);
-  std::string output;
-  ASSERT_EQ(RunPython(kPythonLoad, PythonArgs(dir, Fixture("batches.pt"), kDim0Model), &output), 0)
-      << output;
-  auto ours = LoadTensorDict(dir + "/ours_after.pt");
-  auto python = LoadTensorDict(dir + "/py_after_ours.pt");
-  ASSERT_TRUE(ours.ok() && python.ok());
-  ExpectClose(ours->tensors, python->tensors, "Python's fully_shard on 2 ranks from ours");
-}
-
-// Shard(1) on 2 ranks, or dim 0 on 3, loads Python's Shard(1) directory
-// (its weights' chunks [rows, cols / 2] at column offsets 0 and cols / 2)
-// and takes the third step to Python's parameters after its third.
-void PythonShard1DirectoryContinuesHere(comm::ProcessGroup& pg, const Shape& shape) {
-  auto batches = LoadTensorDict(Fixture("batches_shard1.pt"));
+// One of Python's fully_shard fixtures (`fixture`, saved on 2 ranks after
+// 2 steps; `batches`, `after`: its batches and its parameters after the
+// third step) loads into ours (`shape`, on pg's ranks), which takes the
+// third step to Python's parameters.
+void PythonDirectoryContinuesHere(comm::ProcessGroup& pg, const Shape& shape,
+                                  const std::string& fixture, const std::string& batches_file,
+                                  const std::string& after_file, const std::string& what) {
+  auto batches = LoadTensorDict(Fixture(batches_file));
   ASSERT_TRUE(batches.ok()) << batches.status();
   torch::nn::Sequential model = Sharded(pg, shape);
   auto spec = fsdp::sharded_param_spec((*model)[0]->named_parameters()["weight"]);
   ASSERT_TRUE(spec.has_value());
   ASSERT_EQ(spec->shard_dim, shape.dim < 0 ? 0 : shape.dim);
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
-  auto loaded = LoadFullyShardDcp(Fixture("python_fsdp2_shard1_w2"), *model, &opt);
+  auto loaded = LoadFullyShardDcp(Fixture(fixture), *model, &opt);
   ASSERT_TRUE(loaded.ok()) << loaded;
   Step(model, opt, batches->tensors["x3"]);
-  auto python = LoadTensorDict(Fixture("py_after_shard1.pt"));
+  auto python = LoadTensorDict(Fixture(after_file));
   ASSERT_TRUE(python.ok()) << python.status();
-  ExpectClose(Gathered(model), python->tensors,
-              "Python's Shard(1) fully_shard DCP on " + std::to_string(pg.size()) + " ranks, dim " +
-                  std::to_string(spec->shard_dim));
+  ExpectClose(
+      Gathered(model), python->tensors,
+      what + " on " + std::to_string(pg.size()) + " ranks, dim " + std::to_string(spec->shard_dim));
 }
 
-TEST(FullyShardDcp, PythonShard1DirectoryContinuesHereOnShard1) {
-  comm::testing::RunOnRanks(
-      2, [&](comm::ProcessGroup& pg) { PythonShard1DirectoryContinuesHere(pg, kShard1Model); });
-}
-
-TEST(FullyShardDcp, PythonShard1DirectoryContinuesHereOnDim0OnAnotherWorldSize) {
+// Python's fully_shard saved on 2 ranks; ours loads on 3 and continues.
+TEST(FullyShardDcp, PythonDirectoryContinuesHereOnAnotherWorldSize) {
   comm::testing::RunOnRanks(3, [&](comm::ProcessGroup& pg) {
-    PythonShard1DirectoryContinuesHere(pg, {6, 4, 2, -1});
+    PythonDirectoryContinuesHere(pg, kDim0Model, "python_fsdp2_w2", "batches.pt", "py_after.pt",
+                                 "Python's fully_shard DCP");
   });
 }
 
-// Ours with Shard(1) on 2 ranks saves (a [1, cols / 2] DCP chunk per row
-// of a weight); Python's fully_shard with Shard(1) on 2 loads and continues.
-TEST(FullyShardDcp, OurShard1DirectoryContinuesInPython) {
-  const std::string dir = Dir("fully_shard_dcp_shard1");
+// Ours on `ranks` ranks (`shape`) starts from the parameters of Python's
+// fixture `fixture`, takes 2 steps with a fresh Adam (what it saves is
+// ours) and saves DCP (and a FULL file) under `dir`, then the third step;
+// Python's fully_shard on 2 ranks (kPythonLoad, the same shape) loads the
+// DCP directory, takes the same third step and must equal ours.
+void OurDirectoryContinuesInPython(const std::string& dir, int ranks, const Shape& shape,
+                                   const std::string& fixture, const std::string& batches_file,
+                                   const std::string& what) {
   if (!comm::testing::IsRankProcess()) {
     ASSERT_TRUE(PythonTorchAvailable()) << "run tools/setup.sh --with-python";
     std::filesystem::create_directories(dir);
   }
-  const int failed = comm::testing::RunOnRanks(2, [&](comm::ProcessGroup& pg) {
-    auto batches = LoadTensorDict(Fixture("batches_shard1.pt"));
+  const int failed = comm::testing::RunOnRanks(ranks, [&](comm::ProcessGroup& pg) {
+    auto batches = LoadTensorDict(Fixture(batches_file));
     ASSERT_TRUE(batches.ok()) << batches.status();
-    torch::nn::Sequential model = Sharded(pg, kShard1Model);
-    // The fixture's parameters, then 2 steps of our own with a fresh Adam.
-    auto loaded = LoadFullyShardDcp(Fixture("python_fsdp2_shard1_w2"), *model, nullptr);
+    torch::nn::Sequential model = Sharded(pg, shape);
+    auto loaded = LoadFullyShardDcp(Fixture(fixture), *model, nullptr);
     ASSERT_TRUE(loaded.ok()) << loaded;
     torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
     Step(model, opt, batches->tensors["x1"]);
@@ -303,14 +247,43 @@ TEST(FullyShardDcp, OurShard1DirectoryContinuesInPython) {
   if (comm::testing::IsRankProcess()) return;
   ASSERT_EQ(failed, 0);
   std::string output;
-  ASSERT_EQ(
-      RunPython(kPythonLoad, PythonArgs(dir, Fixture("batches_shard1.pt"), kShard1Model), &output),
-      0)
+  ASSERT_EQ(RunPython(kPythonLoad, PythonArgs(dir, Fixture(batches_file), shape), &output), 0)
       << output;
   auto ours = LoadTensorDict(dir + "/ours_after.pt");
   auto python = LoadTensorDict(dir + "/py_after_ours.pt");
   ASSERT_TRUE(ours.ok() && python.ok());
-  ExpectClose(ours->tensors, python->tensors, "Python's Shard(1) fully_shard on 2 ranks from ours");
+  ExpectClose(ours->tensors, python->tensors, what);
+}
+
+// Ours saves on 3 ranks; Python's fully_shard on 2 loads and continues.
+TEST(FullyShardDcp, OurDirectoryContinuesInPython) {
+  OurDirectoryContinuesInPython(Dir(), 3, kDim0Model, "python_fsdp2_w2", "batches.pt",
+                                "Python's fully_shard on 2 ranks from ours");
+}
+
+// Shard(1) on 2 ranks, or dim 0 on 3, loads Python's Shard(1) directory
+// (its weights' chunks [rows, cols / 2] at column offsets 0 and cols / 2)
+// and takes the third step to Python's parameters after its third.
+TEST(FullyShardDcp, PythonShard1DirectoryContinuesHereOnShard1) {
+  comm::testing::RunOnRanks(2, [&](comm::ProcessGroup& pg) {
+    PythonDirectoryContinuesHere(pg, kShard1Model, "python_fsdp2_shard1_w2", "batches_shard1.pt",
+                                 "py_after_shard1.pt", "Python's Shard(1) fully_shard DCP");
+  });
+}
+
+TEST(FullyShardDcp, PythonShard1DirectoryContinuesHereOnDim0OnAnotherWorldSize) {
+  comm::testing::RunOnRanks(3, [&](comm::ProcessGroup& pg) {
+    PythonDirectoryContinuesHere(pg, {6, 4, 2, -1}, "python_fsdp2_shard1_w2", "batches_shard1.pt",
+                                 "py_after_shard1.pt", "Python's Shard(1) fully_shard DCP");
+  });
+}
+
+// Ours with Shard(1) on 2 ranks saves (a [1, cols / 2] DCP chunk per row
+// of a weight); Python's fully_shard with Shard(1) on 2 loads and continues.
+TEST(FullyShardDcp, OurShard1DirectoryContinuesInPython) {
+  OurDirectoryContinuesInPython(Dir("fully_shard_dcp_shard1"), 2, kShard1Model,
+                                "python_fsdp2_shard1_w2", "batches_shard1.pt",
+                                "Python's Shard(1) fully_shard on 2 ranks from ours");
 }
 
 }  // namespace

@@ -63,12 +63,15 @@ torch::nn::Sequential MakeModel() {
   return torch::nn::Sequential(torch::nn::Linear(5, 7), torch::nn::ReLU(), torch::nn::Linear(7, 3));
 }
 
-std::vector<torch::Tensor> Batches() {
-  torch::manual_seed(7);
+// Three batches of 4 rows of `inputs` values, from `seed`.
+std::vector<torch::Tensor> RandomBatches(uint64_t seed, int64_t inputs) {
+  torch::manual_seed(seed);
   std::vector<torch::Tensor> out;
-  for (int i = 0; i < 3; ++i) out.push_back(torch::randn({4, 5}));
+  for (int i = 0; i < 3; ++i) out.push_back(torch::randn({4, inputs}));
   return out;
 }
+
+std::vector<torch::Tensor> Batches() { return RandomBatches(7, 5); }
 
 Params Snapshot(const torch::nn::Module& m) {
   Params out;
@@ -76,11 +79,9 @@ Params Snapshot(const torch::nn::Module& m) {
   return out;
 }
 
-// The unwrapped model after `steps` Adam steps on the batches.
-Params Reference(int steps) {
-  torch::nn::Sequential model = MakeModel();
+// The unwrapped `model` after `steps` Adam steps on `batches`.
+Params Trained(torch::nn::Sequential model, const std::vector<torch::Tensor>& batches, int steps) {
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
-  const auto batches = Batches();
   for (int i = 0; i < steps; ++i) {
     model->forward(batches[static_cast<size_t>(i)]).pow(2).sum().backward();
     opt.step();
@@ -88,6 +89,8 @@ Params Reference(int steps) {
   }
   return Snapshot(*model);
 }
+
+Params Reference(int steps) { return Trained(MakeModel(), Batches(), steps); }
 
 void ExpectClose(const Params& got, const Params& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -100,16 +103,26 @@ void ExpectClose(const Params& got, const Params& want, const std::string& what)
   }
 }
 
-// A fully_shard tree over `pg`: each Linear, then the root.
-torch::nn::Sequential Sharded(const comm::ProcessGroup& pg) {
-  torch::nn::Sequential model = MakeModel();
+// `model` as a fully_shard tree over `pg`: each Linear, then the root;
+// with `dim1`, the 2-D weights on Shard(1) (shard_placement_fn), else on
+// dim 0.
+torch::nn::Sequential ShardTree(torch::nn::Sequential model, const comm::ProcessGroup& pg,
+                                bool dim1 = false) {
   fsdp::FullyShardOptions options;
   options.process_group = pg;
+  if (dim1) {
+    options.shard_placement_fn = [](const at::Tensor& p) -> std::optional<int64_t> {
+      if (p.dim() == 2) return 1;
+      return std::nullopt;
+    };
+  }
   fsdp::fully_shard((*model)[0], options);
   fsdp::fully_shard((*model)[2], options);
   fsdp::fully_shard(model, options);
   return model;
 }
+
+torch::nn::Sequential Sharded(const comm::ProcessGroup& pg) { return ShardTree(MakeModel(), pg); }
 
 void Step(torch::nn::Sequential& model, torch::optim::Optimizer& opt, const torch::Tensor& x) {
   module_call::call(model, x).pow(2).sum().backward();
@@ -412,41 +425,12 @@ torch::nn::Sequential MakeEvenModel() {
   return torch::nn::Sequential(torch::nn::Linear(6, 4), torch::nn::ReLU(), torch::nn::Linear(4, 2));
 }
 
-std::vector<torch::Tensor> EvenBatches() {
-  torch::manual_seed(11);
-  std::vector<torch::Tensor> out;
-  for (int i = 0; i < 3; ++i) out.push_back(torch::randn({4, 6}));
-  return out;
-}
+std::vector<torch::Tensor> EvenBatches() { return RandomBatches(11, 6); }
 
-Params EvenReference(int steps) {
-  torch::nn::Sequential model = MakeEvenModel();
-  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
-  const auto batches = EvenBatches();
-  for (int i = 0; i < steps; ++i) {
-    model->forward(batches[static_cast<size_t>(i)]).pow(2).sum().backward();
-    opt.step();
-    opt.zero_grad();
-  }
-  return Snapshot(*model);
-}
+Params EvenReference(int steps) { return Trained(MakeEvenModel(), EvenBatches(), steps); }
 
-// fully_shard over `pg`, the 2-D weights on Shard(1) with `dim1`, else
-// dim 0.
 torch::nn::Sequential EvenSharded(const comm::ProcessGroup& pg, bool dim1) {
-  torch::nn::Sequential model = MakeEvenModel();
-  fsdp::FullyShardOptions options;
-  options.process_group = pg;
-  if (dim1) {
-    options.shard_placement_fn = [](const at::Tensor& p) -> std::optional<int64_t> {
-      if (p.dim() == 2) return 1;
-      return std::nullopt;
-    };
-  }
-  fsdp::fully_shard((*model)[0], options);
-  fsdp::fully_shard((*model)[2], options);
-  fsdp::fully_shard(model, options);
-  return model;
+  return ShardTree(MakeEvenModel(), pg, dim1);
 }
 
 // On 2 ranks: a Shard(1) tree saves SHARDED, FULL and DCP and gives its
