@@ -132,6 +132,17 @@ absl::StatusOr<View> Describe(const torch::nn::Module& model) {
   return view;
 }
 
+// `st`'s pieces back to back, in order: this rank's shard, flattened,
+// when they are its ranges (Entry::ranges).
+torch::Tensor JoinedPieces(const ShardedTensor& st) {
+  if (st.pieces.size() == 1) return st.pieces[0].data;
+  if (st.pieces.empty()) return torch::empty({0}, torch::TensorOptions().dtype(st.dtype));
+  std::vector<torch::Tensor> runs;
+  runs.reserve(st.pieces.size());
+  for (const ShardPiece& piece : st.pieces) runs.push_back(piece.data);
+  return torch::cat(runs);
+}
+
 // A Shard(d) entry (d > 0) whole on every rank of `group`: every rank
 // holds an equal chunk of dim d (fully_shard requires it), its runs in
 // order; gathered end to end they are the chunks, concatenated again on
@@ -140,10 +151,7 @@ absl::StatusOr<torch::Tensor> GatherOffDim0(const std::string& key, const Sharde
                                             int64_t dim, const comm::ProcessGroup& group) {
   const int world = group.size();
   const int64_t numel = st.global_numel();
-  std::vector<torch::Tensor> runs;
-  for (const ShardPiece& piece : st.pieces) runs.push_back(piece.data);
-  const torch::Tensor local =
-      runs.empty() ? torch::empty({0}, torch::TensorOptions().dtype(st.dtype)) : torch::cat(runs);
+  const torch::Tensor local = JoinedPieces(st);
   if (local.numel() * world != numel) {
     return absl::InternalError(absl::StrCat("fully_shard state dict: '", key, "' (Shard(", dim,
                                             ")) holds ", local.numel(), " elements on rank ",
@@ -262,11 +270,7 @@ absl::StatusOr<torch::Tensor> Local(const ShardedStateDict& loaded, const std::s
                      " pieces, expected exactly this rank's ", ranges.size(),
                      " range(s) starting [", ranges[0].offset, ", ", ranges[0].end(), ")"));
   }
-  if (st->pieces.size() == 1) return st->pieces[0].data.reshape(local_shape);
-  std::vector<torch::Tensor> runs;
-  runs.reserve(st->pieces.size());
-  for (const ShardPiece& piece : st->pieces) runs.push_back(piece.data);
-  return torch::cat(runs).reshape(local_shape);
+  return JoinedPieces(*st).reshape(local_shape);
 }
 
 absl::Status LoadOptim(const View& view, torch::optim::Optimizer& optimizer,

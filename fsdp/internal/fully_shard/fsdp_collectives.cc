@@ -268,11 +268,10 @@ PendingReduce foreach_reduce_start(const std::vector<FSDPParam*>& params,
   }
   if (reduce_stream) {
     pending.work.wait_on_stream();
-    const at::Tensor output = pending.output;
-    std::vector<FSDPParam*> reduced_params = std::move(pending.params);
-    pending.params.clear();
+    add_to_sharded_grads(pending.output, params, replicate_group, replica, /*on_stream=*/true);
+    // Queued: nothing is left for foreach_reduce_finish but the wait.
     pending.output = at::Tensor();
-    add_to_sharded_grads(output, reduced_params, replicate_group, replica, /*on_stream=*/true);
+    pending.params.clear();
     pending.reduced.emplace(reduce_stream->device_type());
     pending.reduced->record(*reduce_stream);
   }
