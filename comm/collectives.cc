@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -137,7 +138,7 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 }
 
 Work make_work(const internal::GroupState& state, const char* op,
-               c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish,
+               std::vector<c10::intrusive_ptr<c10d::Work>> works, std::function<void()> finish,
                std::vector<at::Tensor> keep, const char* detail_key = nullptr,
                const char* detail_text = nullptr, int detail_int = 0) {
   auto ws = std::make_shared<internal::WorkState>();
@@ -149,11 +150,73 @@ Work make_work(const internal::GroupState& state, const char* op,
   ws->detail_text = detail_text;
   ws->detail_int = detail_int;
   ws->stream_ordered = !keep.empty() && on_nccl(state, keep.front());
-  ws->work = std::move(work);
+  ws->works = std::move(works);
   ws->finish = std::move(finish);
   ws->keep_alive = std::move(keep);
   ws->default_timeout = state.timeout;
   return Work(std::move(ws));
+}
+
+// Gloo's all-gather (c10d's allgather) stages every call through a flat
+// buffer it allocates, and copies out of it. For large tensors on the CPU,
+// sends and receives do less: each rank sends its input to every other rank
+// and receives theirs straight into place, the same bytes on the wire
+// ((W-1)/W of the output per rank) without the staging copy or its page
+// faults (comm_bench: direct_all_gather). Small messages pay for a
+// receive's extra round trip instead, so they keep the collective.
+constexpr int64_t kDirectAllGatherMinBytes = int64_t{1} << 20;
+
+// The tag of comm's own sends and receives; comm::send/recv take tags below it.
+constexpr int kInternalTag = kMaxTag + 1;
+
+bool gathers_directly(const internal::GroupState& state, c10::Device device, int64_t bytes) {
+  return state.backend != "nccl" && device.is_cpu() && bytes >= kDirectAllGatherMinBytes;
+}
+
+// pieces[r][k] (a contiguous view) receives inputs[k] of group rank r. The
+// ranks take turns around the ring (at step s, send to rank + s and receive
+// from rank - s), so no peer is sent everything at once; a rank's own
+// pieces are copies.
+std::vector<c10::intrusive_ptr<c10d::Work>> start_direct_all_gather(
+    const internal::GroupState& state, const std::vector<std::vector<at::Tensor>>& pieces,
+    const std::vector<at::Tensor>& inputs) {
+  const int world = state.size, rank = state.rank;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  works.reserve(static_cast<size_t>(2 * (world - 1)) * inputs.size());
+  for (int step = 1; step < world; ++step) {
+    const int from = (rank - step + world) % world;
+    const int to = (rank + step) % world;
+    for (const at::Tensor& piece : pieces[static_cast<size_t>(from)]) {
+      std::vector<at::Tensor> into{piece};
+      works.push_back(state.pg->recv(into, from, kInternalTag));
+    }
+    for (const at::Tensor& input : inputs) {
+      std::vector<at::Tensor> sent{input};
+      works.push_back(state.pg->send(sent, to, kInternalTag));
+    }
+  }
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    pieces[static_cast<size_t>(rank)][k].copy_(inputs[k]);
+  }
+  return works;
+}
+
+}  // namespace
+
+namespace {
+
+// `output` and `input` of an all-gather; `which` names the pair in a list.
+void check_all_gather(const internal::GroupState& state, const char* op, const at::Tensor& output,
+                      const at::Tensor& input, const std::string& which = "") {
+  check_flat(state, op, ("input" + which).c_str(), input);
+  check_flat(state, op, ("output" + which).c_str(), output);
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "comm::", op, ": output", which,
+              " has dtype ", output.scalar_type(), ": expected the input's dtype ",
+              input.scalar_type());
+  const int64_t n = input.numel();
+  TORCH_CHECK(output.numel() == n * state.size, "comm::", op, ": output", which, " has ",
+              output.numel(), " elements: expected group size ", state.size, " x input's ", n,
+              " = ", n * state.size);
 }
 
 }  // namespace
@@ -162,18 +225,61 @@ Work all_gather_into_tensor(const ProcessGroup& group, const at::Tensor& output,
                             const at::Tensor& input) {
   constexpr const char* kOp = "all_gather_into_tensor";
   const auto& state = member_state(group, kOp);
-  check_flat(state, kOp, "input", input);
-  check_flat(state, kOp, "output", output);
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "comm::", kOp, ": output has dtype ",
-              output.scalar_type(), ": expected the input's dtype ", input.scalar_type());
+  check_all_gather(state, kOp, output, input);
   const int64_t n = input.numel();
-  TORCH_CHECK(output.numel() == n * state.size, "comm::", kOp, ": output has ", output.numel(),
-              " elements: expected group size ", state.size, " x input's ", n, " = ",
-              n * state.size);
+  if (gathers_directly(state, output.device(), static_cast<int64_t>(output.nbytes()))) {
+    std::vector<std::vector<at::Tensor>> pieces(static_cast<size_t>(state.size));
+    for (int r = 0; r < state.size; ++r) {
+      pieces[static_cast<size_t>(r)].push_back(output.narrow(0, r * n, n));
+    }
+    return make_work(state, kOp, start_direct_all_gather(state, pieces, {input}), nullptr,
+                     {output, input});
+  }
   at::Tensor out = output;
   at::Tensor in = input;
   auto work = all_gather_base(*state.pg, out, in);
-  return make_work(state, kOp, std::move(work), nullptr, {output, input});
+  return make_work(state, kOp, {std::move(work)}, nullptr, {output, input});
+}
+
+Work all_gather_into_tensors(const ProcessGroup& group, const std::vector<at::Tensor>& outputs,
+                             const std::vector<at::Tensor>& inputs) {
+  constexpr const char* kOp = "all_gather_into_tensors";
+  const auto& state = member_state(group, kOp);
+  TORCH_CHECK(outputs.size() == inputs.size(), "comm::", kOp, ": ", outputs.size(),
+              " outputs for ", inputs.size(), " inputs: expected one output per input");
+  int64_t bytes = 0;
+  bool all_cpu = true;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    check_all_gather(state, kOp, outputs[k], inputs[k], "s[" + std::to_string(k) + "]");
+    bytes += static_cast<int64_t>(outputs[k].nbytes());
+    all_cpu = all_cpu && outputs[k].device().is_cpu();
+  }
+  if (inputs.empty()) return Work();
+  std::vector<at::Tensor> keep = outputs;
+  keep.insert(keep.end(), inputs.begin(), inputs.end());
+  if (all_cpu && gathers_directly(state, outputs.front().device(), bytes)) {
+    std::vector<std::vector<at::Tensor>> pieces(static_cast<size_t>(state.size));
+    for (int r = 0; r < state.size; ++r) {
+      for (size_t k = 0; k < inputs.size(); ++k) {
+        const int64_t n = inputs[k].numel();
+        pieces[static_cast<size_t>(r)].push_back(outputs[k].narrow(0, r * n, n));
+      }
+    }
+    return make_work(state, kOp, start_direct_all_gather(state, pieces, inputs), nullptr,
+                     std::move(keep));
+  }
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    at::Tensor out = outputs[k];
+    at::Tensor in = inputs[k];
+    works.push_back(all_gather_base(*state.pg, out, in));
+  }
+  return make_work(state, kOp, std::move(works), nullptr, std::move(keep));
+}
+
+bool all_gathers_rank_to_rank(const ProcessGroup& group, c10::Device device, int64_t bytes) {
+  const auto& state = group.state();
+  return state && state->pg && gathers_directly(*state, device, bytes);
 }
 
 Work reduce_scatter_tensor(const ProcessGroup& group, const at::Tensor& output,
@@ -196,7 +302,7 @@ Work reduce_scatter_tensor(const ProcessGroup& group, const at::Tensor& output,
     c10d::ReduceScatterOptions options;
     options.reduceOp = to_c10d(op);
     auto work = reduce_scatter_base(*state.pg, out, in, options);
-    return make_work(state, kOp, std::move(work), nullptr, {output, input}, "op",
+    return make_work(state, kOp, {std::move(work)}, nullptr, {output, input}, "op",
                      reduce_op_name(op));
   }
   // Gloo: not c10d's reduce_scatter_single. On 2.15 its Work never reports
@@ -236,7 +342,7 @@ Work reduce_scatter_tensor(const ProcessGroup& group, const at::Tensor& output,
       case ReduceOp::kMin: at::amin_out(out, chunks, 0); break;
     }
   };
-  return make_work(state, kOp, std::move(work), std::move(finish), {output, input}, "op",
+  return make_work(state, kOp, {std::move(work)}, std::move(finish), {output, input}, "op",
                    reduce_op_name(op));
 }
 
@@ -249,7 +355,7 @@ Work all_reduce(const ProcessGroup& group, const at::Tensor& tensor, ReduceOp op
   c10d::AllreduceOptions options;
   options.reduceOp = to_c10d(op);
   auto work = state.pg->allreduce(tensors, options);
-  return make_work(state, kOp, std::move(work), nullptr, {tensor}, "op", reduce_op_name(op));
+  return make_work(state, kOp, {std::move(work)}, nullptr, {tensor}, "op", reduce_op_name(op));
 }
 
 Work broadcast(const ProcessGroup& group, const at::Tensor& tensor, int root) {
@@ -263,7 +369,7 @@ Work broadcast(const ProcessGroup& group, const at::Tensor& tensor, int root) {
   c10d::BroadcastOptions options;
   options.rootRank = root;
   auto work = state.pg->broadcast(tensors, options);
-  return make_work(state, kOp, std::move(work), nullptr, {tensor}, "root", nullptr, root);
+  return make_work(state, kOp, {std::move(work)}, nullptr, {tensor}, "root", nullptr, root);
 }
 
 namespace {
@@ -276,6 +382,8 @@ Work point_to_point(const ProcessGroup& group, const at::Tensor& tensor, int pee
   const char* arg = sending ? "dst" : "src";
   const auto& state = member_state(group, op);
   check_flat(state, op, "tensor", tensor);
+  TORCH_CHECK(tag >= 0 && tag <= kMaxTag, "comm::", op, ": tag=", tag, ": expected 0 <= tag <= ",
+              kMaxTag, " (higher tags are comm's own)");
   TORCH_CHECK(peer >= 0 && peer < state.size, "comm::", op, ": ", arg, "=", peer,
               ": expected a rank of the group in [0, ", state.size,
               ") (a group rank, not a world rank)");
@@ -283,7 +391,7 @@ Work point_to_point(const ProcessGroup& group, const at::Tensor& tensor, int pee
               " is this rank: expected another rank of the group");
   std::vector<at::Tensor> tensors{tensor};
   auto work = sending ? state.pg->send(tensors, peer, tag) : state.pg->recv(tensors, peer, tag);
-  return make_work(state, op, std::move(work), nullptr, {tensor}, arg, nullptr, peer);
+  return make_work(state, op, {std::move(work)}, nullptr, {tensor}, arg, nullptr, peer);
 }
 
 }  // namespace
@@ -300,7 +408,7 @@ Work barrier(const ProcessGroup& group) {
   constexpr const char* kOp = "barrier";
   const auto& state = member_state(group, kOp);
   auto work = state.pg->barrier();
-  return make_work(state, kOp, std::move(work), nullptr, {});
+  return make_work(state, kOp, {std::move(work)}, nullptr, {});
 }
 
 }  // namespace comm

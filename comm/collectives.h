@@ -11,7 +11,10 @@
 // also keeps them referenced).
 #pragma once
 
+#include <vector>
+
 #include "ATen/core/Tensor.h"
+#include "c10/core/Device.h"
 #include "comm/process_group.h"
 #include "comm/work.h"
 
@@ -29,6 +32,21 @@ const char* reduce_op_name(ReduceOp op);
 // output[r*n : (r+1)*n] = input of rank r.   output: [size*n], input: [n].
 Work all_gather_into_tensor(const ProcessGroup& group, const at::Tensor& output,
                             const at::Tensor& input);
+
+// Several all_gather_into_tensor at once (torch.distributed's
+// all_gather_into_tensor_coalesced): outputs[k][r*n_k : (r+1)*n_k] = inputs[k]
+// of rank r, n_k = inputs[k].numel(). Each pair (outputs[k], inputs[k]) is
+// checked as all_gather_into_tensor checks its arguments; pairs may differ in
+// dtype and size. On Gloo, CPU tensors of 1 MiB or more in all go rank to
+// rank straight into the outputs (no staging buffer, no copy-out); other
+// calls are one collective per pair, in order.
+Work all_gather_into_tensors(const ProcessGroup& group, const std::vector<at::Tensor>& outputs,
+                             const std::vector<at::Tensor>& inputs);
+// Whether all_gather_into_tensors over `group` of tensors on `device`,
+// `bytes` of output in all, goes rank to rank. When it does not, it is one
+// collective per tensor: a caller with many small tensors should flatten
+// them into one all_gather_into_tensor instead.
+bool all_gathers_rank_to_rank(const ProcessGroup& group, c10::Device device, int64_t bytes);
 
 // output = op over ranks r of input_r[rank*n : (rank+1)*n].
 // output: [n], input: [size*n]. Callers pad the flat tensor to a multiple of
@@ -51,6 +69,8 @@ Work barrier(const ProcessGroup& group);
 // the caller's own. Pairs match in the order they were posted (`tag` keeps
 // interleaved streams between the same two ranks apart). Like every
 // collective here, wait() is bounded by the group's timeout.
+// Tags run from 0 to kMaxTag; higher ones are comm's own.
+inline constexpr int kMaxTag = (1 << 30) - 1;
 Work send(const ProcessGroup& group, const at::Tensor& tensor, int dst, int tag = 0);
 Work recv(const ProcessGroup& group, const at::Tensor& tensor, int src, int tag = 0);
 

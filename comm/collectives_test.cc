@@ -9,6 +9,7 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
@@ -164,6 +165,66 @@ TEST(Collectives, AsyncHandlesOverlapAndWaitInAnyOrder) {
   });
 }
 
+// Gathers of 1 MiB and more on Gloo go rank to rank (sends and receives
+// straight into the output); several in flight at once must each get their
+// own pieces. float32 and bfloat16; one list gather mixes both dtypes and
+// sizes, one stays under 1 MiB (one collective per pair).
+void check_large_gathers(ProcessGroup& pg) {
+  const int world = pg.size();
+  const int rank = pg.rank();
+  const std::string where = " world=" + std::to_string(world);
+  constexpr int64_t kBig = 300001;  // x world x 2 bytes > 1 MiB
+  std::vector<at::Tensor> floats, halves;
+  for (int r = 0; r < world; ++r) {
+    floats.push_back(input_of(r, kBig, at::kFloat));
+    halves.push_back(input_of(r + 3, kBig, at::kBFloat16));
+  }
+  at::Tensor gathered_f = at::empty({world * kBig}, at::kFloat);
+  at::Tensor gathered_h = at::empty({world * kBig}, at::kBFloat16);
+  Work wf = all_gather_into_tensor(pg, gathered_f, floats[rank]);
+  Work wh = all_gather_into_tensor(pg, gathered_h, halves[rank]);
+  wh.wait();
+  wf.wait();
+  EXPECT_TRUE(gathered_f.equal(at::cat(floats))) << "float32" << where;
+  EXPECT_TRUE(gathered_h.equal(at::cat(halves))) << "bfloat16" << where;
+
+  for (int64_t scale : {int64_t{1}, int64_t{1000}}) {  // ~1 KiB and ~1 MiB in all
+    std::vector<int64_t> sizes = {7 * scale, 1, 130 * scale, 3};
+    std::vector<at::ScalarType> dtypes = {at::kFloat, at::kBFloat16, at::kDouble, at::kFloat};
+    std::vector<at::Tensor> inputs, outputs;
+    std::vector<std::vector<at::Tensor>> per_rank(sizes.size());
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      for (int r = 0; r < world; ++r) {
+        per_rank[k].push_back(input_of(r + static_cast<int>(k), sizes[k], dtypes[k]));
+      }
+      inputs.push_back(per_rank[k][rank]);
+      outputs.push_back(at::empty({world * sizes[k]}, dtypes[k]));
+    }
+    Work first = all_gather_into_tensors(pg, outputs, inputs);
+    // A second list in flight behind the first, into other outputs.
+    std::vector<at::Tensor> again;
+    for (const at::Tensor& o : outputs) again.push_back(at::empty_like(o));
+    Work second = all_gather_into_tensors(pg, again, inputs);
+    second.wait();
+    first.wait();
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const std::string what = "all_gather_into_tensors[" + std::to_string(k) + "] scale " +
+                               std::to_string(scale) + where;
+      EXPECT_TRUE(outputs[k].equal(at::cat(per_rank[k]))) << what;
+      EXPECT_TRUE(again[k].equal(at::cat(per_rank[k]))) << what << " (second)";
+    }
+  }
+  barrier(pg).wait();
+}
+
+TEST(Collectives, LargeGathersGoRankToRankOnTwoRanks) {
+  testing::RunOnRanks(2, [](ProcessGroup& pg) { check_large_gathers(pg); });
+}
+
+TEST(Collectives, LargeGathersGoRankToRankOnFourRanks) {
+  testing::RunOnRanks(4, [](ProcessGroup& pg) { check_large_gathers(pg); });
+}
+
 // Argument checks run before anything is sent: one process is enough.
 TEST(Collectives, BadArgumentsAreClearErrors) {
   auto port = launcher::pick_free_port();
@@ -197,6 +258,14 @@ TEST(Collectives, BadArgumentsAreClearErrors) {
               HasSubstr("output has 5 elements: expected group size 1 x input's 4 = 4"));
   EXPECT_THAT(message([&] { all_gather_into_tensor(*pg, at::empty({4}, at::kDouble), v); }),
               HasSubstr("output has dtype Double: expected the input's dtype Float"));
+  EXPECT_THAT(message([&] { all_gather_into_tensors(*pg, {at::empty({4})}, {}); }),
+              HasSubstr("1 outputs for 0 inputs: expected one output per input"));
+  EXPECT_THAT(message([&] {
+                all_gather_into_tensors(*pg, {at::empty({4}), at::empty({3})}, {v, v});
+              }),
+              HasSubstr("outputs[1] has 3 elements: expected group size 1 x input's 4"));
+  EXPECT_THAT(message([&] { send(*pg, v, 0, kMaxTag + 1); }),
+              HasSubstr("send: tag=1073741824: expected 0 <= tag <= 1073741823"));
   EXPECT_THAT(message([&] { reduce_scatter_tensor(*pg, at::empty({3}), v); }),
               HasSubstr("input has 4 elements: expected group size 1 x output's 3 = 3"));
   EXPECT_THAT(message([&] { broadcast(*pg, v, 1); }),

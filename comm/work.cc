@@ -1,5 +1,7 @@
 #include "comm/work.h"
 
+#include <algorithm>
+#include <chrono>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -68,10 +70,14 @@ void Work::wait(std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   if (!state_->done) {
     try {
-      if (state_->work) {
-        // c10d's Work::wait(timeout) throws "Operation timed out!" when the
-        // deadline passes, so this never blocks forever.
-        state_->work->wait(timeout);
+      // c10d's Work::wait(timeout) throws "Operation timed out!" when the
+      // deadline passes, so this never blocks forever; the operations of one
+      // Work share the deadline.
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      for (const auto& work : state_->works) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now());
+        work->wait(std::max(left, std::chrono::milliseconds(1)));
       }
       if (state_->finish) state_->finish();
     } catch (const std::exception& e) {
@@ -92,7 +98,7 @@ void Work::wait_on_stream() {
     try {
       // No timeout argument: with one, ProcessGroupNCCL blocks the host
       // until completion. Without, it only makes the current stream wait.
-      if (state_->work) state_->work->wait();
+      for (const auto& work : state_->works) work->wait();
       if (state_->finish) state_->finish();
     } catch (const std::exception& e) {
       record_failure(*state_, e,
@@ -110,7 +116,11 @@ bool Work::is_stream_ordered() const { return state_->stream_ordered; }
 
 bool Work::is_completed() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->done || !state_->work || state_->work->isCompleted();
+  if (state_->done) return true;
+  for (const auto& work : state_->works) {
+    if (!work->isCompleted()) return false;
+  }
+  return true;
 }
 
 }  // namespace comm

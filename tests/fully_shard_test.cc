@@ -786,6 +786,123 @@ TEST(FullyShard, ShardsOfOneDtypeShareOneBufferOn3Ranks) {
   });
 }
 
+// Units of more than 1 MiB, which comm gathers rank to rank on Gloo: each
+// parameter's pieces land straight in its unsharded buffer, with no flat
+// buffer and no copy-out. Two wide residual blocks (one holding a frozen
+// float64 parameter, so its group mixes dtypes) against the unwrapped model,
+// with reshard_after_forward default and 2 (the post-forward group's gather
+// is rank to rank too) and with Shard(1).
+constexpr int64_t kWide = 384;  // a block: 2 x (384 x 384 + 384) float32, 1.1 MiB
+
+struct WideBlockImpl : torch::nn::Module {
+  WideBlockImpl() {
+    a = register_module("a", torch::nn::Linear(kWide, kWide));
+    b = register_module("b", torch::nn::Linear(kWide, kWide));
+  }
+  at::Tensor forward(const at::Tensor& x) { return x + b(torch::tanh(a(x))); }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+TORCH_MODULE(WideBlock);
+// Its forward() reads a and b through their holders; scale64 is not read.
+const bool kWideBlockBound = functorch::RegisterRegistryReadingModule<WideBlockImpl>();
+
+struct WideNetImpl : torch::nn::Module {
+  WideNetImpl() {
+    torch::manual_seed(7);
+    first = register_module("first", WideBlock());
+    second = register_module("second", WideBlock());
+    first->register_parameter("scale64", torch::arange(9, torch::kDouble) + 0.25,
+                              /*requires_grad=*/false);
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return module_call::call(second, module_call::call(first, x));
+  }
+  WideBlock first{nullptr}, second{nullptr};
+};
+TORCH_MODULE(WideNet);
+
+void TrainWideCase(comm::ProcessGroup& pg, const Case& c) {
+  SCOPED_TRACE(c.name + " on " + std::to_string(pg.size()) + " ranks");
+  const int world = pg.size();
+  constexpr int64_t kRows = 8;
+  auto batch = [&](int step, int rank, int ranks) {
+    torch::manual_seed(500 + step);
+    at::Tensor x = torch::randn({kRows, kWide});
+    at::Tensor y = torch::randn({kRows, kWide});
+    const int64_t n = kRows / ranks;
+    return Batch{x.narrow(0, rank * n, n), y.narrow(0, rank * n, n)};
+  };
+  WideNet reference;
+  WideNet model;
+  fsdp::FullyShardOptions options;
+  options.process_group = pg;
+  options.reshard_after_forward = c.reshard_after_forward;
+  if (c.shard1) {
+    options.shard_placement_fn = [](const at::Tensor& p) -> std::optional<int64_t> {
+      if (p.dim() == 2) return 1;
+      return std::nullopt;
+    };
+  }
+  int64_t block_bytes = 0;
+  for (const auto& p : model->first->parameters()) {
+    block_bytes += static_cast<int64_t>(p.numel() * p.element_size());
+  }
+  ASSERT_TRUE(comm::all_gathers_rank_to_rank(pg, at::kCPU, block_bytes))
+      << block_bytes << " bytes: this test means to gather rank to rank";
+  fsdp::FSDPModule first = fsdp::fully_shard(model->first, options);
+  fsdp::fully_shard(model->second, options);
+  fsdp::fully_shard(model, options);
+  torch::optim::SGD reference_optim(Trainable(*reference), torch::optim::SGDOptions(kLr));
+  torch::optim::SGD optim(Trainable(*model), torch::optim::SGDOptions(kLr));
+  for (int step = 0; step < 3; ++step) {
+    const std::string what = c.name + " step " + std::to_string(step);
+    Batch whole = batch(step, 0, 1);
+    reference_optim.zero_grad();
+    at::Tensor reference_loss = Loss(reference->forward(whole.x), whole.y);
+    reference_loss.backward();
+    Batch mine = batch(step, pg.rank(), world);
+    optim.zero_grad();
+    at::Tensor loss = Loss(module_call::call(model, mine.x), mine.y);
+    loss.backward();
+    at::Tensor global = loss.detach().clone().reshape({1});
+    comm::all_reduce(pg, global, comm::ReduceOp::kAvg).wait();
+    EXPECT_NEAR(global.item<double>(), reference_loss.item<double>(),
+                1e-6 * reference_loss.item<double>())
+        << what;
+    std::map<std::string, at::Tensor> reference_grads;
+    for (const auto& p : reference->named_parameters()) {
+      if (p.value().grad().defined()) reference_grads[p.key()] = p.value().grad();
+    }
+    for (const auto& p : model->named_parameters()) {
+      auto it = reference_grads.find(p.key());
+      if (it == reference_grads.end()) continue;
+      ASSERT_TRUE(p.value().grad().defined()) << what << ": no grad for " << p.key();
+      ExpectRel(p.value().grad(), Rows(p.value(), it->second), what + " grad " + p.key());
+    }
+    reference_optim.step();
+    optim.step();
+    CheckShards(*model, Snapshot(*reference), what);
+  }
+  first.unshard();
+  EXPECT_TRUE(model->first->named_parameters()["scale64"].equal(
+      torch::arange(9, torch::kDouble) + 0.25));
+  first.reshard();
+}
+
+void RunWideCases(int world) {
+  comm::testing::RunOnRanks(world, [](comm::ProcessGroup& pg) {
+    std::vector<Case> cases = {{"reshard_after_forward=default", std::nullopt},
+                               {"shard_placement_fn=Shard(1)", std::nullopt, false, true}};
+    if (pg.size() % 2 == 0 && pg.size() > 2) {
+      cases.push_back({"reshard_after_forward=2", 2});
+    }
+    for (const Case& c : cases) TrainWideCase(pg, c);
+  });
+}
+
+TEST(FullyShard, LargeUnitsGatherRankToRankOn2Ranks) { RunWideCases(2); }
+TEST(FullyShard, LargeUnitsGatherRankToRankOn4Ranks) { RunWideCases(4); }
+
 TEST(FullyShard, MatchesUnwrappedOn1Rank) { RunCases(1); }
 TEST(FullyShard, MatchesUnwrappedOn2Ranks) { RunCases(2); }
 TEST(FullyShard, MatchesUnwrappedOn3Ranks) { RunCases(3); }

@@ -15,9 +15,10 @@ namespace comm {
 namespace internal {
 
 struct WorkState {
-  // The c10d operation; null for work that completed when it was made.
-  c10::intrusive_ptr<c10d::Work> work;
-  // Local post-processing run once, in wait(), after `work` succeeds (e.g.
+  // The c10d operations (several for a collective built from sends and
+  // receives); none for work that completed when it was made.
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  // Local post-processing run once, in wait(), after `works` succeed (e.g.
   // summing the chunks an all-to-all delivered, copying an upcast result
   // back). Empty when there is none.
   std::function<void()> finish;

@@ -107,8 +107,26 @@ AllGatherResult foreach_all_gather(const std::vector<FSDPParam*>& params,
                                    const comm::ProcessGroup& group,
                                    const at::Tensor& shard_buffer) {
   at::NoGradGuard no_grad;
-  const c10::ScalarType dtype = gather_dtype(params);
   AllGatherResult result;
+  if (group.size() > 1) {
+    int64_t bytes = 0;
+    for (const FSDPParam* p : params) {
+      bytes += static_cast<int64_t>(p->all_gather_output().nbytes());
+    }
+    if (comm::all_gathers_rank_to_rank(group, params.front()->device(), bytes)) {
+      // Each parameter's pieces go straight into its all_gather_output: no
+      // copy-in and no copy-out (result.output stays undefined).
+      std::vector<at::Tensor> inputs, outputs;
+      for (FSDPParam* p : params) {
+        p->alloc_all_gather_output();
+        inputs.push_back(p->all_gather_input());
+        outputs.push_back(p->all_gather_output());
+      }
+      result.work = comm::all_gather_into_tensors(group, outputs, inputs);
+      return result;
+    }
+  }
+  const c10::ScalarType dtype = gather_dtype(params);
   std::vector<at::Tensor> inputs;
   int64_t total = 0;
   for (FSDPParam* p : params) {
@@ -148,6 +166,7 @@ AllGatherResult foreach_all_gather(const std::vector<FSDPParam*>& params,
 void foreach_all_gather_copy_out(const AllGatherResult& result,
                                  const std::vector<FSDPParam*>& params,
                                  const comm::ProcessGroup& group) {
+  if (!result.output.defined()) return;  // gathered in place
   at::NoGradGuard no_grad;
   const int64_t world = group.size();
   const c10::ScalarType dtype = result.output.scalar_type();

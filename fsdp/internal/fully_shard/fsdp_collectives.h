@@ -21,13 +21,20 @@ namespace internal {
 // An all-gather in flight: the Work and the buffers it writes.
 struct AllGatherResult {
   comm::Work work;
-  at::Tensor output;                  // [W * total input numel], the common dtype (uint8 if mixed)
+  // [W * total input numel], the common dtype (uint8 if mixed); undefined
+  // when the pieces go straight into each all_gather_output().
+  at::Tensor output;
   std::vector<int64_t> input_numels;  // per parameter, in output's dtype
 };
 
 // Copy-in of every parameter's all_gather_input() into one flat buffer and
 // the all-gather of it over `group` (PyTorch's foreach_all_gather). Mixed
-// parameter dtypes are gathered as bytes. When `shard_buffer` is defined
+// parameter dtypes are gathered as bytes. Where comm gathers rank to rank
+// (Gloo, CPU, 1 MiB or more: comm::all_gathers_rank_to_rank), each
+// parameter is gathered straight into its all_gather_output() instead, in
+// one Work, and there is no copy-in or copy-out: the one layout change
+// FSDP2's flat buffer forces on the CPU, a copy of every gathered byte
+// (RESULTS.md), is gone. When `shard_buffer` is defined
 // and the inputs are its elements back to back, in order (the group's
 // shards while sharded), it is the all-gather's input itself, without a
 // copy-in: the shards must then not change until the all-gather is waited
@@ -38,7 +45,8 @@ AllGatherResult foreach_all_gather(const std::vector<FSDPParam*>& params,
 
 // Copies each parameter's W pieces out of the flat buffer into its
 // all_gather_output() (allocated here), with split_with_sizes_copy
-// (PyTorch's foreach_all_gather_copy_out), on the current stream. The
+// (PyTorch's foreach_all_gather_copy_out), on the current stream; nothing
+// when they were gathered in place. The
 // caller has waited for result.work (wait(), or on an accelerator
 // wait_on_stream()) and keeps result.output until the copies are done.
 void foreach_all_gather_copy_out(const AllGatherResult& result,
