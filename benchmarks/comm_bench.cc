@@ -167,6 +167,73 @@ void run(benchmark::State& state, Op op) {
   state.SetLabel(std::to_string(bytes >> 10) + " KiB");
 }
 
+// One transformer block's all-gather (the trainer's dim-512 block: 12
+// tensors, 12 MiB gathered), as each FSDP does it: fully_shard's per-tensor
+// gather straight into each parameter (all_gather_into_tensors), FSDP1's
+// one flat all_gather_into_tensor (no copy-out: the parameters are views of
+// it), and fully_shard's flat path (c10d's collective, then the copy-out of
+// each parameter's W pieces) that the first replaces on Gloo.
+void run_block(benchmark::State& state) {
+  const int64_t dim = 512;
+  const std::vector<int64_t> numels = {3 * dim * dim, 3 * dim, dim * dim, dim, dim, dim,
+                                       dim,           dim,     4 * dim * dim, 4 * dim,
+                                       4 * dim * dim, dim};
+  const comm::ProcessGroup& pg = *g_group;
+  int64_t shard_total = 0;
+  std::vector<int64_t> shard_numels;
+  for (int64_t n : numels) {
+    shard_numels.push_back((n + kWorld - 1) / kWorld);
+    shard_total += shard_numels.back();
+  }
+  at::Tensor shards = at::ones({shard_total});
+  std::vector<at::Tensor> inputs, outputs;
+  int64_t offset = 0;
+  for (int64_t n : shard_numels) {
+    inputs.push_back(shards.narrow(0, offset, n));
+    outputs.push_back(at::empty({n * kWorld}));
+    offset += n;
+  }
+  at::Tensor flat = at::empty({shard_total * kWorld});
+  auto pgc = g_group->c10d_group();
+  std::vector<std::pair<std::string, Step>> variants = {
+      {"tensors", [&] { comm::all_gather_into_tensors(pg, outputs, inputs).wait(); }},
+      {"flat", [&] { comm::all_gather_into_tensor(pg, flat, shards).wait(); }},
+      {"flat_copy_out", [&] {
+         std::vector<std::vector<at::Tensor>> outs(1);
+         for (int r = 0; r < kWorld; ++r) {
+           outs[0].push_back(flat.narrow(0, r * shard_total, shard_total));
+         }
+         std::vector<at::Tensor> ins{shards};
+         pgc->allgather(outs, ins)->wait();
+         at::Tensor rows = flat.view({kWorld, shard_total});
+         int64_t column = 0;
+         for (size_t k = 0; k < outputs.size(); ++k) {
+           outputs[k].view({kWorld, -1}).copy_(rows.narrow(1, column, shard_numels[k]));
+           column += shard_numels[k];
+         }
+       }}};
+  std::vector<double> seconds(variants.size(), 0.0);
+  comm::barrier(pg).wait();
+  for (auto& v : variants) v.second();
+  int64_t i = 0;
+  for (auto _ : state) {
+    for (size_t k = 0; k < variants.size(); ++k) {
+      const size_t v = (k + static_cast<size_t>(i)) % variants.size();
+      const auto start = std::chrono::steady_clock::now();
+      variants[v].second();
+      seconds[v] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    ++i;
+  }
+  const double n = static_cast<double>(state.iterations());
+  for (size_t v = 0; v < variants.size(); ++v) {
+    state.counters[variants[v].first + "_us"] = seconds[v] / n * 1e6;
+  }
+  state.counters["tensors/flat"] = seconds[0] / seconds[1];
+  state.counters["tensors/flat_copy_out"] = seconds[0] / seconds[2];
+  state.SetLabel(std::to_string((shard_total * kWorld * 4) >> 10) + " KiB");
+}
+
 // Prints a summary table (medians over the repetitions) after the runs.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
@@ -225,6 +292,12 @@ class RatioReporter : public benchmark::ConsoleReporter {
 };
 
 void register_all() {
+  benchmark::RegisterBenchmark("block_all_gather", run_block)
+      ->Iterations(30)
+      ->Repetitions(kRepetitions)
+      ->ReportAggregatesOnly(true)
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
   const std::vector<std::pair<const char*, Op>> ops = {{"all_gather", Op::kAllGather},
                                                        {"reduce_scatter", Op::kReduceScatter},
                                                        {"all_reduce", Op::kAllReduce}};

@@ -4,9 +4,12 @@
 #include <ATen/ops/amax.h>
 #include <ATen/ops/amin.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/sum.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -162,8 +165,9 @@ Work make_work(const internal::GroupState& state, const char* op,
 // sends and receives do less: each rank sends its input to every other rank
 // and receives theirs straight into place, the same bytes on the wire
 // ((W-1)/W of the output per rank) without the staging copy or its page
-// faults (comm_bench: direct_all_gather). Small messages pay for a
-// receive's extra round trip instead, so they keep the collective.
+// faults (comm_bench's all_gather rows: 0.6-0.8x c10d's time from 1 MiB).
+// Below that the messages' own costs win, so small gathers keep the
+// collective.
 constexpr int64_t kDirectAllGatherMinBytes = int64_t{1} << 20;
 
 // The tag of comm's own sends and receives; comm::send/recv take tags below it.
@@ -173,32 +177,89 @@ bool gathers_directly(const internal::GroupState& state, c10::Device device, int
   return state.backend != "nccl" && device.is_cpu() && bytes >= kDirectAllGatherMinBytes;
 }
 
-// pieces[r][k] (a contiguous view) receives inputs[k] of group rank r. The
-// ranks take turns around the ring (at step s, send to rank + s and receive
-// from rank - s), so no peer is sent everything at once; a rank's own
-// pieces are copies.
-std::vector<c10::intrusive_ptr<c10d::Work>> start_direct_all_gather(
-    const internal::GroupState& state, const std::vector<std::vector<at::Tensor>>& pieces,
-    const std::vector<at::Tensor>& inputs) {
-  const int world = state.size, rank = state.rank;
+// Tensors under this size travel together: each message costs a c10d Work,
+// a wake-up and a turn of Gloo's loop, which for a bias or a norm's weight
+// is more than its bytes (comm_bench: block_all_gather).
+constexpr int64_t kPackBelowBytes = int64_t{64} << 10;
+
+struct DirectAllGather {
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  works.reserve(static_cast<size_t>(2 * (world - 1)) * inputs.size());
+  std::function<void()> finish;  // unpacks the small tensors; may be empty
+};
+
+// pieces[r][k] (a contiguous CPU view) receives inputs[k] of group rank r.
+// Large inputs are sent as they are and received straight into place; the
+// small ones are packed into one message per peer and unpacked in finish.
+// The ranks take turns around the ring (at step s, send to rank + s and
+// receive from rank - s), so no peer is sent everything at once; a rank's
+// own pieces are copies.
+DirectAllGather start_direct_all_gather(const internal::GroupState& state,
+                                        const std::vector<std::vector<at::Tensor>>& pieces,
+                                        const std::vector<at::Tensor>& inputs) {
+  const int world = state.size, rank = state.rank;
+  std::vector<size_t> large, small;
+  int64_t small_bytes = 0;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (static_cast<int64_t>(inputs[k].nbytes()) < kPackBelowBytes) {
+      small.push_back(k);
+      small_bytes += static_cast<int64_t>(inputs[k].nbytes());
+    } else {
+      large.push_back(k);
+    }
+  }
+  if (small.size() < 2) {
+    large.insert(large.end(), small.begin(), small.end());
+    small.clear();
+  }
+  at::Tensor packed;
+  std::vector<at::Tensor> received(static_cast<size_t>(world));
+  if (!small.empty()) {
+    packed = at::empty({small_bytes}, inputs.front().options().dtype(at::kByte));
+    char* at = static_cast<char*>(packed.data_ptr());
+    for (size_t k : small) {
+      if (inputs[k].nbytes() > 0) std::memcpy(at, inputs[k].data_ptr(), inputs[k].nbytes());
+      at += inputs[k].nbytes();
+    }
+  }
+  DirectAllGather result;
   for (int step = 1; step < world; ++step) {
     const int from = (rank - step + world) % world;
     const int to = (rank + step) % world;
-    for (const at::Tensor& piece : pieces[static_cast<size_t>(from)]) {
-      std::vector<at::Tensor> into{piece};
-      works.push_back(state.pg->recv(into, from, kInternalTag));
+    for (size_t k : large) {
+      std::vector<at::Tensor> into{pieces[static_cast<size_t>(from)][k]};
+      result.works.push_back(state.pg->recv(into, from, kInternalTag));
     }
-    for (const at::Tensor& input : inputs) {
-      std::vector<at::Tensor> sent{input};
-      works.push_back(state.pg->send(sent, to, kInternalTag));
+    if (!small.empty()) {
+      received[static_cast<size_t>(from)] = at::empty_like(packed);
+      std::vector<at::Tensor> into{received[static_cast<size_t>(from)]};
+      result.works.push_back(state.pg->recv(into, from, kInternalTag));
+    }
+    for (size_t k : large) {
+      std::vector<at::Tensor> sent{inputs[k]};
+      result.works.push_back(state.pg->send(sent, to, kInternalTag));
+    }
+    if (!small.empty()) {
+      std::vector<at::Tensor> sent{packed};
+      result.works.push_back(state.pg->send(sent, to, kInternalTag));
     }
   }
   for (size_t k = 0; k < inputs.size(); ++k) {
     pieces[static_cast<size_t>(rank)][k].copy_(inputs[k]);
   }
-  return works;
+  if (!small.empty()) {
+    result.finish = [pieces, small, received = std::move(received), rank]() {
+      for (size_t r = 0; r < received.size(); ++r) {
+        if (static_cast<int>(r) == rank) continue;
+        const char* at = static_cast<const char*>(received[r].data_ptr());
+        for (size_t k : small) {
+          const at::Tensor& piece = pieces[r][k];
+          if (piece.nbytes() > 0) std::memcpy(piece.data_ptr(), at, piece.nbytes());
+          at += piece.nbytes();
+        }
+      }
+    };
+  }
+  return result;
 }
 
 }  // namespace
@@ -232,7 +293,8 @@ Work all_gather_into_tensor(const ProcessGroup& group, const at::Tensor& output,
     for (int r = 0; r < state.size; ++r) {
       pieces[static_cast<size_t>(r)].push_back(output.narrow(0, r * n, n));
     }
-    return make_work(state, kOp, start_direct_all_gather(state, pieces, {input}), nullptr,
+    DirectAllGather direct = start_direct_all_gather(state, pieces, {input});
+    return make_work(state, kOp, std::move(direct.works), std::move(direct.finish),
                      {output, input});
   }
   at::Tensor out = output;
@@ -265,7 +327,8 @@ Work all_gather_into_tensors(const ProcessGroup& group, const std::vector<at::Te
         pieces[static_cast<size_t>(r)].push_back(outputs[k].narrow(0, r * n, n));
       }
     }
-    return make_work(state, kOp, start_direct_all_gather(state, pieces, inputs), nullptr,
+    DirectAllGather direct = start_direct_all_gather(state, pieces, inputs);
+    return make_work(state, kOp, std::move(direct.works), std::move(direct.finish),
                      std::move(keep));
   }
   std::vector<c10::intrusive_ptr<c10d::Work>> works;

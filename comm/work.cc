@@ -72,9 +72,12 @@ void Work::wait(std::chrono::milliseconds timeout) {
     try {
       // c10d's Work::wait(timeout) throws "Operation timed out!" when the
       // deadline passes, so this never blocks forever; the operations of one
-      // Work share the deadline.
+      // Work share the deadline. Last posted first: the messages between two
+      // ranks arrive in order, so once the last is in, the earlier ones
+      // return without putting the thread to sleep again.
       const auto deadline = std::chrono::steady_clock::now() + timeout;
-      for (const auto& work : state_->works) {
+      for (auto it = state_->works.rbegin(); it != state_->works.rend(); ++it) {
+        const auto& work = *it;
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
             deadline - std::chrono::steady_clock::now());
         work->wait(std::max(left, std::chrono::milliseconds(1)));
