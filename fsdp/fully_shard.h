@@ -39,7 +39,9 @@
 // buffer, all_gather_into_tensor, copy-out with split_with_sizes_copy;
 // the copy-in is skipped when the shards share one dtype, gathered in it,
 // on the compute device: they then lie back to back in one buffer per
-// module, which is the all-gather's input) and
+// module, which is the all-gather's input; on Gloo with CPU tensors of
+// 1 MiB or more per module, each parameter is instead gathered straight
+// into its unsharded buffer, with no flat buffer and no copy-out) and
 // the module's names point at the unsharded parameters; after forward they
 // are resharded (reshard_after_forward), gathered again when backward
 // reaches the module's outputs, and once the module's backward is done the
