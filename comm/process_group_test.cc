@@ -334,6 +334,42 @@ TEST(Faults, HungPeerTimesOutInsteadOfHanging) {
       options);
 }
 
+// A large all-gather on Gloo is sends and receives (comm/collectives.cc),
+// several c10d operations under one Work: a dead or hung peer must still
+// fail it within the group's timeout, once, with comm's message.
+TEST(Faults, RankToRankAllGatherFailsOnADeadPeerAndTimesOutOnAHungOne) {
+  constexpr int64_t kShard = int64_t{1} << 18;  // 2 x 1 MiB gathered: rank to rank
+  testing::RunOptions options;
+  options.collective_timeout = std::chrono::milliseconds(1500);
+  options.closing_barrier = false;
+  testing::RunOnRanks(
+      3,
+      [](ProcessGroup& pg) {
+        ASSERT_TRUE(all_gathers_rank_to_rank(pg, at::kCPU, 3 * kShard * 4));
+        at::Tensor in = at::full({kShard}, pg.rank() * 1.0f);
+        at::Tensor out = at::empty({3 * kShard});
+        all_gather_into_tensor(pg, out, in).wait();  // all alive: fine
+        EXPECT_EQ(out[2 * kShard].item<float>(), 2.0f);
+        if (pg.rank() == 2) _exit(0);  // dies before the next gather
+        if (pg.rank() == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(4000));  // hangs
+          _exit(0);
+        }
+        const auto start = Clock::now();
+        Work work = all_gather_into_tensor(pg, out, in);
+        try {
+          work.wait();
+          ADD_FAILURE() << "all_gather_into_tensor with a dead and a hung peer succeeded";
+        } catch (const c10::Error& e) {
+          EXPECT_THAT(e.what_without_backtrace(), HasSubstr("all_gather_into_tensor"));
+          EXPECT_THAT(e.what_without_backtrace(), HasSubstr("failed"));
+        }
+        EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 3.5);
+        EXPECT_THROW(work.wait(), c10::Error);  // the same error again, at once
+      },
+      options);
+}
+
 TEST(Faults, FailingRankFailsTheRunWithItsOutput) {
   testing::RunOptions options;
   options.expect_failure = true;
