@@ -177,9 +177,9 @@ void run(benchmark::State& state, Op op) {
 // each parameter's W pieces) that the first replaces on Gloo.
 void run_block(benchmark::State& state) {
   const int64_t dim = 512;
-  const std::vector<int64_t> numels = {3 * dim * dim, 3 * dim, dim * dim, dim, dim, dim,
-                                       dim,           dim,     4 * dim * dim, 4 * dim,
-                                       4 * dim * dim, dim};
+  const std::vector<int64_t> numels = {3 * dim * dim, 3 * dim, dim * dim,     dim,
+                                       dim,           dim,     dim,           dim,
+                                       4 * dim * dim, 4 * dim, 4 * dim * dim, dim};
   const comm::ProcessGroup& pg = *g_group;
   int64_t shard_total = 0;
   std::vector<int64_t> shard_numels;
@@ -244,7 +244,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
     ConsoleReporter::ReportRuns(runs);
     for (const auto& r : runs) {
       if (r.run_type != Run::RT_Aggregate || r.aggregate_name != "median") continue;
-      if (r.counters.find("comm_us") == r.counters.end()) continue;  // block_all_gather: its own counters
+      if (r.counters.find("comm_us") == r.counters.end())
+        continue;  // block_all_gather: its own counters
       Row row;
       row.name = r.run_name.function_name;
       row.bytes = std::atoll(r.run_name.args.c_str());

@@ -307,8 +307,8 @@ Work all_gather_into_tensors(const ProcessGroup& group, const std::vector<at::Te
                              const std::vector<at::Tensor>& inputs) {
   constexpr const char* kOp = "all_gather_into_tensors";
   const auto& state = member_state(group, kOp);
-  TORCH_CHECK(outputs.size() == inputs.size(), "comm::", kOp, ": ", outputs.size(),
-              " outputs for ", inputs.size(), " inputs: expected one output per input");
+  TORCH_CHECK(outputs.size() == inputs.size(), "comm::", kOp, ": ", outputs.size(), " outputs for ",
+              inputs.size(), " inputs: expected one output per input");
   int64_t bytes = 0;
   bool all_cpu = true;
   for (size_t k = 0; k < inputs.size(); ++k) {
@@ -445,8 +445,8 @@ Work point_to_point(const ProcessGroup& group, const at::Tensor& tensor, int pee
   const char* arg = sending ? "dst" : "src";
   const auto& state = member_state(group, op);
   check_flat(state, op, "tensor", tensor);
-  TORCH_CHECK(tag >= 0 && tag <= kMaxTag, "comm::", op, ": tag=", tag, ": expected 0 <= tag <= ",
-              kMaxTag, " (higher tags are comm's own)");
+  TORCH_CHECK(tag >= 0 && tag <= kMaxTag, "comm::", op, ": tag=", tag,
+              ": expected 0 <= tag <= ", kMaxTag, " (higher tags are comm's own)");
   TORCH_CHECK(peer >= 0 && peer < state.size, "comm::", op, ": ", arg, "=", peer,
               ": expected a rank of the group in [0, ", state.size,
               ") (a group rank, not a world rank)");

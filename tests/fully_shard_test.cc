@@ -884,8 +884,8 @@ void TrainWideCase(comm::ProcessGroup& pg, const Case& c) {
     CheckShards(*model, Snapshot(*reference), what);
   }
   first.unshard();
-  EXPECT_TRUE(model->first->named_parameters()["scale64"].equal(
-      torch::arange(9, torch::kDouble) + 0.25));
+  EXPECT_TRUE(
+      model->first->named_parameters()["scale64"].equal(torch::arange(9, torch::kDouble) + 0.25));
   first.reshard();
 }
 
