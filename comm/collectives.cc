@@ -187,16 +187,23 @@ struct DirectAllGather {
   std::function<void()> finish;  // unpacks the small tensors; may be empty
 };
 
-// pieces[r][k] (a contiguous CPU view) receives inputs[k] of group rank r.
-// Large inputs are sent as they are and received straight into place; the
-// small ones are packed into one message per peer and unpacked in finish.
-// The ranks take turns around the ring (at step s, send to rank + s and
-// receive from rank - s), so no peer is sent everything at once; a rank's
-// own pieces are copies.
+// outputs[k][r*n_k : (r+1)*n_k] (a contiguous CPU view, a piece) receives
+// inputs[k] of group rank r. Large inputs are sent as they are and received
+// straight into place; the small ones are packed into one message per peer
+// and unpacked in finish. The ranks take turns around the ring (at step s,
+// send to rank + s and receive from rank - s), so no peer is sent
+// everything at once; a rank's own pieces are copies.
 DirectAllGather start_direct_all_gather(const internal::GroupState& state,
-                                        const std::vector<std::vector<at::Tensor>>& pieces,
+                                        const std::vector<at::Tensor>& outputs,
                                         const std::vector<at::Tensor>& inputs) {
   const int world = state.size, rank = state.rank;
+  std::vector<std::vector<at::Tensor>> pieces(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      const int64_t n = inputs[k].numel();
+      pieces[static_cast<size_t>(r)].push_back(outputs[k].narrow(0, r * n, n));
+    }
+  }
   std::vector<size_t> large, small;
   int64_t small_bytes = 0;
   for (size_t k = 0; k < inputs.size(); ++k) {
@@ -262,10 +269,6 @@ DirectAllGather start_direct_all_gather(const internal::GroupState& state,
   return result;
 }
 
-}  // namespace
-
-namespace {
-
 // `output` and `input` of an all-gather; `which` names the pair in a list.
 void check_all_gather(const internal::GroupState& state, const char* op, const at::Tensor& output,
                       const at::Tensor& input, const std::string& which = "") {
@@ -287,13 +290,8 @@ Work all_gather_into_tensor(const ProcessGroup& group, const at::Tensor& output,
   constexpr const char* kOp = "all_gather_into_tensor";
   const auto& state = member_state(group, kOp);
   check_all_gather(state, kOp, output, input);
-  const int64_t n = input.numel();
   if (gathers_directly(state, output.device(), static_cast<int64_t>(output.nbytes()))) {
-    std::vector<std::vector<at::Tensor>> pieces(static_cast<size_t>(state.size));
-    for (int r = 0; r < state.size; ++r) {
-      pieces[static_cast<size_t>(r)].push_back(output.narrow(0, r * n, n));
-    }
-    DirectAllGather direct = start_direct_all_gather(state, pieces, {input});
+    DirectAllGather direct = start_direct_all_gather(state, {output}, {input});
     return make_work(state, kOp, std::move(direct.works), std::move(direct.finish),
                      {output, input});
   }
@@ -320,14 +318,7 @@ Work all_gather_into_tensors(const ProcessGroup& group, const std::vector<at::Te
   std::vector<at::Tensor> keep = outputs;
   keep.insert(keep.end(), inputs.begin(), inputs.end());
   if (all_cpu && gathers_directly(state, outputs.front().device(), bytes)) {
-    std::vector<std::vector<at::Tensor>> pieces(static_cast<size_t>(state.size));
-    for (int r = 0; r < state.size; ++r) {
-      for (size_t k = 0; k < inputs.size(); ++k) {
-        const int64_t n = inputs[k].numel();
-        pieces[static_cast<size_t>(r)].push_back(outputs[k].narrow(0, r * n, n));
-      }
-    }
-    DirectAllGather direct = start_direct_all_gather(state, pieces, inputs);
+    DirectAllGather direct = start_direct_all_gather(state, outputs, inputs);
     return make_work(state, kOp, std::move(direct.works), std::move(direct.finish),
                      std::move(keep));
   }
