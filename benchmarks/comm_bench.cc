@@ -135,20 +135,15 @@ Step raw_allreduce_slice_step(int64_t bytes) {
   };
 }
 
-// Runs comm's call and the raw c10d call (and, for reduce-scatter, the
-// all-reduce alternative) alternately within one benchmark, rotating which
-// goes first, so background load on the shared 2-core machine hits both
-// alike; the ratio comes from the same period.
-void run(benchmark::State& state, Op op) {
-  const int64_t bytes = state.range(0);
-  std::vector<std::pair<std::string, Step>> variants = {{"comm", comm_step(op, bytes)},
-                                                        {"raw", raw_step(op, bytes)}};
-  if (op == Op::kReduceScatter) {
-    variants.push_back({"via_allreduce", raw_allreduce_slice_step(bytes)});
-  }
+// Runs the variants alternately, one call each per iteration, rotating which
+// goes first, so background load on the shared 2-core machine hits them
+// alike and their ratios come from the same period. Sets a "<name>_us"
+// counter per variant; returns each one's mean seconds per call.
+std::vector<double> time_interleaved(benchmark::State& state,
+                                     const std::vector<std::pair<std::string, Step>>& variants) {
   std::vector<double> seconds(variants.size(), 0.0);
   comm::barrier(*g_group).wait();
-  for (auto& v : variants) v.second();  // warm-up, and lines the ranks up
+  for (const auto& v : variants) v.second();  // warm-up, and lines the ranks up
   int64_t i = 0;
   for (auto _ : state) {
     for (size_t k = 0; k < variants.size(); ++k) {
@@ -161,10 +156,24 @@ void run(benchmark::State& state, Op op) {
   }
   const double n = static_cast<double>(state.iterations());
   for (size_t v = 0; v < variants.size(); ++v) {
-    state.counters[variants[v].first + "_us"] = seconds[v] / n * 1e6;
+    seconds[v] /= n;
+    state.counters[variants[v].first + "_us"] = seconds[v] * 1e6;
   }
-  state.counters["comm_busbw_GB/s"] = bytes * bus_factor(op) * n / seconds[0] / 1e9;
-  state.counters["raw_busbw_GB/s"] = bytes * bus_factor(op) * n / seconds[1] / 1e9;
+  return seconds;
+}
+
+// comm's call against the raw c10d call (and, for reduce-scatter, the
+// all-reduce alternative), interleaved.
+void run(benchmark::State& state, Op op) {
+  const int64_t bytes = state.range(0);
+  std::vector<std::pair<std::string, Step>> variants = {{"comm", comm_step(op, bytes)},
+                                                        {"raw", raw_step(op, bytes)}};
+  if (op == Op::kReduceScatter) {
+    variants.push_back({"via_allreduce", raw_allreduce_slice_step(bytes)});
+  }
+  const std::vector<double> seconds = time_interleaved(state, variants);
+  state.counters["comm_busbw_GB/s"] = bytes * bus_factor(op) / seconds[0] / 1e9;
+  state.counters["raw_busbw_GB/s"] = bytes * bus_factor(op) / seconds[1] / 1e9;
   state.counters["ratio"] = seconds[0] / seconds[1];
   state.SetLabel(std::to_string(bytes >> 10) + " KiB");
 }
@@ -214,23 +223,7 @@ void run_block(benchmark::State& state) {
            column += shard_numels[k];
          }
        }}};
-  std::vector<double> seconds(variants.size(), 0.0);
-  comm::barrier(pg).wait();
-  for (auto& v : variants) v.second();
-  int64_t i = 0;
-  for (auto _ : state) {
-    for (size_t k = 0; k < variants.size(); ++k) {
-      const size_t v = (k + static_cast<size_t>(i)) % variants.size();
-      const auto start = std::chrono::steady_clock::now();
-      variants[v].second();
-      seconds[v] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    }
-    ++i;
-  }
-  const double n = static_cast<double>(state.iterations());
-  for (size_t v = 0; v < variants.size(); ++v) {
-    state.counters[variants[v].first + "_us"] = seconds[v] / n * 1e6;
-  }
+  const std::vector<double> seconds = time_interleaved(state, variants);
   state.counters["tensors/flat"] = seconds[0] / seconds[1];
   state.counters["tensors/flat_copy_out"] = seconds[0] / seconds[2];
   state.SetLabel(std::to_string((shard_total * kWorld * 4) >> 10) + " KiB");
