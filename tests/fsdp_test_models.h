@@ -27,9 +27,9 @@ constexpr int64_t kGlobalBatch = 8;
 
 // A residual block; its parent calls it through module_call::call.
 struct BlockImpl : torch::nn::Module {
-  BlockImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(kHidden, kHidden));
-    fc2 = register_module("fc2", torch::nn::Linear(kHidden, kHidden));
+  explicit BlockImpl(int64_t width = kHidden) {
+    fc1 = register_module("fc1", torch::nn::Linear(width, width));
+    fc2 = register_module("fc2", torch::nn::Linear(width, width));
   }
   at::Tensor forward(const at::Tensor& x) { return x + fc2(torch::tanh(fc1(x))); }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};

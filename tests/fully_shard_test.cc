@@ -792,32 +792,24 @@ TEST(FullyShard, ShardsOfOneDtypeShareOneBufferOn3Ranks) {
 // float64 parameter, so its group mixes dtypes) against the unwrapped model,
 // with reshard_after_forward default and 2 (the post-forward group's gather
 // is rank to rank too) and with Shard(1).
-constexpr int64_t kWide = 384;  // a block: 2 x (384 x 384 + 384) float32, 1.1 MiB
+constexpr int64_t kWide = 384;  // a Block(kWide): 2 x (384 x 384 + 384) float32, 1.1 MiB
 
-struct WideBlockImpl : torch::nn::Module {
-  WideBlockImpl() {
-    a = register_module("a", torch::nn::Linear(kWide, kWide));
-    b = register_module("b", torch::nn::Linear(kWide, kWide));
-  }
-  at::Tensor forward(const at::Tensor& x) { return x + b(torch::tanh(a(x))); }
-  torch::nn::Linear a{nullptr}, b{nullptr};
-};
-TORCH_MODULE(WideBlock);
-// Its forward() reads a and b through their holders; scale64 is not read.
-const bool kWideBlockBound = functorch::RegisterRegistryReadingModule<WideBlockImpl>();
+// Its forward() reads fc1 and fc2 through their holders; the scale64 that
+// WideNet adds to its first block is not read.
+const bool kBlockBound = functorch::RegisterRegistryReadingModule<BlockImpl>();
 
 struct WideNetImpl : torch::nn::Module {
   WideNetImpl() {
     torch::manual_seed(7);
-    first = register_module("first", WideBlock());
-    second = register_module("second", WideBlock());
+    first = register_module("first", Block(kWide));
+    second = register_module("second", Block(kWide));
     first->register_parameter("scale64", torch::arange(9, torch::kDouble) + 0.25,
                               /*requires_grad=*/false);
   }
   at::Tensor forward(const at::Tensor& x) {
     return module_call::call(second, module_call::call(first, x));
   }
-  WideBlock first{nullptr}, second{nullptr};
+  Block first{nullptr}, second{nullptr};
 };
 TORCH_MODULE(WideNet);
 
