@@ -67,7 +67,7 @@ struct PyObject {
 // dicts nest a handful.
 constexpr int64_t kMaxNesting = 1000;
 
-PyRef Make(PyObject::Kind kind) {
+PyRef NewObject(PyObject::Kind kind) {
   auto o = std::make_shared<PyObject>();
   o->kind = kind;
   return o;
@@ -102,11 +102,14 @@ class Vm {
       : path_(std::move(name)), data_(pickle), classes_(&classes) {}
 
   // Every object the VM still references (the stack, the memo, storages),
-  // for Dismantle.
+  // and every container it made that is still alive, for Dismantle.
   std::vector<PyRef> Roots() const {
     std::vector<PyRef> roots = stack_;
     for (const PyRef& o : memo_) roots.push_back(o);
     for (const auto& entry : sparse_memo_) roots.push_back(entry.second);
+    for (const std::weak_ptr<PyObject>& made : containers_) {
+      if (PyRef o = made.lock()) roots.push_back(std::move(o));
+    }
     return roots;
   }
 
@@ -127,6 +130,15 @@ class Vm {
   }
 
  private:
+  PyRef Make(PyObject::Kind kind) {
+    PyRef o = NewObject(kind);
+    using K = PyObject::Kind;
+    if (kind == K::kTuple || kind == K::kList || kind == K::kDict || kind == K::kObject) {
+      containers_.push_back(o);
+    }
+    return o;
+  }
+
   absl::Status Error(absl::string_view what) const {
     return absl::DataLossError(absl::StrCat(
         path_,
@@ -733,6 +745,11 @@ class Vm {
   std::unordered_map<int64_t, PyRef> sparse_memo_;
   size_t memo_count_ = 0;  // distinct indices set: MEMOIZE's next index
   std::map<std::string, PyRef> storages_;
+  // Every container made. One that holds itself (a list appended to itself)
+  // and then leaves the stack and the memo is a reference cycle no root
+  // reaches, which Dismantle must break all the same (Python's collector
+  // would; shared_ptr cannot).
+  std::vector<std::weak_ptr<PyObject>> containers_;
 };
 
 bool IsContainer(const PyObject& o) {
