@@ -143,7 +143,8 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 Work make_work(const internal::GroupState& state, const char* op,
                std::vector<c10::intrusive_ptr<c10d::Work>> works, std::function<void()> finish,
                std::vector<at::Tensor> keep, const char* detail_key = nullptr,
-               const char* detail_text = nullptr, int detail_int = 0) {
+               const char* detail_text = nullptr, int detail_int = 0,
+               bool rank_to_rank = false) {
   auto ws = std::make_shared<internal::WorkState>();
   ws->op = op;
   ws->group_name = state.name;
@@ -157,6 +158,7 @@ Work make_work(const internal::GroupState& state, const char* op,
   ws->finish = std::move(finish);
   ws->keep_alive = std::move(keep);
   ws->default_timeout = state.timeout;
+  ws->completes_only_by_waiting = rank_to_rank;
   return Work(std::move(ws));
 }
 
@@ -293,7 +295,7 @@ Work all_gather_into_tensor(const ProcessGroup& group, const at::Tensor& output,
   if (gathers_directly(state, output.device(), static_cast<int64_t>(output.nbytes()))) {
     DirectAllGather direct = start_direct_all_gather(state, {output}, {input});
     return make_work(state, kOp, std::move(direct.works), std::move(direct.finish),
-                     {output, input});
+                     {output, input}, nullptr, nullptr, 0, /*rank_to_rank=*/true);
   }
   at::Tensor out = output;
   at::Tensor in = input;
@@ -320,7 +322,7 @@ Work all_gather_into_tensors(const ProcessGroup& group, const std::vector<at::Te
   if (all_cpu && gathers_directly(state, outputs.front().device(), bytes)) {
     DirectAllGather direct = start_direct_all_gather(state, outputs, inputs);
     return make_work(state, kOp, std::move(direct.works), std::move(direct.finish),
-                     std::move(keep));
+                     std::move(keep), nullptr, nullptr, 0, /*rank_to_rank=*/true);
   }
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   for (size_t k = 0; k < inputs.size(); ++k) {
@@ -445,7 +447,8 @@ Work point_to_point(const ProcessGroup& group, const at::Tensor& tensor, int pee
               " is this rank: expected another rank of the group");
   std::vector<at::Tensor> tensors{tensor};
   auto work = sending ? state.pg->send(tensors, peer, tag) : state.pg->recv(tensors, peer, tag);
-  return make_work(state, op, {std::move(work)}, nullptr, {tensor}, arg, nullptr, peer);
+  return make_work(state, op, {std::move(work)}, nullptr, {tensor}, arg, nullptr, peer,
+                   /*rank_to_rank=*/true);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -162,6 +163,53 @@ TEST(Collectives, AsyncHandlesOverlapAndWaitInAnyOrder) {
     wa.wait();  // idempotent
     EXPECT_TRUE(a.equal(at::full({1000}, 3.0)));
     EXPECT_TRUE(gathered.equal(at::cat({at::zeros({3}), at::full({3}, 10.0)})));
+  });
+}
+
+// Gloo's sends and receives report completion only once waited for (c10d's
+// SendWork/RecvWork); comm's is_completed() must still turn true by polling
+// alone, as the FSDP runtime polls: for send/recv and for the rank-to-rank
+// all-gather built from them. Without that, this loop spins until its
+// deadline (20 s, far beyond a loopback message).
+bool poll_until_completed(const Work& work) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!work.is_completed()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST(Work, PollingCompletesSendsReceivesAndRankToRankGathers) {
+  testing::RunOnRanks(2, [](ProcessGroup& pg) {
+    const int peer = 1 - pg.rank();
+    at::Tensor mine = at::full({1000}, pg.rank() + 1.0);
+    at::Tensor theirs = at::empty({1000});
+    Work received = recv(pg, theirs, peer, /*tag=*/5);
+    Work sent = send(pg, mine, peer, /*tag=*/5);
+    EXPECT_TRUE(poll_until_completed(received));
+    EXPECT_TRUE(poll_until_completed(sent));
+    received.wait();  // returns what the polling thread saw
+    sent.wait();
+    EXPECT_TRUE(theirs.equal(at::full({1000}, peer + 1.0)));
+
+    constexpr int64_t kBig = 300001;  // x 2 ranks x 4 bytes > 1 MiB: rank to rank
+    ASSERT_TRUE(all_gathers_rank_to_rank(pg, c10::Device(c10::kCPU), 2 * kBig * 4));
+    at::Tensor input = at::full({kBig}, pg.rank() * 2.0);
+    at::Tensor gathered = at::empty({2 * kBig});
+    Work gather = all_gather_into_tensor(pg, gathered, input);
+    EXPECT_TRUE(poll_until_completed(gather));
+    gather.wait();
+    EXPECT_TRUE(gathered.equal(at::cat({at::zeros({kBig}), at::full({kBig}, 2.0)})));
+    // A Work dropped while its polling thread still waits is released by
+    // that thread; the group stays usable.
+    at::Tensor unused = at::empty({1000});
+    {
+      Work late = recv(pg, unused, peer, /*tag=*/6);
+      (void)late.is_completed();  // starts the polling thread
+    }
+    send(pg, mine, peer, /*tag=*/6).wait();
+    barrier(pg).wait();
   });
 }
 

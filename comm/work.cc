@@ -4,7 +4,9 @@
 #include <chrono>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include <c10/util/Exception.h>
 
@@ -55,6 +57,21 @@ void record_failure(internal::WorkState& state, const std::exception& e,
   }
 }
 
+// c10d's Work::wait(timeout) throws "Operation timed out!" when the deadline
+// passes, so this never blocks forever; the operations share the deadline.
+// Last posted first: the messages between two ranks arrive in order, so once
+// the last is in, the earlier ones return without putting the thread to
+// sleep again.
+void wait_for_all(const std::vector<c10::intrusive_ptr<c10d::Work>>& works,
+                  std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (auto it = works.rbegin(); it != works.rend(); ++it) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    (*it)->wait(std::max(left, std::chrono::milliseconds(1)));
+  }
+}
+
 void finish_waiting(internal::WorkState& state) {
   state.done = true;
   // Drop buffers now rather than when the last copy of the Work goes.
@@ -70,17 +87,13 @@ void Work::wait(std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   if (!state_->done) {
     try {
-      // c10d's Work::wait(timeout) throws "Operation timed out!" when the
-      // deadline passes, so this never blocks forever; the operations of one
-      // Work share the deadline. Last posted first: the messages between two
-      // ranks arrive in order, so once the last is in, the earlier ones
-      // return without putting the thread to sleep again.
-      const auto deadline = std::chrono::steady_clock::now() + timeout;
-      for (auto it = state_->works.rbegin(); it != state_->works.rend(); ++it) {
-        const auto& work = *it;
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-            deadline - std::chrono::steady_clock::now());
-        work->wait(std::max(left, std::chrono::milliseconds(1)));
+      if (state_->waited.valid()) {
+        // is_completed() started a thread that waits; wait for it instead.
+        TORCH_CHECK(state_->waited.wait_for(timeout) == std::future_status::ready,
+                    "Operation timed out!");
+        state_->waited.get();  // rethrows what the thread caught
+      } else {
+        wait_for_all(state_->works, timeout);
       }
       if (state_->finish) state_->finish();
     } catch (const std::exception& e) {
@@ -120,10 +133,29 @@ bool Work::is_stream_ordered() const { return state_->stream_ordered; }
 bool Work::is_completed() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   if (state_->done) return true;
-  for (const auto& work : state_->works) {
-    if (!work->isCompleted()) return false;
+  if (!state_->completes_only_by_waiting) {
+    for (const auto& work : state_->works) {
+      if (!work->isCompleted()) return false;
+    }
+    return true;
   }
-  return true;
+  if (!state_->waited.valid()) {
+    // The thread holds the c10d operations (and through them the tensors),
+    // not this state, so a Work dropped while it waits is simply released.
+    std::promise<void> promise;
+    state_->waited = promise.get_future().share();
+    std::thread([works = state_->works, timeout = state_->default_timeout,
+                 promise = std::move(promise)]() mutable {
+      try {
+        wait_for_all(works, timeout);
+        promise.set_value();
+      } catch (...) {
+        promise.set_exception(std::current_exception());
+      }
+    }).detach();
+    return false;
+  }
+  return state_->waited.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
 }
 
 }  // namespace comm

@@ -37,7 +37,10 @@ class Work {
   void wait_on_stream();
   // True when wait_on_stream() never blocks the host (an NCCL collective).
   bool is_stream_ordered() const;
-  // Non-blocking: true when wait() would return without blocking.
+  // Non-blocking: true when wait() would return without blocking. Gloo's
+  // sends and receives (send, recv, the rank-to-rank all-gathers) cannot
+  // be asked: the first call starts a thread that waits for them, and
+  // later calls report what it saw (a wait() then waits for that thread).
   bool is_completed() const;
 
   // Internal: built by collectives.cc.

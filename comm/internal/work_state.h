@@ -4,6 +4,7 @@
 #include <chrono>
 #include <exception>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <string>
 #include <sstream>
@@ -38,6 +39,12 @@ struct WorkState {
   // An NCCL collective: c10d's wait() without a timeout only orders the
   // current stream after it.
   bool stream_ordered = false;
+  // Gloo's sends and receives (c10d's SendWork/RecvWork) report
+  // isCompleted() only once wait() has returned, so is_completed() cannot
+  // ask them: its first call starts a thread that waits for `works`, and
+  // `waited` becomes ready when that thread is done (or failed).
+  bool completes_only_by_waiting = false;
+  std::shared_future<void> waited;
 
   std::mutex mutex;
   bool done = false;
