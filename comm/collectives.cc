@@ -143,8 +143,7 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 Work make_work(const internal::GroupState& state, const char* op,
                std::vector<c10::intrusive_ptr<c10d::Work>> works, std::function<void()> finish,
                std::vector<at::Tensor> keep, const char* detail_key = nullptr,
-               const char* detail_text = nullptr, int detail_int = 0,
-               bool rank_to_rank = false) {
+               const char* detail_text = nullptr, int detail_int = 0, bool rank_to_rank = false) {
   auto ws = std::make_shared<internal::WorkState>();
   ws->op = op;
   ws->group_name = state.name;
@@ -294,8 +293,8 @@ Work all_gather_into_tensor(const ProcessGroup& group, const at::Tensor& output,
   check_all_gather(state, kOp, output, input);
   if (gathers_directly(state, output.device(), static_cast<int64_t>(output.nbytes()))) {
     DirectAllGather direct = start_direct_all_gather(state, {output}, {input});
-    return make_work(state, kOp, std::move(direct.works), std::move(direct.finish),
-                     {output, input}, nullptr, nullptr, 0, /*rank_to_rank=*/true);
+    return make_work(state, kOp, std::move(direct.works), std::move(direct.finish), {output, input},
+                     nullptr, nullptr, 0, /*rank_to_rank=*/true);
   }
   at::Tensor out = output;
   at::Tensor in = input;
@@ -321,8 +320,8 @@ Work all_gather_into_tensors(const ProcessGroup& group, const std::vector<at::Te
   keep.insert(keep.end(), inputs.begin(), inputs.end());
   if (all_cpu && gathers_directly(state, outputs.front().device(), bytes)) {
     DirectAllGather direct = start_direct_all_gather(state, outputs, inputs);
-    return make_work(state, kOp, std::move(direct.works), std::move(direct.finish),
-                     std::move(keep), nullptr, nullptr, 0, /*rank_to_rank=*/true);
+    return make_work(state, kOp, std::move(direct.works), std::move(direct.finish), std::move(keep),
+                     nullptr, nullptr, 0, /*rank_to_rank=*/true);
   }
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   for (size_t k = 0; k < inputs.size(); ++k) {
