@@ -4,13 +4,16 @@
 #include <ATen/Parallel.h>
 
 #include <dlfcn.h>
+#include <sys/sysinfo.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace host {
 
@@ -77,11 +80,18 @@ absl::StatusOr<ThreadLayout> ApplyThreadLayout(int local_ranks, int requested_th
 
 std::string DescribeComputeLayout(int local_ranks) {
   const int threads = at::get_num_threads();
-  const int cores = AvailableCores();
-  return absl::StrCat(local_ranks, local_ranks == 1 ? " rank x " : " ranks x ", threads,
-                      threads == 1 ? " thread" : " threads", " on ", cores,
-                      cores == 1 ? " core" : " cores", "; BLAS: ", DescribeBlas(), "; allocator: ",
-                      MappedLibrary("libtcmalloc").empty() ? "glibc malloc" : "tcmalloc");
+  const std::vector<int> cpus = AvailableCpus();
+  const int cores = static_cast<int>(cpus.size());
+  const int online = get_nprocs();
+  // A rank the launcher bound to its own cores (LaunchOptions::bind_cores).
+  const std::string where = cores < online && local_ranks > 1
+                                ? absl::StrCat(", this rank bound to CPU", cores == 1 ? " " : "s ",
+                                               absl::StrJoin(cpus, ","), " of ", online)
+                                : absl::StrCat(" on ", cores, cores == 1 ? " core" : " cores");
+  return absl::StrCat(
+      local_ranks, local_ranks == 1 ? " rank x " : " ranks x ", threads,
+      threads == 1 ? " thread" : " threads", where, "; BLAS: ", DescribeBlas(),
+      "; allocator: ", MappedLibrary("libtcmalloc").empty() ? "glibc malloc" : "tcmalloc");
 }
 
 }  // namespace host

@@ -31,14 +31,32 @@ std::string ThreadLayout::ToString() const {
                       Plural(cores, " core", " cores"), " (", SourceText(source), ")");
 }
 
-int AvailableCores() {
+std::vector<int> AvailableCpus() {
+  std::vector<int> cpus;
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    const int count = CPU_COUNT(&set);
-    if (count > 0) return count;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+    }
   }
-  return std::max(1u, std::thread::hardware_concurrency());
+  if (cpus.empty()) {
+    const int n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    for (int cpu = 0; cpu < n; ++cpu) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+int AvailableCores() { return static_cast<int>(AvailableCpus().size()); }
+
+std::vector<int> CpusOfRank(const ThreadLayout& layout, int local_rank) {
+  const int64_t needed = int64_t{layout.local_ranks} * layout.threads_per_rank;
+  if (local_rank < 0 || local_rank >= layout.local_ranks || layout.threads_per_rank < 1 ||
+      needed > static_cast<int64_t>(layout.cpus.size())) {
+    return {};
+  }
+  const auto first = layout.cpus.begin() + int64_t{local_rank} * layout.threads_per_rank;
+  return std::vector<int>(first, first + layout.threads_per_rank);
 }
 
 absl::StatusOr<ThreadLayout> PlanThreadLayout(int local_ranks, int requested_threads,
@@ -53,7 +71,8 @@ absl::StatusOr<ThreadLayout> PlanThreadLayout(int local_ranks, int requested_thr
                      ": expected a positive integer (or 0 for automatic)"));
   }
   ThreadLayout layout;
-  layout.cores = AvailableCores();
+  layout.cpus = AvailableCpus();
+  layout.cores = static_cast<int>(layout.cpus.size());
   layout.local_ranks = local_ranks;
   if (requested_threads > 0) {
     layout.threads_per_rank = requested_threads;

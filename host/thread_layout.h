@@ -14,6 +14,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -23,6 +24,7 @@ struct ThreadLayout {
   enum class Source { kAutomatic, kRequested, kEnvironment };
 
   int cores = 1;             // CPUs this process may run on
+  std::vector<int> cpus;     // their ids, ascending (cores of them)
   int local_ranks = 1;       // ranks sharing those cores
   int threads_per_rank = 1;  // intra-op threads of each rank
   Source source = Source::kAutomatic;
@@ -39,6 +41,15 @@ struct ThreadLayout {
 // CPUs in this process's affinity mask (a cpuset or taskset narrows it),
 // which can be fewer than the machine has.
 int AvailableCores();
+// Their ids, ascending.
+std::vector<int> AvailableCpus();
+
+// The CPUs local rank `local_rank` is bound to: the rank's own
+// threads_per_rank of layout.cpus (rank 0 the first ones), so its compute
+// threads and its Gloo threads stay on its cores and off its neighbours'.
+// Empty (no binding: the rank runs on all of them) when local_ranks x
+// threads_per_rank do not fit the CPUs, or local_rank is out of range.
+std::vector<int> CpusOfRank(const ThreadLayout& layout, int local_rank);
 
 // `requested_threads` 0 means not requested. `omp_num_threads` is the
 // environment's OMP_NUM_THREADS, or nullptr when unset. A request or an

@@ -1,5 +1,7 @@
 #include "host/thread_layout.h"
 
+#include <vector>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -20,6 +22,28 @@ TEST(ThreadLayoutTest, AutomaticSharesTheCoresAmongLocalRanks) {
   ASSERT_TRUE(many.ok());
   EXPECT_EQ(many->threads_per_rank, 1);  // at least one, never zero
   EXPECT_TRUE(many->warning.empty());    // more ranks than cores: caller's choice
+}
+
+TEST(ThreadLayoutTest, EachRankIsBoundToItsOwnCpusOnlyWhenTheyFit) {
+  ThreadLayout layout;
+  layout.cpus = {0, 2, 4, 6, 8};  // a cpuset's ids need not be contiguous
+  layout.cores = 5;
+  layout.local_ranks = 2;
+  layout.threads_per_rank = 2;
+  EXPECT_EQ(CpusOfRank(layout, 0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(CpusOfRank(layout, 1), (std::vector<int>{4, 6}));
+  EXPECT_TRUE(CpusOfRank(layout, 2).empty());  // no such local rank
+  EXPECT_TRUE(CpusOfRank(layout, -1).empty());
+  layout.threads_per_rank = 3;  // 2 x 3 > 5 CPUs: none bound
+  EXPECT_TRUE(CpusOfRank(layout, 0).empty());
+  layout.local_ranks = 6;
+  layout.threads_per_rank = 1;  // more ranks than CPUs
+  EXPECT_TRUE(CpusOfRank(layout, 0).empty());
+
+  auto planned = PlanThreadLayout(1, 0, nullptr);  // this process's own CPUs
+  ASSERT_TRUE(planned.ok());
+  EXPECT_EQ(static_cast<int>(planned->cpus.size()), planned->cores);
+  EXPECT_EQ(CpusOfRank(*planned, 0), planned->cpus);
 }
 
 TEST(ThreadLayoutTest, RequestBeatsEnvironmentBeatsAutomatic) {

@@ -59,6 +59,9 @@ void define_launch_flags(CLI::App& app, LaunchOptions& o) {
               "OMP_NUM_THREADS of each rank (default: OMP_NUM_THREADS if set, else cores / nproc)",
               1)
       ->default_str("");
+  app.add_flag("--bind-cores", o.bind_cores,
+               "bind each rank to its own cores when ranks x threads fit them (default true; "
+               "--bind-cores=false when other jobs share the CPUs)");
 }
 
 }  // namespace

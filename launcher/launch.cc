@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -156,6 +157,9 @@ namespace {
 struct RankEnvironments {
   std::vector<std::vector<std::string>> strings;
   std::vector<std::vector<char*>> pointers;  // into `strings`
+  // The CPUs each local rank is bound to; `bound` false: not bound.
+  std::vector<cpu_set_t> cpus;
+  std::vector<bool> bound;
 };
 
 RankEnvironments rank_environments(const LaunchOptions& options, const host::ThreadLayout& layout,
@@ -165,6 +169,8 @@ RankEnvironments rank_environments(const LaunchOptions& options, const host::Thr
   RankEnvironments envs;
   envs.strings.resize(nproc);
   envs.pointers.resize(nproc);
+  envs.cpus.resize(nproc);
+  envs.bound.assign(nproc, false);
   for (int local = 0; local < nproc; ++local) {
     std::map<std::string, std::string> vars = options.env;
     const int rank = options.node_rank * nproc + local;
@@ -181,6 +187,12 @@ RankEnvironments rank_environments(const LaunchOptions& options, const host::Thr
     if (options.collective_timeout.count() > 0) {
       vars[kCollectiveTimeoutVariable] = std::to_string(options.collective_timeout.count());
     }
+    if (options.bind_cores) {
+      const std::vector<int> cpus = host::CpusOfRank(layout, local);
+      CPU_ZERO(&envs.cpus[local]);
+      for (int cpu : cpus) CPU_SET(cpu, &envs.cpus[local]);
+      envs.bound[local] = !cpus.empty();
+    }
     envs.strings[local] = child_environment(vars, options.unset_env);
     envs.pointers[local] = c_strings(envs.strings[local]);
   }
@@ -190,8 +202,11 @@ RankEnvironments rank_environments(const LaunchOptions& options, const host::Thr
 // In the forked child: becomes the rank (execve) or exits 127.
 // Async-signal-safe calls only.
 [[noreturn]] void exec_rank(pid_t launcher_pid, const int out_pipe[2], const int err_pipe[2],
-                            const std::string& program, char* const* argv, char* const* envp) {
+                            const std::string& program, char* const* argv, char* const* envp,
+                            const cpu_set_t* cpus) {
   setpgid(0, 0);  // its own process group, killed as a whole
+  // Unbound if it fails (a cpuset changed since the plan): slower, not wrong.
+  if (cpus != nullptr) sched_setaffinity(0, sizeof(cpu_set_t), cpus);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != launcher_pid) _exit(127);  // launcher already gone
   dup2(out_pipe[1], STDOUT_FILENO);
@@ -253,7 +268,7 @@ class Attempt {
       }
       if (pid == 0) {
         exec_rank(launcher_pid, out_pipe, err_pipe, program, argv.data(),
-                  envs.pointers[local].data());
+                  envs.pointers[local].data(), envs.bound[local] ? &envs.cpus[local] : nullptr);
       }
       setpgid(pid, pid);  // also from the parent, to win the race with kill()
       close(out_pipe[1]);

@@ -92,6 +92,15 @@ struct LaunchOptions {
   // Intra-op threads per rank; 0: OMP_NUM_THREADS if the environment (or
   // `env`) sets it, else cores / nproc_per_node, at least 1.
   int threads_per_rank = 0;
+  // Binds each local rank to its own threads_per_rank CPUs (before exec,
+  // so every thread of the rank inherits it: its compute threads and
+  // Gloo's), when the ranks' threads fit the CPUs this process may use
+  // (host::CpusOfRank); otherwise, or when false, ranks run on all of them.
+  // Off the other ranks' cores, a rank's collective hand-offs and its
+  // caches are its own: the trainer's small FSDP step on 2 cores is ~17%
+  // faster bound (benchmarks/RESULTS.md). torchrun binds only when asked
+  // (--numa-binding); turn this off when other jobs share the CPUs.
+  bool bind_cores = true;
   // The program (looked up in PATH when it has no '/') and its arguments.
   std::vector<std::string> command;
   // Added to (or replacing) the inherited environment of every rank.

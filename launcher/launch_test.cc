@@ -184,6 +184,37 @@ TEST(Launcher, RanksGetTheThreadLayoutAsOmpNumThreads) {
   EXPECT_THAT(requested.out, ::testing::Contains("[rank 0] OMP_NUM_THREADS=3"));
 }
 
+// Each rank runs on its own threads_per_rank CPUs when the ranks' threads
+// fit this process's CPUs (`nproc` without OMP_NUM_THREADS prints a process's
+// affinity count), and
+// on all of them when they do not, or when binding is off.
+TEST(Launcher, RanksAreBoundToTheirOwnCoresWhenTheyFit) {
+  const int cores = host::AvailableCores();
+  const int threads = std::max(1, cores / 2);
+  const bool fits = 2 * threads <= cores;
+  for (bool bind : {true, false}) {
+    Captured captured;
+    auto options = options_for(2, {}, &captured);
+    options.command = {"/bin/sh", "-c", "unset OMP_NUM_THREADS OMP_THREAD_LIMIT; nproc"};
+    options.unset_env = {"OMP_NUM_THREADS"};
+    options.bind_cores = bind;
+    auto result = launch(options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    const int expected = bind && fits ? threads : cores;
+    for (int rank : {0, 1}) {
+      EXPECT_THAT(captured.out, ::testing::Contains("[rank " + std::to_string(rank) + "] " +
+                                                    std::to_string(expected)))
+          << "bind_cores=" << bind << ", " << cores << " cores";
+    }
+  }
+  Captured oversubscribed;
+  auto options = options_for(2, {}, &oversubscribed);
+  options.command = {"/bin/sh", "-c", "unset OMP_NUM_THREADS OMP_THREAD_LIMIT; nproc"};
+  options.threads_per_rank = cores;  // 2 x cores threads: not bound
+  ASSERT_TRUE(launch(options).ok());
+  EXPECT_THAT(oversubscribed.out, ::testing::Contains("[rank 0] " + std::to_string(cores)));
+}
+
 // A rank writing to a dead peer's socket must fail with EPIPE (and say so),
 // not die of SIGPIPE and be reported as the first failure.
 TEST(Launcher, RanksDoNotDieOfSigpipe) {

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "host/thread_layout.h"
 #include "launcher/flags.h"
 #include "launcher/launch.h"
 
@@ -53,7 +54,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "launch: %s\n", std::string(layout.status().message()).c_str());
     return 2;
   }
-  std::fprintf(stderr, "launch: %s\n", layout->ToString().c_str());
+  const bool bound = options->bind_cores && !host::CpusOfRank(*layout, 0).empty();
+  std::fprintf(stderr, "launch: %s%s\n", layout->ToString().c_str(),
+               bound ? "; each rank bound to its own cores" : "");
   if (!layout->warning.empty()) {
     std::fprintf(stderr, "launch: warning: %s\n", layout->warning.c_str());
   }

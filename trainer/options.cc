@@ -126,6 +126,9 @@ void DefineFlags(CLI::App& app, Options& o) {
   add_integer(app, "--threads-per-rank", o.threads_per_rank,
               "intra-op threads of each rank (0: OMP_NUM_THREADS if set, else cores / ranks)", 0,
               4096);
+  AddSwitch(app, "--bind-cores", o.bind_cores,
+            "bind each rank to its own cores when ranks x threads fit them (default true; "
+            "--bind-cores=false when other jobs share the CPUs)");
   AddNumber(app, "--timeout", o.timeout_s, /*zero_ok=*/false,
             "collective and rendezvous timeout: a rank waiting this long for a hung peer "
             "fails (default: the launcher's, else 600)",
@@ -429,6 +432,7 @@ std::vector<std::string> ToArgs(const Options& o) {
       absl::StrCat("--lr=", Exact(o.lr)),
       absl::StrCat("--nproc=", o.nproc),
       absl::StrCat("--threads-per-rank=", o.threads_per_rank),
+      absl::StrCat("--bind-cores=", o.bind_cores ? "true" : "false"),
       absl::StrCat("--device=", Name(o.device)),
       absl::StrCat("--fsdp=", Name(o.fsdp)),
       absl::StrCat("--sharding=", Name(o.sharding)),

@@ -64,6 +64,8 @@ struct Options {
   // Intra-op threads per rank (LibTorch's pool and OpenBLAS); 0: automatic,
   // OMP_NUM_THREADS if set, else cores / ranks (host/thread_layout.h).
   int threads_per_rank = 0;
+  // Each rank on its own cores (launcher::LaunchOptions::bind_cores).
+  bool bind_cores = true;
   // Collective timeout of the process groups, in seconds: a rank waiting
   // this long for a peer that hung fails. 0: the launcher's
   // COMM_COLLECTIVE_TIMEOUT_MS if set, else 600 (10 minutes).

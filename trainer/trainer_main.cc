@@ -73,6 +73,7 @@ int LaunchRanks(const trainer::Options& options) {
   launcher::LaunchOptions launch;
   launch.nproc_per_node = options.nproc;
   launch.threads_per_rank = options.threads_per_rank;
+  launch.bind_cores = options.bind_cores;
   launch.max_restarts = options.max_restarts;
   launch.on_event = [](const std::string& message) {
     std::fprintf(stderr, "trainer: %s\n", message.c_str());
