@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "comm/internal/gloo_threads.h"
 #include "comm/internal/group_state.h"
 #include "comm/internal/nccl.h"
 #include "comm/internal/store_client.h"
@@ -335,6 +336,9 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_backend_group(
     // Backend registered for the tensors' device type.
     auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
     if (with_gloo) {
+      // Gloo's threads (its device's TCP loop, c10d's workers) are the ones
+      // started from here to the group's construction.
+      const std::vector<pid_t> threads_before = ThreadIds();
       auto options = c10d::ProcessGroupGloo::Options::create(timeout);
       // Loopback rendezvous: pin Gloo to 127.0.0.1 instead of resolving the
       // host name (which sandboxes often cannot). GLOO_SOCKET_IFNAME wins,
@@ -348,6 +352,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> make_backend_group(
         options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
       }
       auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+      ShortenSlicesOfNewThreads(threads_before, ThreadIds());
       group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
       // As torch.distributed's "gloo": CUDA tensors go through Gloo too
       // (where the binary can have CUDA tensors at all).

@@ -6,13 +6,17 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -249,6 +253,70 @@ TEST(ProcessGroupOnRanks, EnvInitGivesRanksAndTimeout) {
         EXPECT_TRUE(pg.c10d_group().defined());
       },
       options);
+}
+
+// The kernel's struct sched_attr.
+struct SchedAttr {
+  uint32_t size, policy;
+  uint64_t flags;
+  int32_t nice;
+  uint32_t priority;
+  uint64_t runtime, deadline, period;
+  uint32_t util_min, util_max;
+};
+
+// The slice of thread `tid` in ns (sched_getattr's sched_runtime), or -1.
+int64_t slice_of(pid_t tid) {
+  SchedAttr attr{};
+  if (syscall(SYS_sched_getattr, tid, &attr, sizeof(attr), 0u) != 0) return -1;
+  return static_cast<int64_t>(attr.runtime);
+}
+
+// Whether a thread can set itself a 0.1 ms slice (Linux 6.12 and later).
+bool kernel_has_custom_slices() {
+  bool has = false;
+  std::thread([&has] {
+    SchedAttr attr{};
+    attr.size = sizeof(attr);
+    attr.runtime = 100'000;
+    const pid_t self = static_cast<pid_t>(syscall(SYS_gettid));
+    has = syscall(SYS_sched_setattr, self, &attr, 0u) == 0 && slice_of(self) == 100'000;
+  }).join();
+  return has;
+}
+
+std::string name_of(const std::string& tid) {
+  std::ifstream comm_file("/proc/self/task/" + tid + "/comm");
+  std::string name;
+  std::getline(comm_file, name);
+  return name;
+}
+
+// comm/internal/gloo_threads.h: the threads a Gloo group starts (its TCP
+// loop, c10d's workers) get the shortest slice; the rank's own threads keep
+// the default.
+TEST(ProcessGroupOnRanks, GlooThreadsGetTheShortestSliceAndNoOtherThreadDoes) {
+  if (!kernel_has_custom_slices()) {
+    GTEST_SKIP() << "no custom scheduler slices on this kernel (Linux 6.12 and later)";
+  }
+  testing::RunOnRanks(2, [](ProcessGroup& pg) {
+    barrier(pg).wait();  // c10d's workers have named themselves
+    const int64_t default_slice = slice_of(static_cast<pid_t>(syscall(SYS_gettid)));
+    EXPECT_NE(default_slice, 100'000);
+    int gloo_threads = 0;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+      const std::string tid = entry.path().filename();
+      const std::string name = name_of(tid);
+      const int64_t slice = slice_of(static_cast<pid_t>(std::stoi(tid)));
+      if (name == "gloo_tcp_loop" || name == "pt_gloo_runloop") {
+        ++gloo_threads;
+        EXPECT_EQ(slice, 100'000) << name << " (thread " << tid << ")";
+      } else {
+        EXPECT_EQ(slice, default_slice) << name << " (thread " << tid << ")";
+      }
+    }
+    EXPECT_GE(gloo_threads, 2);  // the loop and at least one worker
+  });
 }
 
 TEST(ProcessGroupOnRanks, FileAndTcpInitMethodsOnTwoRanks) {
