@@ -23,6 +23,7 @@ set(TORCHFSDP_SRCS_activation_checkpointing__checkpoint
 set(TORCHFSDP_SRCS_comm
   "${REPO}/comm/collectives.cc"
   "${REPO}/comm/device_mesh.cc"
+  "${REPO}/comm/internal/gloo_threads.cc"
   "${REPO}/comm/process_group.cc"
   "${REPO}/comm/slurm.cc"
   "${REPO}/comm/subgroups.cc"
