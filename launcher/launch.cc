@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -157,9 +158,8 @@ namespace {
 struct RankEnvironments {
   std::vector<std::vector<std::string>> strings;
   std::vector<std::vector<char*>> pointers;  // into `strings`
-  // The CPUs each local rank is bound to; `bound` false: not bound.
-  std::vector<cpu_set_t> cpus;
-  std::vector<bool> bound;
+  // The CPUs each local rank is bound to; none: not bound.
+  std::vector<std::optional<cpu_set_t>> cpus;
 };
 
 RankEnvironments rank_environments(const LaunchOptions& options, const host::ThreadLayout& layout,
@@ -170,7 +170,6 @@ RankEnvironments rank_environments(const LaunchOptions& options, const host::Thr
   envs.strings.resize(nproc);
   envs.pointers.resize(nproc);
   envs.cpus.resize(nproc);
-  envs.bound.assign(nproc, false);
   for (int local = 0; local < nproc; ++local) {
     std::map<std::string, std::string> vars = options.env;
     const int rank = options.node_rank * nproc + local;
@@ -187,11 +186,12 @@ RankEnvironments rank_environments(const LaunchOptions& options, const host::Thr
     if (options.collective_timeout.count() > 0) {
       vars[kCollectiveTimeoutVariable] = std::to_string(options.collective_timeout.count());
     }
-    if (options.bind_cores) {
-      const std::vector<int> cpus = host::CpusOfRank(layout, local);
-      CPU_ZERO(&envs.cpus[local]);
-      for (int cpu : cpus) CPU_SET(cpu, &envs.cpus[local]);
-      envs.bound[local] = !cpus.empty();
+    const std::vector<int> cpus =
+        options.bind_cores ? host::CpusOfRank(layout, local) : std::vector<int>();
+    if (!cpus.empty()) {
+      cpu_set_t& set = envs.cpus[local].emplace();
+      CPU_ZERO(&set);
+      for (int cpu : cpus) CPU_SET(cpu, &set);
     }
     envs.strings[local] = child_environment(vars, options.unset_env);
     envs.pointers[local] = c_strings(envs.strings[local]);
@@ -268,7 +268,7 @@ class Attempt {
       }
       if (pid == 0) {
         exec_rank(launcher_pid, out_pipe, err_pipe, program, argv.data(),
-                  envs.pointers[local].data(), envs.bound[local] ? &envs.cpus[local] : nullptr);
+                  envs.pointers[local].data(), envs.cpus[local] ? &*envs.cpus[local] : nullptr);
       }
       setpgid(pid, pid);  // also from the parent, to win the race with kill()
       close(out_pipe[1]);

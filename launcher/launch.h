@@ -97,7 +97,7 @@ struct LaunchOptions {
   // Gloo's), when the ranks' threads fit the CPUs this process may use
   // (host::CpusOfRank); otherwise, or when false, ranks run on all of them.
   // Off the other ranks' cores, a rank's collective hand-offs and its
-  // caches are its own: the trainer's small FSDP step on 2 cores is ~17%
+  // caches are its own: the trainer's small FSDP step on 2 cores is ~15%
   // faster bound (benchmarks/RESULTS.md). torchrun binds only when asked
   // (--numa-binding); turn this off when other jobs share the CPUs.
   bool bind_cores = true;

@@ -185,9 +185,9 @@ TEST(Launcher, RanksGetTheThreadLayoutAsOmpNumThreads) {
 }
 
 // Each rank runs on its own threads_per_rank CPUs when the ranks' threads
-// fit this process's CPUs (`nproc` without OMP_NUM_THREADS prints a process's
-// affinity count), and
-// on all of them when they do not, or when binding is off.
+// fit this process's CPUs, and on all of them when they do not, or when
+// binding is off (`nproc` without OMP_NUM_THREADS prints a process's
+// affinity count).
 TEST(Launcher, RanksAreBoundToTheirOwnCoresWhenTheyFit) {
   const int cores = host::AvailableCores();
   const int threads = std::max(1, cores / 2);

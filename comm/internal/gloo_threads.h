@@ -10,7 +10,7 @@
 // waits, and a training step pays that wait on every collective. A custom
 // slice (sched_setattr's sched_runtime for SCHED_OTHER, Linux 6.12 and
 // later, no privilege needed) of 0.1 ms gives the woken thread the earlier
-// deadline. The trainer's small fully_shard step on 2 cores: 0.86x the time
+// deadline. The trainer's small fully_shard step on 2 cores: 0.89x the time
 // (benchmarks/RESULTS.md). Older kernels ignore it or refuse it; either way
 // nothing changes but the speed.
 #pragma once
