@@ -56,7 +56,8 @@ import sys
 LAYERS = [
     ["functorch/module", "functorch/transforms", "comm", "module_call", "host", "formats",
      "optim"],
-    ["fsdp", "activation_checkpointing", "launcher", "state_dict"],  # state_dict: on formats
+    # models: on module_call (each decoder layer through the call point)
+    ["fsdp", "activation_checkpointing", "launcher", "state_dict", "models"],  # state_dict: on formats
     # testing: testonly helpers (RunOnRanks) above the launcher; not drawn,
     # since the diagram shows production targets only.
     ["state_dict/fsdp", "testing"],

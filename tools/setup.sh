@@ -22,7 +22,8 @@
 #   (libcudart, libcupti: loaded, never used, by CPU programs).
 #   --with-python  the wheel with all its dependencies (Python `import torch`,
 #                  the CUDA and NCCL libraries --config=cuda links against),
-#                  and PYTHON_EXTRAS below (numpy, matplotlib, safetensors):
+#                  and PYTHON_EXTRAS below (numpy, matplotlib, safetensors,
+#                  transformers: the Llama golden checkpoints and the export check):
 #                  golden fixtures, the Python interop tests (safetensors:
 #                  //formats:safetensors_test), benchmarks' Python peers,
 #                  tools/plot.py.
@@ -32,7 +33,7 @@ readonly TORCH_VERSION=2.15.0
 # What --with-python installs beside torch. The stamp that records it is named
 # after this list, so adding or re-pinning one reinstalls on every machine
 # that set up the old list.
-readonly PYTHON_EXTRAS=(numpy matplotlib safetensors==0.8.0)
+readonly PYTHON_EXTRAS=(numpy matplotlib safetensors==0.8.0 transformers==5.24.0)
 readonly prefix="${TORCHFSDP_HOME:-${HOME:-/root}/.cache/torchfsdp-cpp}"
 readonly venv="$prefix/venv"
 

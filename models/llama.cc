@@ -1,0 +1,208 @@
+#include "models/llama.h"
+
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/utils.h>
+
+#include "absl/strings/str_cat.h"
+#include "module_call/call.h"
+#include "models/rope.h"
+
+namespace models {
+namespace {
+
+namespace F = torch::nn::functional;
+
+torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+void ThrowIfInvalid(const LlamaConfig& config) {
+  const absl::Status status = ValidateLlamaConfig(config, "models::LlamaConfig");
+  TORCH_CHECK(status.ok(), std::string(status.message()));
+}
+
+}  // namespace
+
+LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t size, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({size}));
+}
+
+torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor x32 = x.to(torch::kFloat);
+  const torch::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
+  return weight * (x32 * torch::rsqrt(variance + eps_)).to(x.scalar_type());
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
+    : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
+  q_proj = register_module("q_proj", MakeLinear(c.hidden_size, heads_ * head_dim_, c.qkv_bias));
+  k_proj = register_module("k_proj", MakeLinear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
+  v_proj = register_module("v_proj", MakeLinear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
+  o_proj = register_module("o_proj", MakeLinear(heads_ * head_dim_, c.hidden_size, c.o_proj_bias));
+  if (c.qk_norm) {
+    q_norm = register_module("q_norm", LlamaRMSNorm(head_dim_, c.rms_norm_eps));
+    k_norm = register_module("k_norm", LlamaRMSNorm(head_dim_, c.rms_norm_eps));
+  }
+}
+
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                          const torch::Tensor& sin) {
+  const int64_t batch = x.size(0), length = x.size(1);
+  // [B, T, heads * d] -> [B, T, heads, d]; Qwen3 normalises each head here,
+  // before RoPE; then heads first, [B, heads, T, d].
+  auto heads = [&](const torch::Tensor& t, int64_t n, LlamaRMSNorm& norm) {
+    torch::Tensor h = t.view({batch, length, n, head_dim_});
+    if (!norm.is_empty()) h = norm(h);
+    return h.transpose(1, 2);
+  };
+  LlamaRMSNorm none{nullptr};
+  const torch::Tensor q = ApplyRope(heads(q_proj(x), heads_, q_norm), cos, sin);
+  const torch::Tensor k = ApplyRope(heads(k_proj(x), kv_heads_, k_norm), cos, sin);
+  const torch::Tensor v = heads(v_proj(x), kv_heads_, none);
+  // enable_gqa: query head h attends with key/value head h / (heads /
+  // kv_heads), transformers' repeat_kv (repeat_interleave), without copies
+  // of k and v where the kernel supports it.
+  const torch::Tensor out = at::scaled_dot_product_attention(
+      q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true, /*scale=*/std::nullopt,
+      /*enable_gqa=*/kv_heads_ != heads_);
+  return o_proj(out.transpose(1, 2).reshape({batch, length, heads_ * head_dim_}));
+}
+
+LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
+  gate_proj =
+      register_module("gate_proj", MakeLinear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  up_proj = register_module("up_proj", MakeLinear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  down_proj =
+      register_module("down_proj", MakeLinear(c.intermediate_size, c.hidden_size, c.mlp_bias));
+}
+
+torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
+  return down_proj(F::silu(gate_proj(x)) * up_proj(x));
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
+  self_attn = register_module("self_attn", LlamaAttention(c));
+  mlp = register_module("mlp", LlamaMLP(c));
+  input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                             const torch::Tensor& sin) {
+  const torch::Tensor h = x + self_attn(input_layernorm(x), cos, sin);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config_(c) {
+  ThrowIfInvalid(c);
+  torch::nn::EmbeddingOptions embedding(c.vocab_size, c.hidden_size);
+  if (c.pad_token_id && *c.pad_token_id >= 0 && *c.pad_token_id < c.vocab_size) {
+    embedding.padding_idx(*c.pad_token_id);
+  }
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(embedding));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(c));
+  norm = register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+  inv_freq = RopeInverseFrequencies(c.rope, c.head_dim);
+}
+
+std::pair<torch::Tensor, torch::Tensor> LlamaModelImpl::RopeTables(int64_t length,
+                                                                   c10::Device device,
+                                                                   c10::ScalarType dtype) {
+  if (!inv_freq.is_same(cached_inv_freq_)) {
+    rope_tables_.clear();
+    cached_inv_freq_ = inv_freq;
+  }
+  const auto key = std::make_tuple(device.str(), static_cast<int>(dtype), length);
+  auto it = rope_tables_.find(key);
+  if (it == rope_tables_.end()) {
+    torch::NoGradGuard no_grad;
+    // Made on the device: a copy from pageable host memory would make the
+    // forward wait for the GPU.
+    auto [cos, sin] = RopeCosSin(inv_freq.to(device),
+                                 torch::arange(length, torch::TensorOptions().device(device)));
+    it = rope_tables_.emplace(key, std::make_pair(cos.to(dtype), sin.to(dtype))).first;
+  }
+  return it->second;
+}
+
+torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids) {
+  TORCH_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == torch::kLong,
+              "models::LlamaModel: input_ids of shape ", input_ids.sizes(), " and dtype ",
+              input_ids.scalar_type(), ": expected int64 [batch, length]");
+  const int64_t length = input_ids.size(1);
+  TORCH_CHECK(!config_.sliding_window || length <= *config_.sliding_window,
+              "models::LlamaModel: a sequence of ", length, " tokens is longer than the config's ",
+              "sliding_window=", *config_.sliding_window,
+              ": sliding-window attention is not implemented (up to that length it is causal "
+              "attention, which is)");
+  torch::Tensor h = embed_tokens(input_ids);
+  auto [cos, sin] = RopeTables(length, h.device(), h.scalar_type());
+  for (const auto& layer : *layers) {
+    h = module_call::call(layer->as<LlamaDecoderLayerImpl>(), h, cos, sin);
+  }
+  return norm(h);
+}
+
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& config) : config_(config) {
+  model = register_module("model", LlamaModel(config));
+  if (!config.tie_word_embeddings) {
+    lm_head = register_module("lm_head", MakeLinear(config.hidden_size, config.vocab_size, false));
+  }
+}
+
+torch::Tensor LlamaForCausalLMImpl::output_weight() const {
+  return lm_head.is_empty() ? model->embed_tokens->weight : lm_head->weight;
+}
+
+torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids) {
+  return F::linear(model(input_ids), output_weight());
+}
+
+torch::Tensor LlamaForCausalLMImpl::Loss(const torch::Tensor& batch) {
+  TORCH_CHECK(batch.dim() == 2 && batch.size(1) >= 2 && batch.scalar_type() == torch::kLong,
+              "models::LlamaForCausalLM::Loss: batch of shape ", batch.sizes(), " and dtype ",
+              batch.scalar_type(), ": expected int64 [B, T + 1] token rows with T >= 1");
+  const int64_t length = batch.size(1) - 1;
+  const torch::Tensor logits = forward(batch.narrow(1, 0, length));
+  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                          batch.narrow(1, 1, length).reshape({-1}));
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> LlamaForCausalLMImpl::DecoderLayers() {
+  std::vector<std::shared_ptr<torch::nn::Module>> out;
+  for (const auto& layer : *model->layers) out.push_back(layer);
+  return out;
+}
+
+void LlamaForCausalLMImpl::InitializeWeights(uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const double std = config_.initializer_range;
+  for (auto& item : named_modules()) {
+    torch::nn::Module& module = *item.value();
+    if (auto* linear = module.as<torch::nn::LinearImpl>()) {
+      TORCH_CHECK(linear->weight.device().is_cpu(),
+                  "models::LlamaForCausalLM::InitializeWeights: the model is on ",
+                  linear->weight.device(), ": expected the CPU (initialise, then move it)");
+      linear->weight.normal_(0.0, std, generator);
+      if (linear->bias.defined()) linear->bias.zero_();
+    } else if (auto* embedding = module.as<torch::nn::EmbeddingImpl>()) {
+      embedding->weight.normal_(0.0, std, generator);
+      if (auto pad = embedding->options.padding_idx()) embedding->weight[*pad].zero_();
+    } else if (auto* norm = module.as<LlamaRMSNormImpl>()) {
+      norm->weight.fill_(1.0);
+    }
+  }
+}
+
+}  // namespace models

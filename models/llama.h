@@ -1,0 +1,160 @@
+// The Llama-family decoder as transformers computes it (LlamaForCausalLM,
+// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM), with
+// transformers' parameter names, so that its state dict is the checkpoint's:
+//
+//   model.embed_tokens.weight
+//   model.layers.<i>.input_layernorm.weight
+//   model.layers.<i>.self_attn.{q,k,v,o}_proj.{weight,bias}   (biases per config)
+//   model.layers.<i>.self_attn.{q,k}_norm.weight                (Qwen3)
+//   model.layers.<i>.post_attention_layernorm.weight
+//   model.layers.<i>.mlp.{gate,up,down}_proj.{weight,bias}
+//   model.norm.weight
+//   lm_head.weight                                   (absent when tied)
+//
+//   auto config = models::ReadLlamaConfig("checkpoint/config.json");
+//   models::LlamaForCausalLM model(*config);
+//   model->InitializeWeights(/*seed=*/0);        // or load a checkpoint
+//   torch::Tensor logits = model->forward(input_ids);  // [B, T, vocab]
+//
+// Per layer: x + o_proj(attention(RoPE(q), RoPE(k), v)) over
+// input_layernorm(x), then + down_proj(silu(gate_proj(h)) * up_proj(h)) over
+// post_attention_layernorm. RMSNorm in float32 with eps inside the square
+// root, cast back, then scaled by its weight; RoPE tables in float32, cast to
+// the activations' dtype; grouped-query attention through
+// scaled_dot_product_attention (causal, scale 1/sqrt(head_dim)), query head
+// h reading key/value head h / (heads / kv_heads) as transformers' repeat_kv;
+// the embedding's pad_token_id row gets no gradient (nn.Embedding's
+// padding_idx). The RoPE tables are not parameters or buffers: nothing of
+// them is saved.
+//
+// Each decoder layer is called through module_call::call, so FSDP units and
+// activation checkpointing apply to it (CausalLM::DecoderLayers). CPU and
+// CUDA, float32, bfloat16 and float16 (model->to(device, dtype)).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include <c10/core/Device.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include "models/causal_lm.h"
+#include "models/llama_config.h"
+
+namespace models {
+
+// transformers' LlamaRMSNorm: weight * (x / sqrt(mean(x^2) + eps)), the
+// normalisation in float32 and its result cast back to x's dtype before the
+// weight multiplies it.
+class LlamaRMSNormImpl : public torch::nn::Module {
+ public:
+  LlamaRMSNormImpl(int64_t size, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(LlamaRMSNorm);
+
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  explicit LlamaAttentionImpl(const LlamaConfig& config);
+  // x: [B, T, hidden]; cos, sin: [T, head_dim] or [B, T, head_dim] in x's
+  // dtype. Causal over the T positions.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  LlamaRMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+};
+TORCH_MODULE(LlamaAttention);
+
+class LlamaMLPImpl : public torch::nn::Module {
+ public:
+  explicit LlamaMLPImpl(const LlamaConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(LlamaMLP);
+
+class LlamaDecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit LlamaDecoderLayerImpl(const LlamaConfig& config);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+  LlamaAttention self_attn{nullptr};
+  LlamaMLP mlp{nullptr};
+  LlamaRMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(LlamaDecoderLayer);
+
+// transformers' LlamaModel: the embedding, the layers and the final norm
+// (registered as "model" in LlamaForCausalLM).
+class LlamaModelImpl : public torch::nn::Module {
+ public:
+  explicit LlamaModelImpl(const LlamaConfig& config);
+  // input_ids: int64 [B, T]. The last hidden state after the final norm,
+  // [B, T, hidden].
+  torch::Tensor forward(const torch::Tensor& input_ids);
+
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  LlamaRMSNorm norm{nullptr};
+
+  // float32 [head_dim / 2] (RopeInverseFrequencies of the config), on the
+  // CPU; not a buffer. Replaceable (e.g. to test a different scaling).
+  torch::Tensor inv_freq;
+
+ private:
+  // cos and sin for positions [0, length) on `device` in `dtype`, made once
+  // per (device, dtype, length) and kept.
+  std::pair<torch::Tensor, torch::Tensor> RopeTables(int64_t length, c10::Device device,
+                                                     c10::ScalarType dtype);
+
+  LlamaConfig config_;
+  torch::Tensor cached_inv_freq_;
+  std::map<std::tuple<std::string, int, int64_t>, std::pair<torch::Tensor, torch::Tensor>>
+      rope_tables_;
+};
+TORCH_MODULE(LlamaModel);
+
+class LlamaForCausalLMImpl : public CausalLM {
+ public:
+  explicit LlamaForCausalLMImpl(const LlamaConfig& config);
+
+  // input_ids: int64 [B, T]. Logits [B, T, vocab] in the parameters' dtype.
+  torch::Tensor forward(const torch::Tensor& input_ids);
+  // CausalLM: cross-entropy of forward(batch[:, :-1]) against batch[:, 1:],
+  // the logits upcast to float32 (transformers' ForCausalLMLoss).
+  torch::Tensor Loss(const torch::Tensor& batch) override;
+  std::vector<std::shared_ptr<torch::nn::Module>> DecoderLayers() override;
+
+  // transformers' _init_weights from `seed`: every Linear and the embedding
+  // N(0, initializer_range) (biases and the pad_token_id row zero), every
+  // RMSNorm weight one. The same seed gives the same parameters on every
+  // rank and machine (a CPU generator of its own; the model must be on the
+  // CPU).
+  void InitializeWeights(uint64_t seed);
+
+  const LlamaConfig& config() const { return config_; }
+  // The output projection's weight: lm_head's, or the embedding's when tied.
+  torch::Tensor output_weight() const;
+
+  LlamaModel model{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings
+
+ private:
+  LlamaConfig config_;
+};
+TORCH_MODULE(LlamaForCausalLM);
+
+}  // namespace models
