@@ -35,8 +35,36 @@ TEST(CorpusReplayTest, TorchFileCorpusAndRegressionsKeepTheOracles) {
   ReplayCorpus(FuzzDirectory(), "torch_file", 10, RunTorchFileInput);
 }
 
+// As safetensors_fuzzer.cc runs each input: as a safetensors file and as an
+// index.
 TEST(CorpusReplayTest, SafetensorsCorpusAndRegressionsKeepTheOracles) {
-  ReplayCorpus(FuzzDirectory(), "safetensors", 9, RunSafetensorsInput);
+  ReplayCorpus(FuzzDirectory(), "safetensors", 17, [](const uint8_t* data, size_t size) {
+    RunSafetensorsInput(data, size);
+    RunHfIndexInput(data, size).IgnoreError();
+  });
+}
+
+// The hand-written index seeds (corpus/safetensors/hf_index_*.json) open or
+// fail as they are meant to, so that the oracle's accepting path runs.
+TEST(CorpusReplayTest, IndexSeedsOpenOrFailAsMeant) {
+  const std::map<std::string, absl::StatusCode> expected = {
+      {"good", absl::StatusCode::kOk},
+      {"one_file", absl::StatusCode::kOk},
+      {"metadata_extra", absl::StatusCode::kOk},
+      {"total_size_wrong", absl::StatusCode::kDataLoss},
+      {"outside", absl::StatusCode::kInvalidArgument},
+      {"missing_file", absl::StatusCode::kNotFound},
+      {"not_in_index", absl::StatusCode::kDataLoss},
+      {"wrong_file", absl::StatusCode::kDataLoss},
+  };
+  for (const auto& [name, code] : expected) {
+    const std::string bytes =
+        ReadAll(FuzzDirectory() / "corpus" / "safetensors" / ("hf_index_" + name + ".json"));
+    ASSERT_FALSE(bytes.empty()) << name;
+    const absl::Status status =
+        RunHfIndexInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    EXPECT_EQ(status.code(), code) << name << ": " << status;
+  }
 }
 
 double ValueSum(const torch::Tensor& t) {

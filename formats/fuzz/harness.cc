@@ -1,14 +1,20 @@
 #include "formats/fuzz/harness.h"
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <torch/types.h>
 
 #include "absl/strings/str_cat.h"
 #include "formats/fuzz/oracle.h"
+#include "formats/hf/hf_checkpoint_files.h"
 #include "formats/safetensors/safetensors.h"
+#include "formats/safetensors/safetensors_file.h"
 #include "formats/torch_save/torch_save.h"
 
 namespace formats {
@@ -20,6 +26,100 @@ namespace {
 // fine (it is a view) but would be materialised by SaveTensorDict. The loads
 // themselves are always checked.
 constexpr int64_t kMaxRoundTripBytes = int64_t{16} << 20;
+
+// Elements [numel / 3, numel / 3 + numel / 2) of the flattened tensor, read
+// with `read`, against the same slice of `whole`.
+template <typename Read>
+void ExpectRangeRead(const std::string& name, const at::Tensor& whole, const Read& read,
+                     const std::string& who) {
+  const int64_t numel = whole.numel();
+  const int64_t offset = numel / 3, count = numel / 2;
+  auto part = read(name, offset, count);
+  if (!part.ok()) {
+    Violation(absl::StrCat(who, " refused elements [", offset, ", +", count, ") of '", name,
+                           "': ", StatusText(part.status())));
+  }
+  if (!BitwiseEqual(*part, whole.reshape(-1).slice(0, offset, offset + count))) {
+    Violation(absl::StrCat(who, " read elements [", offset, ", +", count, ") of '", name,
+                           "' unlike the whole tensor's"));
+  }
+}
+
+// SafetensorsFile against LoadSafetensors' result for the same file.
+void CheckSafetensorsFile(const std::string& path,
+                          const absl::StatusOr<LoadedSafetensors>& loaded) {
+  auto file = SafetensorsFile::Open(path);
+  if (!file.ok()) {
+    if (file.status() != loaded.status()) {
+      Violation(absl::StrCat("SafetensorsFile::Open: ", StatusText(file.status()),
+                             "; LoadSafetensors: ", StatusText(loaded.status())));
+    }
+    return;
+  }
+  if (!loaded.ok()) {
+    // Open reads no tensor bytes: only a BOOL byte may fail the load, and
+    // then reading that tensor fails the same way.
+    for (const std::string& name : file->names()) {
+      if (file->info(name)->dtype != c10::ScalarType::Bool) continue;
+      if (file->ReadAll(name).status() == loaded.status()) return;
+    }
+    Violation(
+        "SafetensorsFile::Open accepted a file LoadSafetensors refuses, not for a BOOL "
+        "byte: " +
+        StatusText(loaded.status()));
+  }
+  if (file->names() != loaded->tensors.keys()) {
+    Violation("SafetensorsFile's names differ from LoadSafetensors'");
+  }
+  if (file->metadata() != loaded->metadata) {
+    Violation("SafetensorsFile's metadata differs from LoadSafetensors'");
+  }
+  for (const auto& item : loaded->tensors) {
+    auto all = file->ReadAll(item.key());
+    if (!all.ok()) {
+      Violation(absl::StrCat("SafetensorsFile::ReadAll refused '", item.key(),
+                             "', which LoadSafetensors loads: ", StatusText(all.status())));
+    }
+    if (!BitwiseEqual(*all, item.value())) {
+      Violation(absl::StrCat("SafetensorsFile::ReadAll of '", item.key(), "' is ", Describe(*all),
+                             ", unlike LoadSafetensors' ", Describe(item.value())));
+    }
+    ExpectRangeRead(
+        item.key(), item.value(),
+        [&](const std::string& name, int64_t offset, int64_t count) {
+          return file->Read(name, offset, count);
+        },
+        "SafetensorsFile::Read");
+  }
+}
+
+// The fixed directory of RunHfIndexInput: its shards' tensors by name, with
+// the file holding each.
+struct HfIndexFixture {
+  std::string dir;
+  std::map<std::string, std::pair<std::string, at::Tensor>> tensors;
+};
+
+const HfIndexFixture& IndexFixture() {
+  static const HfIndexFixture* fixture = [] {
+    auto* f = new HfIndexFixture;
+    f->dir = ScratchDirectory() + "/hf_index";
+    if (::mkdir(f->dir.c_str(), 0755) != 0) Violation("harness cannot create " + f->dir);
+    TensorDict a, b;
+    a.insert("x", torch::arange(6, torch::kFloat32).reshape({2, 3}));
+    a.insert("y", torch::arange(4, torch::kInt64));
+    b.insert("z", torch::arange(5, torch::kFloat32).to(torch::kBFloat16));
+    const std::vector<std::pair<std::string, const TensorDict*>> shards = {{"a.safetensors", &a},
+                                                                           {"b.safetensors", &b}};
+    for (const auto& [file, dict] : shards) {
+      absl::Status saved = SaveSafetensors(*dict, f->dir + "/" + file);
+      if (!saved.ok()) Violation("harness cannot write its shards: " + StatusText(saved));
+      for (const auto& item : *dict) f->tensors[item.key()] = {file, item.value()};
+    }
+    return f;
+  }();
+  return *fixture;
+}
 
 }  // namespace
 
@@ -53,6 +153,7 @@ void RunSafetensorsInput(const uint8_t* data, size_t size) {
   const std::string path = ScratchDirectory() + "/input.safetensors";
   WriteBytesOrDie(path, data, size);
   auto loaded = LoadSafetensors(path);
+  CheckSafetensorsFile(path, loaded);
   if (!loaded.ok()) return;
   const std::optional<int64_t> bytes = TotalBytes(loaded->tensors);
   if (!bytes.has_value()) Violation("LoadSafetensors accepted tensors whose byte count overflows");
@@ -75,6 +176,46 @@ void RunSafetensorsInput(const uint8_t* data, size_t size) {
   if (reloaded->metadata != expected) {
     Violation("the round trip changed the metadata");
   }
+}
+
+absl::Status RunHfIndexInput(const uint8_t* data, size_t size) {
+  const HfIndexFixture& fixture = IndexFixture();
+  WriteBytesOrDie(fixture.dir + "/model.safetensors.index.json", data, size);
+  auto ckpt = HfCheckpointFiles::Open(fixture.dir);
+  if (!ckpt.ok()) return ckpt.status();
+  if (!ckpt->sharded()) Violation("HfCheckpointFiles read an index but says it is not sharded");
+  std::vector<std::string> expected;
+  for (const std::string& file : ckpt->files()) {
+    if (file != "a.safetensors" && file != "b.safetensors") {
+      Violation("HfCheckpointFiles opened '" + file + "', not one of the directory's shards");
+    }
+    for (const auto& [name, where] : fixture.tensors) {
+      if (where.first == file) expected.push_back(name);
+    }
+  }
+  std::sort(expected.begin(), expected.end());
+  if (ckpt->names() != expected) {
+    Violation("HfCheckpointFiles' names are not exactly the tensors of the files it opened");
+  }
+  for (const std::string& name : expected) {
+    const auto& [file, tensor] = fixture.tensors.at(name);
+    auto info = ckpt->info(name);
+    if (!info.ok() || info->file != file || info->dtype != tensor.scalar_type() ||
+        info->shape != tensor.sizes().vec()) {
+      Violation("HfCheckpointFiles::info of '" + name + "' disagrees with its shard");
+    }
+    auto all = ckpt->ReadAll(name);
+    if (!all.ok() || !BitwiseEqual(*all, tensor)) {
+      Violation("HfCheckpointFiles::ReadAll of '" + name + "' differs from what was written");
+    }
+    ExpectRangeRead(
+        name, tensor,
+        [&](const std::string& n, int64_t offset, int64_t count) {
+          return ckpt->Read(n, offset, count);
+        },
+        "HfCheckpointFiles::Read");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status WriteTorchFileSeeds(const std::string& torch_file_dir) {

@@ -1,5 +1,9 @@
-// libFuzzer target: a whole safetensors file through LoadSafetensors, with
-// harness.h's round-trip oracle. Built and run by tools/fuzz.sh.
+// libFuzzer target: a whole safetensors file through LoadSafetensors and
+// SafetensorsFile, and the same bytes as the model.safetensors.index.json of
+// a two-shard directory through HfCheckpointFiles, with harness.h's oracles.
+// (One target for both, so that the index parser shares the safetensors
+// target's fuzzing time rather than adding to it; either parser refuses the
+// other's inputs at their first bytes.) Built and run by tools/fuzz.sh.
 #include <cstddef>
 #include <cstdint>
 
@@ -7,5 +11,6 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   formats::fuzz::RunSafetensorsInput(data, size);
+  formats::fuzz::RunHfIndexInput(data, size);
   return 0;
 }

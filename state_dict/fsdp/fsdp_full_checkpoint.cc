@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "comm/collectives.h"
 #include "state_dict/checkpoint.h"
+#include "state_dict/hf_checkpoint.h"
 
 namespace state_dict {
 namespace {
@@ -195,19 +196,17 @@ absl::StatusOr<Exchange> AgreeOnPieces(const FsdpModelStateDict& state,
 
 }  // namespace
 
-absl::Status SaveFsdpFullCheckpoint(const std::string& root, int64_t step,
-                                    const FsdpModelStateDict& state,
-                                    const comm::ProcessGroup& group) {
+absl::Status WriteGatheredOnRank0(const FsdpModelStateDict& state, const comm::ProcessGroup& group,
+                                  const std::string& what, const GatheredWrite& write) {
   if (state.type != StateDictType::kSharded) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SaveFsdpFullCheckpoint: expected a SHARDED_STATE_DICT, got ",
-                     StateDictTypeName(state.type)));
+        absl::StrCat(what, ": expected a SHARDED_STATE_DICT, got ", StateDictTypeName(state.type)));
   }
   if (group.size() != state.world_size || group.rank() != state.rank) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "SaveFsdpFullCheckpoint: the state dict was taken on rank ", state.rank, " of ",
-        state.world_size, ", but the group has this process as rank ", group.rank(), " of ",
-        group.size(), "; pass the group the model is sharded over"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the state dict was taken on rank ", state.rank, " of ",
+                     state.world_size, ", but the group has this process as rank ", group.rank(),
+                     " of ", group.size(), "; pass the group the model is sharded over"));
   }
   const ShardedStateDict& sharded = state.sharded;
   const std::set<std::string> replicated(state.replicated.begin(), state.replicated.end());
@@ -273,7 +272,7 @@ absl::Status SaveFsdpFullCheckpoint(const std::string& root, int64_t step,
       for (const auto& item : sharded) {
         specs.push_back({item.key(), item.value().dtype, item.value().global_shape});
       }
-      written = SaveFullCheckpoint(root, step, specs, gather);
+      written = write(specs, gather);
       // A failed write stops asking for tensors: receive (and drop) the rest,
       // so that no rank is left blocked in a send.
       for (size_t i = produced; i < sharded.size(); ++i) (void)gather(i);
@@ -288,17 +287,34 @@ absl::Status SaveFsdpFullCheckpoint(const std::string& root, int64_t step,
     comm::broadcast(group, failed, 0).wait();
     if (!written.ok()) return written;
     if (failed.item<int64_t>() != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("FULL checkpoint of step ", step, " under ", root,
-                       " failed on rank 0, which writes it (see its message); nothing was "
-                       "committed"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " failed on rank 0, which writes it (see its message); nothing was committed"));
     }
     return absl::OkStatus();
   } catch (const c10::Error& e) {
-    return absl::UnavailableError(absl::StrCat("FULL checkpoint of step ", step, " under ", root,
-                                               " on rank ", group.rank(), ": ",
-                                               e.what_without_backtrace()));
+    return absl::UnavailableError(
+        absl::StrCat(what, " on rank ", group.rank(), ": ", e.what_without_backtrace()));
   }
+}
+
+absl::Status SaveFsdpFullCheckpoint(const std::string& root, int64_t step,
+                                    const FsdpModelStateDict& state,
+                                    const comm::ProcessGroup& group) {
+  return WriteGatheredOnRank0(
+      state, group, absl::StrCat("FULL checkpoint of step ", step, " under ", root),
+      [&](const std::vector<TensorSpec>& specs, const TensorSource& source) {
+        return SaveFullCheckpoint(root, step, specs, source);
+      });
+}
+
+absl::Status SaveFsdpHfCheckpoint(const std::string& dir, const FsdpModelStateDict& state,
+                                  const comm::ProcessGroup& group, c10::ScalarType dtype,
+                                  int64_t max_shard_bytes, const std::string& config_json) {
+  return WriteGatheredOnRank0(
+      state, group, absl::StrCat("Hugging Face export to ", dir),
+      [&](const std::vector<TensorSpec>& specs, const TensorSource& source) {
+        return WriteHfCheckpoint(dir, specs, source, dtype, max_shard_bytes, config_json);
+      });
 }
 
 }  // namespace state_dict

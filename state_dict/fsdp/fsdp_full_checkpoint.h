@@ -34,7 +34,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "comm/process_group.h"
@@ -49,5 +51,23 @@ namespace state_dict {
 absl::Status SaveFsdpFullCheckpoint(const std::string& root, int64_t step,
                                     const FsdpModelStateDict& state,
                                     const comm::ProcessGroup& group);
+
+// The same, as a Hugging Face checkpoint directory (hf_checkpoint.h's
+// WriteHfCheckpoint: `dtype`, files of at most `max_shard_bytes`,
+// `config_json` as config.json), written by rank 0 of `group` one tensor at
+// a time. `state` holds the model's entries only (no optimizer state).
+absl::Status SaveFsdpHfCheckpoint(const std::string& dir, const FsdpModelStateDict& state,
+                                  const comm::ProcessGroup& group, c10::ScalarType dtype,
+                                  int64_t max_shard_bytes, const std::string& config_json);
+
+// What both are made of: every tensor of `state` gathered onto rank 0 of
+// `group`, one at a time, as `write`'s source (TensorSpec, TensorSource:
+// tensor_dict.h), on rank 0 only; the other ranks send their pieces as
+// rank 0 asks for them. `what` names the operation in errors. Collective,
+// with the errors above.
+using GatheredWrite =
+    std::function<absl::Status(const std::vector<TensorSpec>& specs, const TensorSource& source)>;
+absl::Status WriteGatheredOnRank0(const FsdpModelStateDict& state, const comm::ProcessGroup& group,
+                                  const std::string& what, const GatheredWrite& write);
 
 }  // namespace state_dict
