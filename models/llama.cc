@@ -12,6 +12,7 @@
 #include <torch/utils.h>
 
 #include "absl/strings/str_cat.h"
+#include "functorch/module/named_member_accessor.h"
 #include "module_call/call.h"
 #include "models/rope.h"
 
@@ -30,6 +31,13 @@ void ThrowIfInvalid(const LlamaConfig& config) {
 }
 
 }  // namespace
+
+// LlamaRMSNorm's forward reads its `weight` member: FSDP (and
+// functional_call) reach it there when they swap the parameter for a view
+// of a shard or a gathered tensor. Linear and Embedding, LibTorch's own, are
+// bound by functorch/module.
+static const bool kRmsNormBound =
+    functorch::RegisterModuleMembers<LlamaRMSNormImpl>({{"weight", &LlamaRMSNormImpl::weight}});
 
 LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t size, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({size}));

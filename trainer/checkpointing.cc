@@ -18,6 +18,7 @@
 #include "comm/subgroups.h"
 #include "state_dict/checkpoint.h"
 #include "state_dict/dcp.h"
+#include "formats/hf/hf_checkpoint_files.h"
 #include "state_dict/fsdp/checkpoint_keys.h"
 #include "state_dict/fsdp/fsdp_dcp.h"
 #include "state_dict/fsdp/fsdp_full_checkpoint.h"
@@ -25,6 +26,7 @@
 #include "state_dict/fsdp/fsdp_state_dict.h"
 #include "state_dict/fully_shard/fully_shard_dcp.h"
 #include "state_dict/fully_shard/fully_shard_state_dict.h"
+#include "state_dict/hf_checkpoint.h"
 #include "state_dict/optim_state.h"
 #include "trainer/finite_state.h"
 
@@ -534,6 +536,62 @@ absl::StatusOr<int64_t> ImportDcp(const Options& o, const comm::ProcessGroup& gr
     std::fflush(stdout);
   }
   return imported->step;
+}
+
+absl::Status LoadHfIntoShards(const Options& o, const comm::ProcessGroup& group, TrainedModel model,
+                              const std::set<std::string>& parameter_names) {
+  const std::string what = absl::StrCat("--hf-checkpoint='", o.hf_checkpoint, "'");
+  auto loaded = [&]() -> absl::Status {
+    auto files = formats::HfCheckpointFiles::Open(o.hf_checkpoint);
+    if (!files.ok()) return files.status();
+    if (auto s = state_dict::CheckNoUnexpectedHfTensors(*files, parameter_names); !s.ok()) {
+      return s;
+    }
+    // Each rank's requests name its own ranges only: a rank reads its shard
+    // of every tensor, never the whole model.
+    const state_dict::ShardedReader read = [&](const state_dict::ShardRequests& requests) {
+      return state_dict::ReadHfShards(*files, requests);
+    };
+    if (model.fsdp1() != nullptr) return state_dict::LoadModelShardedFrom(*model.fsdp1(), read);
+    return state_dict::LoadFullyShardFrom(model.fully_shard()->module(), /*optimizer=*/nullptr,
+                                          o.hf_checkpoint, /*optim_entries=*/{}, read);
+  }();
+  return AgreeOnStatus(group, InContext(what, loaded), what);
+}
+
+absl::Status CheckHfExportTarget(const Options& o, const comm::ProcessGroup& group) {
+  if (o.export_hf.empty()) return absl::OkStatus();
+  const std::string what = absl::StrCat("--export-hf='", o.export_hf, "'");
+  absl::Status usable = absl::OkStatus();
+  if (group.rank() == 0) usable = formats::CheckHfExportTarget(o.export_hf);
+  return AgreeOnStatus(group, InContext(what, usable), what);
+}
+
+absl::Status ExportHf(const Options& o, const comm::ProcessGroup& group, TrainedModel model,
+                      const torch::optim::Optimizer& optimizer, const std::string& config_json) {
+  const std::string what = absl::StrCat("--export-hf='", o.export_hf, "'");
+  if (auto s = AgreeOnStatus(
+          group, StateFinite(model, optimizer, absl::StrCat(what, ": not written")), what);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<state_dict::FsdpModelStateDict> state =
+      model.fully_shard() != nullptr
+          ? state_dict::FullyShardModelStateDict(model.fully_shard()->module())
+          : state_dict::GetModelStateDict(*model.fsdp1(), state_dict::StateDictType::kSharded);
+  if (!state.ok()) return AgreeOnStatus(group, InContext(what, state.status()), what);
+  const c10::ScalarType dtype =
+      o.export_hf_dtype == ExportDtype::kBf16 ? c10::kBFloat16 : c10::kFloat;
+  // Collective: every rank returns an error when one failed.
+  const absl::Status written = state_dict::SaveFsdpHfCheckpoint(
+      o.export_hf, *state, group, dtype, o.export_hf_max_shard_bytes, config_json);
+  if (!written.ok()) return InContext(what, written);
+  if (group.rank() == 0) {
+    std::printf("trainer: wrote Hugging Face checkpoint %s (%s)\n", o.export_hf.c_str(),
+                Name(o.export_hf_dtype));
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckDcpExportTarget(const Options& o, const comm::ProcessGroup& group) {

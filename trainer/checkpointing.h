@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include <torch/optim/optimizer.h>
@@ -89,6 +90,26 @@ absl::StatusOr<int64_t> ImportDcp(const Options& options, const comm::ProcessGro
 // --export-dcp, before training: AlreadyExists when the directory already
 // holds a DCP checkpoint (a `.metadata`), so that a run is not lost at its
 // end; DCP has no commit protocol to overwrite one safely.
+// --hf-checkpoint: the checkpoint's weights straight into this rank's shards
+// (each rank reads only its ranges of each tensor from the files), strict:
+// every name in `parameter_names` (the unwrapped model's) must be in the
+// checkpoint with its shape, and the checkpoint may hold nothing else.
+// Collective only in that every rank loads; errors agreed on by all ranks.
+absl::Status LoadHfIntoShards(const Options& options, const comm::ProcessGroup& group,
+                              TrainedModel model, const std::set<std::string>& parameter_names);
+
+// --export-hf: refused at start when the directory exists and is not a
+// previous export (which the export replaces), so a run is not trained to be
+// lost at its end. Every rank returns the same status.
+absl::Status CheckHfExportTarget(const Options& options, const comm::ProcessGroup& group);
+
+// --export-hf after the last step: the model as a Hugging Face checkpoint
+// (--export-hf-dtype, files of at most --export-hf-max-shard-bytes,
+// `config_json` as its config.json), rank 0 writing each tensor as the
+// others send it their pieces; never a model with NaN or Inf parameters.
+absl::Status ExportHf(const Options& options, const comm::ProcessGroup& group, TrainedModel model,
+                      const torch::optim::Optimizer& optimizer, const std::string& config_json);
+
 absl::Status CheckDcpExportTarget(const Options& options, const comm::ProcessGroup& group);
 
 // --export-dcp, after the last step `step`: every rank writes its shard

@@ -6,12 +6,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <set>
 #include <utility>
 
 #include <ATen/ops/empty.h>
 
 #include "absl/strings/str_cat.h"
+#include "formats/io/file_io.h"
 
 namespace trainer {
 namespace {
@@ -71,9 +73,6 @@ absl::StatusOr<std::vector<uint8_t>> LoadTextCorpus(const std::string& dir) {
 
 namespace {
 
-constexpr int32_t kLlmcMagic = 20240520;  // llm.c's data files (dev/data/data_common.py)
-constexpr int64_t kLlmcHeaderBytes = 256 * 4;
-
 int32_t Int32At(const std::string& bytes, size_t at) {
   uint32_t v = 0;
   for (int k = 3; k >= 0; --k) v = (v << 8) | static_cast<uint8_t>(bytes[at + k]);
@@ -82,20 +81,76 @@ int32_t Int32At(const std::string& bytes, size_t at) {
 
 std::string DataFlag(const std::string& path) { return absl::StrCat("--data='", path, "'"); }
 
-// The uint16 ids of bytes[offset, end), each checked against `vocab`.
-absl::StatusOr<std::vector<uint16_t>> DecodeTokens(const std::string& path,
-                                                   const std::string& bytes, size_t offset,
-                                                   int64_t vocab) {
-  std::vector<uint16_t> tokens((bytes.size() - offset) / 2);
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    const size_t at = offset + 2 * i;
-    tokens[i] = static_cast<uint16_t>(static_cast<uint8_t>(bytes[at]) |
-                                      (static_cast<uint8_t>(bytes[at + 1]) << 8));
-    if (tokens[i] >= vocab) {
+// A token file's layout: the width of its ids and where they start.
+struct TokenLayout {
+  size_t width = 2;   // bytes per id: 2 (uint16) or 4 (uint32)
+  size_t offset = 0;  // the ids' first byte
+  const char* name = "uint16, headerless nanoGPT .bin";
+};
+
+// The layout of `bytes`, read as tokens: llm.c's header when it starts with
+// one of llm.c's magics, else nanoGPT's headerless uint16 ids.
+absl::StatusOr<TokenLayout> ReadTokenLayout(const std::string& path, const std::string& bytes) {
+  const int32_t magic = bytes.size() >= 4 ? Int32At(bytes, 0) : 0;
+  if (magic != kLlmcGpt2Magic && magic != kLlmcLlama3Magic) {
+    if (bytes.size() % 2 != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          DataFlag(path), ": token ", i, " is id ", tokens[i], ": expected ids < --vocab=", vocab,
-          " (pass the tokenizer's vocabulary size, e.g. --vocab 50257 for GPT-2)"));
+          DataFlag(path), ": ", bytes.size(),
+          " bytes: expected a whole number of uint16 token ids (an even size), as nanoGPT's "
+          ".bin (or --data-format=bytes for text)"));
     }
+    return TokenLayout{};
+  }
+  const bool gpt2 = magic == kLlmcGpt2Magic;
+  const char* kind = gpt2 ? "GPT-2" : "Llama 3";
+  if (bytes.size() < static_cast<size_t>(kLlmcHeaderBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        DataFlag(path), ": starts with llm.c's ", kind, " magic ", magic, " but has ", bytes.size(),
+        " bytes: expected at least its ", kLlmcHeaderBytes, "-byte header (truncated?)"));
+  }
+  const int32_t version = Int32At(bytes, 4);
+  const int32_t expected_version = gpt2 ? kLlmcGpt2Version : kLlmcLlama3Version;
+  if (version != expected_version) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        DataFlag(path), ": llm.c header (magic ", magic, ") version ", version, ": expected ",
+        expected_version,
+        gpt2 ? " (uint16 GPT-2 ids; llm.c writes uint32 ids under magic 20240801, version 7)"
+             : " (uint32 Llama 3 ids)"));
+  }
+  TokenLayout layout;
+  layout.width = gpt2 ? 2 : 4;
+  layout.offset = static_cast<size_t>(kLlmcHeaderBytes);
+  layout.name = gpt2 ? "uint16, llm.c GPT-2 header" : "uint32, llm.c Llama 3 header";
+  const int64_t count = Int32At(bytes, 8);
+  const int64_t expected = kLlmcHeaderBytes + static_cast<int64_t>(layout.width) * count;
+  if (count < 0 || static_cast<int64_t>(bytes.size()) != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(DataFlag(path), ": llm.c ", kind, " header (", gpt2 ? "uint16" : "uint32",
+                     " ids) says ", count, " tokens, so ", expected,
+                     " bytes: expected that size, the file has ", bytes.size(), " (truncated?)"));
+  }
+  return layout;
+}
+
+// The ids of bytes[layout.offset, end), each checked against `vocab`.
+absl::StatusOr<std::vector<uint32_t>> DecodeTokens(const std::string& path,
+                                                   const std::string& bytes,
+                                                   const TokenLayout& layout, int64_t vocab) {
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data()) + layout.offset;
+  std::vector<uint32_t> tokens((bytes.size() - layout.offset) / layout.width);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const uint8_t* at = data + i * layout.width;
+    uint32_t id = static_cast<uint32_t>(at[0]) | (static_cast<uint32_t>(at[1]) << 8);
+    if (layout.width == 4) {
+      id |= (static_cast<uint32_t>(at[2]) << 16) | (static_cast<uint32_t>(at[3]) << 24);
+    }
+    if (static_cast<int64_t>(id) >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          DataFlag(path), ": token ", i, " is id ", id, ": expected ids < --vocab=", vocab,
+          " (pass the tokenizer's vocabulary size, e.g. --vocab 50257 for GPT-2, "
+          "128256 for Llama 3)"));
+    }
+    tokens[i] = id;
   }
   return tokens;
 }
@@ -109,15 +164,15 @@ absl::StatusOr<TokenData> LoadDataFile(const std::string& path, DataFormat forma
     return absl::NotFoundError(
         absl::StrCat(DataFlag(path),
                      ": no such file (or not readable): expected a text file "
-                     "or a uint16 token file (.bin)"));
+                     "or a token file (.bin)"));
   }
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (bytes.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(DataFlag(path), ": the file is empty: expected text or tokens to train on"));
   }
-  const bool llmc =
-      bytes.size() >= static_cast<size_t>(kLlmcHeaderBytes) && Int32At(bytes, 0) == kLlmcMagic;
+  const int32_t magic = bytes.size() >= 4 ? Int32At(bytes, 0) : 0;
+  const bool llmc = magic == kLlmcGpt2Magic || magic == kLlmcLlama3Magic;
   const bool bin_name = std::filesystem::path(path).extension() == ".bin";
   const bool tokens =
       format == DataFormat::kTokens || (format == DataFormat::kAuto && (llmc || bin_name));
@@ -132,34 +187,67 @@ absl::StatusOr<TokenData> LoadDataFile(const std::string& path, DataFormat forma
     data.description = absl::StrCat(bytes.size(), " bytes of ", path);
     return data;
   }
-  size_t offset = 0;
-  if (llmc) {
-    const int32_t version = Int32At(bytes, 4);
-    const int64_t count = Int32At(bytes, 8);
-    if (version != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          DataFlag(path), ": llm.c header version ", version,
-          ": expected 1 (uint16 GPT-2 tokens; version 2 holds uint32 ids, not read here)"));
-    }
-    const int64_t expected = kLlmcHeaderBytes + 2 * count;
-    if (count < 0 || static_cast<int64_t>(bytes.size()) != expected) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(DataFlag(path), ": llm.c header says ", count, " tokens, so ", expected,
-                       " bytes: expected that size, the file has ", bytes.size(), " (truncated?)"));
-    }
-    offset = static_cast<size_t>(kLlmcHeaderBytes);
-  } else if (bytes.size() % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        DataFlag(path), ": ", bytes.size(),
-        " bytes: expected a whole number of uint16 token ids (an even size), as nanoGPT's "
-        ".bin (or --data-format=bytes for text)"));
-  }
-  auto ids = DecodeTokens(path, bytes, offset, vocab);
+  auto layout = ReadTokenLayout(path, bytes);
+  if (!layout.ok()) return layout.status();
+  auto ids = DecodeTokens(path, bytes, *layout, vocab);
   if (!ids.ok()) return ids.status();
   data.tokens = std::move(*ids);
-  data.description = absl::StrCat(data.tokens.size(), " uint16 tokens (",
-                                  llmc ? "llm.c .bin" : "headerless .bin", ") of ", path);
+  data.description = absl::StrCat(data.tokens.size(), " tokens (", layout->name, ") of ", path);
   return data;
+}
+
+absl::Status WriteTokenFile(const std::string& path, const std::vector<uint32_t>& ids,
+                            int64_t vocab) {
+  const std::string who = absl::StrCat("trainer::WriteTokenFile('", path, "')");
+  constexpr int64_t kMaxVocab = int64_t{1} << 32;  // every uint32 id
+  if (vocab < 1 || vocab > kMaxVocab) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": vocab ", vocab,
+                                                   ": expected a vocabulary size in [1, ",
+                                                   kMaxVocab, "] (uint32 ids)"));
+  }
+  if (ids.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        who, ": ", ids.size(), " ids: expected at most ", std::numeric_limits<int32_t>::max(),
+        " (llm.c's header counts them in an int32); split them into shards"));
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (static_cast<int64_t>(ids[i]) >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": id ", ids[i], " at position ", i, ": expected ids < vocab ", vocab));
+    }
+  }
+  const bool gpt2 = vocab <= 65536;
+  const size_t width = gpt2 ? 2 : 4;
+  std::string chunk(static_cast<size_t>(kLlmcHeaderBytes), '\0');
+  auto put32 = [&chunk](size_t at, uint32_t v) {
+    for (int k = 0; k < 4; ++k) chunk[at + k] = static_cast<char>((v >> (8 * k)) & 0xFF);
+  };
+  put32(0, static_cast<uint32_t>(gpt2 ? kLlmcGpt2Magic : kLlmcLlama3Magic));
+  put32(4, static_cast<uint32_t>(gpt2 ? kLlmcGpt2Version : kLlmcLlama3Version));
+  put32(8, static_cast<uint32_t>(ids.size()));
+  // The file system's errors name the temporary file or `path`; `who` says
+  // whose they are.
+  auto fail = [&who](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat(who, ": ", s.message()));
+  };
+  auto writer = formats::AtomicFileWriter::Open(path);
+  if (!writer.ok()) return fail(writer.status());
+  if (absl::Status s = (*writer)->Append(chunk.data(), chunk.size()); !s.ok()) return fail(s);
+  // The ids, little-endian, in chunks of 1 MiB.
+  constexpr size_t kChunkIds = size_t{1} << 18;
+  for (size_t first = 0; first < ids.size(); first += kChunkIds) {
+    const size_t n = std::min(kChunkIds, ids.size() - first);
+    chunk.resize(n * width);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t id = ids[first + i];
+      for (size_t k = 0; k < width; ++k) {
+        chunk[i * width + k] = static_cast<char>((id >> (8 * k)) & 0xFF);
+      }
+    }
+    if (absl::Status s = (*writer)->Append(chunk.data(), chunk.size()); !s.ok()) return fail(s);
+  }
+  if (absl::Status s = (*writer)->Commit(); !s.ok()) return fail(s);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<TokenSplit> SplitTokens(int64_t size, int64_t row_length, bool hold_out,
@@ -231,7 +319,7 @@ absl::StatusOr<at::Tensor> SampleTextBatch(const std::vector<uint8_t>& corpus,
   return SampleRows(corpus.data(), 0, static_cast<int64_t>(corpus.size()), spec);
 }
 
-absl::StatusOr<at::Tensor> SampleTokenBatch(const std::vector<uint16_t>& tokens, int64_t begin,
+absl::StatusOr<at::Tensor> SampleTokenBatch(const std::vector<uint32_t>& tokens, int64_t begin,
                                             int64_t end, const BatchSpec& spec) {
   if (begin < 0 || end < begin || end > static_cast<int64_t>(tokens.size())) {
     return absl::InvalidArgumentError(absl::StrCat("token range [", begin, ", ", end,

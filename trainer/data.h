@@ -1,6 +1,7 @@
 // Training data: a byte-level text corpus every Debian machine has, a
-// user's file (--data PATH: text or uint16 tokens), and a deterministic
-// sampler that makes each batch a function of (seed, step).
+// user's file (--data PATH: text, or uint16 / uint32 token ids), the writer
+// of llm.c's token files, and a deterministic sampler that makes each batch
+// a function of (seed, step).
 //
 // Corpus: the license texts in /usr/share/common-licenses (package
 // base-files, Essential: yes, so present without network; ~300 KB). Files
@@ -21,6 +22,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "trainer/options.h"
 
@@ -60,27 +62,55 @@ absl::StatusOr<at::Tensor> SampleTextBatch(const std::vector<uint8_t>& corpus,
 // (seed, step, row, column): for benchmarks, where the loss does not matter.
 absl::StatusOr<at::Tensor> SampleSyntheticBatch(int64_t vocab, const BatchSpec& spec);
 
-// What a run samples from: token ids (bytes of a text, or uint16 ids of a
-// token file) and a description for the run's first line.
+// What a run samples from: token ids (bytes of a text, or the ids of a
+// token file) and a description for the run's first line. uint32: llm.c's
+// Llama 3 files hold uint32 ids (vocabularies beyond 65536: Llama 3's
+// 128256, Qwen's 151936), and unsigned is what every format on disk holds,
+// so one comparison (id < --vocab) checks an id; a bytes corpus takes 4x its
+// size in memory.
 struct TokenData {
-  std::vector<uint16_t> tokens;
+  std::vector<uint32_t> tokens;
   std::string description;  // "237320 bytes of /usr/share/common-licenses"
 };
 
+// llm.c's token files (dev/data/data_common.py, write_datafile): a 1024-byte
+// header of 256 little-endian int32 (magic, version, token count, zeros),
+// then the ids, little-endian. The magic and version name the id width:
+inline constexpr int32_t kLlmcGpt2Magic = 20240520;    // "gpt-2":
+inline constexpr int32_t kLlmcGpt2Version = 1;         //   uint16 ids
+inline constexpr int32_t kLlmcLlama3Magic = 20240801;  // "llama-3":
+inline constexpr int32_t kLlmcLlama3Version = 7;       //   uint32 ids
+inline constexpr int64_t kLlmcHeaderBytes = 256 * 4;
+
 // --data PATH, read whole (every rank reads it; each id is checked once):
 //   bytes   the file's bytes, as the license corpus is (needs vocab >= 256);
-//   tokens  uint16 ids, little-endian: llm.c's .bin (a 1024-byte header of
-//           256 int32: magic 20240520, version 1, token count; then the
-//           ids: the size must be 1024 + 2 * count) when the file starts
-//           with that magic, else nanoGPT's headerless .bin (np.uint16
-//           array.tofile); every id must be < vocab;
-//   auto    tokens for a file starting with llm.c's magic or named *.bin,
+//   tokens  little-endian ids: llm.c's file (above) when it starts with
+//           either magic: uint16 ids under (20240520, version 1), uint32
+//           under (20240801, version 7), the size must be 1024 + count *
+//           (2 or 4); else nanoGPT's headerless .bin (np.uint16
+//           array.tofile; uint16 only: a headerless uint32 file could not
+//           be told from it); every id must be < vocab;
+//   auto    tokens for a file starting with an llm.c magic or named *.bin,
 //           bytes otherwise.
+// The description names the layout read: "N tokens (uint32, llm.c Llama 3
+// header) of PATH", "(uint16, llm.c GPT-2 header)", "(uint16, headerless
+// nanoGPT .bin)", "N bytes of PATH".
 // Errors, one line each naming --data, the value and the expectation:
-// NotFound (no such file), InvalidArgument (an odd size, a header whose
-// count disagrees with the size, an id >= --vocab, bytes with --vocab <
-// 256, an empty file).
+// NotFound (no such file), InvalidArgument (an odd size, a header shorter
+// than 1024 bytes, an unknown version, a header whose count disagrees with
+// the size, an id >= --vocab, bytes with --vocab < 256, an empty file).
 absl::StatusOr<TokenData> LoadDataFile(const std::string& path, DataFormat format, int64_t vocab);
+
+// Writes `ids` as an llm.c token file that LoadDataFile (and llm.c) reads:
+// the GPT-2 header and uint16 ids when vocab <= 65536, else the Llama 3
+// header and uint32 ids; atomically (a temporary file in the same
+// directory, fsynced, renamed over `path`, the directory fsynced), so a
+// reader sees the old file or the whole new one. InvalidArgument for a
+// vocab outside [1, 2^32] or an id >= vocab (naming its position),
+// ResourceExhausted for 2^31 ids or more (the header's count is an int32),
+// the file system's error otherwise; every message names `path`.
+absl::Status WriteTokenFile(const std::string& path, const std::vector<uint32_t>& ids,
+                            int64_t vocab);
 
 // The part of `tokens` a run trains on and the part it holds out.
 struct TokenSplit {
@@ -99,7 +129,7 @@ absl::StatusOr<TokenSplit> SplitTokens(int64_t size, int64_t row_length, bool ho
 // tokens[begin, end): row i starts at begin + (a hash of (seed, step, i)) %
 // (end - begin - row_length + 1). SampleTextBatch(corpus, spec) is
 // SampleTokenBatch over the same bytes and [0, corpus size).
-absl::StatusOr<at::Tensor> SampleTokenBatch(const std::vector<uint16_t>& tokens, int64_t begin,
+absl::StatusOr<at::Tensor> SampleTokenBatch(const std::vector<uint32_t>& tokens, int64_t begin,
                                             int64_t end, const BatchSpec& spec);
 
 }  // namespace trainer

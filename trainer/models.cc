@@ -11,6 +11,8 @@
 #include <torch/nn/init.h>
 #include <torch/utils.h>
 
+#include "module_call/call.h"
+
 namespace trainer {
 namespace {
 
@@ -97,11 +99,18 @@ torch::Tensor TransformerLM::forward(const torch::Tensor& tokens) {
   // The single call site of the blocks (see set_block_runner).
   for (size_t i = 0; i < blocks_->size(); ++i) {
     TransformerBlock block = blocks_->ptr<TransformerBlockImpl>(i);
-    x = block_runner_ ? block_runner_(static_cast<int64_t>(i), block, x, mask) : block(x, mask);
+    x = block_runner_ ? block_runner_(static_cast<int64_t>(i), block, x, mask)
+                      : module_call::call(block, x, mask);
   }
   // Tied output projection: the logits reuse the token embedding's tensor
   // (no second parameter exists, so the state dict has it once).
   return F::linear(ln_f_(x), tok_emb_->weight);
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> TransformerLM::DecoderLayers() {
+  std::vector<std::shared_ptr<torch::nn::Module>> layers;
+  for (size_t i = 0; i < blocks_->size(); ++i) layers.push_back(blocks_->ptr(i));
+  return layers;
 }
 
 torch::Tensor TransformerLM::Loss(const torch::Tensor& batch) {

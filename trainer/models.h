@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -28,6 +29,8 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
+
+#include "models/causal_lm.h"
 
 namespace trainer {
 
@@ -55,13 +58,9 @@ struct ModelConfig {
   AttentionKernel attention = AttentionKernel::kSdpa;
 };
 
-// A model the training loop can drive without knowing which one it is.
-class LanguageModel : public torch::nn::Module {
- public:
-  // Mean cross-entropy of the model's predictions on `batch` (int64
-  // [B, seq + 1] token rows).
-  virtual torch::Tensor Loss(const torch::Tensor& batch) = 0;
-};
+// A model the training loop can drive without knowing which one it is: the
+// interface every model of models/ implements (Loss, DecoderLayers).
+using LanguageModel = models::CausalLM;
 
 // One pre-LayerNorm decoder block: x + attn(ln1(x)), then + mlp(ln2(x)).
 // Its own module type so FSDP's auto-wrap policy can wrap each block.
@@ -96,9 +95,12 @@ class TransformerLM : public LanguageModel {
   // tokens: int64 [B, T] with T <= seq. Returns logits [B, T, vocab].
   torch::Tensor forward(const torch::Tensor& tokens);
   torch::Tensor Loss(const torch::Tensor& batch) override;
+  // The blocks, in order.
+  std::vector<std::shared_ptr<torch::nn::Module>> DecoderLayers() override;
 
   // How forward() runs block `index` on its input. The default calls the
-  // block directly. This is the ONE place blocks are called from, so a
+  // block through module_call::call (the call point FSDP and activation
+  // checkpointing hook). This is the ONE place blocks are called from, so a
   // wrapper that must act around each nested unit (FSDP's all-gather before
   // and reshard after a block) installs its runner here instead of patching
   // forward().
@@ -126,6 +128,8 @@ class MlpLM : public LanguageModel {
   // window: int64 [B, seq]. Returns logits [B, vocab] for the next token.
   torch::Tensor forward(const torch::Tensor& window);
   torch::Tensor Loss(const torch::Tensor& batch) override;
+  // None: the MLP has no decoder layers (FSDP's root unit holds it all).
+  std::vector<std::shared_ptr<torch::nn::Module>> DecoderLayers() override { return {}; }
 
  private:
   ModelConfig config_;

@@ -94,8 +94,24 @@ void DefineFlags(CLI::App& app, Options& o) {
       CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last one counts
   app.get_formatter()->column_width(42);
 
-  AddChoice(app, "--model", o.model, {ModelKind::kMlp, ModelKind::kTransformer},
-            "decoder-only transformer, or an MLP over a window of --seq tokens");
+  AddChoice(app, "--model", o.model, {ModelKind::kMlp, ModelKind::kTransformer, ModelKind::kLlama},
+            "decoder-only transformer, an MLP over a window of --seq tokens, or a Llama-family "
+            "model (Llama 2/3, Mistral, Qwen2/3) from --hf-checkpoint or --model-config");
+  AddPath(app, "--hf-checkpoint", o.hf_checkpoint, "a directory path",
+          "--model llama: a Hugging Face checkpoint (config.json + safetensors, one file or "
+          "sharded with its index), loaded straight into each rank's shards");
+  AddPath(app, "--model-config", o.model_config, "a file path",
+          "--model llama: a Hugging Face config.json; the weights initialised as transformers "
+          "does, from --seed");
+  AddPath(app, "--export-hf", o.export_hf, "a directory path",
+          "--model llama: after the last step, write the model here as a Hugging Face "
+          "checkpoint (from_pretrained loads it)");
+  AddChoice(app, "--export-hf-dtype", o.export_hf_dtype,
+            {ExportDtype::kFloat32, ExportDtype::kBf16}, "the dtype of --export-hf's files");
+  add_integer(app, "--export-hf-max-shard-bytes", o.export_hf_max_shard_bytes,
+              "--export-hf's largest safetensors file (several, with an index, when the model is "
+              "larger)",
+              1);
   app.add_option_function<std::string>(
          "--data",
          [&o](const std::string& v) {
@@ -254,17 +270,53 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   }
   options.nproc_given = app.count("--nproc") > 0;
   if (options.help) return options;
+  if (options.model == ModelKind::kLlama) {
+    for (const char* flag : {"--layers", "--dim", "--heads", "--vocab"}) {
+      if (app.count(flag) > 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(flag,
+                         ": --model=llama takes its shape from its config.json (--hf-checkpoint or "
+                         "--model-config); expected no ",
+                         flag));
+      }
+    }
+  }
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   return options;
 }
 
 absl::Status ValidateOptions(const Options& o) {
+  const bool llama = o.model == ModelKind::kLlama;
+  if (llama && o.hf_checkpoint.empty() == o.model_config.empty()) {
+    return absl::InvalidArgumentError(
+        o.hf_checkpoint.empty()
+            ? "--model=llama: expected --hf-checkpoint DIR (a Hugging Face checkpoint) or "
+              "--model-config FILE (a config.json, randomly initialised)"
+            : absl::StrCat("--model-config='", o.model_config,
+                           "': expected it or --hf-checkpoint='", o.hf_checkpoint,
+                           "', not both (the checkpoint has its config.json)"));
+  }
+  for (const auto& [flag, value] :
+       {std::pair<const char*, const std::string*>{"--hf-checkpoint", &o.hf_checkpoint},
+        {"--model-config", &o.model_config},
+        {"--export-hf", &o.export_hf}}) {
+    if (!llama && !value->empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, "='", *value, "': expected --model=llama, got --model=", Name(o.model)));
+    }
+  }
+  if (!o.export_hf.empty() && o.export_hf == o.hf_checkpoint) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--export-hf='", o.export_hf,
+        "': expected a directory other than --hf-checkpoint's (the export never replaces the "
+        "checkpoint it was loaded from)"));
+  }
   if (o.model == ModelKind::kTransformer && o.dim % o.heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--heads=", o.heads, ": expected a divisor of --dim=", o.dim,
                      " (each attention head gets dim/heads features)"));
   }
-  if (o.data == DataKind::kText && o.vocab < 256) {
+  if (!llama && o.data == DataKind::kText && o.vocab < 256) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--vocab=", o.vocab, ": expected >= 256 with --data=text (the corpus is byte-level)"));
   }
@@ -357,7 +409,15 @@ absl::StatusOr<std::pair<int64_t, int64_t>> HybridMeshShape(int world_size) {
       "(4, 6, 8, 9, ...; --nproc=4 gives 2x2); use --sharding=full or none otherwise"));
 }
 
-const char* Name(ModelKind v) { return v == ModelKind::kMlp ? "mlp" : "transformer"; }
+const char* Name(ModelKind v) {
+  switch (v) {
+    case ModelKind::kMlp: return "mlp";
+    case ModelKind::kTransformer: return "transformer";
+    case ModelKind::kLlama: return "llama";
+  }
+  return "?";
+}
+const char* Name(ExportDtype v) { return v == ExportDtype::kBf16 ? "bfloat16" : "float32"; }
 const char* Name(DataKind v) {
   switch (v) {
     case DataKind::kText: return "text";
@@ -446,10 +506,6 @@ std::vector<std::string> ToArgs(const Options& o) {
       absl::StrCat("--optimizer=", Name(o.optimizer)),
       absl::StrCat("--lr-schedule=", Name(o.lr_schedule)),
       absl::StrCat("--warmup-steps=", o.warmup_steps),
-      absl::StrCat("--layers=", o.layers),
-      absl::StrCat("--dim=", o.dim),
-      absl::StrCat("--heads=", o.heads),
-      absl::StrCat("--vocab=", o.vocab),
       absl::StrCat("--seq=", o.seq),
       absl::StrCat("--checkpoint-every=", o.checkpoint_every),
       absl::StrCat("--checkpoint-format=", Name(o.checkpoint_format)),
@@ -457,6 +513,22 @@ std::vector<std::string> ToArgs(const Options& o) {
       absl::StrCat("--keep-last=", o.keep_last),
       absl::StrCat("--async-checkpoint=", o.async_checkpoint ? "true" : "false"),
   };
+  if (o.model == ModelKind::kLlama) {
+    // Its shape is its config.json's (ParseOptions refuses the shape flags).
+    if (!o.hf_checkpoint.empty()) a.push_back("--hf-checkpoint=" + o.hf_checkpoint);
+    if (!o.model_config.empty()) a.push_back("--model-config=" + o.model_config);
+    if (!o.export_hf.empty()) {
+      a.push_back("--export-hf=" + o.export_hf);
+      a.push_back(absl::StrCat("--export-hf-dtype=", Name(o.export_hf_dtype)));
+      a.push_back(absl::StrCat("--export-hf-max-shard-bytes=", o.export_hf_max_shard_bytes));
+    }
+  } else {
+    for (const std::string& flag :
+         {absl::StrCat("--layers=", o.layers), absl::StrCat("--dim=", o.dim),
+          absl::StrCat("--heads=", o.heads), absl::StrCat("--vocab=", o.vocab)}) {
+      a.push_back(flag);
+    }
+  }
   // Not --max-restarts: restarting is the launcher's job, not the ranks'.
   if (o.timeout_s > 0) a.push_back("--timeout=" + Exact(o.timeout_s));
   if (!o.checkpoint_dir.empty()) a.push_back("--checkpoint-dir=" + o.checkpoint_dir);

@@ -22,7 +22,12 @@
 
 namespace trainer {
 
-enum class ModelKind { kMlp, kTransformer };
+// kLlama: a Llama-family decoder from models/ (Llama 2/3, Mistral, Qwen2,
+// Qwen3), its shape from a Hugging Face config.json (--hf-checkpoint or
+// --model-config), not from --layers/--dim/--heads/--vocab.
+enum class ModelKind { kMlp, kTransformer, kLlama };
+// The dtype of --export-hf's files.
+enum class ExportDtype { kFloat32, kBf16 };
 // kText: the license texts (data.h); kSynthetic: random tokens; kFile: the
 // user's file --data PATH (its layout: --data-format, data.h).
 enum class DataKind { kText, kSynthetic, kFile };
@@ -44,6 +49,18 @@ enum class FsdpApi { kFsdp1, kFullyShard };
 
 struct Options {
   ModelKind model = ModelKind::kTransformer;
+  // --model llama: a Hugging Face checkpoint directory (config.json and
+  // safetensors weights) loaded into the shards, or a config.json alone
+  // (transformers' random initialisation from --seed). Exactly one.
+  std::string hf_checkpoint;
+  std::string model_config;
+  // --model llama: after the last step, the model as a Hugging Face
+  // checkpoint directory (config.json, safetensors files of at most
+  // export_hf_max_shard_bytes, an index when several) that transformers'
+  // from_pretrained loads; written by rank 0 tensor by tensor, atomically.
+  std::string export_hf;
+  ExportDtype export_hf_dtype = ExportDtype::kFloat32;
+  int64_t export_hf_max_shard_bytes = 5'000'000'000;  // transformers' "5GB"
   DataKind data = DataKind::kText;
   std::string data_path;  // --data PATH (kFile)
   DataFormat data_format = DataFormat::kAuto;
@@ -99,6 +116,7 @@ struct Options {
   int64_t warmup_steps = 10;
 
   // Model sizes (the MLP uses dim as its hidden width and seq as its window).
+  // --model llama takes its own from its config.json (only seq applies).
   int64_t layers = 2;
   int64_t dim = 64;
   int64_t heads = 4;
@@ -174,6 +192,7 @@ std::vector<std::string> ToArgs(const Options& options);
 std::string Usage();
 
 const char* Name(ModelKind v);
+const char* Name(ExportDtype v);
 const char* Name(DataKind v);
 const char* Name(DataFormat v);
 const char* Name(Sharding v);

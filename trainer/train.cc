@@ -8,6 +8,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +29,8 @@
 #include "absl/strings/str_format.h"
 #include "comm/collectives.h"
 #include "host/compute_layout.h"
+#include "models/llama.h"
+#include "models/llama_config.h"
 #include "optim/optimizers.h"
 #include "comm/process_group.h"
 #include "comm/slurm.h"
@@ -487,9 +490,72 @@ absl::StatusOr<double> ValidationLoss(StepContext& c, const RunData& data) {
   return l.item<double>();
 }
 
+// The model --model names, built on the CPU: the transformer and the MLP
+// from --layers/--dim/--heads/--vocab/--seq, a Llama-family model from its
+// config.json (--hf-checkpoint's or --model-config), its weights
+// initialised from --seed as transformers does (--hf-checkpoint's are
+// loaded into the shards after wrapping: LoadHfIntoShards).
+struct RunModel {
+  std::shared_ptr<LanguageModel> model;
+  std::optional<models::LlamaConfig> llama;  // --model llama
+};
+
+absl::StatusOr<RunModel> BuildRunModel(const Options& o) {
+  RunModel run;
+  if (o.model != ModelKind::kLlama) {
+    const ModelConfig config{o.layers, o.dim, o.heads, o.vocab, o.seq};
+    run.model = BuildModel(o.model == ModelKind::kMlp ? ModelType::kMlp : ModelType::kTransformer,
+                           config, static_cast<uint64_t>(o.seed));
+    return run;
+  }
+  const bool from_checkpoint = !o.hf_checkpoint.empty();
+  const std::string config_path =
+      from_checkpoint ? o.hf_checkpoint + "/config.json" : o.model_config;
+  auto config = models::ReadLlamaConfig(config_path);
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat(from_checkpoint ? "--hf-checkpoint" : "--model-config", ": ",
+                                     config.status().message()));
+  }
+  if (o.seq > config->max_position_embeddings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--seq=", o.seq, ": expected at most the model's max_position_embeddings=",
+                     config->max_position_embeddings, " (", config_path, ")"));
+  }
+  if (config->sliding_window && o.seq > *config->sliding_window) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--seq=", o.seq, ": expected at most the model's sliding_window=", *config->sliding_window,
+        " (", config_path, "; sliding-window attention is not implemented)"));
+  }
+  try {
+    auto llama = models::LlamaForCausalLM(*config);
+    // A checkpoint's weights replace these; initialising them anyway keeps
+    // every rank's unloaded state identical and finite.
+    llama->InitializeWeights(static_cast<uint64_t>(o.seed));
+    run.model = llama.ptr();
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", e.what_without_backtrace()));
+  }
+  run.llama = std::move(*config);
+  return run;
+}
+
 }  // namespace
 
-absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& group) {
+absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGroup& group) {
+  auto built = BuildRunModel(options);
+  if (!built.ok()) return built.status();
+  // --model llama: its vocabulary is its config's (the data and the
+  // synthetic batches are checked against and drawn from it).
+  Options o = options;
+  if (built->llama) {
+    o.vocab = built->llama->vocab_size;
+    if (o.data == DataKind::kText && o.vocab < 256) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--data=text: the model's vocab_size=", o.vocab,
+                       " is below 256 (the corpus is byte-level): use --data with a token file"));
+    }
+  }
   const int world = group.size();
   const int rank = group.rank();
   const bool is_main = rank == 0;
@@ -503,16 +569,21 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
   auto data = LoadRunData(o);
   if (!data.ok()) return data.status();
 
-  const ModelConfig config{o.layers, o.dim, o.heads, o.vocab, o.seq};
-  std::shared_ptr<LanguageModel> model =
-      BuildModel(o.model == ModelKind::kMlp ? ModelType::kMlp : ModelType::kTransformer, config,
-                 static_cast<uint64_t>(o.seed));
+  std::shared_ptr<LanguageModel> model = built->model;
   int64_t num_params = 0;
-  for (const auto& p : model->parameters()) num_params += p.numel();
+  std::set<std::string> parameter_names;
+  for (const auto& p : model->named_parameters()) {
+    num_params += p.value().numel();
+    parameter_names.insert(p.key());
+  }
+  if (auto s = CheckHfExportTarget(o, group); !s.ok()) return s;
 
   auto wrapped = Wrap(o, model, *device, group);  // per --fsdp
   if (!wrapped.ok()) return wrapped.status();
   const TrainedModel fsdp_model = wrapped->model();
+  if (!o.hf_checkpoint.empty()) {
+    if (auto s = LoadHfIntoShards(o, group, fsdp_model, parameter_names); !s.ok()) return s;
+  }
   const std::vector<torch::Tensor> params = fsdp_model.parameters();
   std::unique_ptr<torch::optim::Optimizer> optimizer = MakeOptimizer(o, params);
 
@@ -602,6 +673,15 @@ absl::StatusOr<TrainResult> Train(const Options& o, const comm::ProcessGroup& gr
   if (!o.export_dcp.empty()) {
     const int64_t last_step = result.first_step - 1 + static_cast<int64_t>(result.losses.size());
     if (auto s = ExportDcp(o, group, fsdp_model, *optimizer, last_step); !s.ok()) return s;
+  }
+  if (!o.export_hf.empty()) {
+    const c10::ScalarType dtype =
+        o.export_hf_dtype == ExportDtype::kBf16 ? c10::kBFloat16 : c10::kFloat;
+    if (auto s = ExportHf(o, group, fsdp_model, *optimizer,
+                          models::LlamaConfigJson(*built->llama, dtype));
+        !s.ok()) {
+      return s;
+    }
   }
   if (is_main) {
     const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();

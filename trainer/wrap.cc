@@ -1,5 +1,7 @@
 #include "trainer/wrap.h"
 
+#include <map>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -22,6 +24,20 @@ absl::StatusOr<comm::DeviceMesh> HybridMesh(const comm::ProcessGroup& world) {
   return comm::init_hybrid_shard_mesh(world, shape->first, shape->second);
 }
 
+// The model's decoder layers (CausalLM::DecoderLayers), whatever its type:
+// what --auto-wrap and --activation-checkpointing take. A layer is called
+// only through module_call::call, the one place a unit or region can act.
+// `min_params` > 0 (--auto-wrap size:N): only layers of at least that many
+// parameters not taken by a deeper unit.
+module_call::AutoWrapPolicy LayerPolicy(LanguageModel& model, int64_t min_params = 0) {
+  std::set<const torch::nn::Module*> layers;
+  for (const auto& layer : model.DecoderLayers()) layers.insert(layer.get());
+  return module_call::custom_auto_wrap_policy(
+      [layers, min_params](const torch::nn::Module& module, const std::string&, int64_t numel) {
+        return layers.count(&module) != 0 && numel >= min_params;
+      });
+}
+
 // --activation-checkpointing=block, for both FSDPs: marks the blocks;
 // module_call::call (the block runner) then runs each one as a checkpointed
 // region, its unit gathered again for the recomputation in backward. The
@@ -32,13 +48,13 @@ absl::StatusOr<comm::DeviceMesh> HybridMesh(const comm::ProcessGroup& world) {
 // changed.
 absl::Status CheckpointBlocks(const Options& o, const std::shared_ptr<LanguageModel>& model) {
   if (o.activation_checkpointing != ActivationCheckpointing::kBlock) return absl::OkStatus();
-  const auto blocks = activation_checkpointing::apply_activation_checkpointing(
-      model, module_call::module_type_auto_wrap_policy<TransformerBlockImpl>());
+  const auto blocks =
+      activation_checkpointing::apply_activation_checkpointing(model, LayerPolicy(*model));
   if (blocks.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--activation-checkpointing=block: the ", Name(o.model),
-                     " model has no transformer blocks to checkpoint: use --model=transformer, or "
-                     "--activation-checkpointing=none"));
+                     " model has no decoder layers to checkpoint: use --model=transformer or "
+                     "llama, or --activation-checkpointing=none"));
   }
   return absl::OkStatus();
 }
@@ -84,28 +100,16 @@ absl::StatusOr<std::unique_ptr<fsdp::FullyShardedDataParallel>> WrapModel(
   } else {
     options.process_group = world;
   }
+  // A unit must be called through module_call::call, and the decoder layers
+  // are the submodules called that way: wrapping, say, a layer's q_proj would
+  // make the layer's own forward() read q_proj's 1-D shard. --auto-wrap
+  // size:N is PyTorch's size_based_auto_wrap_policy limited to them; a model
+  // without layers (the MLP) is the root unit alone.
   switch (o.auto_wrap) {
-    case AutoWrap::kBlock:
-      // The MLP has no blocks: the policy finds nothing and the root is the
-      // only unit.
-      options.auto_wrap_policy = module_call::module_type_auto_wrap_policy<TransformerBlockImpl>();
+    case AutoWrap::kBlock: options.auto_wrap_policy = LayerPolicy(*model); break;
+    case AutoWrap::kSize:
+      options.auto_wrap_policy = LayerPolicy(*model, o.auto_wrap_min_params);
       break;
-    case AutoWrap::kSize: {
-      // size_based_auto_wrap_policy, limited to the blocks: a unit must be
-      // called through module_call::call, and the blocks (TransformerLM's block
-      // runner) are the only submodules called that way. Wrapping, say, a
-      // block's fc1 would make the block's own forward() read fc1's 1-D
-      // shard. Below the threshold a block stays in the root unit; the MLP
-      // has no blocks, so it is always the root unit alone.
-      const module_call::AutoWrapPolicy size =
-          module_call::size_based_auto_wrap_policy(o.auto_wrap_min_params);
-      options.auto_wrap_policy = module_call::custom_auto_wrap_policy(
-          [size](const torch::nn::Module& module, const std::string& fqn, int64_t numel) {
-            return dynamic_cast<const TransformerBlockImpl*>(&module) != nullptr &&
-                   size.should_wrap(module, fqn, numel);
-          });
-      break;
-    }
     case AutoWrap::kNone: break;
   }
   options.backward_prefetch = ToPrefetch(o.backward_prefetch);
@@ -125,15 +129,6 @@ absl::StatusOr<std::unique_ptr<fsdp::FullyShardedDataParallel>> WrapModel(
   options.use_orig_params = true;
 
   if (auto status = CheckpointBlocks(o, model); !status.ok()) return status;
-  if (auto* lm = dynamic_cast<TransformerLM*>(model.get())) {
-    // Every block call goes through the runner: module_call::call gathers a
-    // wrapped block before and reshards it after (a plain forward when the
-    // block is not a unit, e.g. --auto-wrap=none).
-    lm->set_block_runner(
-        [](int64_t, TransformerBlock& block, const torch::Tensor& x, const torch::Tensor& mask) {
-          return module_call::call(block, x, mask);
-        });
-  }
   // Typed as LanguageModel (no single forward): the root is entered
   // through run() around Loss().
   return std::make_unique<fsdp::FullyShardedDataParallel>(model, std::move(options));
@@ -195,23 +190,17 @@ absl::StatusOr<std::unique_ptr<FullyShardModel>> WrapModelFullyShard(
   if (auto status = CheckpointBlocks(o, model); !status.ok()) return status;
   std::vector<std::string> unit_names;
   std::vector<fsdp::FSDPModule> blocks;
-  if (auto* lm = dynamic_cast<TransformerLM*>(model.get())) {
-    for (size_t i = 0; i < lm->blocks()->size(); ++i) {
-      std::shared_ptr<torch::nn::Module> block = lm->blocks()->ptr(i);
-      int64_t numel = 0;
-      for (const auto& p : block->parameters()) numel += p.numel();
-      const bool wrap = o.auto_wrap == AutoWrap::kBlock ||
-                        (o.auto_wrap == AutoWrap::kSize && numel >= o.auto_wrap_min_params);
-      if (!wrap) continue;
-      blocks.push_back(fsdp::fully_shard(block, options));
-      unit_names.push_back(absl::StrCat("blocks.", i));
-    }
-    // Every block call through the call point (a plain forward for a block
-    // that is not a unit).
-    lm->set_block_runner(
-        [](int64_t, TransformerBlock& block, const torch::Tensor& x, const torch::Tensor& mask) {
-          return module_call::call(block, x, mask);
-        });
+  // Each decoder layer --auto-wrap picks becomes a unit, named by its FQN.
+  std::map<const torch::nn::Module*, std::string> names;
+  for (const auto& item : model->named_modules()) names[item.value().get()] = item.key();
+  for (const std::shared_ptr<torch::nn::Module>& layer : model->DecoderLayers()) {
+    int64_t numel = 0;
+    for (const auto& p : layer->parameters()) numel += p.numel();
+    const bool wrap = o.auto_wrap == AutoWrap::kBlock ||
+                      (o.auto_wrap == AutoWrap::kSize && numel >= o.auto_wrap_min_params);
+    if (!wrap) continue;
+    blocks.push_back(fsdp::fully_shard(layer, options));
+    unit_names.push_back(names[layer.get()]);
   }
   // The root under full and hybrid: reshard_after_forward unset, PyTorch's
   // default (None): the root keeps its parameters after forward, since

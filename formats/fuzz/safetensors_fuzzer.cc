@@ -11,6 +11,6 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   formats::fuzz::RunSafetensorsInput(data, size);
-  formats::fuzz::RunHfIndexInput(data, size);
+  formats::fuzz::RunHfIndexInput(data, size).IgnoreError();  // the oracles abort
   return 0;
 }

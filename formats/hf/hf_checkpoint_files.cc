@@ -995,4 +995,9 @@ absl::Status HfCheckpointWriter::Commit() {
   return FsyncDirectory(st.parent);
 }
 
+absl::Status CheckHfExportTarget(const std::string& dir) {
+  bool exists = false;
+  return CheckReplaceable(dir, &exists);
+}
+
 }  // namespace formats

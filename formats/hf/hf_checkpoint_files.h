@@ -94,7 +94,8 @@ class HfCheckpointFiles {
   absl::StatusOr<HfTensorInfo> info(const std::string& name) const;
   // SafetensorsFile::Read / ReadAll of the file holding `name` (a fresh
   // contiguous 1-D CPU tensor of elements [element_offset, element_offset +
-  // numel) of the flattened tensor; the whole tensor in its shape).
+  // numel) of the flattened tensor; the whole tensor in its shape). Safe to
+  // call from several threads at once.
   absl::StatusOr<at::Tensor> Read(const std::string& name, int64_t element_offset,
                                   int64_t numel) const;
   absl::StatusOr<at::Tensor> ReadAll(const std::string& name) const;
@@ -199,5 +200,12 @@ class HfCheckpointWriter {
   explicit HfCheckpointWriter(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };
+
+// OK when HfCheckpointWriter::Create could write `dir`: it does not exist,
+// is empty, or is a previous export (which Commit would replace);
+// FailedPrecondition otherwise, with Create's message. For a caller that
+// must know before it spends hours making what it will write (the trainer's
+// --export-hf).
+absl::Status CheckHfExportTarget(const std::string& dir);
 
 }  // namespace formats

@@ -67,7 +67,8 @@ class SafetensorsFile {
   // Errors name the file and the tensor: NotFound for an unknown name,
   // InvalidArgument for a negative offset or count or a range past the
   // tensor's numel, DataLoss for a BOOL byte other than 0 or 1 in the range
-  // (as LoadSafetensors) or a file that shrank since Open.
+  // (as LoadSafetensors) or a file that shrank since Open. Read and ReadAll
+  // may run on several threads at once (pread keeps no file position).
   absl::StatusOr<at::Tensor> Read(const std::string& name, int64_t element_offset,
                                   int64_t numel) const;
   // The whole tensor, in its shape (what LoadSafetensors gives for it).
