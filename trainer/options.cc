@@ -129,9 +129,9 @@ void DefineFlags(CLI::App& app, Options& o) {
       }));
   AddChoice(app, "--data-format", o.data_format,
             {DataFormat::kAuto, DataFormat::kBytes, DataFormat::kTokens},
-            "--data PATH's layout: bytes (text), tokens (uint16: llm.c's .bin with its header, "
-            "or nanoGPT's headerless .bin), auto (llm.c's header or a .bin name: tokens; else "
-            "bytes)");
+            "--data PATH's layout: bytes (text), tokens (llm.c's .bin: uint16 GPT-2 or uint32 "
+            "Llama 3 header; or nanoGPT's headerless uint16 .bin), auto (an llm.c header or a "
+            ".bin name: tokens; else bytes)");
   add_integer(app, "--eval-every", o.eval_every,
               "every N steps, the loss on a held-out last tenth of the data (0: no split)", 0);
   add_integer(app, "--steps", o.steps, "optimizer steps", 1);

@@ -32,7 +32,8 @@ enum class ExportDtype { kFloat32, kBf16 };
 // user's file --data PATH (its layout: --data-format, data.h).
 enum class DataKind { kText, kSynthetic, kFile };
 // How --data PATH is read (data.h, LoadDataFile): kAuto picks by content and
-// name (llm.c's header, else a .bin name: uint16 tokens, else bytes).
+// name (llm.c's header: uint16 or uint32 tokens; else a .bin name: uint16
+// tokens; else bytes).
 enum class DataFormat { kAuto, kBytes, kTokens };
 enum class Sharding { kFull, kGradOp, kNone, kHybrid };
 enum class MixedPrecision { kNone, kBf16 };
