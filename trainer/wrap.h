@@ -26,8 +26,9 @@ namespace trainer {
 // Wraps `model` (built on the CPU; FSDP moves each unit to `device`) over
 // `world`, or over a 2-D mesh of it for --sharding=hybrid. With
 // use_orig_params, so the stock optimizers run per original parameter (on
-// this rank's part of it), keyed by the model's own FQNs. Blocks are called
-// through module_call::call from TransformerLM's block runner; the root,
+// this rank's part of it), keyed by the model's own FQNs. The units are the
+// model's CausalLM::DecoderLayers(), each called through module_call::call;
+// the root,
 // which has no single forward, is entered through run() around Loss().
 absl::StatusOr<std::unique_ptr<fsdp::FullyShardedDataParallel>> WrapModel(
     const Options& options, std::shared_ptr<LanguageModel> model, c10::Device device,
