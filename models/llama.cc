@@ -11,6 +11,7 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "functorch/module/named_member_accessor.h"
 #include "module_call/call.h"
@@ -23,6 +24,31 @@ namespace F = torch::nn::functional;
 
 torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+// Moves `module`'s parameters to `device`. The meta device cannot take a
+// CPU tensor's data in place (set_data), so there each parameter is replaced
+// by a meta tensor of its shape, registry entry and member handle alike.
+void PlaceOn(const std::shared_ptr<torch::nn::Module>& module, c10::Device device) {
+  if (device.is_cpu()) return;
+  if (!device.is_meta()) {
+    module->to(device);
+    return;
+  }
+  functorch::NamedMemberAccessor accessor(module);
+  for (const auto& p : module->named_parameters()) {
+    accessor.set_tensor(p.key(),
+                        torch::empty(p.value().sizes(), p.value().options().device(c10::kMeta))
+                            .requires_grad_(p.value().requires_grad()));
+  }
+}
+
+// FNV-1a: a hash of a parameter's name that every machine computes alike
+// (std::hash need not).
+uint64_t StableHash(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
 }
 
 void ThrowIfInvalid(const LlamaConfig& config) {
@@ -110,16 +136,22 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch
   return h + mlp(post_attention_layernorm(h));
 }
 
-LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config_(c) {
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, c10::Device device) : config_(c) {
   ThrowIfInvalid(c);
   torch::nn::EmbeddingOptions embedding(c.vocab_size, c.hidden_size);
   if (c.pad_token_id && *c.pad_token_id >= 0 && *c.pad_token_id < c.vocab_size) {
     embedding.padding_idx(*c.pad_token_id);
   }
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(embedding));
+  PlaceOn(embed_tokens.ptr(), device);
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(c));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    LlamaDecoderLayer layer(c);
+    PlaceOn(layer.ptr(), device);
+    layers->push_back(layer);
+  }
   norm = register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+  PlaceOn(norm.ptr(), device);
   inv_freq = RopeInverseFrequencies(c.rope, c.head_dim);
 }
 
@@ -161,10 +193,12 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids) {
   return norm(h);
 }
 
-LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& config) : config_(config) {
-  model = register_module("model", LlamaModel(config));
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& config, c10::Device device)
+    : config_(config) {
+  model = register_module("model", LlamaModel(config, device));
   if (!config.tie_word_embeddings) {
     lm_head = register_module("lm_head", MakeLinear(config.hidden_size, config.vocab_size, false));
+    PlaceOn(lm_head.ptr(), device);
   }
 }
 
@@ -192,24 +226,33 @@ std::vector<std::shared_ptr<torch::nn::Module>> LlamaForCausalLMImpl::DecoderLay
   return out;
 }
 
+torch::Tensor LlamaForCausalLMImpl::InitialParameter(const std::string& name, uint64_t seed) {
+  const auto params = named_parameters();
+  const torch::Tensor* param = params.find(name);
+  TORCH_CHECK(param != nullptr, "models::LlamaForCausalLM::InitialParameter: no parameter '", name,
+              "'");
+  const auto options = torch::TensorOptions().dtype(torch::kFloat);
+  // By the name's last parts: which module holds it and which of its tensors.
+  const bool bias = absl::EndsWith(name, ".bias");
+  const bool norm = absl::EndsWith(name, "norm.weight");
+  if (bias) return torch::zeros(param->sizes(), options);
+  if (norm) return torch::ones(param->sizes(), options);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed ^ StableHash(name));
+  torch::Tensor value = torch::empty(param->sizes(), options);
+  value.normal_(0.0, config_.initializer_range, generator);
+  if (name == "model.embed_tokens.weight") {
+    if (auto pad = model->embed_tokens->options.padding_idx()) value[*pad].zero_();
+  }
+  return value;
+}
+
 void LlamaForCausalLMImpl::InitializeWeights(uint64_t seed) {
   torch::NoGradGuard no_grad;
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
-  const double std = config_.initializer_range;
-  for (auto& item : named_modules()) {
-    torch::nn::Module& module = *item.value();
-    if (auto* linear = module.as<torch::nn::LinearImpl>()) {
-      TORCH_CHECK(linear->weight.device().is_cpu(),
-                  "models::LlamaForCausalLM::InitializeWeights: the model is on ",
-                  linear->weight.device(), ": expected the CPU (initialise, then move it)");
-      linear->weight.normal_(0.0, std, generator);
-      if (linear->bias.defined()) linear->bias.zero_();
-    } else if (auto* embedding = module.as<torch::nn::EmbeddingImpl>()) {
-      embedding->weight.normal_(0.0, std, generator);
-      if (auto pad = embedding->options.padding_idx()) embedding->weight[*pad].zero_();
-    } else if (auto* norm = module.as<LlamaRMSNormImpl>()) {
-      norm->weight.fill_(1.0);
-    }
+  for (auto& p : named_parameters()) {
+    TORCH_CHECK(!p.value().is_meta(), "models::LlamaForCausalLM::InitializeWeights: '", p.key(),
+                "' is on the meta device: materialise the parameters first, or fill each shard "
+                "from InitialParameter");
+    p.value().copy_(InitialParameter(p.key(), seed));
   }
 }
 

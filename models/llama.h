@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -101,7 +102,8 @@ TORCH_MODULE(LlamaDecoderLayer);
 // (registered as "model" in LlamaForCausalLM).
 class LlamaModelImpl : public torch::nn::Module {
  public:
-  explicit LlamaModelImpl(const LlamaConfig& config);
+  // `device`: LlamaForCausalLM's.
+  explicit LlamaModelImpl(const LlamaConfig& config, c10::Device device = c10::kCPU);
   // input_ids: int64 [B, T]. The last hidden state after the final norm,
   // [B, T, hidden].
   torch::Tensor forward(const torch::Tensor& input_ids);
@@ -129,7 +131,12 @@ TORCH_MODULE(LlamaModel);
 
 class LlamaForCausalLMImpl : public CausalLM {
  public:
-  explicit LlamaForCausalLMImpl(const LlamaConfig& config);
+  // The parameters on `device`, each submodule moved there as soon as it is
+  // built, so that at most one layer is ever on the CPU. On the meta device
+  // (c10::kMeta) nothing is allocated at all: a model too large for one
+  // rank's memory is sharded first (fsdp), then each rank fills only its
+  // shards (a checkpoint's, or InitialParameter's).
+  explicit LlamaForCausalLMImpl(const LlamaConfig& config, c10::Device device = c10::kCPU);
 
   // input_ids: int64 [B, T]. Logits [B, T, vocab] in the parameters' dtype.
   torch::Tensor forward(const torch::Tensor& input_ids);
@@ -140,10 +147,15 @@ class LlamaForCausalLMImpl : public CausalLM {
 
   // transformers' _init_weights from `seed`: every Linear and the embedding
   // N(0, initializer_range) (biases and the pad_token_id row zero), every
-  // RMSNorm weight one. The same seed gives the same parameters on every
-  // rank and machine (a CPU generator of its own; the model must be on the
-  // CPU).
+  // RMSNorm weight one. Each parameter is InitialParameter(name, seed): the
+  // same on every rank and machine whatever the order, the world size or
+  // the device.
   void InitializeWeights(uint64_t seed);
+  // The initial value of parameter `name` (one of named_parameters()), whole,
+  // float32 on the CPU: drawn from a CPU generator seeded with `seed` and the
+  // name alone, so one tensor can be made without the others (a rank
+  // filling its shards makes one at a time). Error for an unknown name.
+  torch::Tensor InitialParameter(const std::string& name, uint64_t seed);
 
   const LlamaConfig& config() const { return config_; }
   // The output projection's weight: lm_head's, or the embedding's when tied.

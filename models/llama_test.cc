@@ -307,6 +307,25 @@ TEST(Llama, InitializeWeightsAsTransformersFromASeed) {
   EXPECT_TRUE(torch::equal(a->model->embed_tokens->weight[3], torch::zeros({config.hidden_size})));
 }
 
+TEST(Llama, MetaModelAllocatesNothingAndInitialisesTensorByTensor) {
+  const LlamaConfig config = ConfigOf("llama3_gqa");
+  LlamaForCausalLM meta(config, c10::kMeta), cpu(config);
+  cpu->InitializeWeights(11);
+  for (const auto& p : meta->named_parameters()) {
+    EXPECT_TRUE(p.value().is_meta()) << p.key();
+    EXPECT_TRUE(p.value().requires_grad()) << p.key();
+    // One tensor at a time, from the meta model: the CPU model's values.
+    EXPECT_TRUE(torch::equal(meta->InitialParameter(p.key(), 11), cpu->named_parameters()[p.key()]))
+        << p.key();
+  }
+  // The module members forward() reads are the meta tensors too.
+  EXPECT_TRUE(
+      meta->model->layers[0]->as<LlamaDecoderLayerImpl>()->self_attn->q_proj->weight.is_meta());
+  EXPECT_TRUE(meta->lm_head->weight.is_meta());
+  EXPECT_THROW(meta->InitializeWeights(1), c10::Error);
+  EXPECT_THROW(meta->InitialParameter("model.nothing.weight", 1), c10::Error);
+}
+
 TEST(Llama, PaddingTokenRowGetsNoGradient) {
   LlamaConfig config = ConfigOf("llama_tied");
   config.tie_word_embeddings = false;  // the output projection would feed that row
