@@ -12,7 +12,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
-#include <torch/torch.h>
+#include <torch/serialize.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"

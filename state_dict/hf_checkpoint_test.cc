@@ -10,7 +10,9 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/serialize.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "formats/hf/hf_checkpoint_files.h"
 #include "formats/testing/python_interop.h"

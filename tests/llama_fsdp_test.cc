@@ -15,7 +15,9 @@
 
 #include <gtest/gtest.h>
 #include <torch/optim/sgd.h>
-#include <torch/torch.h>
+#include <torch/serialize.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "comm/collectives.h"
 #include "comm/process_group.h"
