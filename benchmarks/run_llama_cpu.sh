@@ -10,9 +10,14 @@
 # (they must agree: the same model and data).
 #
 #   benchmarks/run_llama_cpu.sh [--rounds N] [--steps N] [--warmup N] [--seq N] [--batch N]
+#                               [--config FILE]
+#
+# --config: another config.json (e.g. models/testdata/llama3_gqa/config.json,
+# the golden 2 x 64 model, where per-op overhead rather than GEMM time
+# decides).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rounds=3 steps=20 warmup=5 seq=128 batch=8
+rounds=3 steps=20 warmup=5 seq=128 batch=8 config=benchmarks/llama/small_config.json
 while (($#)); do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
@@ -20,6 +25,7 @@ while (($#)); do
     --warmup) warmup=$2; shift 2 ;;
     --seq) seq=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
+    --config) config=$2; shift 2 ;;
     *) echo "run_llama_cpu.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -30,7 +36,7 @@ TRAINER="$(bazel info bazel-bin 2>/dev/null)/trainer/trainer"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$PY" benchmarks/python/llama_step.py --make-checkpoint "$work/ckpt" \
-  --config benchmarks/llama/small_config.json
+  --config "$config"
 # tcmalloc for Python as for ours (linked there), as compare_pytorch.sh does.
 tcmalloc=$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc.so.4 2>/dev/null || true)
 common=(--steps "$steps" --seq "$seq" --global-batch "$batch" --seed 0)
