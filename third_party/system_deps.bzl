@@ -116,7 +116,7 @@ def _absl_build_files():
     return files
 
 def system_dependencies():
-    """Declares @libtorch (third_party/libtorch.bzl), @gloo_headers, @tcmalloc, @com_google_absl, @com_google_googletest, @com_github_google_benchmark, @libdeflate, @cli11, @nlohmann_json."""
+    """Declares @libtorch (third_party/libtorch.bzl), @gloo_headers, @tcmalloc, @com_google_absl, @com_google_googletest, @com_github_google_benchmark, @libdeflate, @cli11, @nlohmann_json, @pcre2, @icu."""
     libtorch_repository(name = "libtorch")
     debian_package_repository(
         name = "gloo_headers",
@@ -191,4 +191,26 @@ def system_dependencies():
             [],
             hdrs_glob = ["include/nlohmann/**/*.hpp"],
         )},
+    )
+    debian_package_repository(
+        name = "pcre2",
+        package = "libpcre2-dev",
+        required_files = [_LIB + "libpcre2-8.so", "/usr/include/pcre2.h"],
+        build_files = {
+            # Perl-compatible regular expressions (8-bit code units, UTF-8
+            # mode, Unicode properties, JIT): the tokenizer's pre-tokenizer
+            # patterns (tokenizer/internal/regex.cc).
+            "BUILD": _system_cc_library("pcre2", ["pcre2-8"], defines = ["PCRE2_CODE_UNIT_WIDTH=8"]),
+        },
+    )
+    debian_package_repository(
+        name = "icu",
+        package = "libicu-dev",
+        required_files = [_LIB + "libicuuc.so", "/usr/include/unicode/normalizer2.h"],
+        build_files = {
+            # International Components for Unicode (the common library):
+            # Unicode normalization (NFC, NFKC, ...) and character properties
+            # for the tokenizer (tokenizer/internal/normalizer.cc).
+            "BUILD": _system_cc_library("icu", ["icuuc"]),
+        },
     )

@@ -8,9 +8,11 @@
 #   and the linker), Bazel, Abseil, GoogleTest, Google Benchmark,
 #   gperftools' tcmalloc (linked into every binary the project builds),
 #   libdeflate (the zip CRC-32 of checkpoint files), CLI11 and nlohmann-json
-#   (command lines, --log-json) and libgloo-dev (the gloo/ headers that
-#   ProcessGroupGloo.hpp includes and the torch wheel does not ship), and
-#   clang-format-14 (tools/format.sh, pinned to that version).
+#   (command lines, --log-json), libgloo-dev (the gloo/ headers that
+#   ProcessGroupGloo.hpp includes and the torch wheel does not ship),
+#   libpcre2-dev and libicu-dev (the tokenizer's pre-tokenizer regular
+#   expressions and its Unicode normalization), and clang-format-14
+#   (tools/format.sh, pinned to that version).
 # - LibTorch: the pinned `torch` wheel (TORCH_VERSION below), with pip into a
 #   virtual environment in the project's prefix,
 #   ${TORCHFSDP_HOME:-$HOME/.cache/torchfsdp-cpp}/venv, never into a system
@@ -59,6 +61,8 @@ packages=(
   libdeflate-dev
   libcli11-dev
   nlohmann-json3-dev
+  libpcre2-dev
+  libicu-dev
   clang-format-14
 )
 python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)
