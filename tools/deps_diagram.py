@@ -55,7 +55,7 @@ import sys
 # fails --check until it is placed).
 LAYERS = [
     ["functorch/module", "functorch/transforms", "comm", "module_call", "host", "formats",
-     "optim"],
+     "optim", "tokenizer"],
     # models: on module_call (each decoder layer through the call point)
     ["fsdp", "activation_checkpointing", "launcher", "state_dict", "models"],  # state_dict: on formats
     # testing: testonly helpers (RunOnRanks) above the launcher; not drawn,
@@ -81,6 +81,8 @@ EXTERNAL_NAMES = {
     "libdeflate": "libdeflate",
     "com_github_google_benchmark": "Google Benchmark",
     "com_google_googletest": "GoogleTest",
+    "pcre2": "PCRE2",
+    "icu": "ICU",
 }
 # Packages of this repository that stand for something outside it.
 THIRD_PARTY_PACKAGES = {"third_party": "CUDA"}
