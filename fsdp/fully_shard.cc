@@ -3,6 +3,7 @@
 // _fsdp_init.py); FSDPModule forwards to the state.
 #include "fsdp/fully_shard.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/zeros.h>
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -17,6 +19,7 @@
 #include "comm/collectives.h"
 #include "comm/subgroups.h"
 #include "fsdp/internal/fully_shard/fsdp_state.h"
+#include "functorch/module/named_member_accessor.h"
 
 namespace fsdp {
 namespace {
@@ -193,6 +196,24 @@ void check_dtypes(const Managed& managed, const std::string& name) {
   }
 }
 
+// All of the managed parameters on the meta device or none (PyTorch's
+// FSDP2 keeps meta parameters on meta for deferred initialisation; one
+// unit's shards are allocated together by to_empty).
+void check_meta(const Managed& managed, const std::string& name) {
+  const std::pair<std::vector<std::string>, at::Tensor>* meta = nullptr;
+  const std::pair<std::vector<std::string>, at::Tensor>* real = nullptr;
+  for (const auto& entry : managed.params) {
+    auto& slot = entry.second.is_meta() ? meta : real;
+    if (slot == nullptr) slot = &entry;
+  }
+  TORCH_CHECK(meta == nullptr || real == nullptr, "fully_shard(", name, "): parameter '",
+              meta->first.front(), "' is on the meta device but parameter '", real->first.front(),
+              "' is on ", real->second.device(),
+              ": expected all of the module's managed parameters on the meta device or none "
+              "(build the whole module on meta and materialise it with fsdp::to_empty after "
+              "fully_shard, or move it off meta before fully_shard)");
+}
+
 }  // namespace
 
 FSDPModule fully_shard(const ModulePtr& module, const FullyShardOptions& options) {
@@ -215,6 +236,7 @@ FSDPModule fully_shard(const ModulePtr& module, const FullyShardOptions& options
   auto [reshard_after_forward, post_forward_group] = resolve_reshard(options, group, name);
   Managed managed = collect_managed(module, resolve_ignored(module, options, name));
   check_dtypes(managed, name);
+  check_meta(managed, name);
 
   std::unique_ptr<FSDPParamGroup> param_group;
   if (!managed.params.empty()) {
@@ -345,6 +367,93 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
     for (auto& g : grads) g.mul_(coef);
   }
   return total.to(at::kFloat).reshape({});
+}
+
+void to_empty(torch::nn::Module& root, c10::Device device) {
+  TORCH_CHECK(device.type() != c10::DeviceType::Meta, "fsdp::to_empty(", root.name(),
+              "): device=", device, ": expected a device to allocate on, not meta");
+  ModulePtr root_ptr;
+  try {
+    root_ptr = root.shared_from_this();
+  } catch (const std::bad_weak_ptr&) {
+    TORCH_CHECK(false, "fsdp::to_empty(", root.name(),
+                "): the module is not owned by a std::shared_ptr (a ModuleHolder or "
+                "std::make_shared): expected one, to point its members at the new tensors");
+  }
+  const std::vector<ModulePtr> modules = root.modules(/*include_self=*/true);
+  // A module whose meta shards an ancestor's group holds: that group's
+  // shards are allocated together or not at all (checked before anything
+  // changes).
+  std::unordered_set<const torch::nn::Module*> subtree;
+  for (const auto& m : modules) subtree.insert(m.get());
+  for (const auto& m : modules) {
+    auto manager = internal::manager_of(*m);
+    if (!manager || !manager->param_group() || !manager->param_group()->is_meta()) continue;
+    ModulePtr owner = manager->module();
+    TORCH_CHECK(owner != nullptr && subtree.count(owner.get()) != 0, "fsdp::to_empty(", root.name(),
+                "): the meta parameters of '", m->name(),
+                "' are sharded by fully_shard applied to an ancestor (", manager->name(),
+                "): expected to_empty on that module or the root, which allocates its shards "
+                "together");
+  }
+  // fully_shard's meta shards, unit by unit: each unit's shards (and its
+  // module's names) at once, the only memory allocated for its parameters.
+  for (const auto& m : modules) {
+    auto state = internal::state_of(*m);
+    FSDPParamGroup* group = state ? state->param_group() : nullptr;
+    if (group != nullptr && group->is_meta()) group->materialize(device);
+  }
+  // The rest on meta (buffers; parameters no fully_shard manages: ignored
+  // ones, modules outside every fully_shard module), whole, as
+  // nn.Module.to_empty does; a tensor under several names (tied) stays one.
+  std::vector<std::string> names;
+  std::vector<at::Tensor> values;
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> replaced;
+  const auto add = [&](const std::string& name, const at::Tensor& t, bool is_parameter) {
+    if (!t.defined() || !t.is_meta()) return;
+    auto [it, added] = replaced.emplace(t.unsafeGetTensorImpl(), at::Tensor());
+    if (added) {
+      it->second = at::empty(t.sizes(), t.options().device(device).requires_grad(false));
+      if (is_parameter) it->second.set_requires_grad(t.requires_grad());
+    }
+    names.push_back(name);
+    values.push_back(it->second);
+  };
+  for (const auto& p : root.named_parameters(/*recurse=*/true)) add(p.key(), p.value(), true);
+  for (const auto& b : root.named_buffers(/*recurse=*/true)) add(b.key(), b.value(), false);
+  if (!names.empty()) {
+    functorch::NamedMemberAccessor accessor(root_ptr);
+    accessor.set_tensors(names, std::move(values));
+  }
+}
+
+void init_sharded_states(torch::nn::Module& root, const ShardInitFn& init_fn) {
+  TORCH_CHECK(init_fn != nullptr, "fsdp::init_sharded_states(", root.name(),
+              "): init_fn is empty: expected a function");
+  // The shards' specs, by tensor (sharded_param_spec scans every state).
+  std::unordered_map<const c10::TensorImpl*, ShardedParamSpec> specs;
+  for (const auto& m : root.modules(/*include_self=*/true)) {
+    auto state = internal::state_of(*m);
+    FSDPParamGroup* group = state ? state->param_group() : nullptr;
+    if (group == nullptr) continue;
+    group->reshard();
+    for (const auto& p : group->params()) {
+      specs.emplace(p->sharded_param().unsafeGetTensorImpl(), internal::spec_of(*group, *p));
+    }
+  }
+  at::NoGradGuard no_grad;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  const auto visit = [&](const std::string& name, const at::Tensor& t, bool is_parameter) {
+    if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) return;
+    TORCH_CHECK(!t.is_meta(), "fsdp::init_sharded_states(", root.name(),
+                "): ", is_parameter ? "parameter '" : "buffer '", name,
+                "' is on the meta device: call fsdp::to_empty(root, device) first");
+    auto spec = specs.find(t.unsafeGetTensorImpl());
+    init_fn(name, t,
+            spec == specs.end() ? std::nullopt : std::optional<ShardedParamSpec>(spec->second));
+  };
+  for (const auto& p : root.named_parameters(/*recurse=*/true)) visit(p.key(), p.value(), true);
+  for (const auto& b : root.named_buffers(/*recurse=*/true)) visit(b.key(), b.value(), false);
 }
 
 std::vector<at::Tensor> FSDPModule::sharded_parameters() const {

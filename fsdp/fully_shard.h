@@ -32,6 +32,28 @@
 // Frozen and trainable parameters, and parameters of different dtypes, mix
 // in one module.
 //
+// Meta device (PyTorch's deferred initialisation: a model too large for
+// one rank is never materialised whole). Build the model with its
+// parameters and buffers on the meta device, fully_shard its modules and
+// root as usual, then allocate and fill only this rank's shards:
+//
+//   Net model = MakeNetOnMeta();                 // every tensor on meta
+//   for (auto& block : *model->blocks) fsdp::fully_shard(block.ptr(), options);
+//   fsdp::fully_shard(model.ptr(), options);     // meta shards, nothing allocated
+//   fsdp::to_empty(*model, torch::kCUDA);        // this rank's shards, uninitialised
+//   state_dict::LoadFullyShardFrom(*model, nullptr, source, {}, reader);  // or
+//   fsdp::init_sharded_states(*model, init_fn);  // fill them
+//   torch::optim::AdamW optim(model->parameters(), 1e-3);  // after to_empty
+//
+// A module's managed parameters are all on meta or none (mixing them in one
+// module is an error naming one of each). On meta, fully_shard computes the
+// sharding as for real tensors, and the shards (sharded_parameters(),
+// named_parameters(), what sharded_param_spec() takes) are meta tensors of
+// the shard's shape; nothing is allocated, for the shards or the gathered
+// buffers. Buffers stay where they are (on meta, if they were). to_empty
+// allocates them; until then the first forward (or unshard()) is an error
+// naming the modules and parameters still on meta.
+//
 // Runtime, at the module call point (module_call/call.h; LibTorch has no
 // forward hooks): call the root, and each fully_shard submodule from its
 // parent, through module_call::call. Around a module's forward its
@@ -82,6 +104,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -314,5 +337,49 @@ std::optional<FSDPModule> as_fsdp_module(const torch::nn::Module& module);
 // The spec of a parameter fully_shard sharded (its current shard tensor, as
 // named_parameters() returns it); nothing for any other tensor.
 std::optional<ShardedParamSpec> sharded_param_spec(const at::Tensor& param);
+
+// PyTorch's module.to_empty(device=device) on a module tree fully_shard
+// was applied to (FSDPModule._apply + FSDPParam.reset_sharded_param):
+// allocates, uninitialised (torch::empty), every tensor of `root`'s tree
+// that is on the meta device:
+//   * each fully_shard module's meta shards, this rank's only, on `device`
+//     (with a CPUOffloadPolicy on the CPU, pinned where fully_shard pins);
+//     the module then computes on `device`. A module's shards of one dtype
+//     lie back to back in one buffer, as fully_shard lays them out; the
+//     padding rows are zero. The shards replace the meta ones everywhere:
+//     in FSDP's state and in the modules (their registries and members,
+//     through functorch::NamedMemberAccessor), so named_parameters(),
+//     sharded_parameters(), sharded_param_spec() and forward see them.
+//   * every other meta parameter (ignored_params, modules outside every
+//     fully_shard module) and buffer, whole, on `device` (tied tensors stay
+//     tied).
+// Tensors not on meta are left as they are (PyTorch's to_empty would
+// replace them too). The parameters are new tensors: build the optimizer
+// after to_empty. Then fill them (state_dict::LoadFullyShardStateDict /
+// LoadFullyShardFrom read each rank's rows only, or init_sharded_states);
+// from there on the module behaves as one sharded from real tensors.
+// Local (no collective); call it on every rank. Errors: `device` meta;
+// `root` not owned by a std::shared_ptr; `root` inside a fully_shard
+// module whose shards are still on meta (call it on that module or the
+// root: a module's shards are allocated together).
+void to_empty(torch::nn::Module& root, c10::Device device);
+
+// A function filling one tensor of a module tree in place: `fqn` its name
+// under the root, `local` the tensor (this rank's shard of a parameter
+// fully_shard sharded, else a whole parameter or buffer) and, for a shard,
+// its spec: it holds [spec->shard_offset, spec->shard_offset +
+// local.size(spec->shard_dim)) of the global tensor (shape
+// spec->global_shape) along spec->shard_dim; nullopt for a whole tensor.
+using ShardInitFn = std::function<void(const std::string& fqn, const at::Tensor& local,
+                                       const std::optional<ShardedParamSpec>& spec)>;
+
+// Calls `init_fn` once per parameter and buffer of `root`'s tree (tied
+// tensors once, under their first name; parameters first, in
+// named_parameters() order), with every fully_shard module resharded and
+// gradients off: initialisation over shards, e.g. after to_empty
+// (each rank fills its own rows: a random init must draw per global
+// position to agree with an unsharded one). Local. Errors: a tensor still
+// on meta; whatever `init_fn` throws propagates.
+void init_sharded_states(torch::nn::Module& root, const ShardInitFn& init_fn);
 
 }  // namespace fsdp

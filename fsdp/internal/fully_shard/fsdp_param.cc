@@ -5,6 +5,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
@@ -30,6 +31,12 @@ void alloc_storage(const at::Tensor& t) {
   storage->set_nbytes(nbytes);
 }
 
+at::Tensor unallocated(c10::IntArrayRef sizes, const at::TensorOptions& options) {
+  // An empty tensor's storage has the device's allocator and no memory; a
+  // tensor of the full sizes over it is what free_storage leaves.
+  return storage_view(at::empty({0}, options), 0, sizes);
+}
+
 FSDPParam::FSDPParam(std::vector<std::string> fqns, const at::Tensor& param,
                      const comm::ProcessGroup& group, const comm::ProcessGroup& post_forward_group,
                      std::optional<c10::ScalarType> param_dtype,
@@ -42,6 +49,8 @@ FSDPParam::FSDPParam(std::vector<std::string> fqns, const at::Tensor& param,
       shard_dim_(shard_dim),
       world_size_(group.size()),
       requires_grad_(param.requires_grad()),
+      offload_to_cpu_(offload_to_cpu),
+      pin_memory_(pin_memory),
       orig_dtype_(param.scalar_type()) {
   const std::string& name = fqns_.front();
   TORCH_CHECK(param.dim() > 0, "fully_shard doesn't support scalar parameters. Change ", name,
@@ -67,34 +76,70 @@ FSDPParam::FSDPParam(std::vector<std::string> fqns, const at::Tensor& param,
   for (int64_t s : padded_shape) padded_shard_numel_ *= s;
 
   at::NoGradGuard no_grad;
-  padded_shard_ = at::zeros({padded_shard_numel_}, param.options().requires_grad(false));
-  if (local > 0) {
-    padded_shard_.view(padded_shape)
-        .narrow(shard_dim_, 0, local)
-        .copy_(param.detach().narrow(shard_dim_, shard_offset_, local));
-  }
-  // On dim 0 the real rows are the padded shard's front; on another dim
-  // there is no padding. Either way the shard is a contiguous prefix.
-  if (offload_to_cpu) {
-    padded_shard_ = padded_shard_.to(at::kCPU);
-    // Pinned memory needs a CUDA runtime with a device (a CPU-only process
-    // keeps ordinary memory).
-    if (pin_memory && at::globalContext().hasCUDA()) padded_shard_ = padded_shard_.pin_memory();
+  if (param.is_meta()) {
+    // Deferred initialisation: a meta shard of the padded shape (no memory;
+    // nothing to copy), allocated by materialize().
+    padded_shard_ = at::empty({padded_shard_numel_}, param.options().requires_grad(false));
+  } else {
+    padded_shard_ = at::zeros({padded_shard_numel_}, param.options().requires_grad(false));
+    if (local > 0) {
+      padded_shard_.view(padded_shape)
+          .narrow(shard_dim_, 0, local)
+          .copy_(param.detach().narrow(shard_dim_, shard_offset_, local));
+    }
+    // On dim 0 the real rows are the padded shard's front; on another dim
+    // there is no padding. Either way the shard is a contiguous prefix.
+    if (offload_to_cpu_) {
+      padded_shard_ = padded_shard_.to(at::kCPU);
+      // Pinned memory needs a CUDA runtime with a device (a CPU-only process
+      // keeps ordinary memory).
+      if (pin_memory_ && at::globalContext().hasCUDA()) padded_shard_ = padded_shard_.pin_memory();
+    }
   }
   sharded_param_ = storage_view(padded_shard_, 0, local_shape_);
   sharded_param_.set_requires_grad(requires_grad_);
+  init_unsharded(param.options());
+}
 
-  all_gather_output_ = at::empty({padded_shard_numel_ * world_size_},
-                                 param.options().dtype(param_dtype_).requires_grad(false));
+void FSDPParam::init_unsharded(const at::TensorOptions& options) {
+  const at::TensorOptions gathered = options.dtype(param_dtype_).requires_grad(false);
+  all_gather_output_ = unallocated({padded_shard_numel_ * world_size_}, gathered);
   if (shard_dim_ == 0) {
     unsharded_param_ = storage_view(all_gather_output_, 0, global_shape_);
   } else {
-    unsharded_buffer_ = at::empty({param.numel()}, all_gather_output_.options());
+    unsharded_buffer_ = unallocated({c10::multiply_integers(global_shape_)}, gathered);
     unsharded_param_ = storage_view(unsharded_buffer_, 0, global_shape_);
-    free_storage(unsharded_buffer_);
   }
-  free_storage(all_gather_output_);
   unsharded_param_.set_requires_grad(requires_grad_);
+}
+
+void FSDPParam::materialize(const c10::Device& device, const at::Tensor& buffer, int64_t offset) {
+  TORCH_INTERNAL_ASSERT(is_meta() && state_ == ShardedState::kSharded &&
+                        device.type() != c10::DeviceType::Meta);
+  at::NoGradGuard no_grad;
+  const c10::Device shard_device = offload_to_cpu_ ? c10::Device(c10::kCPU) : device;
+  if (buffer.defined()) {
+    TORCH_INTERNAL_ASSERT(buffer.scalar_type() == orig_dtype_ && buffer.device() == shard_device &&
+                          buffer.dim() == 1 && offset + padded_shard_numel_ <= buffer.numel());
+    padded_shard_ = storage_view(buffer, offset, {padded_shard_numel_});
+  } else {
+    at::TensorOptions options = at::TensorOptions().dtype(orig_dtype_).device(shard_device);
+    // Pinned as the constructor pins an offloaded shard.
+    if (offload_to_cpu_ && pin_memory_ && at::globalContext().hasCUDA()) {
+      options = options.pinned_memory(true);
+    }
+    padded_shard_ = at::empty({padded_shard_numel_}, options);
+  }
+  // The padding (dim 0 only: the real rows are the front) is zero, as the
+  // constructor's; the rows are left for the caller to fill.
+  const int64_t local_numel = c10::multiply_integers(local_shape_);
+  if (local_numel < padded_shard_numel_) {
+    padded_shard_.narrow(0, local_numel, padded_shard_numel_ - local_numel).zero_();
+  }
+  device_ = device;
+  sharded_param_ = storage_view(padded_shard_, 0, local_shape_);
+  sharded_param_.set_requires_grad(requires_grad_);
+  init_unsharded(at::TensorOptions().dtype(orig_dtype_).device(device));
 }
 
 void FSDPParam::place_padded_shard(const at::Tensor& buffer, int64_t offset) {

@@ -23,6 +23,11 @@
 // all_gather_input() copies it to the device; the gathered buffers are on
 // the device; accumulate_sharded_grad() copies the reduced gradient back.
 //
+// Meta device (a module built on meta, PyTorch's deferred initialisation):
+// a parameter on the meta device gives a meta padded shard, sharded
+// parameter and gathered buffers of their shapes (no memory) and device()
+// meta, until materialize() allocates the shard on a real device.
+//
 // Tensors that share memory are made with set_ (fresh TensorImpls, own
 // version counters), so writing a gathered buffer never bumps the version
 // of a tensor autograd saved (PyTorch uses _unsafe_preserve_version_counter
@@ -32,6 +37,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+#include <c10/core/TensorOptions.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
@@ -50,6 +57,9 @@ namespace internal {
 void free_storage(const at::Tensor& t);
 // Re-allocates `t`'s storage for its numel (contents uninitialised).
 void alloc_storage(const at::Tensor& t);
+// A contiguous tensor of `sizes` whose storage holds no memory yet (as
+// after free_storage; alloc_storage allocates it), on `options`' device.
+at::Tensor unallocated(c10::IntArrayRef sizes, const at::TensorOptions& options);
 
 enum class ShardedState { kSharded, kShardedPostForward, kUnsharded };
 
@@ -57,8 +67,8 @@ class FSDPParam {
  public:
   // `fqns`: the parameter's names relative to the fully_shard module (the
   // first is its name; the others tied aliases). `param` must be contiguous
-  // and at least 1-D. `post_forward_group`: the smaller group of an int
-  // reshard_after_forward (empty otherwise).
+  // and at least 1-D; on the meta device, nothing is allocated (see above). `post_forward_group`:
+  // the smaller group of an int reshard_after_forward (empty otherwise).
   FSDPParam(std::vector<std::string> fqns, const at::Tensor& param, const comm::ProcessGroup& group,
             const comm::ProcessGroup& post_forward_group,
             std::optional<c10::ScalarType> param_dtype, std::optional<c10::ScalarType> reduce_dtype,
@@ -73,9 +83,16 @@ class FSDPParam {
   c10::ScalarType param_dtype() const { return param_dtype_; }
   c10::ScalarType reduce_dtype() const { return reduce_dtype_; }
   const std::vector<int64_t>& global_shape() const { return global_shape_; }
-  // Where the module computes: the parameter's device at fully_shard. The
-  // shard lives there too, or on the CPU when offloaded.
+  // Where the module computes: the parameter's device at fully_shard (or
+  // materialize()'s). The shard lives there too, or on the CPU when
+  // offloaded.
   const c10::Device& device() const { return device_; }
+  // Whether the shard is a meta tensor (not materialised yet).
+  bool is_meta() const { return padded_shard_.is_meta(); }
+  // CPUOffloadPolicy: the shard on the CPU (pinned when pin_memory() and a
+  // CUDA device is present).
+  bool offload_to_cpu() const { return offload_to_cpu_; }
+  bool pin_memory() const { return pin_memory_; }
   int64_t shard_dim() const { return shard_dim_; }
   // Along shard_dim: the padded chunk size, and where this shard starts.
   int64_t padded_shard_size() const { return chunk_; }
@@ -97,6 +114,15 @@ class FSDPParam {
   // has seen sharded_param() (the group's constructor does it, so that its
   // shards lie back to back and are the all-gather's input as they are).
   void place_padded_shard(const at::Tensor& buffer, int64_t offset);
+  // Meta to `device` (PyTorch's to_empty followed by reset_sharded_param):
+  // the padded shard is allocated uninitialised, its padding zeroed, on
+  // `device` (the CPU when offloaded, pinned as at construction), or is
+  // `buffer`'s elements [offset, offset + padded_shard_numel()) when
+  // `buffer` is defined (1-D, orig dtype, on the shard's device); the
+  // sharded parameter becomes a fresh leaf over it, and the gathered
+  // buffers are (unallocated) tensors on `device`. Only while is_meta().
+  void materialize(const c10::Device& device, const at::Tensor& buffer = at::Tensor(),
+                   int64_t offset = 0);
   // What this rank contributes to the next all-gather (1-D, param_dtype):
   // the padded shard, or the post-forward shard in kShardedPostForward.
   at::Tensor all_gather_input() const;
@@ -124,6 +150,10 @@ class FSDPParam {
   void accumulate_sharded_grad(const at::Tensor& reduce_output, int64_t offset);
 
  private:
+  // The gathered buffer and unsharded parameter (unallocated) with
+  // `options`' device.
+  void init_unsharded(const at::TensorOptions& options);
+
   std::vector<std::string> fqns_;
   c10::weak_intrusive_ptr<c10::TensorImpl> orig_param_;
   comm::ProcessGroup post_forward_group_;
@@ -136,6 +166,8 @@ class FSDPParam {
   int64_t padded_shard_numel_ = 0;
   int world_size_ = 1;
   bool requires_grad_ = false;
+  bool offload_to_cpu_ = false;
+  bool pin_memory_ = false;
   c10::ScalarType orig_dtype_;
   c10::ScalarType param_dtype_;
   c10::ScalarType reduce_dtype_;

@@ -1,5 +1,6 @@
 #include "fsdp/internal/fully_shard/fsdp_param_group.h"
 
+#include <ATen/Context.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/StreamGuard.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -29,6 +30,7 @@ void FSDPParamGroup::place_shards_back_to_back() {
   // Only when every padded shard is already what the all-gather sends: one
   // dtype, gathered in it, on the compute device (not offloaded).
   const at::Tensor& first = params_.front()->padded_shard();
+  if (first.is_meta()) return;  // materialize() places them
   int64_t total = 0;
   for (const auto& p : params_) {
     const at::Tensor& shard = p->padded_shard();
@@ -45,6 +47,53 @@ void FSDPParamGroup::place_shards_back_to_back() {
     offset += p->padded_shard_numel();
   }
   shard_buffer_ = std::move(buffer);
+}
+
+void FSDPParamGroup::materialize(const c10::Device& device) {
+  TORCH_INTERNAL_ASSERT(is_meta() && state() == ShardedState::kSharded && !pending_);
+  // The shards share one buffer under place_shards_back_to_back's rule,
+  // with the devices they are about to have: one dtype, gathered in it, the
+  // shard on the compute device (not offloaded elsewhere). Allocated once
+  // here instead of shard by shard and then copied.
+  const FSDPParam& first = *params_.front();
+  const auto shard_device = [&](const FSDPParam& p) {
+    return p.offload_to_cpu() ? c10::Device(c10::kCPU) : device;
+  };
+  bool share = true;
+  int64_t total = 0;
+  for (const auto& p : params_) {
+    share = share && p->orig_dtype() == first.orig_dtype() && p->param_dtype() == p->orig_dtype() &&
+            shard_device(*p) == device;
+    total += p->padded_shard_numel();
+  }
+  at::Tensor buffer;
+  if (share) {
+    at::TensorOptions options = at::TensorOptions().dtype(first.orig_dtype()).device(device);
+    if (first.offload_to_cpu() && first.pin_memory() && at::globalContext().hasCUDA()) {
+      options = options.pinned_memory(true);
+    }
+    buffer = at::empty({total}, options);
+  }
+  int64_t offset = 0;
+  for (const auto& p : params_) {
+    p->materialize(device, buffer, offset);
+    offset += p->padded_shard_numel();
+  }
+  shard_buffer_ = std::move(buffer);
+  update_module_tensors();
+}
+
+void FSDPParamGroup::check_materialized(const std::string& unit) const {
+  if (!is_meta()) return;
+  std::string names;
+  for (const auto& p : params_) names += (names.empty() ? "" : ", ") + p->fqns().front();
+  TORCH_CHECK(false, "fully_shard(", unit,
+              "): FSDP parameters should be materialized from meta device before training, but "
+              "the following were still on meta device: [",
+              names,
+              "]: call fsdp::to_empty(root, device) to allocate the shards, then fill them "
+              "(state_dict::LoadFullyShardStateDict / LoadFullyShardFrom, or "
+              "fsdp::init_sharded_states)");
 }
 
 std::vector<FSDPParam*> FSDPParamGroup::raw_params() const {
@@ -70,6 +119,10 @@ void FSDPParamGroup::update_module_tensors() {
 }
 
 void FSDPParamGroup::unshard(bool async) {
+  if (is_meta()) {
+    std::shared_ptr<torch::nn::Module> module = module_.lock();
+    check_materialized(module ? module->name() : std::string("destroyed module"));
+  }
   if (pending_ || state() == ShardedState::kUnsharded) {
     if (!async) wait_for_unshard();
     return;

@@ -18,6 +18,7 @@
 //                         is_last_backward, the group's next post_backward
 //                         always (before starting its own)
 //   reshard()             back to the shards
+//   materialize(device)   meta shards to real ones (fsdp::to_empty)
 #pragma once
 
 #include <c10/core/Event.h>
@@ -70,6 +71,17 @@ class FSDPParamGroup {
   // The root's lazy initialisation shares one context with its tree.
   void set_comm_context(std::shared_ptr<FSDPCommContext> ctx) { comm_ctx_ = std::move(ctx); }
   ShardedState state() const { return params_.front()->state(); }
+  // Whether the shards are meta tensors (a module sharded on the meta
+  // device, all of its parameters or none: fully_shard checks).
+  bool is_meta() const { return params_.front()->is_meta(); }
+  // Allocates every shard on `device` (the CPU when offloaded), in one
+  // buffer when they can share one (as place_shards_back_to_back), padding
+  // zeroed, rows uninitialised, and points the module at the new shards.
+  // Only while is_meta().
+  void materialize(const c10::Device& device);
+  // Throws, naming `unit` and the parameters, while is_meta(): a meta
+  // module must be materialised (fsdp::to_empty) before it is gathered.
+  void check_materialized(const std::string& unit) const;
   bool unshard_pending() const { return pending_.has_value(); }
 
   void unshard(bool async);

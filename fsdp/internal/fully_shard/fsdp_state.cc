@@ -106,6 +106,20 @@ void register_state(const std::shared_ptr<torch::nn::Module>& module,
   e.manager = state;
 }
 
+ShardedParamSpec spec_of(const FSDPParamGroup& group, const FSDPParam& p) {
+  ShardedParamSpec spec;
+  spec.global_shape = p.global_shape();
+  spec.group = group.group();
+  spec.rank = group.group().rank();
+  spec.shard_dim = p.shard_dim();
+  spec.dim0_offset = p.dim0_offset();
+  spec.padded_dim0 = p.padded_dim0();
+  spec.shard_offset = p.shard_offset();
+  spec.padded_shard_size = p.padded_shard_size();
+  if (group.replicate_group().is_member()) spec.replicate_group = group.replicate_group();
+  return spec;
+}
+
 std::optional<ShardedParamSpec> find_sharded_param(const at::Tensor& t) {
   if (!t.defined()) return std::nullopt;
   std::vector<std::shared_ptr<FSDPState>> states;
@@ -120,18 +134,7 @@ std::optional<ShardedParamSpec> find_sharded_param(const at::Tensor& t) {
     FSDPParamGroup* group = state->param_group();
     if (group == nullptr) continue;
     for (const auto& p : group->params()) {
-      if (!p->sharded_param().is_same(t)) continue;
-      ShardedParamSpec spec;
-      spec.global_shape = p->global_shape();
-      spec.group = group->group();
-      spec.rank = group->group().rank();
-      spec.shard_dim = p->shard_dim();
-      spec.dim0_offset = p->dim0_offset();
-      spec.padded_dim0 = p->padded_dim0();
-      spec.shard_offset = p->shard_offset();
-      spec.padded_shard_size = p->padded_shard_size();
-      if (group->replicate_group().is_member()) spec.replicate_group = group->replicate_group();
-      return spec;
+      if (p->sharded_param().is_same(t)) return spec_of(*group, *p);
     }
   }
   return std::nullopt;
@@ -208,6 +211,31 @@ void FSDPState::lazy_init() {
   validate_no_duplicate_params();
 }
 
+void FSDPState::validate_no_meta_params() const {
+  std::shared_ptr<torch::nn::Module> root = module();
+  TORCH_CHECK(root != nullptr, "fully_shard: the module was destroyed");
+  std::string units, names;
+  std::unordered_set<const FSDPState*> seen;
+  for (const auto& item : root->named_modules()) {
+    std::shared_ptr<FSDPState> state = state_of(*item.value());
+    if (!state || !seen.insert(state.get()).second) continue;
+    if (!state->group_ || !state->group_->is_meta()) continue;
+    units += (units.empty() ? "" : ", ") +
+             (item.key().empty() ? "the root (" + state->name_ + ")" : "'" + item.key() + "'");
+    for (const auto& p : state->group_->params()) {
+      const std::string& name = p->fqns().front();
+      names += (names.empty() ? "" : ", ") + (item.key().empty() ? name : item.key() + "." + name);
+    }
+  }
+  TORCH_CHECK(units.empty(), "fully_shard(", name_,
+              "): FSDP parameters should be materialized from meta device before training, but "
+              "the following were still on meta device: [",
+              names, "] (fully_shard modules ", units,
+              "): call fsdp::to_empty(root, device) before the first forward to allocate the "
+              "shards, then fill them (state_dict::LoadFullyShardStateDict / "
+              "LoadFullyShardFrom, or fsdp::init_sharded_states)");
+}
+
 void FSDPState::validate_no_duplicate_params() const {
   std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& state : context().all_states) {
@@ -228,7 +256,12 @@ void FSDPState::validate_no_duplicate_params() const {
 }
 
 void FSDPState::pre_forward() {
-  if (!is_root_.has_value()) lazy_init();
+  if (!is_root_.has_value()) {
+    // Checked before anything is initialised, so the same call succeeds
+    // once the tree is materialised.
+    validate_no_meta_params();
+    lazy_init();
+  }
   TORCH_CHECK(context_ != nullptr, "fully_shard: internal error: no context for ", name_);
   if (*is_root_) {
     for (const auto& s : context().all_states) {

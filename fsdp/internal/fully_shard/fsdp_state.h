@@ -70,6 +70,10 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
 
  private:
   void lazy_init();
+  // Before the root's lazy init: every fully_shard module of the tree is
+  // materialised (no meta shards), else an error naming the modules and
+  // parameters still on meta (PyTorch's _validate_no_meta_params).
+  void validate_no_meta_params() const;
   void validate_no_duplicate_params() const;
   // Starts the all-gathers of `states` (async).
   static void prefetch(const std::vector<std::weak_ptr<FSDPState>>& states);
@@ -101,6 +105,8 @@ std::shared_ptr<FSDPState> manager_of(const torch::nn::Module& module);
 void register_state(const std::shared_ptr<torch::nn::Module>& module,
                     const std::shared_ptr<FSDPState>& state,
                     const std::vector<std::shared_ptr<torch::nn::Module>>& managed);
+// The spec of `p`, one of `group`'s parameters.
+ShardedParamSpec spec_of(const FSDPParamGroup& group, const FSDPParam& p);
 // The spec of a sharded parameter (by TensorImpl), or nothing.
 std::optional<ShardedParamSpec> find_sharded_param(const at::Tensor& t);
 
