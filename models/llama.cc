@@ -226,22 +226,18 @@ std::vector<std::shared_ptr<torch::nn::Module>> LlamaForCausalLMImpl::DecoderLay
   return out;
 }
 
-torch::Tensor LlamaForCausalLMImpl::InitialParameter(const std::string& name, uint64_t seed) {
-  const auto params = named_parameters();
-  const torch::Tensor* param = params.find(name);
-  TORCH_CHECK(param != nullptr, "models::LlamaForCausalLM::InitialParameter: no parameter '", name,
-              "'");
+torch::Tensor InitialLlamaParameter(const LlamaConfig& config, const std::string& name,
+                                    at::IntArrayRef shape, uint64_t seed) {
   const auto options = torch::TensorOptions().dtype(torch::kFloat);
   // By the name's last parts: which module holds it and which of its tensors.
-  const bool bias = absl::EndsWith(name, ".bias");
-  const bool norm = absl::EndsWith(name, "norm.weight");
-  if (bias) return torch::zeros(param->sizes(), options);
-  if (norm) return torch::ones(param->sizes(), options);
+  if (absl::EndsWith(name, ".bias")) return torch::zeros(shape, options);
+  if (absl::EndsWith(name, "norm.weight")) return torch::ones(shape, options);
   auto generator = at::make_generator<at::CPUGeneratorImpl>(seed ^ StableHash(name));
-  torch::Tensor value = torch::empty(param->sizes(), options);
-  value.normal_(0.0, config_.initializer_range, generator);
-  if (name == "model.embed_tokens.weight") {
-    if (auto pad = model->embed_tokens->options.padding_idx()) value[*pad].zero_();
+  torch::Tensor value = torch::empty(shape, options);
+  value.normal_(0.0, config.initializer_range, generator);
+  if (name == "model.embed_tokens.weight" && config.pad_token_id && *config.pad_token_id >= 0 &&
+      *config.pad_token_id < value.size(0)) {
+    value[*config.pad_token_id].zero_();
   }
   return value;
 }
@@ -251,8 +247,8 @@ void LlamaForCausalLMImpl::InitializeWeights(uint64_t seed) {
   for (auto& p : named_parameters()) {
     TORCH_CHECK(!p.value().is_meta(), "models::LlamaForCausalLM::InitializeWeights: '", p.key(),
                 "' is on the meta device: materialise the parameters first, or fill each shard "
-                "from InitialParameter");
-    p.value().copy_(InitialParameter(p.key(), seed));
+                "from InitialLlamaParameter");
+    p.value().copy_(InitialLlamaParameter(config_, p.key(), p.value().sizes(), seed));
   }
 }
 

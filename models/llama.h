@@ -135,7 +135,7 @@ class LlamaForCausalLMImpl : public CausalLM {
   // built, so that at most one layer is ever on the CPU. On the meta device
   // (c10::kMeta) nothing is allocated at all: a model too large for one
   // rank's memory is sharded first (fsdp), then each rank fills only its
-  // shards (a checkpoint's, or InitialParameter's).
+  // shards (a checkpoint's, or InitialLlamaParameter's).
   explicit LlamaForCausalLMImpl(const LlamaConfig& config, c10::Device device = c10::kCPU);
 
   // input_ids: int64 [B, T]. Logits [B, T, vocab] in the parameters' dtype.
@@ -147,16 +147,10 @@ class LlamaForCausalLMImpl : public CausalLM {
 
   // transformers' _init_weights from `seed`: every Linear and the embedding
   // N(0, initializer_range) (biases and the pad_token_id row zero), every
-  // RMSNorm weight one. Each parameter is InitialParameter(name, seed): the
-  // same on every rank and machine whatever the order, the world size or
-  // the device.
+  // RMSNorm weight one. Each parameter is InitialLlamaParameter(config(),
+  // name, shape, seed): the same on every rank and machine whatever the
+  // order, the world size or the device.
   void InitializeWeights(uint64_t seed);
-  // The initial value of parameter `name` (one of named_parameters()), whole,
-  // float32 on the CPU: drawn from a CPU generator seeded with `seed` and the
-  // name alone, so one tensor can be made without the others (a rank
-  // filling its shards makes one at a time). Error for an unknown name.
-  torch::Tensor InitialParameter(const std::string& name, uint64_t seed);
-
   const LlamaConfig& config() const { return config_; }
   // The output projection's weight: lm_head's, or the embedding's when tied.
   torch::Tensor output_weight() const;
@@ -168,5 +162,15 @@ class LlamaForCausalLMImpl : public CausalLM {
   LlamaConfig config_;
 };
 TORCH_MODULE(LlamaForCausalLM);
+
+// The initial value InitializeWeights gives parameter `name` (a
+// LlamaForCausalLM parameter name) of `shape` (its whole shape), float32 on
+// the CPU: N(0, initializer_range) from a CPU generator seeded with `seed`
+// and the name alone (the pad_token_id row of the embedding zero), zeros for
+// a bias, ones for a norm's weight. One tensor can be made without the
+// others: a rank filling only its shards of a model built on the meta device
+// makes them one at a time.
+torch::Tensor InitialLlamaParameter(const LlamaConfig& config, const std::string& name,
+                                    at::IntArrayRef shape, uint64_t seed);
 
 }  // namespace models

@@ -32,6 +32,8 @@
 #include "models/llama.h"
 #include "models/llama_config.h"
 #include "optim/optimizers.h"
+#include "state_dict/fully_shard/fully_shard_state_dict.h"
+#include "state_dict/sharded_tensor.h"
 #include "comm/process_group.h"
 #include "comm/slurm.h"
 #include "state_dict/optim_state.h"
@@ -528,16 +530,43 @@ absl::StatusOr<RunModel> BuildRunModel(const Options& o) {
         " (", config_path, "; sliding-window attention is not implemented)"));
   }
   try {
-    auto llama = models::LlamaForCausalLM(*config);
-    // A checkpoint's weights replace these; initialising them anyway keeps
-    // every rank's unloaded state identical and finite.
-    llama->InitializeWeights(static_cast<uint64_t>(o.seed));
-    run.model = llama.ptr();
+    // Under fully_shard nothing is allocated until each rank's shards are
+    // (wrap.cc's to_empty), then filled from the checkpoint or from
+    // InitialLlamaParameter (FillLlamaShards): no rank ever holds the whole
+    // model. FSDP1 shards a model built on the CPU.
+    if (o.fsdp == FsdpApi::kFullyShard) {
+      run.model = models::LlamaForCausalLM(*config, c10::kMeta).ptr();
+    } else {
+      auto llama = models::LlamaForCausalLM(*config);
+      // A checkpoint's weights replace these; initialising them anyway keeps
+      // every rank's unloaded state identical and finite.
+      llama->InitializeWeights(static_cast<uint64_t>(o.seed));
+      run.model = llama.ptr();
+    }
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", e.what_without_backtrace()));
   }
   run.llama = std::move(*config);
   return run;
+}
+
+// --model llama under fully_shard without --hf-checkpoint: each rank's
+// shards from the model's initial values, one whole tensor made at a time
+// (the same values InitializeWeights gives the unsharded model).
+absl::Status FillLlamaShards(const Options& o, const models::LlamaConfig& config,
+                             TrainedModel model) {
+  const state_dict::ShardedReader initial = [&](const state_dict::ShardRequests& requests)
+      -> absl::StatusOr<state_dict::ShardedStateDict> {
+    state_dict::ShardedStateDict out;
+    for (const auto& [name, request] : requests) {
+      const torch::Tensor full = models::InitialLlamaParameter(config, name, request.global_shape,
+                                                               static_cast<uint64_t>(o.seed));
+      out.insert(name, state_dict::ShardFullTensor(full.to(request.dtype), request.ranges));
+    }
+    return out;
+  };
+  return state_dict::LoadFullyShardFrom(model.fully_shard()->module(), /*optimizer=*/nullptr,
+                                        "--model-config's initial values", {}, initial);
 }
 
 }  // namespace
@@ -583,6 +612,8 @@ absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGro
   const TrainedModel fsdp_model = wrapped->model();
   if (!o.hf_checkpoint.empty()) {
     if (auto s = LoadHfIntoShards(o, group, fsdp_model, parameter_names); !s.ok()) return s;
+  } else if (built->llama && o.fsdp == FsdpApi::kFullyShard) {
+    if (auto s = FillLlamaShards(o, *built->llama, fsdp_model); !s.ok()) return s;
   }
   const std::vector<torch::Tensor> params = fsdp_model.parameters();
   std::unique_ptr<torch::optim::Optimizer> optimizer = MakeOptimizer(o, params);

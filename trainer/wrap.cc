@@ -186,7 +186,11 @@ absl::StatusOr<std::unique_ptr<FullyShardModel>> WrapModelFullyShard(
   // PyTorch's CPUOffloadPolicy: the shards, their gradients and the
   // optimizer state on the CPU, computing on `device`.
   if (o.cpu_offload) options.offload_policy = fsdp::CPUOffloadPolicy{};
-  if (!device.is_cpu()) model->to(device);
+  // A model built on the meta device (too large for one rank: train.cc) is
+  // sharded first and then allocated, shards only (to_empty, below).
+  bool on_meta = false;
+  for (const auto& p : model->parameters()) on_meta |= p.is_meta();
+  if (!device.is_cpu() && !on_meta) model->to(device);
   if (auto status = CheckpointBlocks(o, model); !status.ok()) return status;
   std::vector<std::string> unit_names;
   std::vector<fsdp::FSDPModule> blocks;
@@ -211,6 +215,9 @@ absl::StatusOr<std::unique_ptr<FullyShardModel>> WrapModelFullyShard(
   if (o.sharding != Sharding::kGradOp) root_options.reshard_after_forward.reset();
   fsdp::FSDPModule root =
       fsdp::fully_shard(std::static_pointer_cast<torch::nn::Module>(model), root_options);
+  // Each rank's shards, uninitialised: the caller fills them (a checkpoint's
+  // or the model's initial values, LoadFullyShardFrom).
+  if (on_meta) fsdp::to_empty(*model, device);
   unit_names.insert(unit_names.begin(), "");
   if (o.backward_prefetch == BackwardPrefetch::kPre) {
     // Backward runs the blocks last to first: each prefetches the one

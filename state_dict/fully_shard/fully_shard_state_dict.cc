@@ -569,10 +569,28 @@ absl::StatusOr<std::vector<OptimParamGroup>> FullyShardParamGroups(
   return groups;
 }
 
+namespace {
+
+// A shard still on the meta device would take the load's data and drop it.
+absl::Status RefuseMetaShards(const torch::nn::Module& model, const std::string& source) {
+  for (const auto& p : model.named_parameters()) {
+    if (p.value().defined() && p.value().is_meta()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "loading ", source, " into a fully_shard model: parameter '", p.key(),
+          "' is on the meta device: call fsdp::to_empty(model, device) first to allocate the "
+          "shards"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status LoadFullyShardFrom(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
                                 const std::string& source,
                                 const std::vector<ShardedEntryInfo>& optim_entries,
                                 const ShardedReader& read) {
+  if (auto s = RefuseMetaShards(model, source); !s.ok()) return s;
   auto view = Describe(model);
   if (!view.ok()) return view.status();
   if (optimizer != nullptr) {
@@ -583,6 +601,7 @@ absl::Status LoadFullyShardFrom(torch::nn::Module& model, torch::optim::Optimize
 
 absl::Status LoadFullyShardStateDict(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
                                      const ShardedStateDict& state) {
+  if (auto s = RefuseMetaShards(model, "a SHARDED state dict"); !s.ok()) return s;
   auto view = Describe(model);
   if (!view.ok()) return view.status();
   std::vector<ShardedEntryInfo> optim_entries;
