@@ -101,8 +101,7 @@ class Tokenizer {
   static absl::StatusOr<Tokenizer> FromFile(const std::string& path);
 
   // Reads the text of a tokenizer.json; `origin` names it in errors (a path,
-  // a URL). A 128k-token vocabulary with its merges (Llama 3, 9 MB) takes
-  // about a second.
+  // a URL). About 30 MB of JSON a second (Llama 3's 9 MB file: about 0.3 s).
   static absl::StatusOr<Tokenizer> FromJson(std::string_view json,
                                             std::string_view origin = "tokenizer.json");
 
