@@ -8,6 +8,7 @@
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/linear.h>
+#include <ATen/ops/embedding.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
 
@@ -21,27 +22,6 @@ namespace models {
 namespace {
 
 namespace F = torch::nn::functional;
-
-torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
-}
-
-// Moves `module`'s parameters to `device`. The meta device cannot take a
-// CPU tensor's data in place (set_data), so there each parameter is replaced
-// by a meta tensor of its shape, registry entry and member handle alike.
-void PlaceOn(const std::shared_ptr<torch::nn::Module>& module, c10::Device device) {
-  if (device.is_cpu()) return;
-  if (!device.is_meta()) {
-    module->to(device);
-    return;
-  }
-  functorch::NamedMemberAccessor accessor(module);
-  for (const auto& p : module->named_parameters()) {
-    accessor.set_tensor(p.key(),
-                        torch::empty(p.value().sizes(), p.value().options().device(c10::kMeta))
-                            .requires_grad_(p.value().requires_grad()));
-  }
-}
 
 // FNV-1a: a hash of a parameter's name that every machine computes alike
 // (std::hash need not).
@@ -64,9 +44,34 @@ void ThrowIfInvalid(const LlamaConfig& config) {
 // bound by functorch/module.
 static const bool kRmsNormBound =
     functorch::RegisterModuleMembers<LlamaRMSNormImpl>({{"weight", &LlamaRMSNormImpl::weight}});
+static const bool kLinearBound = functorch::RegisterModuleMembers<LlamaLinearImpl>(
+    {{"weight", &LlamaLinearImpl::weight}, {"bias", &LlamaLinearImpl::bias}});
+static const bool kEmbeddingBound =
+    functorch::RegisterModuleMembers<LlamaEmbeddingImpl>({{"weight", &LlamaEmbeddingImpl::weight}});
 
-LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t size, double eps) : eps_(eps) {
-  weight = register_parameter("weight", torch::ones({size}));
+LlamaLinearImpl::LlamaLinearImpl(int64_t in, int64_t out, bool with_bias, c10::Device device) {
+  const auto options = torch::TensorOptions().device(device);
+  weight = register_parameter("weight", torch::empty({out, in}, options));
+  if (with_bias) bias = register_parameter("bias", torch::empty({out}, options));
+}
+
+torch::Tensor LlamaLinearImpl::forward(const torch::Tensor& x) {
+  return F::linear(x, weight, bias);
+}
+
+LlamaEmbeddingImpl::LlamaEmbeddingImpl(int64_t vocab, int64_t hidden,
+                                       std::optional<int64_t> padding_idx, c10::Device device)
+    : padding_idx_(padding_idx) {
+  weight = register_parameter("weight",
+                              torch::empty({vocab, hidden}, torch::TensorOptions().device(device)));
+}
+
+torch::Tensor LlamaEmbeddingImpl::forward(const torch::Tensor& ids) {
+  return at::embedding(weight, ids, padding_idx_.value_or(-1));
+}
+
+LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t size, double eps, c10::Device device) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({size}, torch::TensorOptions().device(device)));
 }
 
 torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
@@ -75,15 +80,18 @@ torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
   return weight * (x32 * torch::rsqrt(variance + eps_)).to(x.scalar_type());
 }
 
-LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, c10::Device device)
     : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
-  q_proj = register_module("q_proj", MakeLinear(c.hidden_size, heads_ * head_dim_, c.qkv_bias));
-  k_proj = register_module("k_proj", MakeLinear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
-  v_proj = register_module("v_proj", MakeLinear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
-  o_proj = register_module("o_proj", MakeLinear(heads_ * head_dim_, c.hidden_size, c.o_proj_bias));
+  auto linear = [&](int64_t in, int64_t out, bool bias) {
+    return LlamaLinear(in, out, bias, device);
+  };
+  q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, c.qkv_bias));
+  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
+  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
+  o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.o_proj_bias));
   if (c.qk_norm) {
-    q_norm = register_module("q_norm", LlamaRMSNorm(head_dim_, c.rms_norm_eps));
-    k_norm = register_module("k_norm", LlamaRMSNorm(head_dim_, c.rms_norm_eps));
+    q_norm = register_module("q_norm", LlamaRMSNorm(head_dim_, c.rms_norm_eps, device));
+    k_norm = register_module("k_norm", LlamaRMSNorm(head_dim_, c.rms_norm_eps, device));
   }
 }
 
@@ -110,24 +118,24 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
   return o_proj(out.transpose(1, 2).reshape({batch, length, heads_ * head_dim_}));
 }
 
-LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
-  gate_proj =
-      register_module("gate_proj", MakeLinear(c.hidden_size, c.intermediate_size, c.mlp_bias));
-  up_proj = register_module("up_proj", MakeLinear(c.hidden_size, c.intermediate_size, c.mlp_bias));
-  down_proj =
-      register_module("down_proj", MakeLinear(c.intermediate_size, c.hidden_size, c.mlp_bias));
+LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, c10::Device device) {
+  auto linear = [&](int64_t in, int64_t out) { return LlamaLinear(in, out, c.mlp_bias, device); };
+  gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size));
+  up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size));
+  down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size));
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
   return down_proj(F::silu(gate_proj(x)) * up_proj(x));
 }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
-  self_attn = register_module("self_attn", LlamaAttention(c));
-  mlp = register_module("mlp", LlamaMLP(c));
-  input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
-  post_attention_layernorm =
-      register_module("post_attention_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, c10::Device device) {
+  self_attn = register_module("self_attn", LlamaAttention(c, device));
+  mlp = register_module("mlp", LlamaMLP(c, device));
+  input_layernorm =
+      register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps, device));
+  post_attention_layernorm = register_module("post_attention_layernorm",
+                                             LlamaRMSNorm(c.hidden_size, c.rms_norm_eps, device));
 }
 
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
@@ -138,20 +146,15 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, c10::Device device) : config_(c) {
   ThrowIfInvalid(c);
-  torch::nn::EmbeddingOptions embedding(c.vocab_size, c.hidden_size);
+  std::optional<int64_t> padding_idx;
   if (c.pad_token_id && *c.pad_token_id >= 0 && *c.pad_token_id < c.vocab_size) {
-    embedding.padding_idx(*c.pad_token_id);
+    padding_idx = *c.pad_token_id;
   }
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(embedding));
-  PlaceOn(embed_tokens.ptr(), device);
+  embed_tokens = register_module("embed_tokens",
+                                 LlamaEmbedding(c.vocab_size, c.hidden_size, padding_idx, device));
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    LlamaDecoderLayer layer(c);
-    PlaceOn(layer.ptr(), device);
-    layers->push_back(layer);
-  }
-  norm = register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
-  PlaceOn(norm.ptr(), device);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(c, device));
+  norm = register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps, device));
   inv_freq = RopeInverseFrequencies(c.rope, c.head_dim);
 }
 
@@ -193,13 +196,15 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids) {
   return norm(h);
 }
 
-LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& config, c10::Device device)
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& config, c10::Device device,
+                                           std::optional<uint64_t> init_seed)
     : config_(config) {
   model = register_module("model", LlamaModel(config, device));
   if (!config.tie_word_embeddings) {
-    lm_head = register_module("lm_head", MakeLinear(config.hidden_size, config.vocab_size, false));
-    PlaceOn(lm_head.ptr(), device);
+    lm_head = register_module("lm_head",
+                              LlamaLinear(config.hidden_size, config.vocab_size, false, device));
   }
+  if (init_seed && !device.is_meta()) InitializeWeights(*init_seed);
 }
 
 torch::Tensor LlamaForCausalLMImpl::output_weight() const {

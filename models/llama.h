@@ -34,14 +34,13 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <memory>
 #include <vector>
 
 #include <c10/core/Device.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
 #include "models/causal_lm.h"
@@ -49,12 +48,40 @@
 
 namespace models {
 
+// nn.Linear with transformers' parameter names (weight [out, in], bias
+// [out]), made on `device` uninitialised: LibTorch's Linear draws kaiming
+// values on the CPU first (for a 1B model, 1.2 billion random numbers that
+// the checkpoint then overwrites, and nothing at all can be made on the meta
+// device that way). LlamaForCausalLM initialises its parameters itself.
+class LlamaLinearImpl : public torch::nn::Module {
+ public:
+  LlamaLinearImpl(int64_t in, int64_t out, bool bias, c10::Device device);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;  // bias undefined without one
+};
+TORCH_MODULE(LlamaLinear);
+
+// nn.Embedding(vocab, hidden, padding_idx): the padding row gets no
+// gradient. Made uninitialised, as LlamaLinear.
+class LlamaEmbeddingImpl : public torch::nn::Module {
+ public:
+  LlamaEmbeddingImpl(int64_t vocab, int64_t hidden, std::optional<int64_t> padding_idx,
+                     c10::Device device);
+  torch::Tensor forward(const torch::Tensor& ids);
+  torch::Tensor weight;
+  const std::optional<int64_t>& padding_idx() const { return padding_idx_; }
+
+ private:
+  std::optional<int64_t> padding_idx_;
+};
+TORCH_MODULE(LlamaEmbedding);
+
 // transformers' LlamaRMSNorm: weight * (x / sqrt(mean(x^2) + eps)), the
 // normalisation in float32 and its result cast back to x's dtype before the
-// weight multiplies it.
+// weight multiplies it. The weight starts at one.
 class LlamaRMSNormImpl : public torch::nn::Module {
  public:
-  LlamaRMSNormImpl(int64_t size, double eps);
+  LlamaRMSNormImpl(int64_t size, double eps, c10::Device device = c10::kCPU);
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight;
 
@@ -65,12 +92,12 @@ TORCH_MODULE(LlamaRMSNorm);
 
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
-  explicit LlamaAttentionImpl(const LlamaConfig& config);
+  LlamaAttentionImpl(const LlamaConfig& config, c10::Device device);
   // x: [B, T, hidden]; cos, sin: [T, head_dim] or [B, T, head_dim] in x's
   // dtype. Causal over the T positions.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  LlamaLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   LlamaRMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
 
  private:
@@ -80,16 +107,16 @@ TORCH_MODULE(LlamaAttention);
 
 class LlamaMLPImpl : public torch::nn::Module {
  public:
-  explicit LlamaMLPImpl(const LlamaConfig& config);
+  LlamaMLPImpl(const LlamaConfig& config, c10::Device device);
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  LlamaLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(LlamaMLP);
 
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit LlamaDecoderLayerImpl(const LlamaConfig& config);
+  LlamaDecoderLayerImpl(const LlamaConfig& config, c10::Device device);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
   LlamaAttention self_attn{nullptr};
@@ -108,7 +135,7 @@ class LlamaModelImpl : public torch::nn::Module {
   // [B, T, hidden].
   torch::Tensor forward(const torch::Tensor& input_ids);
 
-  torch::nn::Embedding embed_tokens{nullptr};
+  LlamaEmbedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   LlamaRMSNorm norm{nullptr};
 
@@ -131,12 +158,14 @@ TORCH_MODULE(LlamaModel);
 
 class LlamaForCausalLMImpl : public CausalLM {
  public:
-  // The parameters on `device`, each submodule moved there as soon as it is
-  // built, so that at most one layer is ever on the CPU. On the meta device
-  // (c10::kMeta) nothing is allocated at all: a model too large for one
-  // rank's memory is sharded first (fsdp), then each rank fills only its
-  // shards (a checkpoint's, or InitialLlamaParameter's).
-  explicit LlamaForCausalLMImpl(const LlamaConfig& config, c10::Device device = c10::kCPU);
+  // The parameters made on `device` and initialised as InitializeWeights(
+  // init_seed) does (none: left uninitialised, for a caller that loads a
+  // checkpoint next). On the meta device (c10::kMeta) nothing is allocated
+  // or initialised: a model too large for one rank's memory is sharded first
+  // (fsdp), then each rank fills only its shards (a checkpoint's, or
+  // InitialLlamaParameter's).
+  explicit LlamaForCausalLMImpl(const LlamaConfig& config, c10::Device device = c10::kCPU,
+                                std::optional<uint64_t> init_seed = 0);
 
   // input_ids: int64 [B, T]. Logits [B, T, vocab] in the parameters' dtype.
   torch::Tensor forward(const torch::Tensor& input_ids);
@@ -156,7 +185,7 @@ class LlamaForCausalLMImpl : public CausalLM {
   torch::Tensor output_weight() const;
 
   LlamaModel model{nullptr};
-  torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings
+  LlamaLinear lm_head{nullptr};  // null when tie_word_embeddings
 
  private:
   LlamaConfig config_;

@@ -537,11 +537,9 @@ absl::StatusOr<RunModel> BuildRunModel(const Options& o) {
     if (o.fsdp == FsdpApi::kFullyShard) {
       run.model = models::LlamaForCausalLM(*config, c10::kMeta).ptr();
     } else {
-      auto llama = models::LlamaForCausalLM(*config);
       // A checkpoint's weights replace these; initialising them anyway keeps
       // every rank's unloaded state identical and finite.
-      llama->InitializeWeights(static_cast<uint64_t>(o.seed));
-      run.model = llama.ptr();
+      run.model = models::LlamaForCausalLM(*config, c10::kCPU, static_cast<uint64_t>(o.seed)).ptr();
     }
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", e.what_without_backtrace()));
