@@ -553,8 +553,10 @@ absl::Status LoadHfIntoShards(const Options& o, const comm::ProcessGroup& group,
       return state_dict::ReadHfShards(*files, requests);
     };
     if (model.fsdp1() != nullptr) return state_dict::LoadModelShardedFrom(*model.fsdp1(), read);
-    return state_dict::LoadFullyShardFrom(model.fully_shard()->module(), /*optimizer=*/nullptr,
-                                          o.hf_checkpoint, /*optim_entries=*/{}, read);
+    // Tensor by tensor: the rank holds its shard plus one tensor's pieces
+    // (every name, shape and dtype checked first, from the headers).
+    return state_dict::LoadFullyShardModelTensorByTensor(model.fully_shard()->module(),
+                                                         o.hf_checkpoint, read);
   }();
   return AgreeOnStatus(group, InContext(what, loaded), what);
 }

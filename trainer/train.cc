@@ -563,8 +563,8 @@ absl::Status FillLlamaShards(const Options& o, const models::LlamaConfig& config
     }
     return out;
   };
-  return state_dict::LoadFullyShardFrom(model.fully_shard()->module(), /*optimizer=*/nullptr,
-                                        "--model-config's initial values", {}, initial);
+  return state_dict::LoadFullyShardModelTensorByTensor(model.fully_shard()->module(),
+                                                       "--model-config's initial values", initial);
 }
 
 }  // namespace

@@ -599,6 +599,31 @@ absl::Status LoadFullyShardFrom(torch::nn::Module& model, torch::optim::Optimize
   return LoadModel(*view, source, read);
 }
 
+absl::Status LoadFullyShardModelTensorByTensor(torch::nn::Module& model, const std::string& source,
+                                               const ShardedReader& read) {
+  if (auto s = RefuseMetaShards(model, source); !s.ok()) return s;
+  auto view = Describe(model);
+  if (!view.ok()) return view.status();
+  ShardRequests check;
+  for (const Entry& e : view->entries) {
+    check.emplace_back(e.fqn, ShardRequest{e.global_shape(), e.tensor.scalar_type(), {}});
+  }
+  if (auto checked = read(check); !checked.ok()) return checked.status();
+  torch::NoGradGuard no_grad;
+  for (const Entry& e : view->entries) {
+    auto loaded =
+        read({{e.fqn, ShardRequest{e.global_shape(), e.tensor.scalar_type(), e.ranges()}}});
+    if (!loaded.ok()) return loaded.status();
+    auto local = Local(*loaded, e.fqn, e.ranges(), e.tensor.sizes(), e.tensor.scalar_type());
+    if (!local.ok()) {
+      return absl::Status(local.status().code(),
+                          absl::StrCat(source, ": ", local.status().message()));
+    }
+    if (local->numel() > 0) e.tensor.detach().copy_(*local);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LoadFullyShardStateDict(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
                                      const ShardedStateDict& state) {
   if (auto s = RefuseMetaShards(model, "a SHARDED state dict"); !s.ok()) return s;

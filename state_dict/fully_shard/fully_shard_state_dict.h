@@ -128,6 +128,18 @@ absl::Status LoadFullyShardFrom(torch::nn::Module& model, torch::optim::Optimize
                                 const std::vector<ShardedEntryInfo>& optim_entries,
                                 const ShardedReader& read);
 
+// The model's entries as LoadFullyShardFrom loads them, but one tensor at a
+// time, so that a load adds one tensor's pieces to the rank's memory rather
+// than a second copy of its whole shard (a Hugging Face checkpoint into a
+// model that barely fits): `read` is first asked for every entry with no
+// ranges — a reader then checks names, shapes and dtypes without reading
+// data (ReadHfShards does) — and then for each entry's ranges alone, each
+// copied into its shard before the next is read. So a bad name, shape or
+// dtype leaves the model untouched, but an error while reading (a damaged
+// file) leaves the entries before it loaded.
+absl::Status LoadFullyShardModelTensorByTensor(torch::nn::Module& model, const std::string& source,
+                                               const ShardedReader& read);
+
 // From an in-memory SHARDED dict (any world size's pieces, e.g. every
 // rank's of another run, or one rank's FULL tensors as single pieces):
 // strict, so a key that is neither a parameter or buffer of `model` nor
