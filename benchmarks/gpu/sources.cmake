@@ -53,9 +53,22 @@ set(TORCHFSDP_SRCS_formats__dcp_metadata
 set(TORCHFSDP_SRCS_formats__file_io
   "${REPO}/formats/io/file_io.cc"
 )
+# //formats:hf_checkpoint_files
+set(TORCHFSDP_SRCS_formats__hf_checkpoint_files
+  "${REPO}/formats/hf/hf_checkpoint_files.cc"
+)
 # //formats:pickle_vm
 set(TORCHFSDP_SRCS_formats__pickle_vm
   "${REPO}/formats/pickle/pickle_vm.cc"
+)
+# //formats:safetensors
+set(TORCHFSDP_SRCS_formats__safetensors
+  "${REPO}/formats/safetensors/safetensors.cc"
+  "${REPO}/formats/safetensors/safetensors_file.cc"
+)
+# //formats:safetensors_header
+set(TORCHFSDP_SRCS_formats__safetensors_header
+  "${REPO}/formats/safetensors/internal/safetensors_header.cc"
 )
 # //formats:torch_archive_reader
 set(TORCHFSDP_SRCS_formats__torch_archive_reader
@@ -138,6 +151,18 @@ set(TORCHFSDP_SRCS_launcher
   "${REPO}/launcher/internal/rendezvous.cc"
   "${REPO}/launcher/launch.cc"
 )
+# //models:llama
+set(TORCHFSDP_SRCS_models__llama
+  "${REPO}/models/llama.cc"
+)
+# //models:llama_config
+set(TORCHFSDP_SRCS_models__llama_config
+  "${REPO}/models/llama_config.cc"
+)
+# //models:rope
+set(TORCHFSDP_SRCS_models__rope
+  "${REPO}/models/rope.cc"
+)
 # //module_call:call
 set(TORCHFSDP_SRCS_module_call__call
   "${REPO}/module_call/call.cc"
@@ -167,6 +192,10 @@ set(TORCHFSDP_SRCS_state_dict__checkpoint_impl
 # //state_dict:dcp
 set(TORCHFSDP_SRCS_state_dict__dcp
   "${REPO}/state_dict/dcp.cc"
+)
+# //state_dict:hf_checkpoint
+set(TORCHFSDP_SRCS_state_dict__hf_checkpoint
+  "${REPO}/state_dict/hf_checkpoint.cc"
 )
 # //state_dict:manifest
 set(TORCHFSDP_SRCS_state_dict__manifest
@@ -245,14 +274,14 @@ set(TORCHFSDP_SRCS_trainer__train
 )
 
 # ---- binaries ----------------------------------------------------------------
-# //trainer:trainer: links 53 project libraries
+# //trainer:trainer: links 60 project libraries
 set(TORCHFSDP_BINARY_SRCS_trainer
   "${REPO}/trainer/trainer_main.cc"
 )
 set(TORCHFSDP_LINKOPTS_trainer
   "-ldl"
 )
-# //benchmarks:gpu_check: links 21 project libraries
+# //benchmarks:gpu_check: links 26 project libraries
 set(TORCHFSDP_BINARY_SRCS_gpu_check
   "${REPO}/benchmarks/gpu_check.cc"
 )
@@ -274,7 +303,10 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_formats__crc32c}
   ${TORCHFSDP_SRCS_formats__dcp_metadata}
   ${TORCHFSDP_SRCS_formats__file_io}
+  ${TORCHFSDP_SRCS_formats__hf_checkpoint_files}
   ${TORCHFSDP_SRCS_formats__pickle_vm}
+  ${TORCHFSDP_SRCS_formats__safetensors}
+  ${TORCHFSDP_SRCS_formats__safetensors_header}
   ${TORCHFSDP_SRCS_formats__torch_archive_reader}
   ${TORCHFSDP_SRCS_formats__torch_save}
   ${TORCHFSDP_SRCS_formats__torch_save_impl}
@@ -292,6 +324,9 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_host__thread_layout}
   ${TORCHFSDP_SRCS_launcher__flag_checks}
   ${TORCHFSDP_SRCS_launcher}
+  ${TORCHFSDP_SRCS_models__llama}
+  ${TORCHFSDP_SRCS_models__llama_config}
+  ${TORCHFSDP_SRCS_models__rope}
   ${TORCHFSDP_SRCS_module_call__call}
   ${TORCHFSDP_SRCS_module_call}
   ${TORCHFSDP_SRCS_module_call__wrap_policy}
@@ -300,6 +335,7 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_state_dict__checkpoint}
   ${TORCHFSDP_SRCS_state_dict__checkpoint_impl}
   ${TORCHFSDP_SRCS_state_dict__dcp}
+  ${TORCHFSDP_SRCS_state_dict__hf_checkpoint}
   ${TORCHFSDP_SRCS_state_dict__manifest}
   ${TORCHFSDP_SRCS_state_dict__module_state}
   ${TORCHFSDP_SRCS_state_dict__optim_state}
