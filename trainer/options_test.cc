@@ -2,6 +2,8 @@
 // these build and run in seconds).
 #include "trainer/options.h"
 
+#include "absl/strings/match.h"
+
 #include <limits>
 #include <utility>
 #include <string>
@@ -238,11 +240,47 @@ TEST(OptionsTest, DcpFlags) {
   EXPECT_EQ(message({"--import-dcp"}), "--import-dcp: missing value (expected DIR)");
 }
 
+TEST(OptionsTest, LlamaFlagsAndTheirRefusals) {
+  auto message = [](std::vector<std::string> args) {
+    return std::string(ParseOptions(args).status().message());
+  };
+  EXPECT_THAT(message({"--model=llama"}), HasSubstr("expected --hf-checkpoint DIR"));
+  EXPECT_THAT(message({"--model=llama", "--hf-checkpoint=a", "--model-config=b.json"}),
+              HasSubstr("not both"));
+  EXPECT_EQ(message({"--model=llama", "--hf-checkpoint=a", "--vocab=300"}),
+            "--vocab: --model=llama takes its shape from its config.json (--hf-checkpoint or "
+            "--model-config); expected no --vocab");
+  EXPECT_EQ(message({"--hf-checkpoint=a"}),
+            "--hf-checkpoint='a': expected --model=llama, got --model=transformer");
+  EXPECT_EQ(message({"--export-hf=a"}),
+            "--export-hf='a': expected --model=llama, got --model=transformer");
+  EXPECT_THAT(message({"--model=llama", "--hf-checkpoint=a", "--export-hf=a"}),
+              HasSubstr("other than --hf-checkpoint's"));
+  EXPECT_THAT(message({"--tokenizer=t.json"}), HasSubstr("expected --data PATH of text"));
+  EXPECT_THAT(message({"--model=llama", "--hf-checkpoint=a", "--export-hf-dtype=fp8"}),
+              HasSubstr("expected one of float32|bfloat16"));
+  // The flags round-trip to the ranks' command line, without the shape
+  // flags the config gives.
+  auto parsed = ParseOptions({"--model=llama", "--hf-checkpoint=ckpt", "--export-hf=out",
+                              "--export-hf-dtype=bfloat16", "--export-hf-max-shard-bytes=1000",
+                              "--data=t.txt", "--tokenizer=tok.json"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const std::vector<std::string> args = ToArgs(*parsed);
+  for (const std::string& arg : args) EXPECT_FALSE(absl::StartsWith(arg, "--dim=")) << arg;
+  auto again = ParseOptions(args);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->hf_checkpoint, "ckpt");
+  EXPECT_EQ(again->export_hf, "out");
+  EXPECT_EQ(again->export_hf_dtype, ExportDtype::kBf16);
+  EXPECT_EQ(again->export_hf_max_shard_bytes, 1000);
+  EXPECT_EQ(again->tokenizer, "tok.json");
+}
+
 TEST(OptionsTest, CommandLineDetails) {
   auto message = [](std::vector<std::string> args) {
     return std::string(ParseOptions(args).status().message());
   };
-  EXPECT_EQ(message({"--model", "cnn"}), "--model='cnn': expected one of mlp|transformer");
+  EXPECT_EQ(message({"--model", "cnn"}), "--model='cnn': expected one of mlp|transformer|llama");
   EXPECT_EQ(message({"--seed=-1"}), "--seed='-1': expected an integer >= 0");
   EXPECT_EQ(message({"--nproc=2000"}), "--nproc='2000': expected an integer in [1, 1024]");
   EXPECT_EQ(message({"--steps"}), "--steps: missing value (expected N)");
