@@ -54,8 +54,9 @@ import sys
 # Every Bazel package with production targets must be listed here (a new one
 # fails --check until it is placed).
 LAYERS = [
+    # kernels: fused ops for models/ (LibTorch and CUDA only)
     ["functorch/module", "functorch/transforms", "comm", "module_call", "host", "formats",
-     "optim", "tokenizer"],
+     "optim", "tokenizer", "kernels"],
     # models: on module_call (each decoder layer through the call point)
     ["fsdp", "activation_checkpointing", "launcher", "state_dict", "models"],  # state_dict: on formats
     # testing: testonly helpers (RunOnRanks) above the launcher; not drawn,
