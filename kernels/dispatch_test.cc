@@ -1,0 +1,138 @@
+// The choice between a fused kernel and the ATen reference
+// (internal/fused_ops.h): which binaries have the CUDA kernels, what each op
+// refuses and why, that a fallback warns once per op.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+
+#include "kernels/internal/aten_fused_ops.h"
+#include "kernels/internal/fused_ops.h"
+#include "kernels/rms_norm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+#include "kernels/testing/collect_warnings.h"
+
+namespace kernels::internal {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::StartsWith;
+
+TEST(CudaFusedOps, RegisteredExactlyWhenTheBinaryLinksKernelsCuda) {
+#ifdef TORCHFSDP_KERNELS_CUDA_LINKED
+  ASSERT_NE(CudaFusedOps(), nullptr);
+  EXPECT_STREQ(CudaFusedOps()->name(), "cuda");
+#else
+  EXPECT_EQ(CudaFusedOps(), nullptr);
+#endif
+}
+
+TEST(ChooseFusedOps, CpuTensorsNeverTakeAFusedOp) {
+  testing::CollectWarnings warnings;
+  const at::Tensor x = at::randn({2, 4});
+  int asked = 0;
+  EXPECT_EQ(ChooseFusedOps(Op::kRmsNorm, {x, x},
+                           [&](const FusedOps&) {
+                             ++asked;
+                             return std::string();
+                           }),
+            nullptr);
+  EXPECT_EQ(asked, 0);
+  EXPECT_THAT(warnings.messages(), IsEmpty());
+}
+
+TEST(ChooseFusedOps, TheTestingOverrideTakesEveryDevice) {
+  ScopedFusedOpsForTesting fused(AtenFusedOps());
+  const at::Tensor x = at::randn({2, 4});
+  EXPECT_EQ(ChooseFusedOps(Op::kSwiGlu, {x}, [](const FusedOps&) { return std::string(); }),
+            AtenFusedOps());
+}
+
+// The reason each op gives for inputs its kernel does not take.
+TEST(Unsupported, SaysWhatIsNotTaken) {
+  // AtenFusedOps takes what the kernels take, and float64.
+  const FusedOps& cuda_like = *AtenFusedOps();
+  const at::Tensor f32 = at::randn({2, 3, 8});
+  const at::Tensor w = at::randn({8});
+  EXPECT_EQ(UnsupportedRmsNorm(cuda_like, f32, {}, w), "");
+  EXPECT_EQ(UnsupportedRmsNorm(cuda_like, f32, f32, w), "");
+  EXPECT_EQ(UnsupportedRmsNorm(cuda_like, f32.to(at::kBFloat16), {}, w), "");  // f32 weight
+  EXPECT_THAT(UnsupportedRmsNorm(cuda_like, f32.to(at::kInt), {}, w),
+              StartsWith("x has dtype Int: the kernel takes float32, bfloat16 or float16"));
+  EXPECT_THAT(UnsupportedRmsNorm(cuda_like, f32, {}, at::randn({7})),
+              HasSubstr("weight has shape [7] for x of shape [2, 3, 8]"));
+  EXPECT_THAT(UnsupportedRmsNorm(cuda_like, f32, f32.to(at::kHalf), w),
+              HasSubstr("residual has shape [2, 3, 8] and dtype Half, x [2, 3, 8] and Float"));
+  EXPECT_THAT(UnsupportedRmsNorm(cuda_like, at::zeros({3, 0}), {}, at::zeros({0})),
+              HasSubstr("hidden >= 1"));
+
+  EXPECT_EQ(UnsupportedSwiGlu(cuda_like, f32, f32), "");
+  EXPECT_THAT(UnsupportedSwiGlu(cuda_like, f32, f32.to(at::kBFloat16)),
+              HasSubstr("the same shape and dtype"));
+
+  const at::Tensor q = at::randn({2, 4, 5, 8}), k = at::randn({2, 2, 5, 8});
+  const at::Tensor table = at::randn({5, 8}), per_row = at::randn({2, 5, 8});
+  EXPECT_EQ(UnsupportedRopeQK(cuda_like, q, k, table, table), "");
+  EXPECT_EQ(UnsupportedRopeQK(cuda_like, q, k, per_row, per_row), "");
+  EXPECT_THAT(UnsupportedRopeQK(cuda_like, q, at::randn({2, 2, 5, 6}), table, table),
+              HasSubstr("with an even D"));
+  EXPECT_THAT(UnsupportedRopeQK(cuda_like, at::randn({2, 4, 5, 7}), at::randn({2, 2, 5, 7}),
+                                at::randn({5, 7}), at::randn({5, 7})),
+              HasSubstr("with an even D"));
+  EXPECT_THAT(UnsupportedRopeQK(cuda_like, q, k, at::randn({1, 5, 8}), at::randn({1, 5, 8})),
+              HasSubstr("both [T, D] or both [B, T, D]"));
+  EXPECT_THAT(UnsupportedRopeQK(cuda_like, q, k, table.requires_grad_(true), table),
+              HasSubstr("cos or sin requires grad"));
+}
+
+TEST(Unsupported, Float64IsTakenOnlyByTheAtenStandIn) {
+  const at::Tensor x = at::randn({2, 8}, at::kDouble);
+  const at::Tensor w = at::randn({8}, at::kDouble);
+  EXPECT_EQ(UnsupportedRmsNorm(*AtenFusedOps(), x, {}, w), "");
+  struct KernelDtypes final : FusedOps {
+    const char* name() const override { return "kernel dtypes"; }
+    RmsNormOut RmsNormForward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                              double) const override {
+      return {};
+    }
+    std::pair<at::Tensor, at::Tensor> RmsNormBackward(const at::Tensor&, const at::Tensor&,
+                                                      const at::Tensor&, const at::Tensor&,
+                                                      const at::Tensor&, bool,
+                                                      bool) const override {
+      return {};
+    }
+    at::Tensor SwiGluForward(const at::Tensor&, const at::Tensor&) const override { return {}; }
+    std::pair<at::Tensor, at::Tensor> SwiGluBackward(const at::Tensor&, const at::Tensor&,
+                                                     const at::Tensor&) const override {
+      return {};
+    }
+    std::pair<at::Tensor, at::Tensor> RopeQK(const at::Tensor&, const at::Tensor&,
+                                             const at::Tensor&, const at::Tensor&,
+                                             bool) const override {
+      return {};
+    }
+  } kernel_dtypes;
+  EXPECT_THAT(UnsupportedRmsNorm(kernel_dtypes, x, {}, w),
+              StartsWith("x has dtype Double: the kernel takes float32, bfloat16 or float16"));
+}
+
+TEST(WarnFallbackOnce, OncePerOpNamingTheOpAndTheReason) {
+  ResetFallbackWarningsForTesting();
+  testing::CollectWarnings warnings;
+  WarnFallbackOnce(Op::kSwiGlu, "reason one");
+  WarnFallbackOnce(Op::kSwiGlu, "reason two");
+  WarnFallbackOnce(Op::kApplyRopeQK, "reason three");
+  ASSERT_EQ(warnings.messages().size(), 2u);
+  EXPECT_EQ(warnings.messages()[0],
+            "kernels::SwiGlu: running the ATen reference instead of the fused kernel: reason one "
+            "(said once)");
+  EXPECT_THAT(warnings.messages()[1], StartsWith("kernels::ApplyRopeQK: "));
+  ResetFallbackWarningsForTesting();
+}
+
+}  // namespace
+}  // namespace kernels::internal
