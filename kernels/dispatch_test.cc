@@ -1,6 +1,8 @@
 // The choice between a fused kernel and the ATen reference
 // (internal/fused_ops.h): which binaries have the CUDA kernels, what each op
-// refuses and why, that a fallback warns once per op.
+// refuses and why, that a fallback warns once per op, and kernels/'s GPU
+// checks run on the CPU (what gpu_check --dry-run-on-cpu does: the checks
+// checked, through AtenFusedOps).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +12,7 @@
 
 #include "kernels/internal/aten_fused_ops.h"
 #include "kernels/internal/fused_ops.h"
+#include "kernels/kernels_gpu_check.h"
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
@@ -132,6 +135,17 @@ TEST(WarnFallbackOnce, OncePerOpNamingTheOpAndTheReason) {
             "(said once)");
   EXPECT_THAT(warnings.messages()[1], StartsWith("kernels::ApplyRopeQK: "));
   ResetFallbackWarningsForTesting();
+}
+
+TEST(KernelsGpuChecks, PassOnTheCpuThroughTheAtenStandIn) {
+  const std::vector<kernels::GpuCheck> checks = kernels::KernelsGpuChecks(c10::Device(c10::kCPU));
+  ASSERT_EQ(checks.size(), 6u);
+  for (const kernels::GpuCheck& check : checks) {
+    const kernels::GpuCheckResult result = check.run();
+    std::printf("%s %s %s\n", result.ok ? "PASS" : "FAIL", check.name.c_str(),
+                result.detail.c_str());
+    EXPECT_TRUE(result.ok) << check.name << ": " << result.detail;
+  }
 }
 
 }  // namespace

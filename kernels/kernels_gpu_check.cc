@@ -1,0 +1,427 @@
+#include "kernels/kernels_gpu_check.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <utility>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/randn_like.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
+
+#include "kernels/internal/aten_fused_ops.h"
+#include "kernels/internal/fused_ops.h"
+#include "kernels/linear_cross_entropy.h"
+#include "kernels/reference.h"
+#include "kernels/rms_norm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+
+namespace kernels {
+namespace {
+
+constexpr double kEps = 1e-5;
+
+// Collects the warnings raised while it is installed.
+class CollectWarnings final : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+  std::vector<std::string> messages;
+};
+
+// What a check needs around it: on the CPU (a dry run) the ATen FusedOps in
+// front of the dispatch, so the Function path runs; warnings collected.
+class CheckScope {
+ public:
+  explicit CheckScope(c10::Device device) : device_(device), guard_(&warnings_) {
+    if (device.is_cpu()) dry_run_.emplace(internal::AtenFusedOps());
+    torch::manual_seed(0);
+  }
+  bool dry_run() const { return dry_run_.has_value(); }
+  const std::vector<std::string>& warnings() const { return warnings_.messages; }
+  void Synchronize() const {
+    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+  }
+
+ private:
+  c10::Device device_;
+  CollectWarnings warnings_;
+  c10::WarningUtils::WarningHandlerGuard guard_;
+  std::optional<internal::ScopedFusedOpsForTesting> dry_run_;
+};
+
+double RelativeError(const at::Tensor& actual, const at::Tensor& expected) {
+  const at::Tensor a = actual.detach().to(at::kCPU).to(at::kDouble);
+  const at::Tensor e = expected.detach().to(at::kCPU).to(at::kDouble);
+  if (a.sizes() != e.sizes()) return 1e9;
+  const double scale = e.abs().max().item<double>();
+  const double diff = (a - e).abs().max().item<double>();
+  return scale == 0 ? diff : diff / scale;
+}
+
+const char* DtypeName(at::ScalarType t) {
+  return t == at::kFloat ? "f32" : t == at::kBFloat16 ? "bf16" : t == at::kHalf ? "f16" : "?";
+}
+
+// Tolerances (max-norm relative): float32 to the order of a sum; bf16 /
+// fp16 a few units of the last place (the kernels keep some products in
+// float32 that the composite rounds).
+double ForwardTolerance(at::ScalarType t) { return t == at::kFloat ? 1e-5 : 2e-2; }
+double GradTolerance(at::ScalarType t) { return t == at::kFloat ? 1e-4 : 5e-2; }
+
+// Accumulates case results into one line.
+class Report {
+ public:
+  void Compare(const std::string& what, const at::Tensor& actual, const at::Tensor& expected,
+               double tolerance) {
+    const double error = RelativeError(actual, expected);
+    worst_ = std::max(worst_, error / tolerance);
+    if (!(error <= tolerance)) {
+      ok_ = false;
+      problems_ << what << ": relative error " << error << " > " << tolerance << "; ";
+    }
+  }
+  void ExpectKernel(const std::string& what, const at::Tensor& out, const char* function) {
+    const auto fn = out.grad_fn();
+    if (fn == nullptr || fn->name().find(function) == std::string::npos) {
+      ok_ = false;
+      problems_ << what << ": grad_fn " << (fn ? fn->name() : std::string("none")) << ", not "
+                << function << " (the kernel path was not taken); ";
+    }
+  }
+  void Fail(const std::string& problem) {
+    ok_ = false;
+    problems_ << problem << "; ";
+  }
+  void Note(const std::string& note) { notes_ << note << "; "; }
+  void Case() { ++cases_; }
+  GpuCheckResult Result(const CheckScope& scope) {
+    for (const std::string& w : scope.warnings()) Fail("warning: " + w);
+    std::ostringstream detail;
+    if (ok_) {
+      detail << cases_ << " cases against the ATen reference, worst error " << worst_
+             << " of its tolerance; " << notes_.str();
+    } else {
+      detail << problems_.str();
+    }
+    return {ok_, detail.str()};
+  }
+
+ private:
+  bool ok_ = true;
+  int cases_ = 0;
+  double worst_ = 0;
+  std::ostringstream problems_, notes_;
+};
+
+at::Tensor Leaf(const at::Tensor& t) { return t.detach().clone().requires_grad_(true); }
+
+// Median wall time of fn in ms (synchronised), on the GPU only.
+double MedianMs(const CheckScope& scope, const std::function<void()>& fn, int reps = 10) {
+  fn();
+  scope.Synchronize();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    scope.Synchronize();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                     .count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+std::string Timing(const char* what, double fused_ms, double reference_ms) {
+  char line[160];
+  std::snprintf(line, sizeof(line), "%s fwd+bwd %.3f ms fused vs %.3f ms reference (%.2fx)", what,
+                fused_ms, reference_ms, reference_ms / fused_ms);
+  return line;
+}
+
+GpuCheckResult CheckRegistered(c10::Device device) {
+  if (device.is_cpu()) return {true, "dry run: no CUDA kernels to look for"};
+  const internal::FusedOps* ops = internal::CudaFusedOps();
+  if (ops == nullptr) {
+    return {false,
+            "this binary does not link //kernels:cuda: CUDA tensors would take the ATen "
+            "reference (add it to the binary's deps under //third_party:cuda)"};
+  }
+  return {true, std::string("//kernels:cuda linked (FusedOps '") + ops->name() + "')"};
+}
+
+GpuCheckResult CheckRmsNorm(c10::Device device) {
+  CheckScope scope(device);
+  Report report;
+  struct Case {
+    std::vector<int64_t> shape;
+    at::ScalarType x, w;
+    bool residual;
+  };
+  const std::vector<Case> cases = {
+      {{4, 64, 512}, at::kFloat, at::kFloat, false},
+      {{4, 64, 512}, at::kBFloat16, at::kBFloat16, false},
+      {{4, 64, 512}, at::kBFloat16, at::kFloat, false},
+      {{3, 17, 1000}, at::kFloat, at::kFloat, true},  // cols not a multiple of 32
+      {{2, 33, 4096}, at::kBFloat16, at::kBFloat16, true},
+      {{2, 5, 8, 128}, at::kHalf, at::kHalf, false},  // Qwen3's per-head q/k norm
+      {{7, 40}, at::kFloat, at::kFloat, true},        // fewer columns than a warp's multiple
+  };
+  for (const Case& c : cases) {
+    report.Case();
+    const auto options = at::TensorOptions().device(device);
+    const at::Tensor x = at::randn(c.shape, options.dtype(c.x));
+    const at::Tensor residual = at::randn(c.shape, options.dtype(c.x));
+    const at::Tensor weight = (1 + 0.1 * at::randn({c.shape.back()}, options)).to(c.w);
+    std::ostringstream name;
+    name << (c.residual ? "AddRmsNorm " : "RmsNorm ") << at::IntArrayRef(c.shape) << " "
+         << DtypeName(c.x) << "/" << DtypeName(c.w);
+    at::Tensor fx = Leaf(x), fr = Leaf(residual), fw = Leaf(weight);
+    at::Tensor rx = Leaf(x), rr = Leaf(residual), rw = Leaf(weight);
+    at::Tensor fused_out, fused_sum, ref_out, ref_sum;
+    if (c.residual) {
+      std::tie(fused_out, fused_sum) = AddRmsNorm(fx, fr, fw, kEps);
+      std::tie(ref_out, ref_sum) = reference::AddRmsNorm(rx, rr, rw, kEps);
+    } else {
+      fused_out = RmsNorm(fx, fw, kEps);
+      ref_out = reference::RmsNorm(rx, rw, kEps);
+    }
+    report.ExpectKernel(name.str(), fused_out, "RmsNormFunction");
+    report.Compare(name.str() + " out", fused_out, ref_out, ForwardTolerance(c.x));
+    const at::Tensor grad = at::randn_like(ref_out);
+    std::vector<at::Tensor> fused_outputs = {fused_out}, ref_outputs = {ref_out};
+    std::vector<at::Tensor> grads = {grad};
+    if (c.residual) {
+      report.Compare(name.str() + " sum", fused_sum, ref_sum, 0);
+      const at::Tensor grad_sum = at::randn_like(ref_sum);
+      fused_outputs.push_back(fused_sum);
+      ref_outputs.push_back(ref_sum);
+      grads.push_back(grad_sum);
+    }
+    torch::autograd::backward(fused_outputs, grads);
+    torch::autograd::backward(ref_outputs, grads);
+    report.Compare(name.str() + " grad x", fx.grad(), rx.grad(), GradTolerance(c.x));
+    report.Compare(name.str() + " grad weight", fw.grad(), rw.grad(), GradTolerance(c.x));
+    if (c.residual) {
+      report.Compare(name.str() + " grad residual", fr.grad(), rr.grad(), GradTolerance(c.x));
+    }
+  }
+  if (!scope.dry_run()) {
+    // A Llama 3 8B layer's norm at 8 x 2048 tokens, bf16.
+    const auto options = at::TensorOptions().device(device).dtype(at::kBFloat16);
+    const at::Tensor x = at::randn({8, 2048, 4096}, options).requires_grad_(true);
+    const at::Tensor w = at::ones({4096}, options).requires_grad_(true);
+    const at::Tensor g = at::randn({8, 2048, 4096}, options);
+    const double fused = MedianMs(scope, [&] { RmsNorm(x, w, kEps).backward(g); });
+    const double ref = MedianMs(scope, [&] { reference::RmsNorm(x, w, kEps).backward(g); });
+    report.Note(Timing("RmsNorm [8, 2048, 4096] bf16", fused, ref));
+  }
+  return report.Result(scope);
+}
+
+GpuCheckResult CheckSwiGlu(c10::Device device) {
+  CheckScope scope(device);
+  Report report;
+  const std::vector<std::pair<std::vector<int64_t>, at::ScalarType>> cases = {
+      {{4, 64, 1376}, at::kFloat},
+      {{4, 64, 1376}, at::kBFloat16},
+      {{3, 7, 999}, at::kHalf},
+      {{1}, at::kFloat},
+  };
+  for (const auto& [shape, dtype] : cases) {
+    report.Case();
+    const auto options = at::TensorOptions().device(device).dtype(dtype);
+    const at::Tensor gate = 3 * at::randn(shape, options);
+    const at::Tensor up = at::randn(shape, options);
+    std::ostringstream name;
+    name << "SwiGlu " << at::IntArrayRef(shape) << " " << DtypeName(dtype);
+    at::Tensor fg = Leaf(gate), fu = Leaf(up), rg = Leaf(gate), ru = Leaf(up);
+    const at::Tensor fused = SwiGlu(fg, fu);
+    const at::Tensor ref = reference::SwiGlu(rg, ru);
+    report.ExpectKernel(name.str(), fused, "SwiGluFunction");
+    report.Compare(name.str() + " out", fused, ref, ForwardTolerance(dtype));
+    const at::Tensor grad = at::randn_like(ref);
+    fused.backward(grad);
+    ref.backward(grad);
+    report.Compare(name.str() + " grad gate", fg.grad(), rg.grad(), GradTolerance(dtype));
+    report.Compare(name.str() + " grad up", fu.grad(), ru.grad(), GradTolerance(dtype));
+  }
+  if (!scope.dry_run()) {
+    const auto options = at::TensorOptions().device(device).dtype(at::kBFloat16);
+    const at::Tensor gate = at::randn({8, 2048, 14336}, options).requires_grad_(true);
+    const at::Tensor up = at::randn({8, 2048, 14336}, options).requires_grad_(true);
+    const at::Tensor g = at::randn({8, 2048, 14336}, options);
+    const double fused = MedianMs(scope, [&] { SwiGlu(gate, up).backward(g); });
+    const double ref = MedianMs(scope, [&] { reference::SwiGlu(gate, up).backward(g); });
+    report.Note(Timing("SwiGlu [8, 2048, 14336] bf16", fused, ref));
+  }
+  return report.Result(scope);
+}
+
+GpuCheckResult CheckRope(c10::Device device) {
+  CheckScope scope(device);
+  Report report;
+  struct Case {
+    int64_t batch, heads, kv_heads, length, head_dim;
+    at::ScalarType dtype;
+    bool per_row_tables;
+  };
+  const std::vector<Case> cases = {
+      {2, 8, 2, 32, 64, at::kFloat, false},      {2, 8, 2, 32, 64, at::kBFloat16, false},
+      {3, 4, 4, 17, 128, at::kFloat, true},      {2, 6, 3, 9, 96, at::kHalf, true},
+      {1, 32, 8, 64, 128, at::kBFloat16, false},
+  };
+  for (const Case& c : cases) {
+    report.Case();
+    const auto options = at::TensorOptions().device(device).dtype(c.dtype);
+    // As models/ makes them: projections [B, T, H, D] transposed to [B, H, T, D].
+    const at::Tensor q = at::randn({c.batch, c.length, c.heads, c.head_dim}, options);
+    const at::Tensor k = at::randn({c.batch, c.length, c.kv_heads, c.head_dim}, options);
+    const auto table_shape = c.per_row_tables
+                                 ? std::vector<int64_t>{c.batch, c.length, c.head_dim / 2}
+                                 : std::vector<int64_t>{c.length, c.head_dim / 2};
+    const at::Tensor angles = at::randn(table_shape, options.dtype(at::kFloat));
+    const at::Tensor emb = at::cat({angles, angles}, -1);
+    const at::Tensor cos = emb.cos().to(c.dtype), sin = emb.sin().to(c.dtype);
+    std::ostringstream name;
+    name << "ApplyRopeQK B=" << c.batch << " H=" << c.heads << " Hkv=" << c.kv_heads
+         << " T=" << c.length << " D=" << c.head_dim << " " << DtypeName(c.dtype)
+         << (c.per_row_tables ? " [B, T, D] tables" : "");
+    at::Tensor fq = Leaf(q), fk = Leaf(k), rq = Leaf(q), rk = Leaf(k);
+    auto [fused_q, fused_k] = ApplyRopeQK(fq.transpose(1, 2), fk.transpose(1, 2), cos, sin);
+    auto [ref_q, ref_k] = reference::ApplyRopeQK(rq.transpose(1, 2), rk.transpose(1, 2), cos, sin);
+    report.ExpectKernel(name.str(), fused_q, "RopeQKFunction");
+    report.Compare(name.str() + " q", fused_q, ref_q, ForwardTolerance(c.dtype));
+    report.Compare(name.str() + " k", fused_k, ref_k, ForwardTolerance(c.dtype));
+    const at::Tensor gq = at::randn_like(ref_q), gk = at::randn_like(ref_k);
+    torch::autograd::backward({fused_q, fused_k}, {gq, gk});
+    torch::autograd::backward({ref_q, ref_k}, {gq, gk});
+    report.Compare(name.str() + " grad q", fq.grad(), rq.grad(), GradTolerance(c.dtype));
+    report.Compare(name.str() + " grad k", fk.grad(), rk.grad(), GradTolerance(c.dtype));
+  }
+  if (!scope.dry_run()) {
+    const auto options = at::TensorOptions().device(device).dtype(at::kBFloat16);
+    const at::Tensor q = at::randn({8, 2048, 32, 128}, options).requires_grad_(true);
+    const at::Tensor k = at::randn({8, 2048, 8, 128}, options).requires_grad_(true);
+    const at::Tensor cos = at::randn({2048, 128}, options), sin = at::randn({2048, 128}, options);
+    auto run = [&](auto&& rope) {
+      return [&, rope] {
+        auto [a, b] = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin);
+        torch::autograd::backward({a, b}, {at::ones_like(a), at::ones_like(b)});
+      };
+    };
+    const double fused = MedianMs(scope, run([](auto&&... a) { return ApplyRopeQK(a...); }));
+    const double ref =
+        MedianMs(scope, run([](auto&&... a) { return reference::ApplyRopeQK(a...); }));
+    report.Note(Timing("ApplyRopeQK 8x2048, 32+8 heads of 128, bf16", fused, ref));
+  }
+  return report.Result(scope);
+}
+
+GpuCheckResult CheckLinearCrossEntropy(c10::Device device) {
+  CheckScope scope(device);
+  Report report;
+  const int64_t rows = scope.dry_run() ? 300 : 8192;
+  const int64_t vocab = scope.dry_run() ? 1000 : 32768;
+  const int64_t width = scope.dry_run() ? 64 : 1024;
+  const int64_t chunk = scope.dry_run() ? 64 : 1024;
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    report.Case();
+    const auto options = at::TensorOptions().device(device).dtype(dtype);
+    const at::Tensor hidden = at::randn({rows, width}, options);
+    const at::Tensor weight = (at::randn({vocab, width}, options) * 0.05).to(dtype);
+    at::Tensor targets = at::randint(vocab, {rows}, options.dtype(at::kLong));
+    targets.index_fill_(0, at::arange(0, rows, 7, targets.options()), -100);
+    at::Tensor fh = Leaf(hidden), fw = Leaf(weight), rh = Leaf(hidden), rw = Leaf(weight);
+    auto* allocator = device.is_cuda() ? c10::getDeviceAllocator(c10::kCUDA)
+                                       : static_cast<c10::DeviceAllocator*>(nullptr);
+    auto peak_of = [&](const std::function<void()>& fn) -> int64_t {
+      if (allocator == nullptr) {
+        fn();
+        return 0;
+      }
+      scope.Synchronize();
+      allocator->resetPeakStats(device.index());
+      const int64_t base = allocator->getDeviceStats(device.index()).allocated_bytes[0].current;
+      fn();
+      scope.Synchronize();
+      return allocator->getDeviceStats(device.index()).allocated_bytes[0].peak - base;
+    };
+    at::Tensor fused, ref;
+    const int64_t fused_peak = peak_of([&] {
+      fused = LinearCrossEntropy(fh, fw, targets, chunk);
+      fused.backward();
+    });
+    const int64_t ref_peak = peak_of([&] {
+      ref = reference::LinearCrossEntropy(rh, rw, targets);
+      ref.backward();
+    });
+    const std::string name = std::string("LinearCrossEntropy ") + DtypeName(dtype);
+    report.Compare(name + " loss", fused, ref, dtype == at::kFloat ? 1e-5 : 1e-3);
+    report.Compare(name + " grad hidden", fh.grad(), rh.grad(), GradTolerance(dtype));
+    report.Compare(name + " grad weight", fw.grad(), rw.grad(), GradTolerance(dtype));
+    if (allocator != nullptr) {
+      std::ostringstream note;
+      note << name << " N=" << rows << " V=" << vocab << " H=" << width << " chunk=" << chunk
+           << ": peak " << fused_peak / (1 << 20) << " MiB vs the reference's "
+           << ref_peak / (1 << 20) << " MiB";
+      report.Note(note.str());
+      if (!(fused_peak * 2 < ref_peak)) report.Fail(note.str() + ": expected under half");
+    }
+  }
+  return report.Result(scope);
+}
+
+// A CUDA input the kernel does not take falls back to the reference with one
+// warning naming the op and the reason.
+GpuCheckResult CheckFallbackWarns(c10::Device device) {
+  CheckScope scope(device);
+  internal::ResetFallbackWarningsForTesting();
+  const auto options = at::TensorOptions().device(device);
+  const at::Tensor x = at::randn({4, 64}, options);
+  const at::Tensor weight = at::randn({64}, options.dtype(at::kHalf));  // f16 weight, f32 x
+  const at::Tensor out = RmsNorm(x, weight, kEps);
+  RmsNorm(x, weight, kEps);  // no second warning
+  const double error = RelativeError(out, reference::RmsNorm(x, weight, kEps));
+  const auto& warnings = scope.warnings();
+  if (warnings.size() != 1 || warnings[0].find("kernels::RmsNorm") == std::string::npos ||
+      warnings[0].find("Half") == std::string::npos || error != 0) {
+    std::ostringstream detail;
+    detail << warnings.size() << " warnings (expected 1 naming kernels::RmsNorm and the Half "
+           << "weight)" << (warnings.empty() ? "" : ": " + warnings[0]) << "; result vs reference "
+           << error;
+    internal::ResetFallbackWarningsForTesting();
+    return {false, detail.str()};
+  }
+  internal::ResetFallbackWarningsForTesting();
+  return {true, "warned once: " + warnings[0]};
+}
+
+}  // namespace
+
+std::vector<GpuCheck> KernelsGpuChecks(c10::Device device) {
+  return {
+      {"kernels_cuda_linked", [device] { return CheckRegistered(device); }},
+      {"kernels_rms_norm", [device] { return CheckRmsNorm(device); }},
+      {"kernels_swiglu", [device] { return CheckSwiGlu(device); }},
+      {"kernels_rope_qk", [device] { return CheckRope(device); }},
+      {"kernels_linear_cross_entropy", [device] { return CheckLinearCrossEntropy(device); }},
+      {"kernels_fallback_warns", [device] { return CheckFallbackWarns(device); }},
+  };
+}
+
+}  // namespace kernels
