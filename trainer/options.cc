@@ -132,8 +132,6 @@ void DefineFlags(CLI::App& app, Options& o) {
             "--data PATH's layout: bytes (text), tokens (llm.c's .bin: uint16 GPT-2 or uint32 "
             "Llama 3 header; or nanoGPT's headerless uint16 .bin), auto (an llm.c header or a "
             ".bin name: tokens; else bytes)");
-  AddPath(app, "--tokenizer", o.tokenizer, "a file path",
-          "--data PATH is text: encode it once at start with this Hugging Face tokenizer.json");
   add_integer(app, "--eval-every", o.eval_every,
               "every N steps, the loss on a held-out last tenth of the data (0: no split)", 0);
   add_integer(app, "--steps", o.steps, "optimizer steps", 1);
@@ -321,11 +319,6 @@ absl::Status ValidateOptions(const Options& o) {
   if (!llama && o.data == DataKind::kText && o.vocab < 256) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--vocab=", o.vocab, ": expected >= 256 with --data=text (the corpus is byte-level)"));
-  }
-  if (!o.tokenizer.empty() && (o.data != DataKind::kFile || o.data_format == DataFormat::kTokens)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tokenizer='", o.tokenizer, "': expected --data PATH of text to encode (got --data=",
-        o.data == DataKind::kFile ? o.data_path + " --data-format=tokens" : Name(o.data), ")"));
   }
   if (o.data_format != DataFormat::kAuto && o.data != DataKind::kFile) {
     return absl::InvalidArgumentError(absl::StrCat("--data-format=", Name(o.data_format),
@@ -542,7 +535,6 @@ std::vector<std::string> ToArgs(const Options& o) {
   if (!o.import_dcp.empty()) a.push_back("--import-dcp=" + o.import_dcp);
   if (!o.export_dcp.empty()) a.push_back("--export-dcp=" + o.export_dcp);
   if (!o.log_json.empty()) a.push_back("--log-json=" + o.log_json);
-  if (!o.tokenizer.empty()) a.push_back("--tokenizer=" + o.tokenizer);
   return a;
 }
 

@@ -65,10 +65,6 @@ struct Options {
   DataKind data = DataKind::kText;
   std::string data_path;  // --data PATH (kFile)
   DataFormat data_format = DataFormat::kAuto;
-  // --data PATH is text, encoded once at start with this Hugging Face
-  // tokenizer.json (then the tokenizer's EOS); its vocabulary must fit the
-  // model's. Empty: PATH is read as --data-format says.
-  std::string tokenizer;
   // Every N steps (and after the last), the mean loss over the held-out
   // split (the last tenth of the data, which training then never samples):
   // printed and logged as val_loss. 0: no split, no evaluation.

@@ -256,14 +256,12 @@ TEST(OptionsTest, LlamaFlagsAndTheirRefusals) {
             "--export-hf='a': expected --model=llama, got --model=transformer");
   EXPECT_THAT(message({"--model=llama", "--hf-checkpoint=a", "--export-hf=a"}),
               HasSubstr("other than --hf-checkpoint's"));
-  EXPECT_THAT(message({"--tokenizer=t.json"}), HasSubstr("expected --data PATH of text"));
   EXPECT_THAT(message({"--model=llama", "--hf-checkpoint=a", "--export-hf-dtype=fp8"}),
               HasSubstr("expected one of float32|bfloat16"));
   // The flags round-trip to the ranks' command line, without the shape
   // flags the config gives.
   auto parsed = ParseOptions({"--model=llama", "--hf-checkpoint=ckpt", "--export-hf=out",
-                              "--export-hf-dtype=bfloat16", "--export-hf-max-shard-bytes=1000",
-                              "--data=t.txt", "--tokenizer=tok.json"});
+                              "--export-hf-dtype=bfloat16", "--export-hf-max-shard-bytes=1000"});
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const std::vector<std::string> args = ToArgs(*parsed);
   for (const std::string& arg : args) EXPECT_FALSE(absl::StartsWith(arg, "--dim=")) << arg;
@@ -273,7 +271,6 @@ TEST(OptionsTest, LlamaFlagsAndTheirRefusals) {
   EXPECT_EQ(again->export_hf, "out");
   EXPECT_EQ(again->export_hf_dtype, ExportDtype::kBf16);
   EXPECT_EQ(again->export_hf_max_shard_bytes, 1000);
-  EXPECT_EQ(again->tokenizer, "tok.json");
 }
 
 TEST(OptionsTest, CommandLineDetails) {

@@ -5,8 +5,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -46,7 +44,6 @@
 #include "trainer/lr_schedule.h"
 #include "trainer/models.h"
 #include "trainer/progress.h"
-#include "tokenizer/tokenizer.h"
 #include "trainer/wrap.h"
 
 namespace trainer {
@@ -441,46 +438,6 @@ struct RunData {
   TokenSplit split;
 };
 
-// --data PATH --tokenizer FILE: the text encoded once (with the tokenizer's
-// special tokens, e.g. a BOS), then its EOS when it has one of the usual
-// names. A tokenizer whose ids can exceed the model's vocabulary is refused.
-absl::StatusOr<TokenData> EncodeTextFile(const Options& o) {
-  auto tokenizer = tokenizer::Tokenizer::FromFile(o.tokenizer);
-  if (!tokenizer.ok()) {
-    return absl::Status(tokenizer.status().code(),
-                        absl::StrCat("--tokenizer: ", tokenizer.status().message()));
-  }
-  if (tokenizer->vocab_size() > o.vocab) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tokenizer='", o.tokenizer, "' has ", tokenizer->vocab_size(),
-                     " token ids: the model's vocabulary is ", o.vocab,
-                     " (a tokenizer of another model? its ids would index past the embedding)"));
-  }
-  std::ifstream in(o.data_path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("--data='", o.data_path, "': cannot be read"));
-  std::stringstream text;
-  text << in.rdbuf();
-  auto ids = tokenizer->Encode(text.str());
-  if (!ids.ok()) {
-    return absl::Status(ids.status().code(),
-                        absl::StrCat("--data='", o.data_path, "': ", ids.status().message()));
-  }
-  TokenData data;
-  data.tokens.assign(ids->begin(), ids->end());
-  std::string eos_note;
-  for (const char* name : {"<|end_of_text|>", "<|endoftext|>", "</s>", "<|im_end|>"}) {
-    if (auto eos = tokenizer->TokenToId(name)) {
-      data.tokens.push_back(static_cast<uint32_t>(*eos));
-      eos_note = absl::StrCat(", then ", name);
-      break;
-    }
-  }
-  data.description =
-      absl::StrCat(data.tokens.size(), " tokens of ", o.data_path, " (", text.str().size(),
-                   " bytes encoded with ", o.tokenizer, eos_note, ")");
-  return data;
-}
-
 absl::StatusOr<RunData> LoadRunData(const Options& o) {
   RunData run;
   std::string what;
@@ -491,11 +448,6 @@ absl::StatusOr<RunData> LoadRunData(const Options& o) {
     run.tokens.tokens.assign(corpus->begin(), corpus->end());
     run.tokens.description = absl::StrCat(corpus->size(), " bytes of ", kLicenseDir);
     what = absl::StrCat("--data=text (", kLicenseDir, ")");
-  } else if (!o.tokenizer.empty()) {
-    auto text = EncodeTextFile(o);
-    if (!text.ok()) return text.status();
-    run.tokens = std::move(*text);
-    what = absl::StrCat("--data='", o.data_path, "'");
   } else {
     auto file = LoadDataFile(o.data_path, o.data_format, o.vocab);
     if (!file.ok()) return file.status();

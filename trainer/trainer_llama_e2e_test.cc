@@ -192,30 +192,6 @@ TEST(TrainerLlamaE2eTest, TokenFileWithEvaluation) {
   EXPECT_THAT(big.output, HasSubstr("200"));
 }
 
-TEST(TrainerLlamaE2eTest, TextEncodedWithATokenizerAtStart) {
-  const std::string dir = TempDir("llama_tokenizer");
-  const std::string tokenizer = "tokenizer/testdata/llama3/tokenizer.json";
-  // A model whose vocabulary holds the tokenizer's 4010 ids.
-  std::ofstream(dir + "/config.json") << R"({"model_type": "llama", "vocab_size": 4096,
-      "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-      "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128})";
-  RunResult r =
-      RunTrainer("--model=llama --model-config=" + dir +
-                 "/config.json --data=/usr/share/common-licenses/GPL-3 --tokenizer=" + tokenizer +
-                 " --seq=32 --global-batch=4 --steps=3 --eval-every=3 --nproc=2 "
-                 "--fsdp=fully_shard");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("encoded with " + tokenizer + ", then <|end_of_text|>"));
-  EXPECT_THAT(r.output, HasSubstr("val loss"));
-  // The golden model's 128 ids cannot take this tokenizer's.
-  RunResult refused =
-      RunTrainer(std::string("--model=llama --hf-checkpoint=") + kCheckpoint +
-                 " --data=/usr/share/common-licenses/GPL-3 --tokenizer=" + tokenizer +
-                 " --seq=16 --global-batch=4 --steps=1 --nproc=2");
-  EXPECT_NE(refused.exit_code, 0);
-  EXPECT_THAT(refused.output, HasSubstr("has 4010 token ids: the model's vocabulary is 128"));
-}
-
 // Each bad run: its flags and what its error must say.
 TEST(TrainerLlamaE2eTest, BadInputIsRefusedBeforeAnyStep) {
   const std::string dir = TempDir("llama_bad");
