@@ -91,7 +91,7 @@ TEST(TrainerActivationCheckpointing, ModelWithoutBlocksIsAnError) {
         ASSERT_FALSE(result.ok());
         EXPECT_THAT(std::string(result.status().message()),
                     HasSubstr("--activation-checkpointing=block: the mlp model has no "
-                              "transformer blocks to checkpoint"));
+                              "decoder layers to checkpoint"));
       },
       LongRun());
 }
