@@ -234,6 +234,14 @@ void DefineFlags(CLI::App& app, Options& o) {
           "after the last step, write a torch.distributed.checkpoint directory here for "
           "Python's dcp.load");
   AddPath(app, "--log-json", o.log_json, "a file path", "one JSON object per step (rank 0)");
+  add_integer(app, "--profile-step", o.profile_step,
+              "profile step N on rank 0 with LibTorch's Kineto profiler (CPU ops; GPU kernels "
+              "with --device cuda) into --profile-trace; that step's --log-json time and "
+              "tokens/s include the profiler's overhead and the writing of the trace (0: off)",
+              0);
+  AddPath(app, "--profile-trace", o.profile_trace, "a file path",
+          "--profile-step's Chrome trace (chrome://tracing, Perfetto, "
+          "benchmarks/python/profile_table.py), written atomically");
 }
 
 // CLI11 words a flag given last without its value "--steps: 1 required N
@@ -360,6 +368,21 @@ absl::Status ValidateOptions(const Options& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--checkpoint-every=", o.checkpoint_every,
                      ": expected --checkpoint-dir to say where checkpoints go"));
+  }
+  if (o.profile_step > 0 && o.profile_trace.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--profile-step=", o.profile_step,
+                     ": expected --profile-trace PATH to say where the trace goes"));
+  }
+  if (o.profile_step == 0 && !o.profile_trace.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--profile-trace='", o.profile_trace,
+                     "': expected --profile-step N (N >= 1) to say which step to profile"));
+  }
+  if (o.profile_step > o.steps) {
+    return absl::InvalidArgumentError(absl::StrCat("--profile-step=", o.profile_step,
+                                                   ": expected a step <= --steps=", o.steps,
+                                                   " (that step would never run)"));
   }
   return absl::OkStatus();
 }
@@ -535,6 +558,10 @@ std::vector<std::string> ToArgs(const Options& o) {
   if (!o.import_dcp.empty()) a.push_back("--import-dcp=" + o.import_dcp);
   if (!o.export_dcp.empty()) a.push_back("--export-dcp=" + o.export_dcp);
   if (!o.log_json.empty()) a.push_back("--log-json=" + o.log_json);
+  if (o.profile_step > 0) {
+    a.push_back(absl::StrCat("--profile-step=", o.profile_step));
+    a.push_back("--profile-trace=" + o.profile_trace);
+  }
   return a;
 }
 

@@ -157,6 +157,11 @@ struct Options {
   // after the last step, for Python's dcp.load. Empty: none.
   std::string export_dcp;
   std::string log_json;  // empty: no JSON log
+  // Step N under LibTorch's Kineto profiler on rank 0 (trainer/step_profile.h),
+  // its Chrome trace written to profile_trace. 0: no profiling. The step's
+  // logged time and tokens/s include the profiler's overhead.
+  int64_t profile_step = 0;
+  std::string profile_trace;
 
   bool help = false;
 };
@@ -167,7 +172,8 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args);
 
 // Consistency checks between flags: dim % heads == 0, text data needs
 // vocab >= 256, --resume needs --checkpoint-dir and excludes --import-dcp,
-// --export-dcp differs from --import-dcp, ... (hand-written: CLI11's
+// --export-dcp differs from --import-dcp, --profile-step and --profile-trace
+// come together (a step <= --steps), ... (hand-written: CLI11's
 // needs() could say only "--resume requires --checkpoint-dir", and not the
 // arithmetic ones; single values are checked by the parser).
 absl::Status ValidateOptions(const Options& options);

@@ -207,6 +207,48 @@ TEST(OptionsTest, AsyncCheckpointFlag) {
       HasSubstr("--async-checkpoint='maybe'"));
 }
 
+TEST(OptionsTest, ProfileFlags) {
+  auto o = ParseOptions({"--steps=5", "--profile-step", "3", "--profile-trace=/tmp/step3.json"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->profile_step, 3);
+  EXPECT_EQ(o->profile_trace, "/tmp/step3.json");
+  auto again = ParseOptions(ToArgs(*o));  // the ranks get both (rank 0 profiles)
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->profile_step, 3);
+  EXPECT_EQ(again->profile_trace, "/tmp/step3.json");
+  auto defaults = ParseOptions({});
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->profile_step, 0);  // off
+  EXPECT_THAT(ToArgs(*defaults), ::testing::Not(::testing::Contains(HasSubstr("--profile"))));
+  // The last step may be profiled.
+  EXPECT_TRUE(ParseOptions({"--steps=5", "--profile-step=5", "--profile-trace=t.json"}).ok());
+  EXPECT_TRUE(ParseOptions({"--profile-step=0"}).ok());
+
+  auto message = [](std::vector<std::string> args) {
+    const absl::Status s = ParseOptions(args).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  };
+  EXPECT_EQ(message({"--profile-step=2"}),
+            "--profile-step=2: expected --profile-trace PATH to say where the trace goes");
+  EXPECT_EQ(message({"--profile-trace=/tmp/t.json"}),
+            "--profile-trace='/tmp/t.json': expected --profile-step N (N >= 1) to say which step "
+            "to profile");
+  EXPECT_EQ(message({"--profile-trace=/tmp/t.json", "--profile-step=0"}),
+            "--profile-trace='/tmp/t.json': expected --profile-step N (N >= 1) to say which step "
+            "to profile");
+  EXPECT_EQ(message({"--steps=3", "--profile-step=4", "--profile-trace=t.json"}),
+            "--profile-step=4: expected a step <= --steps=3 (that step would never run)");
+  EXPECT_THAT(message({"--profile-step=-1", "--profile-trace=t.json"}),
+              HasSubstr("--profile-step='-1'"));
+  EXPECT_THAT(message({"--profile-step=two", "--profile-trace=t.json"}),
+              HasSubstr("--profile-step='two'"));
+  EXPECT_EQ(message({"--profile-step=2", "--profile-trace="}),
+            "--profile-trace='': expected a value");
+  EXPECT_EQ(message({"--profile-step=2", "--profile-trace", ""}),
+            "--profile-trace='': expected a file path");
+}
+
 TEST(OptionsTest, DcpFlags) {
   auto o = ParseOptions({"--import-dcp", "/tmp/py_step3", "--export-dcp=/tmp/cpp_step6"});
   ASSERT_TRUE(o.ok()) << o.status();

@@ -78,6 +78,12 @@ void ProgressBar::Note(int64_t step, const std::string& what, double value) {
   std::fflush(out_);
 }
 
+void ProgressBar::Message(const std::string& line) {
+  if (is_tty_) std::fputc('\n', out_);
+  std::fprintf(out_, "%s\n", line.c_str());
+  std::fflush(out_);
+}
+
 void ProgressBar::Finish(double elapsed_s, double mean_tokens_per_s, int64_t peak_rss_bytes) {
   if (is_tty_ && have_loss_) std::fputc('\n', out_);
   if (have_loss_) {

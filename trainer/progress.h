@@ -25,6 +25,10 @@ class ProgressBar {
   // 2.4817"), after the progress line (ended first on a terminal).
   void Note(int64_t step, const std::string& what, double value);
 
+  // `line` on a line of its own (the progress line ended first on a
+  // terminal), e.g. where --profile-step wrote its trace.
+  void Message(const std::string& line);
+
   // Ends the in-place line and prints the summary: steps, first and last
   // loss, wall time, mean tokens/s, peak RSS.
   void Finish(double elapsed_s, double mean_tokens_per_s, int64_t peak_rss_bytes);

@@ -44,6 +44,7 @@
 #include "trainer/lr_schedule.h"
 #include "trainer/models.h"
 #include "trainer/progress.h"
+#include "trainer/step_profile.h"
 #include "trainer/wrap.h"
 
 namespace trainer {
@@ -631,6 +632,18 @@ absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGro
     }
   }
   ProgressBar progress(result.first_step, o.steps, stdout, is_main && isatty(fileno(stdout)) != 0);
+  if (is_main && o.profile_step > 0) {
+    // Before step 1: a trace path that cannot be written fails now, not at
+    // step N; a resumed run past step N says why no trace comes.
+    if (auto s = CheckProfileTrace(o.profile_trace); !s.ok()) return s;
+    if (o.profile_step < result.first_step) {
+      std::printf(
+          "profile: --profile-step=%lld is before this run's first step %lld "
+          "(resumed): nothing is profiled\n",
+          static_cast<long long>(o.profile_step), static_cast<long long>(result.first_step));
+      std::fflush(stdout);
+    }
+  }
 
   const int64_t tokens_per_step = o.global_batch * o.seq;
   const Clock::time_point run_start = Clock::now();
@@ -650,16 +663,25 @@ absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGro
     // the optimizer update) ends the run with an error naming the step and
     // the device's memory figures (IsOutOfMemory; the trainer exits
     // kExitOutOfMemory), before anything of this step is checkpointed.
-    auto step_loss =
-        GuardOutOfMemory(step, "the training step", *device, [&]() -> absl::StatusOr<double> {
-          auto batch = o.data == DataKind::kSynthetic
-                           ? SampleSyntheticBatch(o.vocab, spec)
-                           : SampleTokenBatch(data->tokens.tokens, data->split.train_begin,
-                                              data->split.train_end, spec);
-          if (!batch.ok()) return batch.status();
-          return TrainStep(ctx, step, lr, *batch, async);
-        });
+    auto run_step = [&] {
+      return GuardOutOfMemory(step, "the training step", *device, [&]() -> absl::StatusOr<double> {
+        auto batch = o.data == DataKind::kSynthetic
+                         ? SampleSyntheticBatch(o.vocab, spec)
+                         : SampleTokenBatch(data->tokens.tokens, data->split.train_begin,
+                                            data->split.train_end, spec);
+        if (!batch.ok()) return batch.status();
+        return TrainStep(ctx, step, lr, *batch, async);
+      });
+    };
+    // --profile-step: exactly this step (batch, forward, backward, update)
+    // under the profiler, on rank 0 only (one trace; the ranks run the same
+    // kernels, and the others' timing is left undisturbed).
+    const bool profiled = is_main && step == o.profile_step;
+    auto step_loss = profiled ? ProfileStep(*device, step, o.profile_trace, run_step) : run_step();
     if (!step_loss.ok()) return step_loss.status();
+    if (profiled) {
+      progress.Message(absl::StrCat("profile: step ", step, " written to ", o.profile_trace));
+    }
     const double global_loss = *step_loss;
     const double step_time = std::chrono::duration<double>(Clock::now() - step_start).count();
     result.losses.push_back(global_loss);

@@ -264,6 +264,10 @@ set(TORCHFSDP_SRCS_trainer__report
   "${REPO}/trainer/json_log.cc"
   "${REPO}/trainer/progress.cc"
 )
+# //trainer:step_profile
+set(TORCHFSDP_SRCS_trainer__step_profile
+  "${REPO}/trainer/step_profile.cc"
+)
 # //trainer:train
 set(TORCHFSDP_SRCS_trainer__train
   "${REPO}/trainer/checkpointing.cc"
@@ -274,7 +278,7 @@ set(TORCHFSDP_SRCS_trainer__train
 )
 
 # ---- binaries ----------------------------------------------------------------
-# //trainer:trainer: links 60 project libraries
+# //trainer:trainer: links 61 project libraries
 set(TORCHFSDP_BINARY_SRCS_trainer
   "${REPO}/trainer/trainer_main.cc"
 )
@@ -353,6 +357,7 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_trainer__models}
   ${TORCHFSDP_SRCS_trainer__options}
   ${TORCHFSDP_SRCS_trainer__report}
+  ${TORCHFSDP_SRCS_trainer__step_profile}
   ${TORCHFSDP_SRCS_trainer__train}
 )
 set(TORCHFSDP_CUDA_LIBRARY_SRCS)
