@@ -7,8 +7,12 @@
 # ~0.5 min, the benchmark ~4 min.
 #
 #   bash benchmarks/run_gpu.sh [--build-anyway] [--cmake] [--no-build]
-#                              [--no-check] [--no-bench] [--cpu]
+#                              [--no-check] [--no-bench] [--no-toy]
+#                              [--no-llama] [--cpu]
 #
+# --no-check skips gpu_check (and its build), --no-toy the toy model's
+# FSDP peers and the out-of-memory check (5, 6), --no-llama the Llama
+# shapes against TorchTitan (7).
 # 1. No GPU (nvidia-smi fails, or the Python torch sees no CUDA device):
 #    prints "NOT RUN: no GPU (<what was seen>)" and exits 77; with
 #    --build-anyway it still builds first (to check the build here).
@@ -64,9 +68,10 @@
 # arguments.
 #
 # On the lent machine (the device tool), from a checkout here:
-#   bash tools/gpu_bundle.sh      # once, on the Debian build machine
-#   run(carry=["third_party/gpu_deps"], command="bash benchmarks/run_gpu.sh",
-#       timeout_s=540)
+#   bash tools/gpu_bundle.sh        # once, on the Debian build machine
+#   bash tools/fetch_gpu_peers.sh   # TorchTitan's wheels, likewise
+#   run(carry=["third_party/gpu_deps", "third_party/gpu_peers"],
+#       command="bash benchmarks/run_gpu.sh", timeout_s=540)
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -85,6 +90,8 @@ force_cmake=0
 do_build=1
 do_check=1
 do_bench=1
+do_toy=1
+do_llama=1
 cpu_mode=0
 for arg in "$@"; do
   case "$arg" in
@@ -93,8 +100,10 @@ for arg in "$@"; do
     --no-build) do_build=0 ;;
     --no-check) do_check=0 ;;
     --no-bench|--no-mfu) do_bench=0 ;;
+    --no-toy) do_toy=0 ;;
+    --no-llama) do_llama=0 ;;
     --cpu) cpu_mode=1 ;;
-    -h|--help) sed -n '2,69p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,77p' "$0"; exit 0 ;;
     *) echo "run_gpu.sh: unknown argument '$arg' (--help lists them)" >&2; exit 2 ;;
   esac
 done
@@ -163,8 +172,10 @@ build_log="$REPORT_DIR/build.log"
 if [ "$do_build" = 1 ]; then
   start=$(date +%s)
   if [ "$use_bazel" = 1 ]; then
-    say "build: bazel build --config=cuda //benchmarks:gpu_check //:trainer"
-    (cd "$ROOT" && bazel build --config=cuda //benchmarks:gpu_check //:trainer) > "$build_log" 2>&1
+    bazel_targets=(//:trainer)
+    [ "$do_check" = 1 ] && bazel_targets+=(//benchmarks:gpu_check)
+    say "build: bazel build --config=cuda ${bazel_targets[*]}"
+    (cd "$ROOT" && bazel build --config=cuda "${bazel_targets[@]}") > "$build_log" 2>&1
     rc=$?
   else
     rc=0
@@ -181,6 +192,9 @@ if [ "$do_build" = 1 ]; then
       rc=1
     else
       jobs="${JOBS:-$(nproc)}"
+      # gpu_check only when it runs: --no-check saves its build.
+      ninja_targets=(trainer)
+      [ "$do_check" = 1 ] && ninja_targets+=(gpu_check)
       # The source lists come from the BUILD files (tools/gpu_cmake.py): when
       # the committed benchmarks/gpu/sources.cmake is stale, build from a
       # fresh one rather than fail at link time on the GPU machine.
@@ -198,7 +212,7 @@ if [ "$do_build" = 1 ]; then
       {
         cmake -S "$ROOT/benchmarks/gpu" -B "$BUILD_DIR" -G Ninja \
           -DTORCH_DIR="$torch_dir" -DGPU_DEPS="$deps" -DTORCHFSDP_SOURCES="$sources" &&
-        ninja -C "$BUILD_DIR" -j"$jobs" gpu_check trainer
+        ninja -C "$BUILD_DIR" -j"$jobs" "${ninja_targets[@]}"
       } > "$build_log" 2>&1
       rc=$?
     fi
@@ -211,7 +225,9 @@ if [ "$do_build" = 1 ]; then
   fi
   say "build: done in ${elapsed} s ($GPU_CHECK, $TRAINER)"
 fi
-for binary in "$GPU_CHECK" "$TRAINER"; do
+built=("$TRAINER")
+[ "$do_check" = 1 ] && built+=("$GPU_CHECK")
+for binary in "${built[@]}"; do
   if [ ! -x "$binary" ]; then
     say "build: $binary does not exist (run without --no-build)"
     exit 1
@@ -370,6 +386,32 @@ EOF
   fi
 fi
 
+# One benchmark run: bounded by RUN_TIMEOUT, skipped once the script has
+# run BUDGET_S seconds; its --log-json path is added to runs[] for the table.
+run_one() {  # $1: label, $2: log file stem, then the command
+  local label="$1" stem="$2"
+  shift 2
+  rm -f "$bench_dir/$stem.jsonl"
+  if over_budget; then
+    say "$label: SKIPPED (the script has run ${BUDGET_S} s, BUDGET_S)"
+    status=1
+    return
+  fi
+  say "$label: $*"
+  local t0
+  t0=$(date +%s)
+  timeout "$RUN_TIMEOUT" "$@" > "$bench_dir/$stem.log" 2>&1
+  local rc=$?
+  if [ "$rc" != 0 ]; then
+    status=1
+    say "$label: FAILED (exit $rc$([ "$rc" = 124 ] && echo ", RUN_TIMEOUT=${RUN_TIMEOUT} s")); the end of $stem.log:"
+    tail -n 8 "$bench_dir/$stem.log" | tee -a "$REPORT"
+  else
+    say "$label: $(( $(date +%s) - t0 )) s"
+  fi
+  runs+=("$label=$bench_dir/$stem.jsonl")
+}
+
 # ---- 5. Ours against Python's FSDP peers, interleaved ----------------------------
 # Per configuration: ours (FSDP1, then --fsdp fully_shard), Python's
 # fully_shard (FSDP2) with AdamW(fused=True) and AdamW(foreach=True),
@@ -383,7 +425,7 @@ fi
 # bounded by RUN_TIMEOUT seconds, and once the script has run BUDGET_S
 # seconds the remaining runs are skipped (and said so), so that one call
 # stays within the lent machine's 8 minutes.
-if [ "$do_bench" = 1 ]; then
+if [ "$do_bench" = 1 ] && [ "$do_toy" = 1 ]; then
   bench_dir="$REPORT_DIR/bench"
   mkdir -p "$bench_dir"
   if [ "$BENCH_DEVICE" = cuda ]; then
@@ -399,29 +441,6 @@ if [ "$do_bench" = 1 ]; then
   # A launcher's variables would make the trainer and the Python peer join
   # a world: each runs as a lone process.
   unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
-  run_one() {  # $1: label, $2: log file stem, then the command
-    local label="$1" stem="$2"
-    shift 2
-    rm -f "$bench_dir/$stem.jsonl"
-    if over_budget; then
-      say "$label: SKIPPED (the script has run ${BUDGET_S} s, BUDGET_S)"
-      status=1
-      return
-    fi
-    say "$label: $*"
-    local t0
-    t0=$(date +%s)
-    timeout "$RUN_TIMEOUT" "$@" > "$bench_dir/$stem.log" 2>&1
-    local rc=$?
-    if [ "$rc" != 0 ]; then
-      status=1
-      say "$label: FAILED (exit $rc$([ "$rc" = 124 ] && echo ", RUN_TIMEOUT=${RUN_TIMEOUT} s")); the end of $stem.log:"
-      tail -n 8 "$bench_dir/$stem.log" | tee -a "$REPORT"
-    else
-      say "$label: $(( $(date +%s) - t0 )) s"
-    fi
-    runs+=("$label=$bench_dir/$stem.jsonl")
-  }
   for config in "${configs[@]}"; do
     name="${config%%|*}"
     read -r -a model_flags <<< "${config#*|}"
@@ -464,7 +483,7 @@ fi
 # activations do not fit in the GPU's memory, the parameters do. Expected:
 # exit status 3 and one line "step 1: out of memory on cuda:0 ..." naming
 # the allocator's figures (trainer/train.cc), no abort.
-if [ "$do_bench" = 1 ] && [ "$BENCH_DEVICE" = cuda ]; then
+if [ "$do_bench" = 1 ] && [ "$do_toy" = 1 ] && [ "$BENCH_DEVICE" = cuda ]; then
   say ""
   say "== out of memory in a step"
   if over_budget; then
@@ -484,6 +503,155 @@ if [ "$do_bench" = 1 ] && [ "$BENCH_DEVICE" = cuda ]; then
       tail -n 8 "$oom_log" | tee -a "$REPORT"
     fi
   fi
+fi
+
+# ---- 7. Llama shapes: ours against TorchTitan, interleaved (issue 47) ------
+# Per shape (a Hugging Face config.json of benchmarks/llama/, untied and with
+# Llama 3's rope scaling, as TorchTitan's llama3 is): our trainer
+# (--model llama, fully_shard, bf16 parameters, fp32 reduction), then
+# TorchTitan 0.2.2 (benchmarks/torchtitan/titan_peer.py: its own llama3
+# Transformer and train loop, fp32 parameters under bf16 autocast on one
+# GPU, fused AdamW) in the variants of the shape's list, then ours again.
+# Both: the trainer's synthetic tokens for --seed 0 (the same tokens at
+# every step), the same global batch and sequence, AdamW (lr 3e-4, betas
+# 0.9/0.999, weight decay 0.01, 10 warm-up steps then constant), gradient
+# clipping at 1.0, LLAMA_STEPS steps. A variant is MODE:AC, MODE one of
+# eager, compile (--compile.enable), compile_float8 (+ --model.converters
+# quantize.linear.float8, the output projection left out, as TorchTitan's
+# Llama 3 recipes do), AC none or selective (per-op). Printed per shape:
+# gpu_report.py's table (median tokens/s over the steps after the 5th, MFU by
+# TorchTitan's formula against the peak of step 4, the step's peak
+# allocated/reserved bytes, the final loss), then the profile of one step
+# (our first run's step PROFILE_STEP, TorchTitan's first compile_float8
+# run's) by kernel class (benchmarks/python/profile_table.py).
+# LLAMA_SHAPES="name|config|global batch|seq|variant variant ...;..." replaces
+# the shapes. --cpu: one tiny shape; TorchTitan is only checked (--dry-run:
+# its arguments, model and data), as it cannot train without a GPU.
+if [ "$do_bench" = 1 ] && [ "$do_llama" = 1 ]; then
+  llama_dir="$REPORT_DIR/llama"
+  mkdir -p "$llama_dir"
+  LLAMA_STEPS="${LLAMA_STEPS:-$([ "$cpu_mode" = 1 ] && echo 6 || echo 15)}"
+  PROFILE_STEP="${PROFILE_STEP:-$([ "$cpu_mode" = 1 ] && echo 4 || echo 10)}"
+  TITAN_TIMEOUT="${TITAN_TIMEOUT:-180}"
+  # TorchTitan's wheels (tools/fetch_gpu_peers.sh), unpacked into a private
+  # folder on PYTHONPATH: nothing is installed into the machine's Python.
+  titan_site="${TITAN_SITE:-/tmp/titan_site}"
+  peers="$ROOT/third_party/gpu_peers"
+  titan_ok=0
+  if ls "$peers"/torchtitan-*.whl > /dev/null 2>&1; then
+    rm -rf "$titan_site"
+    mkdir -p "$titan_site"
+    titan_ok=1
+    for wheel in "$peers"/*.whl; do
+      "$PYTHON" -m zipfile -e "$wheel" "$titan_site" || titan_ok=0
+    done
+    [ "$titan_ok" = 1 ] || say "llama: unpacking $peers into $titan_site failed: ours only"
+  else
+    say "llama: no TorchTitan wheels in $peers (bash tools/fetch_gpu_peers.sh, then carry third_party/gpu_peers): ours only"
+  fi
+  [ "$titan_ok" = 1 ] || status=1
+  llama_cfg="$ROOT/benchmarks/llama"
+  if [ "$BENCH_DEVICE" = cuda ]; then
+    # Most telling first: the budget (BUDGET_S) cuts the tail.
+    shapes=("1b|$llama_cfg/llama32_1b_untied_config.json|8|2048|compile_float8:none eager:none compile:none compile_float8:selective"
+            "8x2048|$llama_cfg/llama_8x2048_config.json|8|2048|compile_float8:none eager:none compile:none"
+            "3b|$llama_cfg/llama32_3b_untied_config.json|4|2048|compile_float8:selective compile_float8:none")
+  else
+    shapes=("tiny-cpu|$llama_cfg/small_config.json|4|64|eager:none compile:none compile_float8:selective")
+  fi
+  if [ -n "${LLAMA_SHAPES:-}" ]; then IFS=';' read -r -a shapes <<< "$LLAMA_SHAPES"; fi
+  unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
+  bench_dir="$llama_dir"
+  for shape in "${shapes[@]}"; do
+    IFS='|' read -r name config batch seq variants <<< "$shape"
+    say ""
+    say "== llama $name: $(basename "$config"), global batch $batch x seq $seq, $LLAMA_STEPS steps"
+    runs=()
+    ours=("$TRAINER" --device "$BENCH_DEVICE" --nproc 1 --model llama --model-config "$config"
+          --fsdp fully_shard --mixed-precision bf16 --data synthetic --seed 0 --seq "$seq"
+          --global-batch "$batch" --optimizer adamw --lr 3e-4 --lr-schedule constant
+          --warmup-steps 10 --clip 1.0 --steps "$LLAMA_STEPS")
+    titan=(env PYTHONPATH="$titan_site${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON"
+           "$ROOT/benchmarks/torchtitan/titan_peer.py" --hf-config "$config" --seed 0)
+    titan_common=(--training.local_batch_size "$batch" --training.seq_len "$seq"
+                  --training.steps "$LLAMA_STEPS" --training.max_norm 1.0
+                  --optimizer.lr 3e-4 --optimizer.beta2 0.999 --optimizer.weight_decay 0.01
+                  --optimizer.implementation fused --lr_scheduler.warmup_steps 10
+                  --lr_scheduler.decay_ratio 0.0 --metrics.disable_color_printing
+                  --model.hf_assets_path "$llama_dir")
+    run_one ours_fully_shard1 "${name}_ours1" "${ours[@]}" --log-json "$bench_dir/${name}_ours1.jsonl" \
+      --profile-step "$PROFILE_STEP" --profile-trace "$bench_dir/${name}_ours_profile.json"
+    titan_profiled=""
+    for variant in $variants; do
+      mode="${variant%%:*}"
+      ac="${variant#*:}"
+      flags=(--activation_checkpoint.mode "$ac" --job.dump_folder "$bench_dir/${name}_titan_${mode}_$ac")
+      [ "$ac" = selective ] && flags+=(--activation_checkpoint.selective_ac_option op)
+      case "$mode" in
+        eager) ;;
+        compile) flags+=(--compile.enable) ;;
+        compile_float8) flags+=(--compile.enable --model.converters quantize.linear.float8
+                                --quantize.linear.float8.filter_fqns output) ;;
+        *) say "llama: variant '$variant': expected eager, compile or compile_float8 before ':'"; status=1; continue ;;
+      esac
+      if [ "$mode" = compile_float8 ] && [ -z "$titan_profiled" ]; then
+        titan_profiled="$bench_dir/${name}_titan_${mode}_$ac/profile_traces/iteration_$PROFILE_STEP"
+        flags+=(--profiling.enable_profiling --profiling.save_traces_folder profile_traces
+                --profiling.profile_freq "$PROFILE_STEP" --profiling.profiler_warmup 1
+                --profiling.profiler_active 1)
+      fi
+      if [ "$titan_ok" != 1 ]; then continue; fi
+      if [ "$BENCH_DEVICE" = cpu ]; then
+        # No GPU: TorchTitan cannot train; check what it would run.
+        dry_log="$bench_dir/${name}_titan_${mode}_${ac}_dry.log"
+        if "${titan[@]}" --dry-run -- "${titan_common[@]}" "${flags[@]}" > "$dry_log" 2>&1; then
+          say "titan:$mode/$ac: --dry-run: $(grep -m 1 '^titan:' "$dry_log"), DRY RUN OK"
+        else
+          status=1
+          say "titan:$mode/$ac: --dry-run FAILED; the end of $dry_log:"
+          tail -n 8 "$dry_log" | tee -a "$REPORT"
+        fi
+        continue
+      fi
+      RUN_TIMEOUT="$TITAN_TIMEOUT" run_one "py:titan/$mode/$ac" "${name}_titan_${mode}_$ac" \
+        "${titan[@]}" --log-json "$bench_dir/${name}_titan_${mode}_$ac.jsonl" -- \
+        "${titan_common[@]}" "${flags[@]}"
+    done
+    run_one ours_fully_shard2 "${name}_ours2" "${ours[@]}" --log-json "$bench_dir/${name}_ours2.jsonl"
+    params="$(cat "$bench_dir/${name}_ours1.log" "$bench_dir/${name}_ours2.log" 2>/dev/null |
+              sed -n 's/^trainer: [a-z]*, \([0-9]*\) parameters.*/\1/p' | head -1)"
+    if [ -z "$params" ]; then
+      say "llama $name: no parameter count (no trainer run started): no table"
+      status=1
+      continue
+    fi
+    # TorchTitan's FLOP per token: 6 (N - the embedding's) + 12 L H Dh T.
+    flops="$("$PYTHON" -c '
+import json, sys
+c = json.load(open(sys.argv[1])); n = int(sys.argv[2]); t = int(sys.argv[3])
+h = c["num_attention_heads"]; dh = c["hidden_size"] // h
+print(6 * (n - c["vocab_size"] * c["hidden_size"]) + 12 * c["num_hidden_layers"] * h * dh * t)' \
+      "$config" "$params" "$seq")"
+    say ""
+    "$PYTHON" "$ROOT/benchmarks/python/gpu_report.py" --title "llama $name" --params "$params" \
+      --flops-per-token "$flops" --peak-tflops "$peak" "${runs[@]}" | tee -a "$REPORT"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    # The profile of one step, ours beside TorchTitan's best-guess variant.
+    traces=()
+    [ -f "$bench_dir/${name}_ours_profile.json" ] && traces+=(--trace "ours=$bench_dir/${name}_ours_profile.json")
+    titan_trace="$(ls "$titan_profiled"/*.json* 2>/dev/null | head -1)"
+    [ -n "$titan_trace" ] && traces+=(--trace "titan=$titan_trace")
+    if [ "${#traces[@]}" -gt 0 ]; then
+      say ""
+      say "== llama $name: one step's time by kernel class"
+      "$PYTHON" "$ROOT/benchmarks/python/profile_table.py" "${traces[@]}" \
+        --json "$bench_dir/${name}_profile_table.json" 2>&1 | tee -a "$REPORT"
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    else
+      say "llama $name: no profile trace (ours: ${name}_ours1.log; TorchTitan: $titan_profiled)"
+      status=1
+    fi
+  done
 fi
 
 say ""

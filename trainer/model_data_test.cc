@@ -100,6 +100,31 @@ TEST(SamplerTest, IndivisibleGlobalBatchNamesBoth) {
               AllOf(HasSubstr("global batch 10"), HasSubstr("world size 4")));
 }
 
+
+// benchmarks/torchtitan/synthetic_tokens.py reproduces these batches so
+// that TorchTitan trains on our tokens; both hold to the same values.
+TEST(SamplerTest, SyntheticBatchesArePinned) {
+  struct Case {
+    BatchSpec spec;
+    int64_t vocab;
+    std::vector<int64_t> rows;
+  };
+  const std::vector<Case> cases = {
+      {{0, 1, 2, 5, 0, 1}, 32000, {8503, 25159, 22545, 4616, 9050, 15241, 5872, 15186, 13348, 5303}},
+      {{7, 3, 3, 4, 0, 1},
+       128256,
+       {39161, 29351, 58593, 32362, 44658, 37890, 36703, 117420, 65456, 6413, 53811, 124315}},
+      {{0, -2, 2, 3, 0, 1}, 256, {76, 19, 103, 6, 215, 34}},
+  };
+  for (const Case& c : cases) {
+    auto batch = SampleSyntheticBatch(c.vocab, c.spec);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    const torch::Tensor flat = batch->flatten();
+    EXPECT_EQ(std::vector<int64_t>(flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel()),
+              c.rows)
+        << "seed " << c.spec.seed << " step " << c.spec.step;
+  }
+}
 ModelConfig Tiny() { return ModelConfig{2, 16, 2, 256, 8}; }
 
 TEST(ModelTest, InitDependsOnlyOnSeed) {

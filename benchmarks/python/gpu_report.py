@@ -12,7 +12,8 @@ include cuBLAS's and the caching allocator's set-up), its ratio to the best
 Python run (labels starting "py:"; a SUMMARY line per kind of our run,
 labels starting "ours" less their trailing digits), MFU = 6 * N * tokens/s against the peak
 measured in the same run (--peak-tflops; 6 N FLOP per token: forward and
-backward of every parameter, attention's T^2 terms not counted), and the
+backward of every parameter, attention's T^2 terms not counted; or
+--flops-per-token's, as TorchTitan counts them, attention included), and the
 largest per-step peak allocated / reserved bytes (the caching allocator's:
 ours from the trainer's --log-json, Python's from
 torch.cuda.max_memory_allocated / max_memory_reserved); "-" where a log has
@@ -49,6 +50,9 @@ def main():
     p.add_argument("--title", required=True)
     p.add_argument("--params", type=int, required=True, help="N, the model's parameter count")
     p.add_argument("--peak-tflops", type=float, default=0.0)
+    p.add_argument("--flops-per-token", type=float, default=0.0,
+                   help="FLOP per token for MFU instead of 6N (the Llama runs: TorchTitan's "
+                        "formula, 6 (N - embedding) + 12 layers heads head_dim seq)")
     p.add_argument("--skip", type=int, default=5, help="steps left out of the median")
     p.add_argument("runs", nargs="+", metavar="LABEL=PATH")
     args = p.parse_args()
@@ -71,10 +75,12 @@ def main():
         })
     python = [r for r in rows if r["label"].startswith("py:") and not r["failed"]]
     best = max(python, key=lambda r: r["tok_s"]) if python else None
-    flop_per_token = 6 * args.params
-    print(f"== {args.title}: {args.params} parameters, 6N = {flop_per_token / 1e9:.4g} GFLOP/token"
+    flop_per_token = args.flops_per_token or 6 * args.params
+    flop_name = "TorchTitan's FLOP/token" if args.flops_per_token else "6N"
+    mfu_name = "MFU" if args.flops_per_token else "MFU 6N"
+    print(f"== {args.title}: {args.params} parameters, {flop_name} = {flop_per_token / 1e9:.4g} GFLOP/token"
           + (f", measured peak {args.peak_tflops:.4g} TFLOP/s" if args.peak_tflops else ""))
-    print(f"{'run':<34} {'tokens/s':>10} {'/best py':>9} {'MFU 6N':>7} {'peak alloc':>11} "
+    print(f"{'run':<34} {'tokens/s':>10} {'/best py':>9} {mfu_name:>7} {'peak alloc':>11} "
           f"{'peak reserved':>13} {'final loss':>10}  steps")
     failed = False
     for r in rows:
