@@ -4,9 +4,6 @@
 #include "fsdp/fully_shard.h"
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/linalg_vector_norm.h>
-#include <ATen/ops/maximum.h>
-#include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
@@ -19,6 +16,7 @@
 #include "comm/collectives.h"
 #include "comm/subgroups.h"
 #include "fsdp/internal/fully_shard/fsdp_state.h"
+#include "fsdp/internal/grad_norm.h"
 #include "functorch/module/named_member_accessor.h"
 
 namespace fsdp {
@@ -340,7 +338,6 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
   const bool inf = std::isinf(norm_type);
   at::NoGradGuard no_grad;
   std::optional<comm::ProcessGroup> group;
-  at::Tensor acc = at::zeros({1}, at::kDouble);
   std::vector<at::Tensor> grads;
   for (size_t i = 0; i < parameters.size(); ++i) {
     std::optional<ShardedParamSpec> spec = sharded_param_spec(parameters[i]);
@@ -351,21 +348,19 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
                 "] is sharded over group '", spec->group.name(), "', parameters[0] over '",
                 group->name(), "': expected one group");
     const at::Tensor& grad = parameters[i].grad();
-    if (!grad.defined()) continue;
-    grads.push_back(grad);
-    if (grad.numel() == 0) continue;
-    at::Tensor g = grad.detach().to(at::kDouble);
-    acc = inf ? at::maximum(acc, g.abs().max())
-              : acc + at::linalg_vector_norm(g, norm_type).pow(norm_type);
+    if (grad.defined()) grads.push_back(grad);
   }
+  // On the shards' device: the all-reduce then runs on its backend (NCCL
+  // for CUDA shards), and no CPU accumulator meets a CUDA norm.
+  const c10::Device device =
+      parameters.empty() ? c10::Device(c10::kCPU) : parameters.front().device();
+  at::Tensor acc = internal::LocalGradNormPow(grads, norm_type, device);
   if (group) {
     comm::all_reduce(*group, acc, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum).wait();
   }
   at::Tensor total = inf ? acc : acc.pow(1.0 / norm_type);
   const double coef = max_norm / (total.item<double>() + 1e-6);
-  if (coef < 1.0) {
-    for (auto& g : grads) g.mul_(coef);
-  }
+  if (coef < 1.0) internal::ScaleGrads(grads, coef);
   return total.to(at::kFloat).reshape({});
 }
 

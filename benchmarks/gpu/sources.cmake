@@ -117,6 +117,10 @@ set(TORCHFSDP_SRCS_fsdp__fully_sharded_data_parallel
   "${REPO}/fsdp/internal/runtime_state.cc"
   "${REPO}/fsdp/internal/unshard_params.cc"
 )
+# //fsdp:grad_norm
+set(TORCHFSDP_SRCS_fsdp__grad_norm
+  "${REPO}/fsdp/internal/grad_norm.cc"
+)
 # //fsdp:storage_view
 set(TORCHFSDP_SRCS_fsdp__storage_view
   "${REPO}/fsdp/internal/storage_view.cc"
@@ -278,14 +282,14 @@ set(TORCHFSDP_SRCS_trainer__train
 )
 
 # ---- binaries ----------------------------------------------------------------
-# //trainer:trainer: links 61 project libraries
+# //trainer:trainer: links 62 project libraries
 set(TORCHFSDP_BINARY_SRCS_trainer
   "${REPO}/trainer/trainer_main.cc"
 )
 set(TORCHFSDP_LINKOPTS_trainer
   "-ldl"
 )
-# //benchmarks:gpu_check: links 26 project libraries
+# //benchmarks:gpu_check: links 27 project libraries
 set(TORCHFSDP_BINARY_SRCS_gpu_check
   "${REPO}/benchmarks/gpu_check.cc"
 )
@@ -321,6 +325,7 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_fsdp__flat_param}
   ${TORCHFSDP_SRCS_fsdp__fully_shard}
   ${TORCHFSDP_SRCS_fsdp__fully_sharded_data_parallel}
+  ${TORCHFSDP_SRCS_fsdp__grad_norm}
   ${TORCHFSDP_SRCS_fsdp__storage_view}
   ${TORCHFSDP_SRCS_functorch_module__named_member_accessor}
   ${TORCHFSDP_SRCS_functorch_transforms}

@@ -4,8 +4,11 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <optional>
+#include <vector>
 
 #include "comm/collectives.h"
+#include "fsdp/internal/grad_norm.h"
 #include "fsdp/internal/runtime_state.h"
 
 namespace fsdp {
@@ -20,31 +23,26 @@ at::Tensor Runtime::clip_grad_norm(double max_norm, double norm_type) {
   finish_reductions();
   const bool inf = std::isinf(norm_type);
   at::NoGradGuard no_grad;
-  auto combine = [&](at::Tensor& acc, const at::Tensor& grad) {
-    at::Tensor g = grad.detach().to(at::kDouble);
-    if (inf) {
-      acc = at::maximum(acc, g.abs().max());
-    } else {
-      acc = acc + at::linalg_vector_norm(g, norm_type).pow(norm_type);
-    }
-  };
-  at::Tensor sharded = at::zeros({1}, at::kDouble);
-  at::Tensor local = at::zeros({1}, at::kDouble);
-  std::vector<at::Tensor> grads;
+  std::vector<at::Tensor> sharded_grads, local_grads;
+  std::optional<c10::Device> device;
   for (auto& unit : units_) {
     if (!unit->handle) continue;
-    const at::Tensor& grad = unit->handle->flat_param().grad();
+    const at::Tensor& flat = unit->handle->flat_param();
+    if (!device) device = flat.device();
+    const at::Tensor& grad = flat.grad();
     if (!grad.defined()) continue;
-    grads.push_back(grad);
-    if (grad.numel() == 0) continue;
-    combine(uses_sharding(options_.sharding_strategy) ? sharded : local, grad);
+    (uses_sharding(options_.sharding_strategy) ? sharded_grads : local_grads).push_back(grad);
   }
   for (const auto& item : unmanaged_params_) {
+    if (!device) device = item.second.device();
     const at::Tensor& grad = item.second.grad();
-    if (!grad.defined()) continue;
-    grads.push_back(grad);
-    if (grad.numel() > 0) combine(local, grad);
+    if (grad.defined()) local_grads.push_back(grad);
   }
+  // The accumulators live where the shards are, so the all-reduce runs on
+  // the backend of the compute device (NCCL for CUDA shards).
+  const c10::Device where = device.value_or(c10::Device(c10::kCPU));
+  at::Tensor sharded = LocalGradNormPow(sharded_grads, norm_type, where);
+  const at::Tensor local = LocalGradNormPow(local_grads, norm_type, where);
   // Shards are disjoint within the shard group and identical across
   // replicas, so only the shard group is reduced over.
   comm::all_reduce(shard_group_, sharded, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum).wait();
@@ -52,7 +50,8 @@ at::Tensor Runtime::clip_grad_norm(double max_norm, double norm_type) {
   const double norm = total.item<double>();
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
-    for (auto& g : grads) g.mul_(coef);
+    ScaleGrads(sharded_grads, coef);
+    ScaleGrads(local_grads, coef);
   }
   return total.to(at::kFloat).reshape({});
 }

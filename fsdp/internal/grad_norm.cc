@@ -1,0 +1,52 @@
+#include "fsdp/internal/grad_norm.h"
+
+#include <ATen/ops/_foreach_mul.h>
+#include <ATen/ops/_foreach_norm.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+
+namespace fsdp {
+namespace internal {
+namespace {
+
+// Non-empty gradients grouped so that each _foreach call sees one device
+// and one dtype (its fast path).
+std::map<std::pair<std::string, int>, std::vector<at::Tensor>> ByDeviceAndDtype(
+    const std::vector<at::Tensor>& grads) {
+  std::map<std::pair<std::string, int>, std::vector<at::Tensor>> groups;
+  for (const at::Tensor& g : grads) {
+    if (!g.defined() || g.numel() == 0) continue;
+    groups[{g.device().str(), static_cast<int>(g.scalar_type())}].push_back(g.detach());
+  }
+  return groups;
+}
+
+}  // namespace
+
+at::Tensor LocalGradNormPow(const std::vector<at::Tensor>& grads, double norm_type,
+                            c10::Device device) {
+  at::NoGradGuard no_grad;
+  const bool inf = std::isinf(norm_type);
+  at::Tensor acc = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
+  for (auto& [key, group] : ByDeviceAndDtype(grads)) {
+    const at::Tensor norms =
+        at::stack(at::_foreach_norm(group, norm_type)).to(device, at::kDouble);
+    acc = inf ? at::maximum(acc, norms.max()) : acc + norms.pow(norm_type).sum();
+  }
+  return acc;
+}
+
+void ScaleGrads(const std::vector<at::Tensor>& grads, double coef) {
+  at::NoGradGuard no_grad;
+  for (auto& [key, group] : ByDeviceAndDtype(grads)) at::_foreach_mul_(group, coef);
+}
+
+}  // namespace internal
+}  // namespace fsdp
