@@ -100,7 +100,6 @@ TEST(SamplerTest, IndivisibleGlobalBatchNamesBoth) {
               AllOf(HasSubstr("global batch 10"), HasSubstr("world size 4")));
 }
 
-
 // benchmarks/torchtitan/synthetic_tokens.py reproduces these batches so
 // that TorchTitan trains on our tokens; both hold to the same values.
 TEST(SamplerTest, SyntheticBatchesArePinned) {
@@ -110,7 +109,9 @@ TEST(SamplerTest, SyntheticBatchesArePinned) {
     std::vector<int64_t> rows;
   };
   const std::vector<Case> cases = {
-      {{0, 1, 2, 5, 0, 1}, 32000, {8503, 25159, 22545, 4616, 9050, 15241, 5872, 15186, 13348, 5303}},
+      {{0, 1, 2, 5, 0, 1},
+       32000,
+       {8503, 25159, 22545, 4616, 9050, 15241, 5872, 15186, 13348, 5303}},
       {{7, 3, 3, 4, 0, 1},
        128256,
        {39161, 29351, 58593, 32362, 44658, 37890, 36703, 117420, 65456, 6413, 53811, 124315}},
@@ -120,8 +121,9 @@ TEST(SamplerTest, SyntheticBatchesArePinned) {
     auto batch = SampleSyntheticBatch(c.vocab, c.spec);
     ASSERT_TRUE(batch.ok()) << batch.status();
     const torch::Tensor flat = batch->flatten();
-    EXPECT_EQ(std::vector<int64_t>(flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel()),
-              c.rows)
+    EXPECT_EQ(
+        std::vector<int64_t>(flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel()),
+        c.rows)
         << "seed " << c.spec.seed << " step " << c.spec.step;
   }
 }

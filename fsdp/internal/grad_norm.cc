@@ -36,8 +36,7 @@ at::Tensor LocalGradNormPow(const std::vector<at::Tensor>& grads, double norm_ty
   const bool inf = std::isinf(norm_type);
   at::Tensor acc = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
   for (auto& [key, group] : ByDeviceAndDtype(grads)) {
-    const at::Tensor norms =
-        at::stack(at::_foreach_norm(group, norm_type)).to(device, at::kDouble);
+    const at::Tensor norms = at::stack(at::_foreach_norm(group, norm_type)).to(device, at::kDouble);
     acc = inf ? at::maximum(acc, norms.max()) : acc + norms.pow(norm_type).sum();
   }
   return acc;
