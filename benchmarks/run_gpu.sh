@@ -639,7 +639,9 @@ print(6 * (n - c["vocab_size"] * c["hidden_size"]) + 12 * c["num_hidden_layers"]
     # The profile of one step, ours beside TorchTitan's best-guess variant.
     traces=()
     [ -f "$bench_dir/${name}_ours_profile.json" ] && traces+=(--trace "ours=$bench_dir/${name}_ours_profile.json")
-    titan_trace="$(ls "$titan_profiled"/*.json* 2>/dev/null | head -1)"
+    titan_trace=""
+    # (Only a compile_float8 variant is profiled: none ran, no trace.)
+    [ -n "$titan_profiled" ] && titan_trace="$(ls "$titan_profiled"/*.json* 2>/dev/null | head -1)"
     [ -n "$titan_trace" ] && traces+=(--trace "titan=$titan_trace")
     if [ "${#traces[@]}" -gt 0 ]; then
       say ""
