@@ -59,6 +59,15 @@
 //                                  (hessian_bench's PINN case) on cuda:0
 //                                  against the CPU (max-norm relative
 //                                  1e-4), timed: median of 20 calls
+//   kernels_cuda_linked,           kernels/'s fused ops (kernels::
+//   kernels_rms_norm,              KernelsGpuChecks, kernels_gpu_check.h):
+//   kernels_swiglu,                each CUDA kernel against its ATen
+//   kernels_rope_qk,               reference on cuda:0, forward and
+//   kernels_linear_cross_entropy,  gradients, float32 / bf16 / fp16, that
+//   kernels_fallback_warns         the kernel path was taken, the loss's
+//                                  peak memory, fused vs composite timings;
+//                                  in a dry run the same comparisons on the
+//                                  CPU through the kernels' ATen stand-in
 //
 // The FSDP checks train trainer/models.h's transformer (2 layers, width 64,
 // seq 32) for 5 SGD steps (lr 0.1, momentum 0.9) on one fixed batch of 8
@@ -78,7 +87,8 @@
 //   --dry-run-on-cpu  the FSDP checks on the CPU over Gloo (no NCCL checks),
 //                     the functorch checks with the CPU as the device (then
 //                     CPU against CPU, trivially exact; 3 timed Hessian
-//                     calls): tests the checks' own logic without a GPU
+//                     calls), the kernels' checks on the CPU: tests the
+//                     checks' own logic without a GPU
 // Exit status: 0 all passed, 1 a check failed, 2 bad arguments, 77 not run.
 #include <dlfcn.h>
 #include <stdlib.h>
@@ -129,6 +139,7 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "functorch/transforms/transforms.h"
+#include "kernels/kernels_gpu_check.h"
 #include "launcher/launch.h"
 #include "module_call/call.h"
 #include "module_call/wrap_policy.h"
@@ -1433,7 +1444,7 @@ CheckResult CheckFunctorchBatchedHessians() {
 // ---------------------------------------------------------------------------
 
 struct Check {
-  const char* name;
+  std::string name;
   std::function<CheckResult()> run;
 };
 
@@ -1519,7 +1530,7 @@ int main(int argc, char** argv) {
     Check check;
     bool needs_gpu;  // skipped in a dry run
   };
-  const std::vector<Entry> checks = {
+  std::vector<Entry> checks = {
       {{"nccl_world_of_1", CheckNcclWorldOf1}, true},
       {{"gloo_cpu_nccl_cuda_world_of_1", CheckGlooCpuNcclCudaWorldOf1}, true},
       {{"nccl_work_stream_ordered", CheckNcclWorkStreamOrdered}, true},
@@ -1537,6 +1548,17 @@ int main(int argc, char** argv) {
       {{"functorch_per_sample_grads", CheckFunctorchPerSampleGrads}, false},
       {{"functorch_batched_hessians", CheckFunctorchBatchedHessians}, false},
   };
+  // kernels/'s checks run on g_device too: in a dry run on the CPU through
+  // the kernels' ATen stand-in (kernels_cuda_linked then has nothing to look
+  // for and says so).
+  for (kernels::GpuCheck& check : kernels::KernelsGpuChecks(g_device)) {
+    checks.push_back({{std::move(check.name),
+                       [run = std::move(check.run)]() -> CheckResult {
+                         const kernels::GpuCheckResult result = run();
+                         return {result.ok, result.detail};
+                       }},
+                      false});
+  }
 
   int failed = 0;
   int ran = 0;
@@ -1556,7 +1578,7 @@ int main(int argc, char** argv) {
     }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("%s %s %s (%.1f s)\n", result.ok ? "PASS" : "FAIL", check.name,
+    std::printf("%s %s %s (%.1f s)\n", result.ok ? "PASS" : "FAIL", check.name.c_str(),
                 result.detail.c_str(), seconds);
     std::fflush(stdout);
     if (!result.ok) ++failed;
