@@ -95,8 +95,8 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, c10::Device device)
   }
 }
 
-torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                          const torch::Tensor& sin) {
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> LlamaAttentionImpl::Project(
+    const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   const int64_t batch = x.size(0), length = x.size(1);
   // [B, T, heads * d] -> [B, T, heads, d]; Qwen3 normalises each head here,
   // before RoPE; then heads first, [B, heads, T, d].
@@ -106,15 +106,47 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
     return h.transpose(1, 2);
   };
   LlamaRMSNorm none{nullptr};
-  const torch::Tensor q = ApplyRope(heads(q_proj(x), heads_, q_norm), cos, sin);
-  const torch::Tensor k = ApplyRope(heads(k_proj(x), kv_heads_, k_norm), cos, sin);
-  const torch::Tensor v = heads(v_proj(x), kv_heads_, none);
+  return {ApplyRope(heads(q_proj(x), heads_, q_norm), cos, sin),
+          ApplyRope(heads(k_proj(x), kv_heads_, k_norm), cos, sin),
+          heads(v_proj(x), kv_heads_, none)};
+}
+
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                          const torch::Tensor& sin) {
+  const int64_t batch = x.size(0), length = x.size(1);
+  const auto [q, k, v] = Project(x, cos, sin);
   // enable_gqa: query head h attends with key/value head h / (heads /
   // kv_heads), transformers' repeat_kv (repeat_interleave), without copies
   // of k and v where the kernel supports it.
   const torch::Tensor out = at::scaled_dot_product_attention(
       q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true, /*scale=*/std::nullopt,
       /*enable_gqa=*/kv_heads_ != heads_);
+  return o_proj(out.transpose(1, 2).reshape({batch, length, heads_ * head_dim_}));
+}
+
+torch::Tensor LlamaAttentionImpl::ForwardCached(const torch::Tensor& x, const torch::Tensor& cos,
+                                                const torch::Tensor& sin, const torch::Tensor& mask,
+                                                KvCache* cache, int64_t layer) {
+  const int64_t batch = x.size(0), length = x.size(1);
+  auto [q, k, v] = Project(x, cos, sin);
+  if (cache != nullptr) {
+    cache->Write(layer, k, v);
+    const int64_t slots = cache->length() + length;
+    k = cache->keys(layer).narrow(2, 0, slots);
+    v = cache->values(layer).narrow(2, 0, slots);
+  }
+  bool gqa = kv_heads_ != heads_;
+  if (gqa && !x.device().is_cpu()) {
+    // With a mask, CUDA's flash kernel is out and the memory-efficient one
+    // takes no enable_gqa, so SDPA would fall back to the math kernel:
+    // repeated heads (transformers' repeat_kv) keep the fused kernel. The
+    // CPU kernel takes a mask with enable_gqa (no copies).
+    k = k.repeat_interleave(heads_ / kv_heads_, 1);
+    v = v.repeat_interleave(heads_ / kv_heads_, 1);
+    gqa = false;
+  }
+  const torch::Tensor out = at::scaled_dot_product_attention(
+      q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/false, /*scale=*/std::nullopt, gqa);
   return o_proj(out.transpose(1, 2).reshape({batch, length, heads_ * head_dim_}));
 }
 
@@ -141,6 +173,15 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, c10::Device d
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                              const torch::Tensor& sin) {
   const torch::Tensor h = x + self_attn(input_layernorm(x), cos, sin);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+torch::Tensor LlamaDecoderLayerImpl::ForwardCached(const torch::Tensor& x, const torch::Tensor& cos,
+                                                   const torch::Tensor& sin,
+                                                   const torch::Tensor& mask, KvCache* cache,
+                                                   int64_t layer) {
+  const torch::Tensor h =
+      x + self_attn->ForwardCached(input_layernorm(x), cos, sin, mask, cache, layer);
   return h + mlp(post_attention_layernorm(h));
 }
 
@@ -196,6 +237,62 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids) {
   return norm(h);
 }
 
+torch::Tensor LlamaModelImpl::ForwardCached(const torch::Tensor& input_ids,
+                                            const torch::Tensor& mask, KvCache* cache) {
+  TORCH_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == torch::kLong,
+              "models::LlamaModel::ForwardCached: input_ids of shape ", input_ids.sizes(),
+              " and dtype ", input_ids.scalar_type(), ": expected int64 [batch, length]");
+  const int64_t batch = input_ids.size(0), length = input_ids.size(1);
+  const c10::Device device = input_ids.device();
+  const torch::Tensor real =
+      mask.defined()
+          ? mask.to(device, torch::kBool)
+          : torch::ones({batch, length}, torch::TensorOptions().device(device).dtype(torch::kBool));
+  TORCH_CHECK(real.sizes() == input_ids.sizes(), "models::LlamaModel::ForwardCached: mask of ",
+              "shape ", real.sizes(), " for input_ids of shape ", input_ids.sizes());
+  const int64_t past = cache != nullptr ? cache->length() : 0;
+  TORCH_CHECK(cache == nullptr || cache->batch() == batch,
+              "models::LlamaModel::ForwardCached: a cache for batch ",
+              cache == nullptr ? 0 : cache->batch(), " and input_ids of batch ", batch);
+  const int64_t slots = past + length;
+  TORCH_CHECK(!config_.sliding_window || slots <= *config_.sliding_window,
+              "models::LlamaModel: a sequence of ", slots, " tokens is longer than the config's ",
+              "sliding_window=", *config_.sliding_window,
+              ": sliding-window attention is not implemented");
+  torch::Tensor seen =
+      cache != nullptr
+          ? cache->seen()
+          : torch::zeros({batch}, torch::TensorOptions().device(device).dtype(torch::kLong));
+  // transformers' position_ids from the attention mask: cumsum - 1 (a pad's
+  // position is never looked at; clamped to stay a valid table index).
+  const torch::Tensor positions =
+      (seen.unsqueeze(1) + real.to(torch::kLong).cumsum(1) - 1).clamp_min(0);
+  // [B, 1, T, slots]: query i (slot past + i) sees key slot j <= past + i
+  // holding a real token, and always itself.
+  const torch::Tensor key_real =
+      cache != nullptr ? torch::cat({cache->valid().narrow(1, 0, past), real}, 1) : real;
+  const auto index_options = torch::TensorOptions().device(device).dtype(torch::kLong);
+  const torch::Tensor query_slot = torch::arange(past, slots, index_options).view({length, 1});
+  const torch::Tensor key_slot = torch::arange(slots, index_options).view({1, slots});
+  const torch::Tensor attend = ((key_slot <= query_slot).unsqueeze(0) & key_real.unsqueeze(1)) |
+                               (key_slot == query_slot).unsqueeze(0);
+  const torch::Tensor attn_mask = attend.unsqueeze(1);
+
+  torch::Tensor h = embed_tokens(input_ids);
+  // The tables as RopeTables makes them (float32, then cast), per row.
+  auto [cos, sin] = RopeCosSin(inv_freq.to(device), positions);
+  cos = cos.to(h.scalar_type());
+  sin = sin.to(h.scalar_type());
+  int64_t index = 0;
+  // Directly, not through module_call::call: generation runs on an unwrapped
+  // model (no FSDP unit or checkpointed region hooks these layers then).
+  for (const auto& layer : *layers) {
+    h = layer->as<LlamaDecoderLayerImpl>()->ForwardCached(h, cos, sin, attn_mask, cache, index++);
+  }
+  if (cache != nullptr) cache->Advance(real);
+  return norm(h);
+}
+
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& config, c10::Device device,
                                            std::optional<uint64_t> init_seed)
     : config_(config) {
@@ -213,6 +310,14 @@ torch::Tensor LlamaForCausalLMImpl::output_weight() const {
 
 torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids) {
   return F::linear(model(input_ids), output_weight());
+}
+
+torch::Tensor LlamaForCausalLMImpl::ForwardCached(const torch::Tensor& input_ids,
+                                                  const torch::Tensor& mask, KvCache* cache,
+                                                  bool last_only) {
+  torch::Tensor h = model->ForwardCached(input_ids, mask, cache);
+  if (last_only) h = h.narrow(1, h.size(1) - 1, 1);
+  return F::linear(h, output_weight());
 }
 
 torch::Tensor LlamaForCausalLMImpl::Loss(const torch::Tensor& batch) {

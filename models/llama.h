@@ -37,6 +37,7 @@
 #include <optional>
 #include <string>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include <c10/core/Device.h>
@@ -44,6 +45,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "models/causal_lm.h"
+#include "models/kv_cache.h"
 #include "models/llama_config.h"
 
 namespace models {
@@ -96,11 +98,23 @@ class LlamaAttentionImpl : public torch::nn::Module {
   // x: [B, T, hidden]; cos, sin: [T, head_dim] or [B, T, head_dim] in x's
   // dtype. Causal over the T positions.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  // Incremental decoding (LlamaModel::ForwardCached): x's keys and values
+  // are written to `cache` (layer `layer`) and the queries attend over every
+  // slot so far, as `mask` (bool [B, 1, T, slots], true: attend) allows;
+  // without a cache, over x's own positions. cos, sin: [B, T, head_dim].
+  torch::Tensor ForwardCached(const torch::Tensor& x, const torch::Tensor& cos,
+                              const torch::Tensor& sin, const torch::Tensor& mask, KvCache* cache,
+                              int64_t layer);
 
   LlamaLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   LlamaRMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
 
  private:
+  // q [B, heads, T, d], k and v [B, kv_heads, T, d], RoPE applied to q and k.
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> Project(const torch::Tensor& x,
+                                                                  const torch::Tensor& cos,
+                                                                  const torch::Tensor& sin);
+
   int64_t heads_, kv_heads_, head_dim_;
 };
 TORCH_MODULE(LlamaAttention);
@@ -118,6 +132,10 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
   LlamaDecoderLayerImpl(const LlamaConfig& config, c10::Device device);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  // forward with LlamaAttention::ForwardCached.
+  torch::Tensor ForwardCached(const torch::Tensor& x, const torch::Tensor& cos,
+                              const torch::Tensor& sin, const torch::Tensor& mask, KvCache* cache,
+                              int64_t layer);
 
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
@@ -134,6 +152,19 @@ class LlamaModelImpl : public torch::nn::Module {
   // input_ids: int64 [B, T]. The last hidden state after the final norm,
   // [B, T, hidden].
   torch::Tensor forward(const torch::Tensor& input_ids);
+  // Incremental decoding. input_ids: int64 [B, T], the tokens after those
+  // already in `cache` (all of a prompt, then one per step); `mask`: bool or
+  // integer [B, T], nonzero for real tokens and zero for (left) padding,
+  // undefined for all real. Each real token is at RoPE position "real tokens
+  // before it in its row" and attends causally to its row's real tokens (a
+  // padding token attends to itself only, so that nothing is a softmax over
+  // nothing). The step's keys and values are appended to `cache`; with a
+  // null cache the T positions attend among themselves (a whole sequence
+  // recomputed: --no-cache). Returns the final hidden states [B, T, hidden].
+  // Sequences in one row longer than a config's sliding_window are refused,
+  // as in forward.
+  torch::Tensor ForwardCached(const torch::Tensor& input_ids, const torch::Tensor& mask,
+                              KvCache* cache);
 
   LlamaEmbedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -169,6 +200,11 @@ class LlamaForCausalLMImpl : public CausalLM {
 
   // input_ids: int64 [B, T]. Logits [B, T, vocab] in the parameters' dtype.
   torch::Tensor forward(const torch::Tensor& input_ids);
+  // LlamaModel::ForwardCached's hidden states through the output
+  // projection: logits [B, T, vocab], or [B, 1, vocab] of the last position
+  // only with `last_only` (a prompt's step needs no more).
+  torch::Tensor ForwardCached(const torch::Tensor& input_ids, const torch::Tensor& mask,
+                              KvCache* cache, bool last_only = false);
   // CausalLM: cross-entropy of forward(batch[:, :-1]) against batch[:, 1:],
   // the logits upcast to float32 (transformers' ForCausalLMLoss).
   torch::Tensor Loss(const torch::Tensor& batch) override;
