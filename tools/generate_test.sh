@@ -1,0 +1,129 @@
+#!/bin/bash
+# //tools:generate against transformers (the pinned version):
+#  - the golden checkpoints' greedy generate() (models/testdata, 8 new
+#    tokens) as one batch of two prompts of different lengths, with the cache
+#    and without, --output json and ids;
+#  - a small Llama made here with the llama3 test tokenizer's vocabulary:
+#    text prompts in, ids and decoded text out, equal to transformers'
+#    generate() on tokenizers' ids;
+#  - --score: the loss of 600 ids under qwen3 (256 positions: three windows)
+#    equal to transformers' on the same windows;
+#  - sampling reproducible from --seed, another seed another result;
+#  - refusals naming the flag, file or value.
+# Usage (Bazel): generate_test.sh GENERATE PYTHON TOKENIZER_JSON MODELS_TESTDATA
+set -euo pipefail
+generate=$1 python=$2 tokenizer=$3 testdata=$4
+tmp=${TEST_TMPDIR:-$(mktemp -d)}
+
+# Expected values from transformers, and the small model.
+"$python" - "$testdata" "$tokenizer" "$tmp" <<'PY'
+import json, sys, torch, transformers, tokenizers
+testdata, tok_path, tmp = sys.argv[1:]
+transformers.utils.logging.set_verbosity_error()
+expected = {}
+g = torch.load(f"{testdata}/llama3_gqa/golden.pt")
+expected["golden"] = {k: {"prompt": g[f"generate.prompt_{k}"][0].tolist(),
+                          "new": g[f"generate.greedy_{k}"][0, g[f"generate.prompt_{k}"].shape[1]:].tolist()}
+                      for k in "ab"}
+tok = tokenizers.Tokenizer.from_file(tok_path)
+eos = tok.token_to_id("<|end_of_text|>")
+config = transformers.LlamaConfig(
+    vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    initializer_range=0.5, eos_token_id=eos, bos_token_id=tok.token_to_id("<|begin_of_text|>"),
+    pad_token_id=None, tie_word_embeddings=False)
+torch.manual_seed(0)
+model = transformers.LlamaForCausalLM(config).eval()
+model.save_pretrained(f"{tmp}/tiny")
+texts = ["Hello, world", "The licence text says that"]
+expected["tiny"] = []
+for text in texts:
+    ids = tok.encode(text).ids
+    with torch.no_grad():
+        seq = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=10, do_sample=False, pad_token_id=eos, eos_token_id=eos)
+    new = seq[0, len(ids):].tolist()
+    expected["tiny"].append({"prompt": ids, "new": new, "text": tok.decode(new)})
+# --score: 600 ids under qwen3 in windows of 256 sharing one token.
+qwen = transformers.AutoModelForCausalLM.from_pretrained(f"{testdata}/qwen3").eval()
+ids = torch.randint(0, qwen.config.vocab_size, (600,), generator=torch.Generator().manual_seed(3))
+losses = []
+start = 0
+with torch.no_grad():
+    while start < len(ids) - 1:
+        chunk = ids[start:start + 256]
+        logits = qwen(chunk[None, :-1]).logits[0].float()
+        losses += torch.nn.functional.cross_entropy(logits, chunk[1:], reduction="none").tolist()
+        start += 255
+json.dump(ids.tolist(), open(f"{tmp}/score_ids.json", "w"))
+expected["score"] = {"losses": losses, "loss": sum(losses) / len(losses)}
+json.dump(expected, open(f"{tmp}/expected.json", "w"))
+PY
+
+ids_of() { "$python" -c "import json,sys; e=json.load(open('$tmp/expected.json')); print(json.dumps([e['golden'][k]['prompt'] for k in 'ab']))"; }
+golden_ids=$(ids_of)
+"$generate" --hf-checkpoint "$testdata/llama3_gqa" --prompt-ids "$golden_ids" --max-new-tokens 8 \
+  --output json > "$tmp/golden_cache.jsonl"
+"$generate" --hf-checkpoint "$testdata/llama3_gqa" --prompt-ids "$golden_ids" --max-new-tokens 8 \
+  --output ids --no-cache > "$tmp/golden_nocache.txt"
+"$generate" --hf-checkpoint "$tmp/tiny" --tokenizer "$tokenizer" --prompt "Hello, world" \
+  --prompt "The licence text says that" --max-new-tokens 10 --output json > "$tmp/tiny.jsonl"
+"$generate" --hf-checkpoint "$tmp/tiny" --tokenizer "$tokenizer" --prompt "Hello, world" \
+  --max-new-tokens 10 > "$tmp/tiny.txt"
+"$generate" --hf-checkpoint "$testdata/qwen3" --score "$tmp/score_ids.json" > "$tmp/score.json"
+sample() {
+  "$generate" --hf-checkpoint "$testdata/llama3_gqa" --prompt-ids "$golden_ids" --max-new-tokens 24 \
+    --temperature 1.2 --top-k 40 --top-p 0.9 --seed "$1" --output ids
+}
+sample 1 > "$tmp/seed1a.txt"
+sample 1 > "$tmp/seed1b.txt"
+sample 2 > "$tmp/seed2.txt"
+cmp -s "$tmp/seed1a.txt" "$tmp/seed1b.txt" || { echo "FAIL: --seed 1 twice differs"; exit 1; }
+if cmp -s "$tmp/seed1a.txt" "$tmp/seed2.txt"; then echo "FAIL: --seed 1 and 2 agree"; exit 1; fi
+
+"$python" - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+e = json.load(open(f"{tmp}/expected.json"))
+rows = [json.loads(l) for l in open(f"{tmp}/golden_cache.jsonl")]
+for row, k in zip(rows, "ab"):
+    assert row["prompt_ids"] == e["golden"][k]["prompt"], row
+    assert row["ids"] == e["golden"][k]["new"], (k, row["ids"], e["golden"][k]["new"])
+    assert row["stop"] == "length", row
+nocache = [json.loads(l) for l in open(f"{tmp}/golden_nocache.txt")]
+assert nocache == [e["golden"][k]["new"] for k in "ab"], nocache
+tiny = [json.loads(l) for l in open(f"{tmp}/tiny.jsonl")]
+for row, want in zip(tiny, e["tiny"]):
+    assert row["prompt_ids"] == want["prompt"], (row, want)
+    assert row["ids"] == want["new"], (row["ids"], want["new"])
+    assert row["text"] == want["text"], (row["text"], want["text"])
+text = open(f"{tmp}/tiny.txt").read()
+assert text.startswith("Hello, world") and text.rstrip("\n").endswith(e["tiny"][0]["text"]), text
+score = json.load(open(f"{tmp}/score.json"))
+assert score["tokens"] == 600 and score["predicted"] == 599, score["predicted"]
+assert abs(score["loss"] - e["score"]["loss"]) < 1e-4, (score["loss"], e["score"]["loss"])
+worst = max(abs(t["loss"] - w) for t, w in zip(score["per_token"], e["score"]["losses"]))
+assert worst < 1e-3, worst
+print("PASS: greedy ids, text and scores equal to transformers")
+PY
+
+# Refusals: each names what is wrong.
+expect_error() {
+  local pattern=$1; shift
+  if "$generate" "$@" > "$tmp/out" 2> "$tmp/err"; then
+    echo "FAIL: accepted: $*"; exit 1
+  fi
+  grep -qF -- "$pattern" "$tmp/err" || { echo "FAIL: '$pattern' not in the error of $*:"; cat "$tmp/err"; exit 1; }
+}
+expect_error "$tmp/nope/config.json" --hf-checkpoint "$tmp/nope" --prompt-ids "[[1]]"
+expect_error "id 128 at index 1" --hf-checkpoint "$testdata/llama3_gqa" --prompt-ids "[[1, 2], [1, 128]]"
+expect_error "max_position_embeddings 256" --hf-checkpoint "$testdata/llama3_gqa" \
+  --prompt-ids "[[1, 2, 3]]" --max-new-tokens 254
+expect_error "more than the model's vocab_size 128" --hf-checkpoint "$testdata/llama3_gqa" \
+  --tokenizer "$tokenizer" --prompt "Hello"
+expect_error "--tokenizer" --hf-checkpoint "$testdata/llama3_gqa" --prompt "Hello"
+expect_error "--prompt-ids: not JSON" --hf-checkpoint "$testdata/llama3_gqa" --prompt-ids "[[1,"
+expect_error "--checkpoint-dir" --checkpoint-dir "$tmp" --prompt-ids "[[1]]"
+expect_error "--score $tmp/missing.json: cannot be read" --hf-checkpoint "$testdata/qwen3" \
+  --score "$tmp/missing.json"
+echo "PASS: refusals"
