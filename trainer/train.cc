@@ -558,6 +558,12 @@ absl::Status FillLlamaShards(const Options& o, const models::LlamaConfig& config
       -> absl::StatusOr<state_dict::ShardedStateDict> {
     state_dict::ShardedStateDict out;
     for (const auto& [name, request] : requests) {
+      // The loader first asks for every tensor with no ranges (a check of
+      // names and shapes): nothing to draw for those.
+      if (request.ranges.empty()) {
+        out.insert(name, state_dict::ShardedTensor{request.global_shape, request.dtype, {}});
+        continue;
+      }
       const torch::Tensor full = models::InitialLlamaParameter(config, name, request.global_shape,
                                                                static_cast<uint64_t>(o.seed));
       out.insert(name, state_dict::ShardFullTensor(full.to(request.dtype), request.ranges));

@@ -33,9 +33,12 @@ inline std::string TempDir(const std::string& name) {
   return dir.string();
 }
 
-inline RunResult RunTrainer(const std::string& args) {
+// `shell_prefix` runs first in the same shell, e.g. "ulimit -d 500000;" to
+// impose a limit the trainer and its ranks inherit.
+inline RunResult RunTrainer(const std::string& args, const std::string& shell_prefix = "") {
   const std::string out_file = TempDir("out") + "/output.txt";
-  const std::string command = "trainer/trainer " + args + " > " + out_file + " 2>&1";
+  const std::string command =
+      shell_prefix + " trainer/trainer " + args + " > " + out_file + " 2>&1";
   const int status = std::system(command.c_str());
   RunResult result;
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
