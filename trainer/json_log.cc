@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
@@ -26,7 +27,11 @@ std::string FormatJsonLine(const StepRecord& r) {
       {"sharded_state_bytes", r.sharded_state_bytes},
       {"world_size", r.peak_rss_bytes.size()},
   };
-  if (r.val_loss.has_value()) line["val_loss"] = *r.val_loss;
+  if (r.val_loss.has_value()) {
+    line["val_loss"] = *r.val_loss;
+    // exp of the mean per-token loss (nats): what language-model papers report.
+    line["val_perplexity"] = std::exp(*r.val_loss);
+  }
   if (!r.cuda_peak_allocated_bytes.empty()) {
     line["cuda_peak_allocated_bytes"] = r.cuda_peak_allocated_bytes;
     line["cuda_peak_reserved_bytes"] = r.cuda_peak_reserved_bytes;

@@ -528,7 +528,8 @@ TEST(JsonLogTest, ValLossOnlyWhenEvaluated) {
   StepRecord r{5, 3.0, 0.001, 0.5, 100.0, {1}, {2}, {}, {}, {}};
   EXPECT_THAT(FormatJsonLine(r), ::testing::Not(HasSubstr("val_loss")));
   r.val_loss = 2.5;
-  EXPECT_THAT(FormatJsonLine(r), HasSubstr(",\"world_size\":1,\"val_loss\":2.5}"));
+  EXPECT_THAT(FormatJsonLine(r),
+              HasSubstr(",\"world_size\":1,\"val_loss\":2.5,\"val_perplexity\":12.18249"));
 }
 
 }  // namespace trainer

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -702,7 +703,10 @@ absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGro
                                         [&] { return ValidationLoss(ctx, *data); });
       if (!evaluated.ok()) return evaluated.status();
       val_loss = *evaluated;
-      if (is_main) progress.Note(step, "val loss", *val_loss);
+      if (is_main) {
+        progress.Message(absl::StrFormat("step %d  val loss %.4f  perplexity %.4g", step, *val_loss,
+                                         std::exp(*val_loss)));
+      }
     }
     if (!o.log_json.empty()) {
       StepRecord record;

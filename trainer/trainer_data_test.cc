@@ -403,6 +403,7 @@ TEST(TrainerData, LossesFallOnATextFileWithAValidationLoss) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("bytes of " + text + ", the last "));
   EXPECT_THAT(r.output, HasSubstr("step 20  val loss "));
+  EXPECT_THAT(r.output, HasSubstr(" perplexity "));
   const Log log = ReadDataLog(dir + "/log.jsonl");
   ASSERT_EQ(log.losses.size(), 60u);
   EXPECT_LT(Mean(log.losses, 50, 60), Mean(log.losses, 0, 10) - 1.0);
