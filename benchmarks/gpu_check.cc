@@ -1549,9 +1549,9 @@ int main(int argc, char** argv) {
       {{"functorch_batched_hessians", CheckFunctorchBatchedHessians}, false},
   };
   // kernels/'s checks run on g_device too: in a dry run on the CPU through
-  // the kernels' ATen stand-in (kernels_cuda_linked then has nothing to look
-  // for and says so).
-  for (kernels::GpuCheck& check : kernels::KernelsGpuChecks(g_device)) {
+  // the kernels' ATen stand-in, kernels_cuda_linked still checking that a
+  // CUDA build linked //kernels:cuda (its registration needs no GPU).
+  for (kernels::GpuCheck& check : kernels::KernelsGpuChecks(g_device, kBuiltWithCuda)) {
     checks.push_back({{std::move(check.name),
                        [run = std::move(check.run)]() -> CheckResult {
                          const kernels::GpuCheckResult result = run();

@@ -33,6 +33,10 @@ struct GpuCheck {
 };
 
 // The checks, to run on `device` (cuda:N, or the CPU for a dry run).
-std::vector<GpuCheck> KernelsGpuChecks(c10::Device device);
+// kernels_cuda_linked fails on a CUDA device when the binary does not link
+// //kernels:cuda; on the CPU it fails so only when `expect_cuda_kernels`
+// (gpu_check built with CUDA: a dry run then catches a link that dropped the
+// alwayslink kernels before a GPU run would), else it says whether they are.
+std::vector<GpuCheck> KernelsGpuChecks(c10::Device device, bool expect_cuda_kernels = false);
 
 }  // namespace kernels
