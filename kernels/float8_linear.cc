@@ -1,0 +1,252 @@
+#include "kernels/float8_linear.h"
+
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/_scaled_mm.h>
+#include <ATen/ops/abs.h>
+#include <ATen/ops/linear.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e4m3fnuz.h>
+#include <c10/util/Float8_e5m2.h>
+#include <c10/util/Float8_e5m2fnuz.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "kernels/internal/cuda_capability.h"
+
+namespace kernels {
+namespace internal {
+namespace {
+// Constant-initialised, so //kernels:cuda's static initialiser may set it
+// before or after this file's.
+std::atomic<CudaCapabilityQuery> g_capability_query{nullptr};
+}  // namespace
+
+CudaCapabilityQuery SetCudaCapabilityQuery(CudaCapabilityQuery query) {
+  return g_capability_query.exchange(query);
+}
+
+CudaCapabilityQuery GetCudaCapabilityQuery() { return g_capability_query.load(); }
+
+}  // namespace internal
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// torch.finfo(dtype).max, which torchao scales to and saturates at.
+double Float8Max(at::ScalarType float8_dtype) {
+  switch (float8_dtype) {
+    case at::kFloat8_e4m3fn: return std::numeric_limits<c10::Float8_e4m3fn>::max();
+    case at::kFloat8_e5m2: return std::numeric_limits<c10::Float8_e5m2>::max();
+    case at::kFloat8_e4m3fnuz: return std::numeric_limits<c10::Float8_e4m3fnuz>::max();
+    case at::kFloat8_e5m2fnuz: return std::numeric_limits<c10::Float8_e5m2fnuz>::max();
+    default: break;
+  }
+  TORCH_CHECK(false, "kernels::CastToFloat8: float8_dtype is ", float8_dtype,
+              ": expected Float8_e4m3fn, Float8_e5m2, Float8_e4m3fnuz or Float8_e5m2fnuz");
+}
+
+// torchao's amax_to_scale: EPS keeps an all-zero tensor from dividing by zero.
+constexpr double kAmaxEps = 1e-12;
+
+// _scaled_mm's first operand is row-major, its second column-major (cuBLASLt's
+// float8 GEMM takes only "TN"); torchao's preprocess_addmm arranges the same.
+bool IsRowMajor(const at::Tensor& t) { return t.stride(0) > t.stride(1) && t.stride(1) == 1; }
+at::Tensor RowMajor(const at::Tensor& t) { return IsRowMajor(t) ? t : t.contiguous(); }
+at::Tensor ColumnMajor(const at::Tensor& t) { return IsRowMajor(t) ? t.t().contiguous().t() : t; }
+
+at::Tensor ScaledMm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype,
+                    bool use_fast_accum) {
+  return at::_scaled_mm(RowMajor(a.data), ColumnMajor(b.data), a.inv_scale, b.inv_scale,
+                        /*bias=*/std::nullopt, /*scale_result=*/std::nullopt, out_dtype,
+                        use_fast_accum);
+}
+
+// The recipe's settings ("tensorwise": Float8LinearConfig's defaults).
+constexpr at::ScalarType kForwardDtype = at::kFloat8_e4m3fn;  // input and weight
+constexpr at::ScalarType kGradientDtype = at::kFloat8_e5m2;   // grad_output
+constexpr bool kOutputFastAccum = true;                       // gemm_config_output
+constexpr bool kGradFastAccum = false;                        // grad_input, grad_weight
+
+struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
+  // input [..., K], weight [N, K] -> [..., N] in input's dtype.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& weight) {
+    const int64_t k = weight.size(1);
+    const Float8Tensor x = CastToFloat8(input.reshape({-1, k}), kForwardDtype);
+    const Float8Tensor w = CastToFloat8(weight, kForwardDtype);
+    // weight.t(): the column-major [K, N] view of w's row-major [N, K] bits.
+    const Float8Tensor w_t{w.data.t(), w.scale, w.inv_scale, w.orig_dtype};
+    const at::Tensor out = ScaledMm(x, w_t, input.scalar_type(), kOutputFastAccum);
+    // The float8 casts, not the inputs: torchao casts input and weight again
+    // in backward, to the same bits.
+    ctx->save_for_backward({x.data, x.inv_scale, w.data, w.inv_scale});
+    ctx->saved_data["input_sizes"] = input.sizes().vec();
+    std::vector<int64_t> out_sizes = input.sizes().vec();
+    out_sizes.back() = weight.size(0);
+    return out.view(out_sizes);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "kernels::Float8Linear: backward with create_graph=true is not supported (the "
+                "float8 matrix products have no derivative)");
+    const variable_list saved = ctx->get_saved_variables();
+    const std::vector<int64_t> input_sizes = ctx->saved_data["input_sizes"].toIntVector();
+    const at::Tensor& grad_out = grad_outputs[0];
+    if (!grad_out.defined()) return {at::Tensor(), at::Tensor()};
+    const Float8Tensor x{saved[0], at::Tensor(), saved[1], at::kFloat};
+    const Float8Tensor w{saved[2], at::Tensor(), saved[3], at::kFloat};
+    // torchao casts grad_output twice (for grad_input and grad_weight), to
+    // the same bits with the tensorwise recipe: once here.
+    const Float8Tensor g = CastToFloat8(grad_out.reshape({-1, w.data.size(0)}), kGradientDtype);
+    const at::ScalarType dtype = grad_out.scalar_type();
+    at::Tensor grad_input;
+    at::Tensor grad_weight;
+    if (ctx->needs_input_grad(0)) {
+      // [M, N] x [N, K]: w's row-major bits copied column-major.
+      grad_input = ScaledMm(g, w, dtype, kGradFastAccum).view(input_sizes);
+    }
+    if (ctx->needs_input_grad(1)) {
+      // [N, M] x [M, K]: g transposed copied row-major, x's bits column-major.
+      const Float8Tensor g_t{g.data.t(), g.scale, g.inv_scale, g.orig_dtype};
+      grad_weight = ScaledMm(g_t, x, dtype, kGradFastAccum);
+    }
+    return {grad_input, grad_weight};
+  }
+};
+
+bool IsLinearDtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
+}
+
+// "input [2, 15, 64] x weight [48, 64]", the key of the warning once per shape.
+std::string ShapeName(const at::Tensor& input, const at::Tensor& weight) {
+  std::ostringstream s;
+  s << "input " << input.sizes() << " x weight " << weight.sizes();
+  return s.str();
+}
+
+void WarnFallbackOnce(const at::Tensor& input, const at::Tensor& weight, int64_t rows) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  const std::string shape = ShapeName(input, weight);
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (!warned.insert(shape).second) return;
+  }
+  TORCH_WARN("kernels::Float8Linear: ", shape, " (M = ", rows, " rows, K = ", weight.size(1),
+             ", N = ", weight.size(0),
+             "): float8 matrix products (at::_scaled_mm) need M, K and N non-zero multiples of "
+             "16; running the high-precision at::linear instead (said once per shape)");
+}
+
+}  // namespace
+
+Float8Tensor CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype) {
+  const double float8_max = Float8Max(float8_dtype);
+  TORCH_CHECK(x.defined(), "kernels::CastToFloat8: x is undefined: expected a tensor");
+  TORCH_CHECK(x.is_floating_point() && !at::isFloat8Type(x.scalar_type()),
+              "kernels::CastToFloat8: x has dtype ", x.scalar_type(),
+              ": expected a high-precision floating dtype (float32, bfloat16, float16, float64)");
+  TORCH_CHECK(x.numel() > 0, "kernels::CastToFloat8: x has shape ", x.sizes(),
+              ": expected at least one element (amax of an empty tensor is undefined)");
+  const at::NoGradGuard no_grad;
+  // tensor_to_amax: max(|x|) in x's dtype (exact in any dtype).
+  const at::Tensor amax = at::abs(x).max();
+  // amax_to_scale: float64, `float8_max / clamp(amax, EPS)`, which Python
+  // evaluates as Tensor.__rtruediv__: reciprocal, then multiply (a division
+  // rounds differently); then float32.
+  const at::Tensor scale =
+      amax.to(at::kDouble).clamp_min(kAmaxEps).reciprocal().mul(float8_max).to(at::kFloat);
+  // _ToFloat8ConstrFunc: x upcast to float32 before the multiply (as
+  // torch.compile would), then to_fp8_saturated: clamp, cast.
+  const at::Tensor data =
+      (x.to(at::kFloat) * scale).clamp(-float8_max, float8_max).to(float8_dtype);
+  // addmm_float8_unwrapped: _scaled_mm takes scale.reciprocal().
+  return Float8Tensor{data, scale, scale.reciprocal(), x.scalar_type()};
+}
+
+at::Tensor Float8Linear(const at::Tensor& input, const at::Tensor& weight,
+                        const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(input.defined() && weight.defined(),
+              "kernels::Float8Linear: input and weight must be defined tensors");
+  TORCH_CHECK(weight.dim() == 2, "kernels::Float8Linear: weight has shape ", weight.sizes(),
+              ": expected [N, K]");
+  TORCH_CHECK(input.dim() >= 1 && input.size(-1) == weight.size(1),
+              "kernels::Float8Linear: input has shape ", input.sizes(), " and weight ",
+              weight.sizes(),
+              ": expected input [..., K] with K = weight.size(1) = ", weight.size(1));
+  TORCH_CHECK(IsLinearDtype(input.scalar_type()) && IsLinearDtype(weight.scalar_type()),
+              "kernels::Float8Linear: input has dtype ", input.scalar_type(), " and weight ",
+              weight.scalar_type(), ": expected float32, bfloat16 or float16");
+  TORCH_CHECK(input.device() == weight.device(), "kernels::Float8Linear: input is on ",
+              input.device(), " and weight on ", weight.device(), ": expected one device");
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0),
+                "kernels::Float8Linear: bias has shape ", bias->sizes(), ": expected [N] = [",
+                weight.size(0), "]");
+    TORCH_CHECK(bias->device() == input.device(), "kernels::Float8Linear: bias is on ",
+                bias->device(), " and input on ", input.device(), ": expected one device");
+  }
+  const int64_t k = weight.size(1);
+  const int64_t n = weight.size(0);
+  const int64_t rows = k == 0 ? 0 : input.numel() / k;
+  if (rows == 0 || k == 0 || n == 0 || rows % 16 != 0 || k % 16 != 0 || n % 16 != 0) {
+    WarnFallbackOnce(input, weight, rows);
+    return at::linear(input, weight, has_bias ? *bias : std::optional<at::Tensor>());
+  }
+  at::Tensor out = Float8LinearFunction::apply(input, weight);
+  // Float8Linear.forward: `output + self.bias.to(output.dtype)`.
+  if (has_bias) out = out + bias->to(out.scalar_type());
+  return out;
+}
+
+bool Float8MatmulSupported(const c10::Device& device, std::string* why) {
+  std::string reason;
+  if (device.is_cpu()) {
+    reason =
+        "the CPU has no float8 matrix products (at::_scaled_mm runs there only as a slow "
+        "emulation); float8 needs CUDA with compute capability 8.9 or later";
+  } else if (!device.is_cuda()) {
+    std::ostringstream s;
+    s << "device " << device
+      << " has no float8 matrix products here; float8 needs CUDA with compute capability 8.9 "
+         "or later";
+    reason = s.str();
+  } else if (internal::GetCudaCapabilityQuery() == nullptr) {
+    reason =
+        "this binary does not link //kernels:cuda, which asks a CUDA device for its compute "
+        "capability (build with --config=cuda and select //kernels:cuda under "
+        "//third_party:cuda)";
+  } else {
+    internal::ComputeCapability cc;
+    try {
+      cc = internal::GetCudaCapabilityQuery()(device.index());
+    } catch (const c10::Error& e) {
+      reason = "cannot ask device " + device.str() +
+               " for its compute capability: " + e.what_without_backtrace();
+    }
+    if (reason.empty() && cc.major * 10 + cc.minor < 89) {
+      std::ostringstream s;
+      s << "device " << device << " has compute capability " << cc.major << "." << cc.minor
+        << "; float8 matrix products need 8.9 or later (Ada, Hopper, Blackwell)";
+      reason = s.str();
+    }
+  }
+  if (why != nullptr) *why = reason;
+  return reason.empty();
+}
+
+}  // namespace kernels
