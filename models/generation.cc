@@ -7,6 +7,7 @@
 #include <set>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/InferenceMode.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 
@@ -104,7 +105,7 @@ absl::StatusOr<std::vector<Generated>> Generate(LlamaForCausalLMImpl& model,
                                                 GenerationTimes* times) {
   using Clock = std::chrono::steady_clock;
   if (absl::Status s = CheckOptions(model.config(), prompts, options); !s.ok()) return s;
-  torch::NoGradGuard no_grad;
+  c10::InferenceMode inference;  // no autograd bookkeeping at all (NoGradGuard keeps some)
   const torch::Tensor weight = model.output_weight();
   const c10::Device device = weight.device();
   const int64_t batch = static_cast<int64_t>(prompts.size());

@@ -136,8 +136,11 @@ TEST_P(GenerationGolden, CachedLogitsEqualTheFullForwardAtEveryPosition) {
   const torch::Tensor full = model->forward(input);
 
   KvCache cache(model->config(), rows, length, torch::kCPU, torch::kFloat);
-  std::vector<torch::Tensor> steps = {model->ForwardCached(input.narrow(1, 0, prefix), {}, &cache)};
-  for (int64_t t = prefix; t < length; ++t) {
+  // The prefix, two tokens at once after it (a causal mask offset by the
+  // prefix), then one at a time.
+  std::vector<torch::Tensor> steps = {model->ForwardCached(input.narrow(1, 0, prefix), {}, &cache),
+                                      model->ForwardCached(input.narrow(1, prefix, 2), {}, &cache)};
+  for (int64_t t = prefix + 2; t < length; ++t) {
     steps.push_back(model->ForwardCached(input.narrow(1, t, 1), {}, &cache));
   }
   EXPECT_EQ(cache.length(), length);

@@ -31,13 +31,14 @@ void KvCache::Write(int64_t layer, const at::Tensor& k, const at::Tensor& v) {
   values_[layer].narrow(2, length_, steps).copy_(v);
 }
 
-void KvCache::Advance(const at::Tensor& mask) {
+void KvCache::Advance(const at::Tensor& mask, bool padded) {
   const int64_t steps = mask.size(1);
   TORCH_CHECK(mask.size(0) == batch() && length_ + steps <= capacity(), "models::KvCache: mask ",
               mask.sizes(), " after ", length_, " slots of ", capacity(), " for batch ", batch());
   valid_.narrow(1, length_, steps).copy_(mask);
   seen_.add_(mask.sum(1));
   length_ += steps;
+  padded_ = padded_ || padded;
 }
 
 }  // namespace models

@@ -50,14 +50,18 @@ class KvCache {
   // `layer` at slots [length(), length() + T). Advance() then moves past
   // them, once every layer has written.
   void Write(int64_t layer, const at::Tensor& k, const at::Tensor& v);
-  // Records the step's `mask` (bool [batch, T], true for real tokens) and
-  // moves length() by T.
-  void Advance(const at::Tensor& mask);
+  // Records the step's `mask` (bool [batch, T], true for real tokens;
+  // `padded`: some slot so far is padding) and moves length() by T.
+  void Advance(const at::Tensor& mask, bool padded);
+  // Some slot so far holds padding: attention needs a mask and rows have
+  // their own positions.
+  bool padded() const { return padded_; }
 
  private:
   std::vector<at::Tensor> keys_, values_;
   at::Tensor valid_, seen_;
   int64_t length_ = 0;
+  bool padded_ = false;
 };
 
 }  // namespace models

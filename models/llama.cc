@@ -1,5 +1,6 @@
 #include "models/llama.h"
 
+#include <algorithm>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -136,7 +137,7 @@ torch::Tensor LlamaAttentionImpl::ForwardCached(const torch::Tensor& x, const to
     v = cache->values(layer).narrow(2, 0, slots);
   }
   bool gqa = kv_heads_ != heads_;
-  if (gqa && !x.device().is_cpu()) {
+  if (gqa && mask.defined() && !x.device().is_cpu()) {
     // With a mask, CUDA's flash kernel is out and the memory-efficient one
     // takes no enable_gqa, so SDPA would fall back to the math kernel:
     // repeated heads (transformers' repeat_kv) keep the fused kernel. The
@@ -146,7 +147,9 @@ torch::Tensor LlamaAttentionImpl::ForwardCached(const torch::Tensor& x, const to
     gqa = false;
   }
   const torch::Tensor out = at::scaled_dot_product_attention(
-      q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/false, /*scale=*/std::nullopt, gqa);
+      q, k, v, mask.defined() ? std::optional<torch::Tensor>(mask) : std::nullopt,
+      /*dropout_p=*/0.0, /*is_causal=*/!mask.defined() && length > 1,
+      /*scale=*/std::nullopt, gqa);
   return o_proj(out.transpose(1, 2).reshape({batch, length, heads_ * head_dim_}));
 }
 
@@ -259,37 +262,57 @@ torch::Tensor LlamaModelImpl::ForwardCached(const torch::Tensor& input_ids,
               "models::LlamaModel: a sequence of ", slots, " tokens is longer than the config's ",
               "sliding_window=", *config_.sliding_window,
               ": sliding-window attention is not implemented");
-  torch::Tensor seen =
-      cache != nullptr
-          ? cache->seen()
-          : torch::zeros({batch}, torch::TensorOptions().device(device).dtype(torch::kLong));
-  // transformers' position_ids from the attention mask: cumsum - 1 (a pad's
-  // position is never looked at; clamped to stay a valid table index).
-  const torch::Tensor positions =
-      (seen.unsqueeze(1) + real.to(torch::kLong).cumsum(1) - 1).clamp_min(0);
-  // [B, 1, T, slots]: query i (slot past + i) sees key slot j <= past + i
-  // holding a real token, and always itself.
-  const torch::Tensor key_real =
-      cache != nullptr ? torch::cat({cache->valid().narrow(1, 0, past), real}, 1) : real;
-  const auto index_options = torch::TensorOptions().device(device).dtype(torch::kLong);
-  const torch::Tensor query_slot = torch::arange(past, slots, index_options).view({length, 1});
-  const torch::Tensor key_slot = torch::arange(slots, index_options).view({1, slots});
-  const torch::Tensor attend = ((key_slot <= query_slot).unsqueeze(0) & key_real.unsqueeze(1)) |
-                               (key_slot == query_slot).unsqueeze(0);
-  const torch::Tensor attn_mask = attend.unsqueeze(1);
-
+  // Padding anywhere (this step's mask or an earlier one) needs the mask and
+  // per-row positions; without it (one prompt, or prompts of one length)
+  // every row is at positions [past, slots), so the shared RoPE table and
+  // SDPA's own causal masking serve, with fewer ops per decoded token.
+  const bool padded =
+      (mask.defined() && !real.all().item<bool>()) || (cache != nullptr && cache->padded());
   torch::Tensor h = embed_tokens(input_ids);
-  // The tables as RopeTables makes them (float32, then cast), per row.
-  auto [cos, sin] = RopeCosSin(inv_freq.to(device), positions);
-  cos = cos.to(h.scalar_type());
-  sin = sin.to(h.scalar_type());
+  // The tables of forward (RopeTables: float32, then cast), long enough for
+  // every position so far.
+  auto [table_cos, table_sin] =
+      RopeTables(std::max(config_.max_position_embeddings, slots), h.device(), h.scalar_type());
+  torch::Tensor cos, sin, attn_mask;
+  if (!padded) {
+    cos = table_cos.narrow(0, past, length);
+    sin = table_sin.narrow(0, past, length);
+    // One query attends to every slot so far; a first step is causal as
+    // SDPA's is_causal (no mask) makes it. Several queries after a prefix
+    // need the mask below (is_causal aligns them top-left).
+    if (length > 1 && past > 0) {
+      attn_mask = torch::ones({length, slots}, h.options().dtype(torch::kBool)).tril(past);
+    }
+  } else {
+    const torch::Tensor seen =
+        cache != nullptr
+            ? cache->seen()
+            : torch::zeros({batch}, torch::TensorOptions().device(device).dtype(torch::kLong));
+    // transformers' position_ids from the attention mask: cumsum - 1 (a
+    // pad's position is never looked at; clamped to stay a table index).
+    const torch::Tensor positions =
+        (seen.unsqueeze(1) + real.to(torch::kLong).cumsum(1) - 1).clamp_min(0);
+    cos = table_cos.index_select(0, positions.reshape({-1})).view({batch, length, -1});
+    sin = table_sin.index_select(0, positions.reshape({-1})).view({batch, length, -1});
+    // [B, 1, T, slots]: query i (slot past + i) sees key slot j <= past + i
+    // holding a real token, and always itself (a padding query would
+    // otherwise see nothing, and its softmax over nothing is NaN).
+    const torch::Tensor key_real =
+        cache != nullptr ? torch::cat({cache->valid().narrow(1, 0, past), real}, 1) : real;
+    const auto index_options = torch::TensorOptions().device(device).dtype(torch::kLong);
+    const torch::Tensor query_slot = torch::arange(past, slots, index_options).view({length, 1});
+    const torch::Tensor key_slot = torch::arange(slots, index_options).view({1, slots});
+    attn_mask = (((key_slot <= query_slot).unsqueeze(0) & key_real.unsqueeze(1)) |
+                 (key_slot == query_slot).unsqueeze(0))
+                    .unsqueeze(1);
+  }
   int64_t index = 0;
   // Directly, not through module_call::call: generation runs on an unwrapped
   // model (no FSDP unit or checkpointed region hooks these layers then).
   for (const auto& layer : *layers) {
     h = layer->as<LlamaDecoderLayerImpl>()->ForwardCached(h, cos, sin, attn_mask, cache, index++);
   }
-  if (cache != nullptr) cache->Advance(real);
+  if (cache != nullptr) cache->Advance(real, padded);
   return norm(h);
 }
 

@@ -100,8 +100,10 @@ class LlamaAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
   // Incremental decoding (LlamaModel::ForwardCached): x's keys and values
   // are written to `cache` (layer `layer`) and the queries attend over every
-  // slot so far, as `mask` (bool [B, 1, T, slots], true: attend) allows;
-  // without a cache, over x's own positions. cos, sin: [B, T, head_dim].
+  // slot so far, as `mask` (bool [B, 1, T, slots] or [T, slots], true:
+  // attend) allows; an undefined mask: causal from slot 0 (T == 1, or the
+  // first T slots); without a cache, over x's own positions. cos, sin:
+  // [T, head_dim] or [B, T, head_dim].
   torch::Tensor ForwardCached(const torch::Tensor& x, const torch::Tensor& cos,
                               const torch::Tensor& sin, const torch::Tensor& mask, KvCache* cache,
                               int64_t layer);

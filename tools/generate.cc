@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/InferenceMode.h>
 #include <torch/cuda.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/types.h>
@@ -188,7 +189,7 @@ int Score(models::LlamaForCausalLMImpl& model, const std::vector<int64_t>& ids,
                                " is outside the model's vocabulary [0, ", vocab, ")"));
     }
   }
-  torch::NoGradGuard no_grad;
+  c10::InferenceMode inference;  // no autograd bookkeeping at all (NoGradGuard keeps some)
   const torch::Tensor all = torch::tensor(ids, torch::kLong);
   std::vector<double> losses;
   const int64_t n = all.size(0);
