@@ -6,7 +6,12 @@
 //       [--temperature 0.8 --top-k 50 --top-p 0.95 --seed 1] [--output text|ids|json]
 //   bazel run //tools:generate -- --hf-checkpoint DIR --prompt-ids '[[1, 2, 3], [4, 5]]'
 //   bazel run //tools:generate -- --hf-checkpoint DIR --tokenizer tokenizer.json --score a.txt
+//   bazel run //tools:generate -- --checkpoint-dir RUN --model-config config.json --prompt-ids ...
 //
+// The model: a Hugging Face checkpoint directory (--hf-checkpoint), or the
+// trainer's own checkpoints (--checkpoint-dir: the newest complete step of
+// the root, or one step_<N>; FULL or sharded, any world size) with the
+// config.json the run trained (--model-config).
 // Prompts: --prompt TEXT (repeatable, encoded with --tokenizer and its
 // post-processor, e.g. Llama 3's BOS, unless --no-special-tokens),
 // --prompt-ids JSON (a list of id lists), or --prompts-file F (JSON Lines:
@@ -35,6 +40,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -49,10 +55,12 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "models/generation.h"
 #include "models/llama.h"
 #include "models/llama_config.h"
 #include "nlohmann/json.hpp"
+#include "state_dict/checkpoint.h"
 #include "state_dict/hf_checkpoint.h"
 #include "tokenizer/tokenizer.h"
 
@@ -226,6 +234,65 @@ int Score(models::LlamaForCausalLMImpl& model, const std::vector<int64_t>& ids,
   return 0;
 }
 
+// --checkpoint-dir: every parameter of `model` from a trainer checkpoint,
+// `dir` being --checkpoint-dir's root (its newest complete step) or one
+// step_<N> directory. FULL (model.pt): the "model.<fqn>" records; SHARDED
+// (rank_*.pt of any world size): each parameter whole, gathered from the
+// ranks' pieces (state_dict's reshard on load, to one rank).
+absl::Status LoadTrainerCheckpoint(models::LlamaForCausalLMImpl& model, const std::string& dir) {
+  std::string step_dir = dir;
+  if (!std::filesystem::exists(std::filesystem::path(dir) / "MANIFEST")) {
+    auto latest = state_dict::LatestCheckpoint(dir);
+    if (!latest.ok()) {
+      return absl::NotFoundError(absl::StrCat(
+          dir, ": neither a step directory (no MANIFEST) nor a checkpoint root with a complete ",
+          "checkpoint: ", latest.status().message()));
+    }
+    step_dir = *latest;
+  }
+  torch::NoGradGuard no_grad;
+  if (std::filesystem::exists(std::filesystem::path(step_dir) / "model.pt")) {
+    auto saved = state_dict::LoadFullStateDict(step_dir);
+    if (!saved.ok()) return saved.status();
+    for (auto& p : model.named_parameters()) {
+      const torch::Tensor* t = saved->find("model." + p.key());
+      if (t == nullptr) {
+        return absl::NotFoundError(absl::StrCat(step_dir, "/model.pt has no model.", p.key(),
+                                                ": not a checkpoint of this model (config)"));
+      }
+      if (t->sizes() != p.value().sizes()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(step_dir, "/model.pt: model.", p.key(), " is [",
+                         absl::StrJoin(t->sizes(), ", "), "], the model's [",
+                         absl::StrJoin(p.value().sizes(), ", "), "]: another model's checkpoint"));
+      }
+      p.value().copy_(*t);
+    }
+    return absl::OkStatus();
+  }
+  std::vector<std::pair<std::string, state_dict::ShardRequest>> requests;
+  for (const auto& p : model.named_parameters()) {
+    state_dict::ShardRequest request;
+    request.global_shape = p.value().sizes().vec();
+    request.dtype = p.value().scalar_type();
+    request.ranges = {{0, p.value().numel()}};
+    requests.emplace_back(p.key(), std::move(request));
+  }
+  auto loaded = state_dict::LoadResharded(step_dir, requests);
+  if (!loaded.ok()) {
+    return absl::Status(loaded.status().code(),
+                        absl::StrCat(step_dir, ": ", loaded.status().message()));
+  }
+  for (auto& p : model.named_parameters()) {
+    const state_dict::ShardedTensor* t = loaded->find(p.key());
+    if (t == nullptr || t->pieces.size() != 1) {
+      return absl::NotFoundError(absl::StrCat(step_dir, ": no whole ", p.key()));
+    }
+    p.value().view({-1}).copy_(t->pieces[0].data.reshape({-1}));
+  }
+  return absl::OkStatus();
+}
+
 // Mean seconds per token over steps [from, from + 16), when generated.
 void AddDepth(nlohmann::json& json, const std::vector<double>& steps, int64_t from) {
   if (static_cast<int64_t>(steps.size()) < from + 16) return;
@@ -238,8 +305,8 @@ void AddDepth(nlohmann::json& json, const std::vector<double>& steps, int64_t fr
 
 int main(int argc, char** argv) {
   CLI::App app("generate: continue prompts with a Llama-family model, or score a file");
-  std::string hf_checkpoint, checkpoint_dir, tokenizer_path, output, device_name = "cpu",
-                                                                     dtype_name = "float32", score;
+  std::string hf_checkpoint, checkpoint_dir, model_config, tokenizer_path, output,
+      device_name = "cpu", dtype_name = "float32", score;
   Inputs inputs;
   models::GenerationOptions options;
   options.max_new_tokens = 32;
@@ -248,7 +315,10 @@ int main(int argc, char** argv) {
   app.add_option("--hf-checkpoint", hf_checkpoint,
                  "a Hugging Face checkpoint directory (config.json + safetensors)");
   app.add_option("--checkpoint-dir", checkpoint_dir,
-                 "a trainer checkpoint directory (not yet supported: see the error)");
+                 "a trainer checkpoint (FULL or sharded): its root (the newest step) or a step_<N> "
+                 "directory; with --model-config");
+  app.add_option("--model-config", model_config,
+                 "--checkpoint-dir: the config.json the run trained");
   app.add_option("--tokenizer", tokenizer_path, "the tokenizer.json (text prompts and output)");
   app.add_option("--prompt", inputs.prompts, "a text prompt (repeat for a batch)");
   app.add_option("--prompt-ids", inputs.prompt_ids, "prompts as ids, JSON: [[1, 2, 3], [4, 5]]");
@@ -289,13 +359,18 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("--greedy and --temperature ", options.temperature,
                              ": choose one (--temperature 0 is greedy)"));
   }
-  if (!checkpoint_dir.empty()) {
-    return Fail(absl::StrCat(
-        "--checkpoint-dir ", checkpoint_dir,
-        ": reading the trainer's own checkpoints is not implemented yet; export the run with "
-        "the trainer's --export-hf DIR (or ckpt convert) and pass --hf-checkpoint DIR"));
+  if (checkpoint_dir.empty() == hf_checkpoint.empty()) {
+    return Fail(
+        "expected the model from --hf-checkpoint DIR or --checkpoint-dir DIR, one of the two");
   }
-  if (hf_checkpoint.empty()) return Fail("expected --hf-checkpoint DIR (the model)");
+  if (!hf_checkpoint.empty() && !model_config.empty()) {
+    return Fail("--model-config goes with --checkpoint-dir; --hf-checkpoint has its config.json");
+  }
+  if (!checkpoint_dir.empty() && model_config.empty()) {
+    return Fail(absl::StrCat("--checkpoint-dir ", checkpoint_dir,
+                             ": needs --model-config FILE, the config.json the run trained (a "
+                             "trainer checkpoint holds no config)"));
+  }
   const bool has_prompts =
       !inputs.prompts.empty() || !inputs.prompt_ids.empty() || !inputs.prompts_file.empty();
   if (score.empty() == !has_prompts) {
@@ -315,9 +390,15 @@ int main(int argc, char** argv) {
   }
   const c10::ScalarType dtype = dtype_name == "bfloat16" ? torch::kBFloat16 : torch::kFloat;
 
-  const std::string config_path = hf_checkpoint + "/config.json";
+  const std::string model_flag = hf_checkpoint.empty() ? "--checkpoint-dir" : "--hf-checkpoint";
+  const std::string model_dir = hf_checkpoint.empty() ? checkpoint_dir : hf_checkpoint;
+  const std::string config_path =
+      model_config.empty() ? hf_checkpoint + "/config.json" : model_config;
   auto config = models::ReadLlamaConfig(config_path);
-  if (!config.ok()) return Fail(absl::StrCat("--hf-checkpoint: ", config.status().message()));
+  if (!config.ok()) {
+    return Fail(absl::StrCat(model_config.empty() ? "--hf-checkpoint" : "--model-config", ": ",
+                             config.status().message()));
+  }
 
   std::optional<tokenizer::Tokenizer> tok;
   if (!tokenizer_path.empty()) {
@@ -332,9 +413,10 @@ int main(int argc, char** argv) {
   }
 
   models::LlamaForCausalLM model(*config, c10::kCPU, /*init_seed=*/std::nullopt);
-  if (auto s = state_dict::LoadHfCheckpoint(*model, hf_checkpoint); !s.ok()) {
-    return Fail(absl::StrCat("--hf-checkpoint: ", s.message()));
-  }
+  const absl::Status loaded = hf_checkpoint.empty()
+                                  ? LoadTrainerCheckpoint(*model, checkpoint_dir)
+                                  : state_dict::LoadHfCheckpoint(*model, hf_checkpoint);
+  if (!loaded.ok()) return Fail(absl::StrCat(model_flag, ": ", loaded.message()));
   model->to(device, dtype);
   model->eval();
 
@@ -386,7 +468,7 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat(generated.status().message(),
                              " (prompts numbered from 0 in the "
                              "order --prompt, --prompt-ids, --prompts-file; model ",
-                             hf_checkpoint, ")"));
+                             model_dir, ")"));
   }
   for (size_t i = 0; i < generated->size(); ++i) {
     const models::Generated& g = (*generated)[i];

@@ -9,10 +9,12 @@
 #  - --score: the loss of 600 ids under qwen3 (256 positions: three windows)
 #    equal to transformers' on the same windows;
 #  - sampling reproducible from --seed, another seed another result;
+#  - the trainer's checkpoints (2 steps on 2 ranks, FULL and sharded) give
+#    what the same run's --export-hf gives;
 #  - refusals naming the flag, file or value.
-# Usage (Bazel): generate_test.sh GENERATE PYTHON TOKENIZER_JSON MODELS_TESTDATA
+# Usage (Bazel): generate_test.sh GENERATE PYTHON TOKENIZER_JSON MODELS_TESTDATA TRAINER
 set -euo pipefail
-generate=$1 python=$2 tokenizer=$3 testdata=$4
+generate=$1 python=$2 tokenizer=$3 testdata=$4 trainer=$5
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
 
 # Expected values from transformers, and the small model.
@@ -123,7 +125,37 @@ expect_error "more than the model's vocab_size 128" --hf-checkpoint "$testdata/l
   --tokenizer "$tokenizer" --prompt "Hello"
 expect_error "--tokenizer" --hf-checkpoint "$testdata/llama3_gqa" --prompt "Hello"
 expect_error "--prompt-ids: not JSON" --hf-checkpoint "$testdata/llama3_gqa" --prompt-ids "[[1,"
-expect_error "--checkpoint-dir" --checkpoint-dir "$tmp" --prompt-ids "[[1]]"
+expect_error "needs --model-config" --checkpoint-dir "$tmp" --prompt-ids "[[1]]"
+expect_error "neither a step directory" --checkpoint-dir "$tmp" \
+  --model-config "$testdata/llama3_gqa/config.json" --prompt-ids "[[1]]"
 expect_error "--score $tmp/missing.json: cannot be read" --hf-checkpoint "$testdata/qwen3" \
   --score "$tmp/missing.json"
 echo "PASS: refusals"
+
+echo "$golden_ids" | "$python" -c "import json,sys; print(json.dumps(sum(json.load(sys.stdin), [])))" \
+  > "$tmp/golden_ids.json"
+"$generate" --hf-checkpoint "$testdata/llama3_gqa" --score "$tmp/golden_ids.json" > "$tmp/score_start.json"
+for format in full sharded; do
+  "$trainer" --model llama --hf-checkpoint "$testdata/llama3_gqa" --data synthetic --steps 2 --nproc 2 \
+    --global-batch 2 --seq 16 --checkpoint-dir "$tmp/run_$format" --checkpoint-format $format \
+    --export-hf "$tmp/export_$format" > "$tmp/trainer_$format.log" 2>&1 ||
+    { echo "FAIL: the trainer run ($format)"; cat "$tmp/trainer_$format.log"; exit 1; }
+  "$generate" --hf-checkpoint "$tmp/export_$format" --prompt-ids "$golden_ids" --max-new-tokens 8 \
+    --temperature 1 --seed 5 --output ids > "$tmp/from_export.txt"
+  "$generate" --hf-checkpoint "$tmp/export_$format" --score "$tmp/golden_ids.json" >> "$tmp/from_export.txt"
+  # The root (its newest step) and the step directory itself.
+  for dir in "$tmp/run_$format" "$tmp/run_$format/step_2"; do
+    "$generate" --checkpoint-dir "$dir" --model-config "$testdata/llama3_gqa/config.json" \
+      --prompt-ids "$golden_ids" --max-new-tokens 8 --temperature 1 --seed 5 --output ids \
+      > "$tmp/from_checkpoint.txt"
+    "$generate" --checkpoint-dir "$dir" --model-config "$testdata/llama3_gqa/config.json" \
+      --score "$tmp/golden_ids.json" >> "$tmp/from_checkpoint.txt"
+    cmp -s "$tmp/from_export.txt" "$tmp/from_checkpoint.txt" ||
+      { echo "FAIL: --checkpoint-dir $dir differs from the run's --export-hf"; exit 1; }
+  done
+  # The trained model is not the checkpoint it started from.
+  if grep -qF "$(cat "$tmp/score_start.json")" "$tmp/from_export.txt"; then
+    echo "FAIL: the trained model scores as the initial one"; exit 1
+  fi
+done
+echo "PASS: trainer checkpoints, FULL and sharded"
