@@ -80,6 +80,23 @@ sample() {
 sample 1 > "$tmp/seed1a.txt"
 sample 1 > "$tmp/seed1b.txt"
 sample 2 > "$tmp/seed2.txt"
+# The same prompts from a JSON Lines file (ids, an object with ids), greedy
+# spelled three ways; bfloat16 runs (its tokens may differ from float32's).
+"$python" -c "import json; e=json.load(open('$tmp/expected.json')); print(json.dumps(e['golden']['a']['prompt'])); print(json.dumps({'ids': e['golden']['b']['prompt']}))" \
+  > "$tmp/prompts.jsonl"
+"$generate" --hf-checkpoint "$testdata/llama3_gqa" --prompts-file "$tmp/prompts.jsonl" --max-new-tokens 8 \
+  --greedy > "$tmp/file_greedy.txt"
+"$generate" --hf-checkpoint "$testdata/llama3_gqa" --prompts-file "$tmp/prompts.jsonl" --max-new-tokens 8 \
+  --temperature 0 --seed 3 > "$tmp/file_t0.txt"
+"$generate" --hf-checkpoint "$testdata/llama3_gqa" --prompts-file "$tmp/prompts.jsonl" --max-new-tokens 8 \
+  --temperature 0.5 --top-k 1 > "$tmp/file_k1.txt"
+cmp -s "$tmp/file_greedy.txt" "$tmp/golden_nocache.txt" || { echo "FAIL: --prompts-file greedy"; exit 1; }
+cmp -s "$tmp/file_t0.txt" "$tmp/golden_nocache.txt" || { echo "FAIL: --temperature 0 is not greedy"; exit 1; }
+cmp -s "$tmp/file_k1.txt" "$tmp/golden_nocache.txt" || { echo "FAIL: --top-k 1 is not greedy"; exit 1; }
+"$generate" --hf-checkpoint "$testdata/llama3_gqa" --prompts-file "$tmp/prompts.jsonl" --max-new-tokens 8 \
+  --dtype bfloat16 --output json > "$tmp/bf16.jsonl"
+[ "$(grep -c '"stop":"length"' "$tmp/bf16.jsonl")" = 2 ] || { echo "FAIL: bfloat16"; cat "$tmp/bf16.jsonl"; exit 1; }
+
 cmp -s "$tmp/seed1a.txt" "$tmp/seed1b.txt" || { echo "FAIL: --seed 1 twice differs"; exit 1; }
 if cmp -s "$tmp/seed1a.txt" "$tmp/seed2.txt"; then echo "FAIL: --seed 1 and 2 agree"; exit 1; fi
 
@@ -125,6 +142,10 @@ expect_error "more than the model's vocab_size 128" --hf-checkpoint "$testdata/l
   --tokenizer "$tokenizer" --prompt "Hello"
 expect_error "--tokenizer" --hf-checkpoint "$testdata/llama3_gqa" --prompt "Hello"
 expect_error "--prompt-ids: not JSON" --hf-checkpoint "$testdata/llama3_gqa" --prompt-ids "[[1,"
+expect_error "--greedy and --temperature 1" --hf-checkpoint "$testdata/llama3_gqa" --prompt-ids "[[1]]" \
+  --greedy --temperature 1
+printf '[1, 2]\n{"tokens": [1]}\n' > "$tmp/bad.jsonl"
+expect_error "bad.jsonl:2: expected a string" --hf-checkpoint "$testdata/llama3_gqa" --prompts-file "$tmp/bad.jsonl"
 expect_error "needs --model-config" --checkpoint-dir "$tmp" --prompt-ids "[[1]]"
 expect_error "neither a step directory" --checkpoint-dir "$tmp" \
   --model-config "$testdata/llama3_gqa/config.json" --prompt-ids "[[1]]"
