@@ -238,6 +238,19 @@ TEST(Generation, StopsAtEosPerRow) {
       std::vector<int64_t>(golden.new_b.begin(), b_eos == golden.new_b.end() ? b_eos : b_eos + 1));
 }
 
+// Generate runs under InferenceMode; the RoPE tables it leaves in the model's
+// cache must still serve a training forward and backward of the same length.
+TEST(Generation, TrainingAfterGenerationStillBackpropagates) {
+  LlamaForCausalLM model = LoadModel("qwen3");
+  GenerationOptions options;
+  options.max_new_tokens = 2;
+  ASSERT_TRUE(Generate(*model, {{1, 2, 3}}, options).ok());
+  const int64_t positions = model->config().max_position_embeddings;
+  const torch::Tensor batch = torch::randint(0, 112, {1, positions + 1}, torch::kLong);
+  model->Loss(batch).backward();
+  EXPECT_TRUE(model->model->embed_tokens->weight.grad().defined());
+}
+
 TEST(Generation, BadInputIsRefused) {
   LlamaForCausalLM model = LoadModel("qwen3");  // vocab 112, 256 positions
   GenerationOptions options;

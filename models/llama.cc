@@ -6,6 +6,7 @@
 #include <utility>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/InferenceMode.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/linear.h>
@@ -213,6 +214,10 @@ std::pair<torch::Tensor, torch::Tensor> LlamaModelImpl::RopeTables(int64_t lengt
   auto it = rope_tables_.find(key);
   if (it == rope_tables_.end()) {
     torch::NoGradGuard no_grad;
+    // Kept for every later call: made as ordinary tensors even when the
+    // first caller runs under InferenceMode (Generate), or a training
+    // forward that later reads them could not save them for backward.
+    c10::InferenceMode not_inference(false);
     // Made on the device: a copy from pageable host memory would make the
     // forward wait for the GPU.
     auto [cos, sin] = RopeCosSin(inv_freq.to(device),

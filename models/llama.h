@@ -16,6 +16,10 @@
 //   model->InitializeWeights(/*seed=*/0);        // or load a checkpoint
 //   torch::Tensor logits = model->forward(input_ids);  // [B, T, vocab]
 //
+// Incremental decoding (generation.h): ForwardCached runs a step's tokens
+// against a KvCache (kv_cache.h) of the keys and values before them, with
+// left padding masked; forward, the training path, is unchanged.
+//
 // Per layer: x + o_proj(attention(RoPE(q), RoPE(k), v)) over
 // input_layernorm(x), then + down_proj(silu(gate_proj(h)) * up_proj(h)) over
 // post_attention_layernorm. RMSNorm in float32 with eps inside the square
