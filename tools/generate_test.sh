@@ -7,7 +7,8 @@
 #    text prompts in, ids and decoded text out, equal to transformers'
 #    generate() on tokenizers' ids;
 #  - --score: the loss of 600 ids under qwen3 (256 positions: three windows)
-#    equal to transformers' on the same windows;
+#    equal to transformers' on the same windows, and of a text file through
+#    the tokenizer under the small Llama;
 #  - sampling reproducible from --seed, another seed another result;
 #  - the trainer's checkpoints (2 steps on 2 ranks, FULL and sharded) give
 #    what the same run's --export-hf gives;
@@ -46,6 +47,13 @@ for text in texts:
                              max_new_tokens=10, do_sample=False, pad_token_id=eos, eos_token_id=eos)
     new = seq[0, len(ids):].tolist()
     expected["tiny"].append({"prompt": ids, "new": new, "text": tok.decode(new)})
+# --score of a text file through the tokenizer (its BOS first).
+text = "The licence text says that the software is provided as is, without warranty."
+open(f"{tmp}/score.txt", "w").write(text)
+ids = tok.encode(text).ids
+with torch.no_grad():
+    loss = model(torch.tensor([ids]), labels=torch.tensor([ids])).loss.item()
+expected["score_text"] = {"ids": ids, "loss": loss}
 # --score: 600 ids under qwen3 in windows of 256 sharing one token.
 qwen = transformers.AutoModelForCausalLM.from_pretrained(f"{testdata}/qwen3").eval()
 ids = torch.randint(0, qwen.config.vocab_size, (600,), generator=torch.Generator().manual_seed(3))
@@ -73,6 +81,7 @@ golden_ids=$(ids_of)
 "$generate" --hf-checkpoint "$tmp/tiny" --tokenizer "$tokenizer" --prompt "Hello, world" \
   --max-new-tokens 10 > "$tmp/tiny.txt"
 "$generate" --hf-checkpoint "$testdata/qwen3" --score "$tmp/score_ids.json" > "$tmp/score.json"
+"$generate" --hf-checkpoint "$tmp/tiny" --tokenizer "$tokenizer" --score "$tmp/score.txt" > "$tmp/score_text.json"
 sample() {
   "$generate" --hf-checkpoint "$testdata/llama3_gqa" --prompt-ids "$golden_ids" --max-new-tokens 24 \
     --temperature 1.2 --top-k 40 --top-p 0.9 --seed "$1" --output ids
@@ -123,6 +132,11 @@ assert score["tokens"] == 600 and score["predicted"] == 599, score["predicted"]
 assert abs(score["loss"] - e["score"]["loss"]) < 1e-4, (score["loss"], e["score"]["loss"])
 worst = max(abs(t["loss"] - w) for t, w in zip(score["per_token"], e["score"]["losses"]))
 assert worst < 1e-3, worst
+st = json.load(open(f"{tmp}/score_text.json"))
+assert st["tokens"] == len(e["score_text"]["ids"]), st["tokens"]
+assert [t["id"] for t in st["per_token"]] == e["score_text"]["ids"][1:]
+assert all("token" in t for t in st["per_token"]), st["per_token"][0]
+assert abs(st["loss"] - e["score_text"]["loss"]) < 1e-4, (st["loss"], e["score_text"]["loss"])
 print("PASS: greedy ids, text and scores equal to transformers")
 PY
 
