@@ -21,6 +21,11 @@ CUDA_LIB_DIR. The sources include project headers from the workspace root
 LibTorch's headers.
 """
 
+# tools/gpu_cmake.py reads CUDA_ARCHS and NVCC_FLAGS (their string literals)
+# for the GPU machine's CMake build, benchmarks/gpu/sources.cmake: keep them
+# plain lists of literals, and regenerate it (python3 tools/gpu_cmake.py
+# --write) after changing them.
+
 # sm_80 (A100), sm_90 (H100, H200), sm_100 (B200), and PTX for compute_90,
 # which later GPUs compile when they load the library.
 CUDA_ARCHS = [

@@ -19,6 +19,14 @@ TORCHFSDP_CUDA is ON); alwayslink libraries are kept apart (CMake links their
 objects into each binary, as Bazel does). copts are not carried (CMake's
 Release flags are -O2 like .bazelrc's; warnings are not errors there).
 
+cuda_objects targets (kernels/cuda.bzl: .cu files compiled by nvcc, no
+LibTorch) must be reached only through //third_party:cuda branches (the
+CPU-only build has no nvcc); their .cu sources and headers go into
+TORCHFSDP_CUDA_OBJECTS_SRCS / _HDRS, and the nvcc flags into
+TORCHFSDP_NVCC_FLAGS, read from the NVCC_FLAGS and CUDA_ARCHS lists of the
+.bzl file the BUILD file loads cuda_objects from (so the architectures cannot
+drift from Bazel's), less -Werror, as for the C++ sources.
+
 Reads the BUILD files with tools/deps_diagram.py's parser (no `bazel query`,
 so it runs inside a test). Python 3 standard library only.
 //tools:gpu_cmake_test runs --check.
@@ -44,6 +52,7 @@ OUTPUT = "benchmarks/gpu/sources.cmake"
 REGENERATE = "python3 tools/gpu_cmake.py --write"
 COMPILED = (".cc", ".cpp", ".c")
 HEADERS = (".h", ".hpp", ".inc")
+CUDA_OBJECTS = "cuda_objects"  # the macro of kernels/cuda.bzl
 
 
 class BuildError(Exception):
@@ -153,8 +162,17 @@ def closure(rules, root_keys):
             actuals = literals(attributes.get("actual", ""))
             stack.append((parse_label(actuals[0], key[0]), cuda_only))
             continue
+        if kind == CUDA_OBJECTS:
+            if not cuda_only:
+                # A CPU-only CMake build (TORCHFSDP_CUDA=OFF) has no nvcc.
+                raise BuildError(f"{display(key)} ({path}) is a {CUDA_OBJECTS} target reached "
+                                 f"outside a {CUDA_CONDITION} branch: select it (or the "
+                                 "library that needs it) under --config=cuda only")
+            reached[key] = True
+            continue  # no deps: nvcc objects and libcudart
         if kind not in ("cc_library", "cc_binary"):
-            raise BuildError(f"{display(key)} ({path}) is a {kind}: expected a cc_library")
+            raise BuildError(f"{display(key)} ({path}) is a {kind}: expected a cc_library "
+                             f"or {CUDA_OBJECTS}")
         reached[key] = cuda_only
         for attribute in ("deps", "implementation_deps"):
             for condition, label in conditional_values(attributes.get(attribute, ""),
@@ -167,10 +185,37 @@ def closure(rules, root_keys):
     return reached
 
 
+def package_files(key, attributes, attribute, suffixes, root):
+    """The package's files named by a plain list attribute (no select())."""
+    where = display(key)
+    files = []
+    for when, name in conditional_values(attributes.get(attribute, ""), f"{where} {attribute}"):
+        if when != "always":
+            raise BuildError(f"{where}: {attribute} under a select(): not supported for "
+                             f"{CUDA_OBJECTS} (tools/gpu_cmake.py)")
+        if name.startswith(("//", ":", "@")) or not name.endswith(suffixes):
+            raise BuildError(f"{where}: {attribute} {name!r}: expected a file of the package "
+                             f"ending in {', '.join(suffixes)}")
+        path_in_repo = "/".join(filter(None, (key[0], name)))
+        if not os.path.isfile(os.path.join(root, path_in_repo)):
+            raise BuildError(f"{where}: {attribute} {path_in_repo} does not exist")
+        files.append(path_in_repo)
+    return sorted(files)
+
+
 def target_info(key, rules, cuda_only, root):
-    """The CMake-relevant facts of one cc_library or cc_binary."""
+    """The CMake-relevant facts of one cc_library, cc_binary or cuda_objects."""
     kind, attributes, path = rules[key]
     where = display(key)
+    if kind == CUDA_OBJECTS:
+        empty = {"always": [], "cuda": [], "not cuda": []}
+        return {
+            "label": where, "kind": kind, "cuda_only": True, "alwayslink": False,
+            "srcs": [], "cuda_srcs": [],
+            "cu_srcs": package_files(key, attributes, "srcs", (".cu",), root),
+            "cu_hdrs": package_files(key, attributes, "hdrs", HEADERS, root),
+            "local_defines": empty, "defines": empty, "linkopts": empty,
+        }
     srcs = []
     for when, src in conditional_values(attributes.get("srcs", ""), f"{where} srcs"):
         if src.startswith(("//", ":", "@")):
@@ -265,6 +310,54 @@ def pch_includes(root):
     return literals(match.group(1))
 
 
+def nvcc_flags(root, rules, keys):
+    """TORCHFSDP_NVCC_FLAGS: NVCC_FLAGS + CUDA_ARCHS of the .bzl file that
+    each cuda_objects target's BUILD file loads the macro from (one file for
+    all), without -Werror: like the C++ sources' flags in CMakeLists.txt, a
+    warning of the GPU machine's own nvcc or host compiler must not stop a
+    GPU run (the Bazel build keeps the code clean)."""
+    bzl_files = set()
+    for key in keys:
+        build_path = rules[key][2]
+        with open(os.path.join(root, build_path), encoding="utf-8") as f:
+            match = re.search(r'^load\(\s*"([^"]+)"[^)]*"' + CUDA_OBJECTS + '"',
+                              f.read(), re.M)
+        if not match:
+            raise BuildError(f"{display(key)}: {build_path} does not load {CUDA_OBJECTS} "
+                             "from a .bzl file (load(\"...\", \"cuda_objects\"))")
+        label = match.group(1)
+        if label.startswith("@"):
+            raise BuildError(f"{build_path}: {CUDA_OBJECTS} from {label}: only this "
+                             "repository's .bzl files are read")
+        if label.startswith("//"):
+            package, _, name = label[2:].partition(":")
+        else:
+            package, name = key[0], label.lstrip(":")
+        bzl_files.add("/".join(filter(None, (package, name))))
+    if len(bzl_files) != 1:
+        raise BuildError(f"{CUDA_OBJECTS} loaded from {sorted(bzl_files)}: expected one .bzl "
+                         "file (TORCHFSDP_NVCC_FLAGS is one list)")
+    bzl = bzl_files.pop()
+    with open(os.path.join(root, bzl), encoding="utf-8") as f:
+        text = f.read()
+    flags = []
+    for name in ("NVCC_FLAGS", "CUDA_ARCHS"):
+        match = re.search(r"^" + name + r" = \[(.*?)\]", text, re.S | re.M)
+        if not match:
+            raise BuildError(f"{bzl}: no {name} = [...] list (tools/gpu_cmake.py reads the nvcc "
+                             "flags from it)")
+        flags += literals(match.group(1))
+    out = []
+    for flag in flags:
+        if flag.startswith("-Werror"):
+            continue
+        if flag.startswith("-Xcompiler="):
+            host = [f for f in flag[len("-Xcompiler="):].split(",") if f != "-Werror"]
+            flag = "-Xcompiler=" + ",".join(host)
+        out.append(flag)
+    return bzl, out
+
+
 def render(rules, root):
     binaries = []
     for label, target in BINARIES:
@@ -291,6 +384,9 @@ def render(rules, root):
 
     def srcs_lists(key):
         facts = info[key]
+        if facts["kind"] == CUDA_OBJECTS:
+            return cmake_list(f"TORCHFSDP_CU_SRCS_{variable(key)}",
+                              [f'"${{REPO}}/{s}"' for s in facts["cu_srcs"]])
         out = cmake_list(srcs_variable(key), [f'"${{REPO}}/{s}"' for s in facts["srcs"]])
         if facts["cuda_srcs"]:
             out += cmake_list(srcs_variable(key, cuda=True),
@@ -306,13 +402,15 @@ def render(rules, root):
         "# cc_library in the transitive deps of the binaries below (a select()'s branches",
         "# all taken; what only a //third_party:cuda branch brings is marked CUDA only):",
         "# TORCHFSDP_SRCS_<name>, its .cc files. Then the binaries' own sources and",
-        "# linkopts, what CMakeLists.txt builds, and each source file's local_defines.",
+        "# linkopts, what CMakeLists.txt builds (the .cu files of cuda_objects targets",
+        "# and their nvcc flags among it), and each source file's local_defines.",
         "",
         section("libraries"),
     ]
     for key in libraries:
         facts = info[key]
         notes = [n for n, on in (("alwayslink", facts["alwayslink"]),
+                                 ("cuda_objects: nvcc", facts["kind"] == CUDA_OBJECTS),
                                  ("CUDA only", facts["cuda_only"])) if on]
         lines.append(f"# {facts['label']}" + (f" ({', '.join(notes)})" if notes else ""))
         lines += srcs_lists(key)
@@ -332,8 +430,11 @@ def render(rules, root):
     # library (the linker takes from it what each binary needs), and the
     # alwayslink libraries' objects, which go into every binary.
     groups = {"LIBRARY": [], "CUDA_LIBRARY": [], "ALWAYSLINK": [], "CUDA_ALWAYSLINK": []}
+    cuda_objects = [key for key in libraries if info[key]["kind"] == CUDA_OBJECTS]
     for key in libraries:
         facts = info[key]
+        if facts["kind"] == CUDA_OBJECTS:
+            continue
         kind = "ALWAYSLINK" if facts["alwayslink"] else "LIBRARY"
         groups[("CUDA_" if facts["cuda_only"] else "") + kind].append(
             f"${{{srcs_variable(key)}}}")
@@ -347,6 +448,21 @@ def render(rules, root):
     ]
     for group, refs in groups.items():
         lines += cmake_list(f"TORCHFSDP_{group}_SRCS", refs)
+    lines += [
+        "# TORCHFSDP_CUDA_OBJECTS_SRCS: .cu files nvcc compiles with TORCHFSDP_NVCC_FLAGS",
+        "# (only when TORCHFSDP_CUDA) into the static library, the binaries then linking",
+        "# libcudart; each object depends on TORCHFSDP_CUDA_OBJECTS_HDRS.",
+    ]
+    lines += cmake_list("TORCHFSDP_CUDA_OBJECTS_SRCS",
+                        [f"${{TORCHFSDP_CU_SRCS_{variable(k)}}}" for k in cuda_objects])
+    lines += cmake_list("TORCHFSDP_CUDA_OBJECTS_HDRS", [
+        f'"${{REPO}}/{h}"' for h in unique(h for k in cuda_objects for h in info[k]["cu_hdrs"])])
+    if cuda_objects:
+        bzl, flags = nvcc_flags(root, rules, cuda_objects)
+        lines.append(f"# NVCC_FLAGS + CUDA_ARCHS of {bzl}, less -Werror")
+    else:
+        flags = []
+    lines += cmake_list("TORCHFSDP_NVCC_FLAGS", [f'"{f}"' for f in flags])
 
     # Defines: a library's `defines` reach its dependents (here: everything);
     # local_defines only its own sources.

@@ -6,7 +6,8 @@
 # cc_library in the transitive deps of the binaries below (a select()'s branches
 # all taken; what only a //third_party:cuda branch brings is marked CUDA only):
 # TORCHFSDP_SRCS_<name>, its .cc files. Then the binaries' own sources and
-# linkopts, what CMakeLists.txt builds, and each source file's local_defines.
+# linkopts, what CMakeLists.txt builds (the .cu files of cuda_objects targets
+# and their nvcc flags among it), and each source file's local_defines.
 
 # ---- libraries ---------------------------------------------------------------
 # //activation_checkpointing:activation_checkpointing
@@ -146,6 +147,40 @@ set(TORCHFSDP_SRCS_host__compute_layout
 set(TORCHFSDP_SRCS_host__thread_layout
   "${REPO}/host/thread_layout.cc"
 )
+# //kernels:cuda (alwayslink, CUDA only)
+set(TORCHFSDP_SRCS_kernels__cuda
+  "${REPO}/kernels/internal/cuda_capability_query.cc"
+  "${REPO}/kernels/internal/cuda_fused_ops.cc"
+)
+# //kernels:cuda_kernels (cuda_objects: nvcc, CUDA only)
+set(TORCHFSDP_CU_SRCS_kernels__cuda_kernels
+  "${REPO}/kernels/internal/cuda_kernels.cu"
+)
+# //kernels:float8 (CUDA only)
+set(TORCHFSDP_SRCS_kernels__float8
+  "${REPO}/kernels/float8_linear.cc"
+)
+# //kernels:fused_ops
+set(TORCHFSDP_SRCS_kernels__fused_ops
+  "${REPO}/kernels/internal/aten_fused_ops.cc"
+  "${REPO}/kernels/internal/autograd_util.cc"
+  "${REPO}/kernels/internal/fused_ops.cc"
+)
+# //kernels:gpu_check
+set(TORCHFSDP_SRCS_kernels__gpu_check
+  "${REPO}/kernels/kernels_gpu_check.cc"
+)
+# //kernels:kernels
+set(TORCHFSDP_SRCS_kernels
+  "${REPO}/kernels/linear_cross_entropy.cc"
+  "${REPO}/kernels/rms_norm.cc"
+  "${REPO}/kernels/rope.cc"
+  "${REPO}/kernels/swiglu.cc"
+)
+# //kernels:reference
+set(TORCHFSDP_SRCS_kernels__reference
+  "${REPO}/kernels/reference.cc"
+)
 # //launcher:flag_checks
 set(TORCHFSDP_SRCS_launcher__flag_checks
   "${REPO}/launcher/flag_checks.cc"
@@ -157,6 +192,7 @@ set(TORCHFSDP_SRCS_launcher
 )
 # //models:llama
 set(TORCHFSDP_SRCS_models__llama
+  "${REPO}/models/kv_cache.cc"
   "${REPO}/models/llama.cc"
 )
 # //models:llama_config
@@ -289,7 +325,7 @@ set(TORCHFSDP_BINARY_SRCS_trainer
 set(TORCHFSDP_LINKOPTS_trainer
   "-ldl"
 )
-# //benchmarks:gpu_check: links 27 project libraries
+# //benchmarks:gpu_check: links 34 project libraries
 set(TORCHFSDP_BINARY_SRCS_gpu_check
   "${REPO}/benchmarks/gpu_check.cc"
 )
@@ -331,6 +367,10 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_functorch_transforms}
   ${TORCHFSDP_SRCS_host__compute_layout}
   ${TORCHFSDP_SRCS_host__thread_layout}
+  ${TORCHFSDP_SRCS_kernels__fused_ops}
+  ${TORCHFSDP_SRCS_kernels__gpu_check}
+  ${TORCHFSDP_SRCS_kernels}
+  ${TORCHFSDP_SRCS_kernels__reference}
   ${TORCHFSDP_SRCS_launcher__flag_checks}
   ${TORCHFSDP_SRCS_launcher}
   ${TORCHFSDP_SRCS_models__llama}
@@ -365,10 +405,32 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_trainer__step_profile}
   ${TORCHFSDP_SRCS_trainer__train}
 )
-set(TORCHFSDP_CUDA_LIBRARY_SRCS)
+set(TORCHFSDP_CUDA_LIBRARY_SRCS
+  ${TORCHFSDP_SRCS_kernels__float8}
+)
 set(TORCHFSDP_ALWAYSLINK_SRCS)
 set(TORCHFSDP_CUDA_ALWAYSLINK_SRCS
   ${TORCHFSDP_SRCS_comm__nccl}
+  ${TORCHFSDP_SRCS_kernels__cuda}
+)
+# TORCHFSDP_CUDA_OBJECTS_SRCS: .cu files nvcc compiles with TORCHFSDP_NVCC_FLAGS
+# (only when TORCHFSDP_CUDA) into the static library, the binaries then linking
+# libcudart; each object depends on TORCHFSDP_CUDA_OBJECTS_HDRS.
+set(TORCHFSDP_CUDA_OBJECTS_SRCS
+  ${TORCHFSDP_CU_SRCS_kernels__cuda_kernels}
+)
+set(TORCHFSDP_CUDA_OBJECTS_HDRS
+  "${REPO}/kernels/internal/cuda_kernels.h"
+)
+# NVCC_FLAGS + CUDA_ARCHS of kernels/cuda.bzl, less -Werror
+set(TORCHFSDP_NVCC_FLAGS
+  "-std=c++17"
+  "-O3"
+  "-Xcompiler=-fPIC,-Wall,-Wextra,-Wno-unused-parameter"
+  "-gencode=arch=compute_80,code=sm_80"
+  "-gencode=arch=compute_90,code=sm_90"
+  "-gencode=arch=compute_100,code=sm_100"
+  "-gencode=arch=compute_90,code=compute_90"
 )
 set(TORCHFSDP_DEFINES)
 
