@@ -58,7 +58,7 @@ LlamaLinearImpl::LlamaLinearImpl(int64_t in, int64_t out, bool with_bias, c10::D
 }
 
 torch::Tensor LlamaLinearImpl::forward(const torch::Tensor& x) {
-  return F::linear(x, weight, bias);
+  return matmul ? matmul(x, weight, bias) : F::linear(x, weight, bias);
 }
 
 LlamaEmbeddingImpl::LlamaEmbeddingImpl(int64_t vocab, int64_t hidden,

@@ -37,6 +37,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -59,11 +60,20 @@ namespace models {
 // values on the CPU first (for a 1B model, 1.2 billion random numbers that
 // the checkpoint then overwrites, and nothing at all can be made on the meta
 // device that way). LlamaForCausalLM initialises its parameters itself.
+//
+// `matmul` is how forward computes x W^T + b: at::linear unless something
+// outside the model replaced it (the trainer's --float8 sets
+// kernels::Float8Linear on the decoder layers' projections, as TorchTitan's
+// converters swap nn.Linear); the parameters and their names stay, so
+// checkpoints and FSDP see the same module.
 class LlamaLinearImpl : public torch::nn::Module {
  public:
+  using Matmul = std::function<torch::Tensor(const torch::Tensor& x, const torch::Tensor& weight,
+                                             const torch::Tensor& bias)>;
   LlamaLinearImpl(int64_t in, int64_t out, bool bias, c10::Device device);
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight, bias;  // bias undefined without one
+  Matmul matmul;               // empty: at::linear
 };
 TORCH_MODULE(LlamaLinear);
 

@@ -169,6 +169,10 @@ void DefineFlags(CLI::App& app, Options& o) {
             {MixedPrecision::kNone, MixedPrecision::kBf16},
             "bf16: bfloat16 compute, float32 reduction and optimizer");
   AddSwitch(app, "--cpu-offload", o.cpu_offload, "keep the sharded parameters on the CPU");
+  AddSwitch(app, "--float8", o.float8,
+            "--model llama: the decoder layers' projections through float8 matrix products "
+            "(torchao's tensorwise recipe: kernels/float8_linear.h; lm_head stays high "
+            "precision); needs a CUDA device of compute capability 8.9 or later");
   app.add_option_function<std::string>(
          "--auto-wrap",
          [&o](const std::string& v) {
@@ -312,6 +316,12 @@ absl::Status ValidateOptions(const Options& o) {
       return absl::InvalidArgumentError(absl::StrCat(
           flag, "='", *value, "': expected --model=llama, got --model=", Name(o.model)));
     }
+  }
+  if (o.float8 && !llama) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--float8: expected --model=llama (it converts the Llama decoder layers' projections), "
+        "got --model=",
+        Name(o.model)));
   }
   if (!o.export_hf.empty() && o.export_hf == o.hf_checkpoint) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -558,6 +568,7 @@ std::vector<std::string> ToArgs(const Options& o) {
   if (!o.import_dcp.empty()) a.push_back("--import-dcp=" + o.import_dcp);
   if (!o.export_dcp.empty()) a.push_back("--export-dcp=" + o.export_dcp);
   if (!o.log_json.empty()) a.push_back("--log-json=" + o.log_json);
+  if (o.float8) a.push_back("--float8");
   if (o.profile_step > 0) {
     a.push_back(absl::StrCat("--profile-step=", o.profile_step));
     a.push_back("--profile-trace=" + o.profile_trace);

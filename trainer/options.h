@@ -103,6 +103,7 @@ struct Options {
   Sharding sharding = Sharding::kFull;
   MixedPrecision mixed_precision = MixedPrecision::kNone;
   bool cpu_offload = false;
+  bool float8 = false;  // --float8: Llama projections through float8 matrix products
   AutoWrap auto_wrap = AutoWrap::kBlock;
   int64_t auto_wrap_min_params = 0;  // N of --auto-wrap size:N
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;

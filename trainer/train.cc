@@ -40,6 +40,7 @@
 #include "state_dict/optim_state.h"
 #include "trainer/checkpointing.h"
 #include "trainer/data.h"
+#include "trainer/float8_linears.h"
 #include "trainer/finite_state.h"
 #include "trainer/json_log.h"
 #include "trainer/lr_schedule.h"
@@ -597,6 +598,9 @@ absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGro
   if (auto s = CheckFeatureAvailability(o, world); !s.ok()) return s;
   auto device = ComputeDevice(o);
   if (!device.ok()) return device.status();
+  if (o.float8) {
+    if (auto s = CheckFloat8Device(*device); !s.ok()) return s;
+  }
   // Before anything is built: a mistyped or shared --checkpoint-dir fails now.
   auto dir_lock = PrepareCheckpointDir(o, group);
   if (!dir_lock.ok()) return dir_lock.status();
@@ -612,6 +616,10 @@ absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGro
     parameter_names.insert(p.key());
   }
   if (auto s = CheckHfExportTarget(o, group); !s.ok()) return s;
+  if (o.float8) {
+    auto converted = ConvertLinearsToFloat8(*model);
+    if (!converted.ok()) return converted.status();
+  }
 
   auto wrapped = Wrap(o, model, *device, group);  // per --fsdp
   if (!wrapped.ok()) return wrapped.status();

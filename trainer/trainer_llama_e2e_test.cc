@@ -222,6 +222,8 @@ TEST(TrainerLlamaE2eTest, BadInputIsRefusedBeforeAnyStep) {
       {"--model=llama" + ckpt + base + " --export-hf=" + kCheckpoint,
        "expected a directory other than --hf-checkpoint's"},
       {"--model=llama" + ckpt + " --data=text --seq=16 --global-batch=4", "vocab_size=128"},
+      {"--model=llama" + ckpt + base + " --float8", "--float8 on cpu: the CPU has no float8"},
+      {"--model=transformer" + base + " --float8", "--float8: expected --model=llama"},
   };
   for (const auto& [flags, expected] : cases) {
     RunResult r = RunTrainer(flags + " --nproc=2");

@@ -156,7 +156,7 @@ set(TORCHFSDP_SRCS_kernels__cuda
 set(TORCHFSDP_CU_SRCS_kernels__cuda_kernels
   "${REPO}/kernels/internal/cuda_kernels.cu"
 )
-# //kernels:float8 (CUDA only)
+# //kernels:float8
 set(TORCHFSDP_SRCS_kernels__float8
   "${REPO}/kernels/float8_linear.cc"
 )
@@ -287,6 +287,10 @@ set(TORCHFSDP_SRCS_state_dict_fully_shard__fully_shard_state_dict
 set(TORCHFSDP_SRCS_trainer__data
   "${REPO}/trainer/data.cc"
 )
+# //trainer:float8_linears
+set(TORCHFSDP_SRCS_trainer__float8_linears
+  "${REPO}/trainer/float8_linears.cc"
+)
 # //trainer:lr_schedule
 set(TORCHFSDP_SRCS_trainer__lr_schedule
   "${REPO}/trainer/lr_schedule.cc"
@@ -318,7 +322,7 @@ set(TORCHFSDP_SRCS_trainer__train
 )
 
 # ---- binaries ----------------------------------------------------------------
-# //trainer:trainer: links 62 project libraries
+# //trainer:trainer: links 67 project libraries
 set(TORCHFSDP_BINARY_SRCS_trainer
   "${REPO}/trainer/trainer_main.cc"
 )
@@ -367,6 +371,7 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_functorch_transforms}
   ${TORCHFSDP_SRCS_host__compute_layout}
   ${TORCHFSDP_SRCS_host__thread_layout}
+  ${TORCHFSDP_SRCS_kernels__float8}
   ${TORCHFSDP_SRCS_kernels__fused_ops}
   ${TORCHFSDP_SRCS_kernels__gpu_check}
   ${TORCHFSDP_SRCS_kernels}
@@ -398,6 +403,7 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_state_dict_fully_shard__fully_shard_dcp}
   ${TORCHFSDP_SRCS_state_dict_fully_shard__fully_shard_state_dict}
   ${TORCHFSDP_SRCS_trainer__data}
+  ${TORCHFSDP_SRCS_trainer__float8_linears}
   ${TORCHFSDP_SRCS_trainer__lr_schedule}
   ${TORCHFSDP_SRCS_trainer__models}
   ${TORCHFSDP_SRCS_trainer__options}
@@ -405,9 +411,7 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_trainer__step_profile}
   ${TORCHFSDP_SRCS_trainer__train}
 )
-set(TORCHFSDP_CUDA_LIBRARY_SRCS
-  ${TORCHFSDP_SRCS_kernels__float8}
-)
+set(TORCHFSDP_CUDA_LIBRARY_SRCS)
 set(TORCHFSDP_ALWAYSLINK_SRCS)
 set(TORCHFSDP_CUDA_ALWAYSLINK_SRCS
   ${TORCHFSDP_SRCS_comm__nccl}
