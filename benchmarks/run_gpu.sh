@@ -521,7 +521,8 @@ fi
 # Llama 3 recipes do), AC none or selective (per-op). Printed per shape:
 # gpu_report.py's table (median tokens/s over the steps after the 5th, MFU by
 # TorchTitan's formula against the peak of step 4, the step's peak
-# allocated/reserved bytes, the final loss), then the profile of one step
+# allocated/reserved bytes, the final loss; on CUDA also ours with --float8
+# before the second run of ours), then the profile of one step
 # (our first run's step PROFILE_STEP, TorchTitan's first compile_float8
 # run's) by kernel class (benchmarks/python/profile_table.py).
 # LLAMA_SHAPES="name|config|global batch|seq|variant variant ...;..." replaces
@@ -617,6 +618,10 @@ if [ "$do_bench" = 1 ] && [ "$do_llama" = 1 ]; then
         "${titan[@]}" --log-json "$bench_dir/${name}_titan_${mode}_$ac.jsonl" -- \
         "${titan_common[@]}" "${flags[@]}"
     done
+    # --float8 where the GPU has float8 matrix products (the trainer refuses
+    # otherwise, naming why: the run then shows FAILED with that line).
+    [ "$BENCH_DEVICE" = cuda ] && run_one ours_float8 "${name}_ours_float8" "${ours[@]}" --float8 \
+      --log-json "$bench_dir/${name}_ours_float8.jsonl"
     run_one ours_fully_shard2 "${name}_ours2" "${ours[@]}" --log-json "$bench_dir/${name}_ours2.jsonl"
     params="$(cat "$bench_dir/${name}_ours1.log" "$bench_dir/${name}_ours2.log" 2>/dev/null |
               sed -n 's/^trainer: [a-z]*, \([0-9]*\) parameters.*/\1/p' | head -1)"
