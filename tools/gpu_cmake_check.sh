@@ -8,11 +8,28 @@
 #      through the device tool's `carry`.
 #   2. benchmarks/gpu/CMakeLists.txt against the torch wheel of
 #      tools/setup.sh --with-python (the CUDA build: the wheel's
-#      libtorch_cuda, the toolkit's headers, NCCL), building gpu_check and
-#      the trainer from benchmarks/gpu/sources.cmake, with GCC and without
-#      a precompiled header: every source the two binaries need compiles
-#      from its own includes (the Bazel build force-includes LibTorch's
-#      precompiled headers, which would hide a missing include).
+#      libtorch_cuda, the toolkit's headers, NCCL, nvcc for kernels/'s .cu
+#      files), building gpu_check and the trainer from
+#      benchmarks/gpu/sources.cmake with GCC, in the GPU machine's own
+#      configuration (Release, LibTorch's precompiled header): a source that
+#      compiles under Bazel (clang) but not there (GCC; the CMake build's
+#      include paths, defines and source lists) fails here, and the link
+#      finds what a source list or the link line dropped.
+#      The precompiled header (TORCHFSDP_PCH, third_party/libtorch_pch.bzl's
+#      list) hides a missing include of a header inside it, exactly as it
+#      does on the GPU machine (so such a source breaks neither build);
+#      includes of anything else (project, Abseil, the standard library,
+#      LibTorch headers outside it) are still checked. --no-pch compiles
+#      every source from its own includes (the include-what-you-use check,
+#      as `bazel build --config=nopch //...` does for everything).
+#      Why: GCC spends ~90% of a unit here parsing LibTorch's headers, not
+#      optimising (fsdp/internal/clip_grad_norm.cc, one unit alone: -O2 11.0 s,
+#      -O0 10.8 s, -fsyntax-only 9.2 s, with the precompiled header 5.4 s,
+#      the header itself 30 s once), so the precompiled header is what makes
+#      this phase cheaper, and -O0 or compile-only would not. This script,
+#      cold, on the 2-core CI machine (2026-11-28, another build beside it):
+#      777 s without the header (91 objects), 478 s with it (106 objects,
+#      kernels/ added; the 91 of before 1515 -> 783 s of compiling).
 #   3. With LD_LIBRARY_PATH unset, every library either binary loads
 #      (ldd) resolves into the wheel's site-packages, the bundle, or the
 #      C/C++ runtime every machine has (glibc's libraries, libstdc++, libgcc_s):
@@ -21,13 +38,23 @@
 #   4. gpu_check --dry-run-on-cpu: the CUDA binary starts, and its CPU-side
 #      checks pass (the CUDA cases need a GPU and say NOT RUN).
 #
-# Usage: tools/gpu_cmake_check.sh   (tools/test.sh runs it as "gpu cmake")
+# Usage: tools/gpu_cmake_check.sh [--no-pch]   (tools/test.sh runs it as
+#        "gpu cmake", without --no-pch)
 # Environment: GPU_CMAKE_BUILD_DIR (default ~/.cache/torchfsdp_gpu_cmake/<hash
 # of this checkout's path>: a CMake cache belongs to one source tree, and
 # CI's $HOME outlives its clones), TORCHFSDP_HOME (where setup.sh put the venv).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
+
+pch=ON
+for arg in "$@"; do
+  case "$arg" in
+    --no-pch) pch=OFF ;;
+    *) echo "gpu_cmake_check.sh: unknown argument '$arg' (usage: tools/gpu_cmake_check.sh [--no-pch])" >&2
+       exit 2 ;;
+  esac
+done
 
 checkout_key=$(printf '%s' "$ROOT" | sha1sum | cut -c1-12)
 build="${GPU_CMAKE_BUILD_DIR:-${HOME:-/tmp}/.cache/torchfsdp_gpu_cmake/$checkout_key}"
@@ -46,10 +73,11 @@ bash tools/gpu_bundle.sh >/dev/null
 
 mkdir -p "$build"
 cmake -S benchmarks/gpu -B "$build" "${generator[@]}" -DTORCH_DIR="$torch_dir" \
-  -DGPU_DEPS="$deps" -DTORCHFSDP_PCH=OFF -DCMAKE_CXX_COMPILER=g++ >"$build/configure.log" 2>&1 ||
+  -DGPU_DEPS="$deps" -DTORCHFSDP_PCH="$pch" -DCMAKE_CXX_COMPILER=g++ \
+  -DCMAKE_BUILD_TYPE=Release >"$build/configure.log" 2>&1 ||
   { tail -20 "$build/configure.log" >&2; echo "gpu_cmake_check.sh: cmake failed" >&2; exit 1; }
 cmake --build "$build" --target gpu_check trainer -j "$(nproc)" >"$build/build.log" 2>&1 ||
-  { grep -m 20 -E "error|undefined reference" "$build/build.log" >&2 || tail -20 "$build/build.log" >&2
+  { grep -m 20 -E "^FAILED:|error|undefined reference" "$build/build.log" >&2 || tail -20 "$build/build.log" >&2
     echo "gpu_cmake_check.sh: the CMake build failed (log: $build/build.log)" >&2; exit 1; }
 
 source tools/gpu_c_runtime.sh
