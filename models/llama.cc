@@ -1,5 +1,10 @@
 #include "models/llama.h"
 
+#include "kernels/linear_cross_entropy.h"
+#include "kernels/rms_norm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+
 #include <algorithm>
 #include <string>
 #include <tuple>
@@ -24,6 +29,10 @@ namespace models {
 namespace {
 
 namespace F = torch::nn::functional;
+
+// Rows of the loss's logits made at a time: 4096 x 128,256 float32 logits
+// are 2.1 GB; kernels/linear_cross_entropy.h on why larger chunks pay.
+constexpr int64_t kLossChunkRows = 4096;
 
 // FNV-1a: a hash of a parameter's name that every machine computes alike
 // (std::hash need not).
@@ -76,10 +85,13 @@ LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t size, double eps, c10::Device device)
   weight = register_parameter("weight", torch::ones({size}, torch::TensorOptions().device(device)));
 }
 
+// The fused ops of kernels/ (one CUDA kernel each on CUDA tensors; on the
+// CPU their ATen references, transformers' formulas) in place of the
+// composites: the step's elementwise work, casts and float32 logits are
+// what the profile of a 1B step put beside its GEMMs (benchmarks/
+// RESULTS.md, 2026-11-28).
 torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
-  const torch::Tensor x32 = x.to(torch::kFloat);
-  const torch::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
-  return weight * (x32 * torch::rsqrt(variance + eps_)).to(x.scalar_type());
+  return kernels::RmsNorm(x, weight, eps_);
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, c10::Device device)
@@ -108,9 +120,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> LlamaAttentionImpl::Proj
     return h.transpose(1, 2);
   };
   LlamaRMSNorm none{nullptr};
-  return {ApplyRope(heads(q_proj(x), heads_, q_norm), cos, sin),
-          ApplyRope(heads(k_proj(x), kv_heads_, k_norm), cos, sin),
-          heads(v_proj(x), kv_heads_, none)};
+  auto [q, k] = kernels::ApplyRopeQK(heads(q_proj(x), heads_, q_norm),
+                                     heads(k_proj(x), kv_heads_, k_norm), cos, sin);
+  return {std::move(q), std::move(k), heads(v_proj(x), kv_heads_, none)};
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
@@ -162,7 +174,7 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, c10::Device device) {
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
-  return down_proj(F::silu(gate_proj(x)) * up_proj(x));
+  return down_proj(kernels::SwiGlu(gate_proj(x), up_proj(x)));  // silu(gate) * up
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, c10::Device device) {
@@ -176,8 +188,11 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, c10::Device d
 
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                              const torch::Tensor& sin) {
-  const torch::Tensor h = x + self_attn(input_layernorm(x), cos, sin);
-  return h + mlp(post_attention_layernorm(h));
+  // h = x + attention, and the MLP's input norm(h), from one pass.
+  const auto [normed, h] =
+      kernels::AddRmsNorm(x, self_attn(input_layernorm(x), cos, sin),
+                          post_attention_layernorm->weight, post_attention_layernorm->eps());
+  return h + mlp(normed);
 }
 
 torch::Tensor LlamaDecoderLayerImpl::ForwardCached(const torch::Tensor& x, const torch::Tensor& cos,
@@ -353,9 +368,11 @@ torch::Tensor LlamaForCausalLMImpl::Loss(const torch::Tensor& batch) {
               "models::LlamaForCausalLM::Loss: batch of shape ", batch.sizes(), " and dtype ",
               batch.scalar_type(), ": expected int64 [B, T + 1] token rows with T >= 1");
   const int64_t length = batch.size(1) - 1;
-  const torch::Tensor logits = forward(batch.narrow(1, 0, length));
-  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
-                          batch.narrow(1, 1, length).reshape({-1}));
+  const torch::Tensor hidden = model(batch.narrow(1, 0, length));
+  // cross_entropy(lm_head(hidden).float(), targets) without the [tokens,
+  // vocab] float32 logits: kLossChunkRows rows at a time.
+  return kernels::LinearCrossEntropy(hidden.reshape({-1, hidden.size(-1)}), output_weight(),
+                                     batch.narrow(1, 1, length).reshape({-1}), kLossChunkRows);
 }
 
 std::vector<std::shared_ptr<torch::nn::Module>> LlamaForCausalLMImpl::DecoderLayers() {

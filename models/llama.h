@@ -99,6 +99,7 @@ class LlamaRMSNormImpl : public torch::nn::Module {
  public:
   LlamaRMSNormImpl(int64_t size, double eps, c10::Device device = c10::kCPU);
   torch::Tensor forward(const torch::Tensor& x);
+  double eps() const { return eps_; }
   torch::Tensor weight;
 
  private:
