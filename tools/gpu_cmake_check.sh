@@ -26,10 +26,14 @@
 #      optimising (fsdp/internal/clip_grad_norm.cc, one unit alone: -O2 11.0 s,
 #      -O0 10.8 s, -fsyntax-only 9.2 s, with the precompiled header 5.4 s,
 #      the header itself 30 s once), so the precompiled header is what makes
-#      this phase cheaper, and -O0 or compile-only would not. This script,
-#      cold, on the 2-core CI machine (2026-11-28, another build beside it):
-#      777 s without the header (91 objects), 478 s with it (106 objects,
-#      kernels/ added; the 91 of before 1515 -> 783 s of compiling).
+#      this phase cheaper, and -O0 or compile-only would not. Over all the
+#      units the gain is smaller than for that one (many are light, or
+#      spend their time instantiating): cold, 2 cores, other builds beside
+#      it (2026-11-28), at 9d2c7c0 this script took 321 s (load ~2.1); the
+#      same tree with --no-pch compiled the library's objects 28% slower
+#      (the 63 both runs finished: 467 s against 332 s, load ~1.8), plus
+#      26 s for the header once; at a2ead3f without the header it took
+#      777 s (load ~4.4), 478 s with it at 04e2b2c (load ~3.3).
 #   3. With LD_LIBRARY_PATH unset, every library either binary loads
 #      (ldd) resolves into the wheel's site-packages, the bundle, or the
 #      C/C++ runtime every machine has (glibc's libraries, libstdc++, libgcc_s):
