@@ -1,6 +1,7 @@
 #include "models/kv_cache.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 

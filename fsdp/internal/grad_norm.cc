@@ -1,5 +1,6 @@
 #include "fsdp/internal/grad_norm.h"
 
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/maximum.h>
@@ -11,6 +12,7 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace fsdp {
 namespace internal {
