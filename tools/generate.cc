@@ -41,7 +41,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -54,6 +53,7 @@
 #include <torch/utils.h>
 
 #include "CLI/CLI.hpp"
+#include "formats/io/file_io.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/generation.h"
@@ -69,15 +69,6 @@ namespace {
 int Fail(const std::string& message) {
   std::fprintf(stderr, "generate: %s\n", message.c_str());
   return 1;
-}
-
-bool ReadFile(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::stringstream text;
-  text << in.rdbuf();
-  *out = text.str();
-  return !in.bad();
 }
 
 std::string Dump(const nlohmann::json& json) {
@@ -141,11 +132,12 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadPrompts(
     }
   }
   if (!in.prompts_file.empty()) {
-    std::string contents;
-    if (!ReadFile(in.prompts_file, &contents)) {
+    auto read = formats::ReadFile(in.prompts_file);
+    if (!read.ok()) {
       return absl::NotFoundError(
           absl::StrCat("--prompts-file ", in.prompts_file, ": cannot be read"));
     }
+    const std::string& contents = *read;
     std::istringstream lines(contents);
     std::string line;
     for (int64_t number = 1; std::getline(lines, line); ++number) {
@@ -424,9 +416,9 @@ int main(int argc, char** argv) {
   encode.add_special_tokens = !no_special_tokens;
   const tokenizer::Tokenizer* tok_ptr = tok ? &*tok : nullptr;
   if (!score.empty()) {
-    std::string contents;
-    if (!ReadFile(score, &contents))
-      return Fail(absl::StrCat("--score ", score, ": cannot be read"));
+    auto read = formats::ReadFile(score);
+    if (!read.ok()) return Fail(absl::StrCat("--score ", score, ": cannot be read"));
+    const std::string& contents = *read;
     std::vector<int64_t> ids;
     if (tok) {
       auto encoded = tok->Encode(contents, encode);

@@ -22,12 +22,12 @@
 // to stderr, the throughput at the end.
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "formats/io/file_io.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "tokenizer/tokenizer.h"
@@ -40,15 +40,6 @@ using Clock = std::chrono::steady_clock;
 int Fail(const std::string& message) {
   std::fprintf(stderr, "tokenize: %s\n", message.c_str());
   return 1;
-}
-
-bool ReadFile(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::stringstream text;
-  text << in.rdbuf();
-  *out = text.str();
-  return !in.bad();
 }
 
 }  // namespace
@@ -125,8 +116,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> documents;
   int64_t bytes = 0;
   for (const std::string& path : inputs) {
-    std::string contents;
-    if (!ReadFile(path, &contents)) return Fail(absl::StrCat(path, ": cannot be read"));
+    auto read = formats::ReadFile(path);
+    if (!read.ok()) return Fail(absl::StrCat(path, ": cannot be read"));
+    std::string& contents = *read;
     if (jsonl_field.empty()) {
       bytes += static_cast<int64_t>(contents.size());
       documents.push_back(std::move(contents));
