@@ -6,7 +6,6 @@
 #include "models/generation.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -15,9 +14,9 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
-#include "formats/safetensors/safetensors.h"
 #include "models/kv_cache.h"
 #include "models/llama.h"
+#include "models/testing/golden_cases.h"
 #include "testing/golden_fixture.h"
 
 namespace models {
@@ -28,25 +27,8 @@ namespace {
 // llama_test's kLogitTol.
 constexpr double kLogitTol = 1e-4;
 
-std::string CaseDir(const std::string& name) {
-  return test_data::RunfilePath("models/testdata/" + name);
-}
-
-LlamaForCausalLM LoadModel(const std::string& name) {
-  auto config = ReadLlamaConfig(CaseDir(name) + "/config.json");
-  EXPECT_TRUE(config.ok()) << config.status();
-  LlamaForCausalLM model(*config);
-  std::map<std::string, torch::Tensor> tensors;
-  for (const auto& entry : std::filesystem::directory_iterator(CaseDir(name))) {
-    if (entry.path().extension() != ".safetensors") continue;
-    auto loaded = formats::LoadSafetensors(entry.path().string());
-    EXPECT_TRUE(loaded.ok()) << loaded.status();
-    for (const auto& item : loaded->tensors) tensors.emplace(item.key(), item.value());
-  }
-  torch::NoGradGuard no_grad;
-  for (auto& p : model->named_parameters()) p.value().copy_(tensors.at(p.key()));
-  return model;
-}
+using testing::CaseDir;
+using testing::LoadModel;
 
 std::vector<int64_t> Row(const torch::Tensor& t) {
   const torch::Tensor c = t.reshape({-1}).contiguous();

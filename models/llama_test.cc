@@ -1,9 +1,9 @@
 // LlamaForCausalLM against transformers: the checkpoints and golden values of
-// tools/golden/llama_golden.py (models/testdata/<case>/), loaded here with
-// the plain safetensors reader so that this test depends on the model alone.
+// tools/golden/llama_golden.py (models/testdata/<case>/), loaded with the
+// plain safetensors reader (testing/golden_cases.h) so that this test
+// depends on the model alone.
 #include "models/llama.h"
 
-#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
@@ -18,8 +18,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "formats/safetensors/safetensors.h"
 #include "models/rope.h"
+#include "models/testing/golden_cases.h"
 #include "testing/golden_fixture.h"
 
 namespace models {
@@ -33,51 +33,10 @@ namespace {
 constexpr double kLogitTol = 1e-4;
 constexpr double kGradTol = 1e-4;
 
-std::string CaseDir(const std::string& name) {
-  return test_data::RunfilePath("models/testdata/" + name);
-}
-
-LlamaConfig ConfigOf(const std::string& name) {
-  auto config = ReadLlamaConfig(CaseDir(name) + "/config.json");
-  EXPECT_TRUE(config.ok()) << config.status();
-  return *config;
-}
-
-// Every tensor of every safetensors file of the case's checkpoint.
-std::map<std::string, torch::Tensor> CheckpointTensors(const std::string& name) {
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& entry : std::filesystem::directory_iterator(CaseDir(name))) {
-    if (entry.path().extension() != ".safetensors") continue;
-    auto loaded = formats::LoadSafetensors(entry.path().string());
-    EXPECT_TRUE(loaded.ok()) << loaded.status();
-    for (const auto& item : loaded->tensors) {
-      EXPECT_TRUE(out.emplace(item.key(), item.value()).second) << item.key();
-    }
-  }
-  return out;
-}
-
-// The case's model with the checkpoint's weights, converted to float32.
-LlamaForCausalLM LoadModel(const std::string& name) {
-  LlamaForCausalLM model(ConfigOf(name));
-  std::map<std::string, torch::Tensor> tensors = CheckpointTensors(name);
-  torch::NoGradGuard no_grad;
-  std::set<std::string> names;
-  for (auto& p : model->named_parameters()) {
-    names.insert(p.key());
-    auto it = tensors.find(p.key());
-    if (it == tensors.end()) {
-      ADD_FAILURE() << name << ": the checkpoint has no " << p.key();
-      continue;
-    }
-    EXPECT_EQ(p.value().sizes(), it->second.sizes()) << p.key();
-    p.value().copy_(it->second);
-  }
-  for (const auto& [key, tensor] : tensors) {
-    EXPECT_TRUE(names.count(key)) << name << ": the model has no parameter " << key;
-  }
-  return model;
-}
+using testing::CaseDir;
+using testing::CheckpointTensors;
+using testing::ConfigOf;
+using testing::LoadModel;
 
 double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
