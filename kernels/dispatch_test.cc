@@ -138,10 +138,10 @@ TEST(WarnFallbackOnce, OncePerOpNamingTheOpAndTheReason) {
 }
 
 TEST(KernelsGpuChecks, PassOnTheCpuThroughTheAtenStandIn) {
-  const std::vector<kernels::GpuCheck> checks = kernels::KernelsGpuChecks(c10::Device(c10::kCPU));
+  const std::vector<gpu_check::Check> checks = kernels::KernelsGpuChecks(c10::Device(c10::kCPU));
   ASSERT_EQ(checks.size(), 6u);
-  for (const kernels::GpuCheck& check : checks) {
-    const kernels::GpuCheckResult result = check.run();
+  for (const gpu_check::Check& check : checks) {
+    const gpu_check::Result result = check.run();
     std::printf("%s %s %s\n", result.ok ? "PASS" : "FAIL", check.name.c_str(),
                 result.detail.c_str());
     EXPECT_TRUE(result.ok) << check.name << ": " << result.detail;

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
@@ -109,7 +112,7 @@ class Report {
   }
   void Note(const std::string& note) { notes_ << note << "; "; }
   void Case() { ++cases_; }
-  GpuCheckResult Result(const CheckScope& scope) {
+  gpu_check::Result Result(const CheckScope& scope) {
     for (const std::string& w : scope.warnings()) Fail("warning: " + w);
     std::ostringstream detail;
     if (ok_) {
@@ -155,7 +158,7 @@ std::string Timing(const char* what, double fused_ms, double reference_ms) {
 
 // Registration is a static initialiser of //kernels:cuda: no GPU needed to
 // see whether it ran.
-GpuCheckResult CheckRegistered(c10::Device device, bool expect_cuda_kernels) {
+gpu_check::Result CheckRegistered(c10::Device device, bool expect_cuda_kernels) {
   const internal::FusedOps* ops = internal::CudaFusedOps();
   const char* dry_run = device.is_cpu() ? "dry run, the kernels not run: " : "";
   if (ops == nullptr) {
@@ -170,7 +173,7 @@ GpuCheckResult CheckRegistered(c10::Device device, bool expect_cuda_kernels) {
   return {true, std::string(dry_run) + "//kernels:cuda linked (FusedOps '" + ops->name() + "')"};
 }
 
-GpuCheckResult CheckRmsNorm(c10::Device device) {
+gpu_check::Result CheckRmsNorm(c10::Device device) {
   CheckScope scope(device);
   Report report;
   struct Case {
@@ -239,7 +242,7 @@ GpuCheckResult CheckRmsNorm(c10::Device device) {
   return report.Result(scope);
 }
 
-GpuCheckResult CheckSwiGlu(c10::Device device) {
+gpu_check::Result CheckSwiGlu(c10::Device device) {
   CheckScope scope(device);
   Report report;
   const std::vector<std::pair<std::vector<int64_t>, at::ScalarType>> cases = {
@@ -278,7 +281,7 @@ GpuCheckResult CheckSwiGlu(c10::Device device) {
   return report.Result(scope);
 }
 
-GpuCheckResult CheckRope(c10::Device device) {
+gpu_check::Result CheckRope(c10::Device device) {
   CheckScope scope(device);
   Report report;
   struct Case {
@@ -338,7 +341,7 @@ GpuCheckResult CheckRope(c10::Device device) {
   return report.Result(scope);
 }
 
-GpuCheckResult CheckLinearCrossEntropy(c10::Device device) {
+gpu_check::Result CheckLinearCrossEntropy(c10::Device device) {
   CheckScope scope(device);
   Report report;
   const int64_t rows = scope.dry_run() ? 300 : 8192;
@@ -394,7 +397,7 @@ GpuCheckResult CheckLinearCrossEntropy(c10::Device device) {
 
 // A CUDA input the kernel does not take falls back to the reference with one
 // warning naming the op and the reason.
-GpuCheckResult CheckFallbackWarns(c10::Device device) {
+gpu_check::Result CheckFallbackWarns(c10::Device device) {
   CheckScope scope(device);
   internal::ResetFallbackWarningsForTesting();
   const auto options = at::TensorOptions().device(device);
@@ -419,7 +422,7 @@ GpuCheckResult CheckFallbackWarns(c10::Device device) {
 
 }  // namespace
 
-std::vector<GpuCheck> KernelsGpuChecks(c10::Device device, bool expect_cuda_kernels) {
+std::vector<gpu_check::Check> KernelsGpuChecks(c10::Device device, bool expect_cuda_kernels) {
   return {
       {"kernels_cuda_linked",
        [device, expect_cuda_kernels] { return CheckRegistered(device, expect_cuda_kernels); }},

@@ -4,9 +4,11 @@
 // kernel path was the one taken (no fallback warning), and
 // LinearCrossEntropy's peak device memory against the reference's.
 //
-// benchmarks/gpu_check runs them beside its own (one PASS/FAIL line each):
+// benchmarks/gpu_check runs them beside the other components' checks (one
+// PASS/FAIL line each; testing/gpu_check.h):
 //
-//   for (kernels::GpuCheck& check : kernels::KernelsGpuChecks(device)) ...
+//   kernels_cuda_linked, kernels_rms_norm, kernels_swiglu, kernels_rope_qk,
+//   kernels_linear_cross_entropy, kernels_fallback_warns
 //
 // With the CPU as `device` (gpu_check --dry-run-on-cpu, and
 // //kernels:dispatch_test) the same comparisons run on the CPU through
@@ -14,29 +16,20 @@
 // checks the checks, not the kernels.
 #pragma once
 
-#include <functional>
-#include <string>
 #include <vector>
 
 #include <c10/core/Device.h>
 
+#include "testing/gpu_check.h"
+
 namespace kernels {
-
-struct GpuCheckResult {
-  bool ok;
-  std::string detail;  // what was compared and how closely it matched, or what was wrong
-};
-
-struct GpuCheck {
-  std::string name;  // "kernels_rms_norm", ...
-  std::function<GpuCheckResult()> run;
-};
 
 // The checks, to run on `device` (cuda:N, or the CPU for a dry run).
 // kernels_cuda_linked fails on a CUDA device when the binary does not link
 // //kernels:cuda; on the CPU it fails so only when `expect_cuda_kernels`
 // (gpu_check built with CUDA: a dry run then catches a link that dropped the
 // alwayslink kernels before a GPU run would), else it says whether they are.
-std::vector<GpuCheck> KernelsGpuChecks(c10::Device device, bool expect_cuda_kernels = false);
+std::vector<gpu_check::Check> KernelsGpuChecks(c10::Device device,
+                                               bool expect_cuda_kernels = false);
 
 }  // namespace kernels

@@ -30,6 +30,10 @@ set(TORCHFSDP_SRCS_comm
   "${REPO}/comm/subgroups.cc"
   "${REPO}/comm/work.cc"
 )
+# //comm:gpu_check
+set(TORCHFSDP_SRCS_comm__gpu_check
+  "${REPO}/comm/comm_gpu_check.cc"
+)
 # //comm:nccl (alwayslink, CUDA only)
 set(TORCHFSDP_SRCS_comm__nccl
   "${REPO}/comm/internal/nccl.cc"
@@ -41,6 +45,10 @@ set(TORCHFSDP_SRCS_comm__store_client
 # //comm:store_protocol
 set(TORCHFSDP_SRCS_comm__store_protocol
   "${REPO}/comm/internal/store_protocol.cc"
+)
+# //comm/testing:world_of_1
+set(TORCHFSDP_SRCS_comm_testing__world_of_1
+  "${REPO}/comm/testing/world_of_1.cc"
 )
 # //formats:crc32c
 set(TORCHFSDP_SRCS_formats__crc32c
@@ -118,6 +126,10 @@ set(TORCHFSDP_SRCS_fsdp__fully_sharded_data_parallel
   "${REPO}/fsdp/internal/runtime_state.cc"
   "${REPO}/fsdp/internal/unshard_params.cc"
 )
+# //fsdp:gpu_check
+set(TORCHFSDP_SRCS_fsdp__gpu_check
+  "${REPO}/fsdp/fsdp_gpu_check.cc"
+)
 # //fsdp:grad_norm
 set(TORCHFSDP_SRCS_fsdp__grad_norm
   "${REPO}/fsdp/internal/grad_norm.cc"
@@ -131,6 +143,10 @@ set(TORCHFSDP_SRCS_functorch_module__named_member_accessor
   "${REPO}/functorch/module/internal/module_internals.cc"
   "${REPO}/functorch/module/named_member_accessor.cc"
   "${REPO}/functorch/module/stock_module_bindings.cc"
+)
+# //functorch/transforms:gpu_check
+set(TORCHFSDP_SRCS_functorch_transforms__gpu_check
+  "${REPO}/functorch/transforms/transforms_gpu_check.cc"
 )
 # //functorch/transforms:transforms
 set(TORCHFSDP_SRCS_functorch_transforms
@@ -214,6 +230,10 @@ set(TORCHFSDP_SRCS_module_call)
 set(TORCHFSDP_SRCS_module_call__wrap_policy
   "${REPO}/module_call/wrap_policy.cc"
 )
+# //optim:gpu_check
+set(TORCHFSDP_SRCS_optim__gpu_check
+  "${REPO}/optim/optim_gpu_check.cc"
+)
 # //optim:optim
 set(TORCHFSDP_SRCS_optim
   "${REPO}/optim/optimizers.cc"
@@ -283,6 +303,14 @@ set(TORCHFSDP_SRCS_state_dict_fully_shard__fully_shard_dcp
 set(TORCHFSDP_SRCS_state_dict_fully_shard__fully_shard_state_dict
   "${REPO}/state_dict/fully_shard/fully_shard_state_dict.cc"
 )
+# //testing:gpu_check
+set(TORCHFSDP_SRCS_testing__gpu_check
+  "${REPO}/testing/gpu_check.cc"
+)
+# //testing:sync_debug_mode
+set(TORCHFSDP_SRCS_testing__sync_debug_mode
+  "${REPO}/testing/sync_debug_mode.cc"
+)
 # //trainer:data
 set(TORCHFSDP_SRCS_trainer__data
   "${REPO}/trainer/data.cc"
@@ -329,7 +357,7 @@ set(TORCHFSDP_BINARY_SRCS_trainer
 set(TORCHFSDP_LINKOPTS_trainer
   "-ldl"
 )
-# //benchmarks:gpu_check: links 34 project libraries
+# //benchmarks:gpu_check: links 41 project libraries
 set(TORCHFSDP_BINARY_SRCS_gpu_check
   "${REPO}/benchmarks/gpu_check.cc"
 )
@@ -346,8 +374,10 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_activation_checkpointing__apply_activation_checkpointing}
   ${TORCHFSDP_SRCS_activation_checkpointing__checkpoint}
   ${TORCHFSDP_SRCS_comm}
+  ${TORCHFSDP_SRCS_comm__gpu_check}
   ${TORCHFSDP_SRCS_comm__store_client}
   ${TORCHFSDP_SRCS_comm__store_protocol}
+  ${TORCHFSDP_SRCS_comm_testing__world_of_1}
   ${TORCHFSDP_SRCS_formats__crc32c}
   ${TORCHFSDP_SRCS_formats__dcp_metadata}
   ${TORCHFSDP_SRCS_formats__file_io}
@@ -365,9 +395,11 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_fsdp__flat_param}
   ${TORCHFSDP_SRCS_fsdp__fully_shard}
   ${TORCHFSDP_SRCS_fsdp__fully_sharded_data_parallel}
+  ${TORCHFSDP_SRCS_fsdp__gpu_check}
   ${TORCHFSDP_SRCS_fsdp__grad_norm}
   ${TORCHFSDP_SRCS_fsdp__storage_view}
   ${TORCHFSDP_SRCS_functorch_module__named_member_accessor}
+  ${TORCHFSDP_SRCS_functorch_transforms__gpu_check}
   ${TORCHFSDP_SRCS_functorch_transforms}
   ${TORCHFSDP_SRCS_host__compute_layout}
   ${TORCHFSDP_SRCS_host__thread_layout}
@@ -384,6 +416,7 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_module_call__call}
   ${TORCHFSDP_SRCS_module_call}
   ${TORCHFSDP_SRCS_module_call__wrap_policy}
+  ${TORCHFSDP_SRCS_optim__gpu_check}
   ${TORCHFSDP_SRCS_optim}
   ${TORCHFSDP_SRCS_state_dict__async_checkpoint}
   ${TORCHFSDP_SRCS_state_dict__checkpoint}
@@ -402,6 +435,8 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_state_dict_fsdp__fsdp_state_dict}
   ${TORCHFSDP_SRCS_state_dict_fully_shard__fully_shard_dcp}
   ${TORCHFSDP_SRCS_state_dict_fully_shard__fully_shard_state_dict}
+  ${TORCHFSDP_SRCS_testing__gpu_check}
+  ${TORCHFSDP_SRCS_testing__sync_debug_mode}
   ${TORCHFSDP_SRCS_trainer__data}
   ${TORCHFSDP_SRCS_trainer__float8_linears}
   ${TORCHFSDP_SRCS_trainer__lr_schedule}
@@ -454,4 +489,8 @@ endif()
 # //comm:nccl
 if(TORCHFSDP_CUDA)
   set_source_files_properties(${TORCHFSDP_SRCS_comm__nccl} PROPERTIES COMPILE_DEFINITIONS "USE_C10D_NCCL")
+endif()
+# //testing:sync_debug_mode
+if(TORCHFSDP_CUDA)
+  set_source_files_properties(${TORCHFSDP_SRCS_testing__sync_debug_mode} PROPERTIES COMPILE_DEFINITIONS "TORCHFSDP_CUDA")
 endif()
