@@ -9,9 +9,12 @@
 // plus the piece being converted.
 //
 //   auto files = formats::HfCheckpointFiles::Open(dir);
-//   LoadModelShardedFrom(fsdp_model, [&](const ShardRequests& r) {
+//   LoadModelTensorByTensor(sharded_model, dir, [&](const ShardRequests& r) {
 //     return ReadHfShards(*files, r);
 //   });
+//
+// (state_dict/fsdp/fsdp_full_checkpoint.h's LoadHfCheckpointIntoShards does
+// this for either FSDP.)
 //
 // Out: WriteHfCheckpoint takes the tensors one at a time (TensorSource), so
 // that rank 0 of an FSDP model writes what the others send it tensor by

@@ -52,17 +52,9 @@ state_dict::ShardedTensor Scalar(int64_t value) {
 absl::StatusOr<state_dict::FsdpModelStateDict> TrainerShardedState(
     const Options& o, TrainedModel model, const torch::optim::Optimizer& optimizer, int64_t step,
     std::string (*rename)(const std::string&) = nullptr) {
-  absl::StatusOr<state_dict::FsdpModelStateDict> both;
-  if (model.fully_shard() != nullptr) {
-    // The same names and layout as FSDP1's (state_dict/fully_shard/).
-    both = state_dict::FullyShardStateDict(model.fully_shard()->module(), &optimizer);
-  } else {
-    auto state = state_dict::GetModelStateDict(*model.fsdp1(), state_dict::StateDictType::kSharded);
-    if (!state.ok()) return state.status();
-    auto optim = state_dict::ShardedOptimStateDict(*model.fsdp1(), optimizer);
-    if (!optim.ok()) return optim.status();
-    both = state_dict::MergeShardedStateDicts(std::move(*state), *optim);
-  }
+  // The same names and layout under either FSDP.
+  absl::StatusOr<state_dict::FsdpModelStateDict> both =
+      state_dict::ModelAndOptimizerState(*model.shards(), &optimizer);
   if (!both.ok()) return both.status();
   if (rename != nullptr) {
     state_dict::ShardedStateDict renamed;
@@ -195,22 +187,9 @@ absl::StatusOr<int64_t> ResumeSharded(const std::string& step_dir, const Options
   const int64_t step = trainer->find(kStepKey)->pieces[0].data.item<int64_t>();
   const int64_t seed = trainer->find(kSeedKey)->pieces[0].data.item<int64_t>();
   if (auto s = CheckSeed(o, step_dir, seed); !s.ok()) return s;
-  if (model.fully_shard() != nullptr) {
-    if (auto s = state_dict::LoadFullyShardCheckpoint(model.fully_shard()->module(), &optimizer,
-                                                      step_dir);
-        !s.ok()) {
-      return InCheckpoint(step_dir, "model and optimizer", s);
-    }
-    return step;
-  }
-  if (auto s = state_dict::LoadModelCheckpoint(*model.fsdp1(), step_dir,
-                                               state_dict::StateDictType::kSharded);
+  if (auto s = state_dict::LoadShardedModelCheckpoint(*model.shards(), &optimizer, step_dir);
       !s.ok()) {
-    return InCheckpoint(step_dir, "model", s);
-  }
-  if (auto s = state_dict::LoadShardedOptimCheckpoint(*model.fsdp1(), optimizer, step_dir);
-      !s.ok()) {
-    return InCheckpoint(step_dir, "optimizer", s);
+    return InCheckpoint(step_dir, "model and optimizer", s);
   }
   return step;
 }
@@ -230,77 +209,17 @@ absl::StatusOr<int64_t> ResumeFull(const std::string& step_dir, const Options& o
                      ": expected a checkpoint written by the trainer"));
   }
   if (auto s = CheckSeed(o, step_dir, seed->item<int64_t>()); !s.ok()) return s;
-  if (model.fully_shard() != nullptr) {
-    // "model.<fqn>" / "optim.<fqn>.<entry>", each rank cutting its rows out.
-    if (auto s = state_dict::LoadFullyShardCheckpoint(model.fully_shard()->module(), &optimizer,
-                                                      step_dir);
-        !s.ok()) {
-      return InCheckpoint(step_dir, "model and optimizer", s);
-    }
-    return step->item<int64_t>();
-  }
-  fsdp::FullyShardedDataParallel& fsdp1 = *model.fsdp1();
-  state_dict::FsdpModelStateDict model_state;
-  model_state.type = state_dict::StateDictType::kFull;
-  state_dict::OptimStateDict optim_state;
-  optim_state.key_type = state_dict::OptimStateKeyType::kParamName;
-  std::map<std::string, state_dict::TensorDict> per_param;
-  for (const auto& item : *saved) {
-    auto key = state_dict::ParseFullCheckpointKey(item.key());
-    if (!key.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("checkpoint '", step_dir, "': ", key.status().message()));
-    }
-    using Kind = state_dict::FullCheckpointKeyParts::Kind;
-    if (key->kind == Kind::kModel) {
-      model_state.full.insert(key->fqn, item.value());
-    } else if (key->kind == Kind::kOptim) {
-      per_param[key->fqn].insert(key->entry, item.value());
-    }
-  }
-  for (auto& [name, entries] : per_param) optim_state.state.emplace_back(name, std::move(entries));
-  auto current = state_dict::ExportOptimizerState(optimizer);
-  if (!current.ok()) return current.status();
-  auto mine = state_dict::ShardFullOptimStateDict(fsdp1, optimizer, optim_state);
-  if (!mine.ok()) return InCheckpoint(step_dir, "optimizer", mine.status());
-  mine->param_groups = current->param_groups;
-  if (auto s = state_dict::LoadModelStateDict(fsdp1, model_state); !s.ok()) {
-    return InCheckpoint(step_dir, "model", s);
-  }
-  if (auto s = state_dict::ImportOptimizerState(optimizer, *mine); !s.ok()) {
-    return InCheckpoint(step_dir, "optimizer", s);
+  // "model.<fqn>" / "optim.<fqn>.<entry>", each rank cutting its ranges out.
+  if (auto s = state_dict::LoadShardedModelCheckpoint(*model.shards(), &optimizer, step_dir);
+      !s.ok()) {
+    return InCheckpoint(step_dir, "model and optimizer", s);
   }
   return step->item<int64_t>();
 }
 
-// CheckStateFinite (finite_state.h) under either --fsdp: under fully_shard
-// this rank's shards (the parameters' FQNs) and optimizer state
-// ("<fqn>/<entry>"), with the same message.
 absl::Status StateFinite(TrainedModel model, const torch::optim::Optimizer& optimizer,
                          const std::string& what) {
-  if (model.fsdp1() != nullptr) return CheckStateFinite(*model.fsdp1(), optimizer, what);
-  auto report = [&](const std::string& name, const torch::Tensor& t) -> absl::Status {
-    if (!t.defined() || !t.is_floating_point() || t.numel() == 0) return absl::OkStatus();
-    const torch::Tensor bad = torch::logical_not(torch::isfinite(t.detach())).reshape({-1});
-    const int64_t count = bad.sum().item<int64_t>();
-    if (count == 0) return absl::OkStatus();
-    const int64_t first = bad.nonzero()[0][0].item<int64_t>();
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, ": ", name, " holds ", count, " NaN/Inf values of ", t.numel(),
-                     " (the first at flat index ", first, ": ",
-                     t.detach().reshape({-1})[first].item<double>(), "): expected finite values"));
-  };
-  for (const auto& p : model.fully_shard()->module().named_parameters()) {
-    if (auto s = report(p.key(), p.value()); !s.ok()) return s;
-  }
-  auto state = state_dict::FullyShardOptimStateDict(model.fully_shard()->module(), optimizer);
-  if (!state.ok()) return state.status();
-  for (const auto& item : state->sharded) {
-    for (const auto& piece : item.value().pieces) {
-      if (auto s = report(item.key(), piece.data); !s.ok()) return s;
-    }
-  }
-  return absl::OkStatus();
+  return CheckStateFinite(*model.shards(), optimizer, what);
 }
 
 // A loaded checkpoint's state is finite, unless --allow-nonfinite-import.
@@ -478,11 +397,7 @@ absl::StatusOr<ImportedDcp> ImportDcpOnRank(const Options& o, TrainedModel model
     if (auto s = CheckDcpOptimizer(o, *ckpt); !s.ok()) return s;
   }
   torch::optim::Optimizer* load_optimizer = imported.has_optimizer ? &optimizer : nullptr;
-  if (auto s =
-          model.fully_shard() != nullptr
-              ? state_dict::LoadFullyShardDcp(*ckpt, model.fully_shard()->module(), load_optimizer)
-              : state_dict::LoadFsdpDcp(*ckpt, *model.fsdp1(), load_optimizer);
-      !s.ok()) {
+  if (auto s = state_dict::LoadShardedModelDcp(*ckpt, *model.shards(), load_optimizer); !s.ok()) {
     return InContext(what, s);
   }
   if (auto s = CheckLoadedFinite(o, model, optimizer, what); !s.ok()) return s;
@@ -538,26 +453,13 @@ absl::StatusOr<int64_t> ImportDcp(const Options& o, const comm::ProcessGroup& gr
   return imported->step;
 }
 
-absl::Status LoadHfIntoShards(const Options& o, const comm::ProcessGroup& group, TrainedModel model,
-                              const std::set<std::string>& parameter_names) {
+absl::Status LoadHfIntoShards(const Options& o, const comm::ProcessGroup& group,
+                              TrainedModel model) {
   const std::string what = absl::StrCat("--hf-checkpoint='", o.hf_checkpoint, "'");
-  auto loaded = [&]() -> absl::Status {
-    auto files = formats::HfCheckpointFiles::Open(o.hf_checkpoint);
-    if (!files.ok()) return files.status();
-    if (auto s = state_dict::CheckNoUnexpectedHfTensors(*files, parameter_names); !s.ok()) {
-      return s;
-    }
-    // Each rank's requests name its own ranges only: a rank reads its shard
-    // of every tensor, never the whole model.
-    const state_dict::ShardedReader read = [&](const state_dict::ShardRequests& requests) {
-      return state_dict::ReadHfShards(*files, requests);
-    };
-    if (model.fsdp1() != nullptr) return state_dict::LoadModelShardedFrom(*model.fsdp1(), read);
-    // Tensor by tensor: the rank holds its shard plus one tensor's pieces
-    // (every name, shape and dtype checked first, from the headers).
-    return state_dict::LoadFullyShardModelTensorByTensor(model.fully_shard()->module(),
-                                                         o.hf_checkpoint, read);
-  }();
+  // Each rank reads its ranges of each tensor, one tensor at a time: it
+  // holds its shard plus one tensor's pieces, never the whole model.
+  const absl::Status loaded =
+      state_dict::LoadHfCheckpointIntoShards(o.hf_checkpoint, *model.shards());
   return AgreeOnStatus(group, InContext(what, loaded), what);
 }
 
@@ -577,10 +479,7 @@ absl::Status ExportHf(const Options& o, const comm::ProcessGroup& group, Trained
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<state_dict::FsdpModelStateDict> state =
-      model.fully_shard() != nullptr
-          ? state_dict::FullyShardModelStateDict(model.fully_shard()->module())
-          : state_dict::GetModelStateDict(*model.fsdp1(), state_dict::StateDictType::kSharded);
+  absl::StatusOr<state_dict::FsdpModelStateDict> state = model.shards()->ModelState();
   if (!state.ok()) return AgreeOnStatus(group, InContext(what, state.status()), what);
   const c10::ScalarType dtype =
       o.export_hf_dtype == ExportDtype::kBf16 ? c10::kBFloat16 : c10::kFloat;
@@ -628,10 +527,7 @@ absl::Status ExportDcp(const Options& o, const comm::ProcessGroup& group, Traine
   const std::vector<state_dict::DcpShard::Object> trainer_state = {
       {kDcpStepPath, c10::IValue(step)}, {kDcpSeedPath, c10::IValue(o.seed)}};
   const absl::Status saved =
-      model.fully_shard() != nullptr
-          ? state_dict::SaveFullyShardDcpShard(o.export_dcp, model.fully_shard()->module(),
-                                               &optimizer, trainer_state)
-          : state_dict::SaveFsdpDcpShard(o.export_dcp, *model.fsdp1(), &optimizer, trainer_state);
+      state_dict::SaveShardedModelDcp(o.export_dcp, *model.shards(), &optimizer, trainer_state);
   // Also the barrier: every rank's shard is written before rank 0 commits.
   if (auto s = AgreeOnStatus(group, InContext(what, saved), what); !s.ok()) return s;
   absl::Status committed = absl::OkStatus();

@@ -91,12 +91,13 @@ absl::StatusOr<int64_t> ImportDcp(const Options& options, const comm::ProcessGro
 // holds a DCP checkpoint (a `.metadata`), so that a run is not lost at its
 // end; DCP has no commit protocol to overwrite one safely.
 // --hf-checkpoint: the checkpoint's weights straight into this rank's shards
-// (each rank reads only its ranges of each tensor from the files), strict:
-// every name in `parameter_names` (the unwrapped model's) must be in the
-// checkpoint with its shape, and the checkpoint may hold nothing else.
-// Collective only in that every rank loads; errors agreed on by all ranks.
+// (each rank reads only its ranges of each tensor from the files, one
+// tensor at a time), strict: every parameter and buffer of the model must be
+// in the checkpoint with its shape, and the checkpoint may hold nothing
+// else. Collective only in that every rank loads; errors agreed on by all
+// ranks.
 absl::Status LoadHfIntoShards(const Options& options, const comm::ProcessGroup& group,
-                              TrainedModel model, const std::set<std::string>& parameter_names);
+                              TrainedModel model);
 
 // --export-hf: refused at start when the directory exists and is not a
 // previous export (which the export replaces), so a run is not trained to be

@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <optional>
 
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/logical_not.h>
@@ -10,7 +9,7 @@
 #include <ATen/ops/zeros.h>
 
 #include "absl/strings/str_cat.h"
-#include "state_dict/optim_state.h"
+#include "state_dict/sharded_tensor.h"
 
 namespace trainer {
 namespace {
@@ -21,19 +20,6 @@ std::string Number(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.6g", v);
   return buf;
-}
-
-// `name`'s non-finite elements, described; nullopt when every one is finite
-// (or the tensor is not floating point).
-std::optional<std::string> DescribeNonFinite(const std::string& name, const at::Tensor& t) {
-  if (!t.defined() || !at::isFloatingType(t.scalar_type()) || t.numel() == 0) return std::nullopt;
-  const at::Tensor bad = at::logical_not(at::isfinite(t.detach())).reshape({-1});
-  const int64_t count = bad.sum().item<int64_t>();
-  if (count == 0) return std::nullopt;
-  const int64_t first = at::nonzero(bad).reshape({-1})[0].item<int64_t>();
-  const double value = t.detach().reshape({-1})[first].item<double>();
-  return absl::StrCat(name, " holds ", count, " NaN/Inf value", count == 1 ? "" : "s", " of ",
-                      t.numel(), " (the first at flat index ", first, ": ", Number(value), ")");
 }
 
 }  // namespace
@@ -71,31 +57,33 @@ absl::Status CheckStepFinite(int64_t step, double global_loss, double grad_norm,
       "--lr, or a larger --warmup-steps / --clip)"));
 }
 
-absl::Status CheckStateFinite(const fsdp::FullyShardedDataParallel& model,
+absl::Status CheckStateFinite(state_dict::ShardedModel& model,
                               const torch::optim::Optimizer& optimizer, const std::string& what) {
-  const auto named = model.named_parameters();
-  std::vector<std::string> names;
-  for (const auto& item : named) {
-    names.push_back(item.key());
-    if (auto bad = DescribeNonFinite(item.key(), item.value())) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(what, ": parameter ", *bad, ": expected finite values"));
-    }
-  }
-  auto state = state_dict::ExportOptimizerState(optimizer);
+  auto state = state_dict::ModelAndOptimizerState(model, &optimizer);
   if (!state.ok()) return state.status();
-  for (const auto& [key, entries] : state->state) {
-    std::string param = state_dict::ParamKeyString(key);
-    if (const int64_t* id = std::get_if<int64_t>(&key);
-        id != nullptr && *id >= 0 && *id < static_cast<int64_t>(names.size())) {
-      param = names[static_cast<size_t>(*id)];
-    }
-    for (const auto& entry : entries) {
-      if (auto bad = DescribeNonFinite(absl::StrCat(param, "/", entry.key()), entry.value())) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(what, ": optimizer state ", *bad, ": expected finite values"));
+  for (const auto& item : state->sharded) {
+    int64_t count = 0, numel = 0, first = -1;
+    double value = 0;
+    for (const state_dict::ShardPiece& piece : item.value().pieces) {
+      numel += piece.data.numel();
+      const at::Tensor& t = piece.data;
+      if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0) continue;
+      const at::Tensor bad = at::logical_not(at::isfinite(t.detach())).reshape({-1});
+      const int64_t here = bad.sum().item<int64_t>();
+      if (here > 0 && first < 0) {
+        const int64_t at = at::nonzero(bad).reshape({-1})[0].item<int64_t>();
+        first = piece.range.offset + at;
+        value = t.detach().reshape({-1})[at].item<double>();
       }
+      count += here;
     }
+    if (count == 0) continue;
+    const bool optimizer_entry = item.key().find('/') != std::string::npos;
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": ", optimizer_entry ? "optimizer state " : "parameter ", item.key(),
+                     " holds ", count, " NaN/Inf value", count == 1 ? "" : "s", " of ", numel,
+                     " on this rank (the first at flat index ", first, ": ", Number(value),
+                     "): expected finite values"));
   }
   return absl::OkStatus();
 }

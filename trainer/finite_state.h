@@ -27,7 +27,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "absl/status/status.h"
-#include "fsdp/fully_sharded_data_parallel.h"
+#include "state_dict/fsdp/sharded_model.h"
 
 namespace trainer {
 
@@ -45,12 +45,15 @@ bool LocalGradsFinite(const std::vector<at::Tensor>& params);
 // LocalGradsFinite.
 absl::Status CheckStepFinite(int64_t step, double global_loss, double grad_norm, bool grads_finite);
 
-// This rank's parameters (their FQNs, views of its shard) and optimizer
-// state entries: OK, or FailedPrecondition "<what>: <fqn> holds N NaN/Inf
-// values of M (the first at flat index I: nan): expected finite values"
-// naming the first one (parameters first, then optimizer state,
-// "<fqn>/<entry>"). Reads every element once.
-absl::Status CheckStateFinite(const fsdp::FullyShardedDataParallel& model,
+// This rank's shards of the model (parameters and buffers under their
+// FQNs) and of the optimizer's state ("<fqn>/<entry>"), either FSDP's
+// (state_dict/fsdp/sharded_model.h): OK, or FailedPrecondition
+// "<what>: parameter <fqn> holds N NaN/Inf values of M on this rank (the
+// first at flat index I: nan): expected finite values" naming the first
+// one (the model's entries first, then "optimizer state <fqn>/<entry>"; I
+// is the index into the flattened global tensor, the same at any world
+// size). Reads every element once.
+absl::Status CheckStateFinite(state_dict::ShardedModel& model,
                               const torch::optim::Optimizer& optimizer, const std::string& what);
 
 }  // namespace trainer

@@ -533,17 +533,11 @@ absl::StatusOr<RunModel> BuildRunModel(const Options& o) {
         " (", config_path, "; sliding-window attention is not implemented)"));
   }
   try {
-    // Under fully_shard nothing is allocated until each rank's shards are
-    // (wrap.cc's to_empty), then filled from the checkpoint or from
-    // InitialLlamaParameter (FillLlamaShards): no rank ever holds the whole
-    // model. FSDP1 shards a model built on the CPU.
-    if (o.fsdp == FsdpApi::kFullyShard) {
-      run.model = models::LlamaForCausalLM(*config, c10::kMeta).ptr();
-    } else {
-      // A checkpoint's weights replace these; initialising them anyway keeps
-      // every rank's unloaded state identical and finite.
-      run.model = models::LlamaForCausalLM(*config, c10::kCPU, static_cast<uint64_t>(o.seed)).ptr();
-    }
+    // Nothing is allocated until each rank's shards are (fully_shard:
+    // wrap.cc's to_empty; FSDP1: a unit at a time, its param_init_fn), then
+    // filled from the checkpoint or from InitialLlamaParameter
+    // (FillLlamaShards): no rank ever holds the whole model.
+    run.model = models::LlamaForCausalLM(*config, c10::kMeta).ptr();
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", e.what_without_backtrace()));
   }
@@ -551,7 +545,7 @@ absl::StatusOr<RunModel> BuildRunModel(const Options& o) {
   return run;
 }
 
-// --model llama under fully_shard without --hf-checkpoint: each rank's
+// --model llama without --hf-checkpoint: each rank's
 // shards from the model's initial values, one whole tensor made at a time
 // (the same values InitializeWeights gives the unsharded model).
 absl::Status FillLlamaShards(const Options& o, const models::LlamaConfig& config,
@@ -572,8 +566,8 @@ absl::Status FillLlamaShards(const Options& o, const models::LlamaConfig& config
     }
     return out;
   };
-  return state_dict::LoadFullyShardModelTensorByTensor(model.fully_shard()->module(),
-                                                       "--model-config's initial values", initial);
+  return state_dict::LoadModelTensorByTensor(*model.shards(), "--model-config's initial values",
+                                             initial);
 }
 
 }  // namespace
@@ -610,11 +604,7 @@ absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGro
 
   std::shared_ptr<LanguageModel> model = built->model;
   int64_t num_params = 0;
-  std::set<std::string> parameter_names;
-  for (const auto& p : model->named_parameters()) {
-    num_params += p.value().numel();
-    parameter_names.insert(p.key());
-  }
+  for (const auto& p : model->named_parameters()) num_params += p.value().numel();
   if (auto s = CheckHfExportTarget(o, group); !s.ok()) return s;
   if (o.float8) {
     auto converted = ConvertLinearsToFloat8(*model);
@@ -625,8 +615,8 @@ absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGro
   if (!wrapped.ok()) return wrapped.status();
   const TrainedModel fsdp_model = wrapped->model();
   if (!o.hf_checkpoint.empty()) {
-    if (auto s = LoadHfIntoShards(o, group, fsdp_model, parameter_names); !s.ok()) return s;
-  } else if (built->llama && o.fsdp == FsdpApi::kFullyShard) {
+    if (auto s = LoadHfIntoShards(o, group, fsdp_model); !s.ok()) return s;
+  } else if (built->llama) {
     if (auto s = FillLlamaShards(o, *built->llama, fsdp_model); !s.ok()) return s;
   }
   const std::vector<torch::Tensor> params = fsdp_model.parameters();

@@ -2,8 +2,9 @@
 // (issue 45, item 6): a Llama whose float32 parameters alone exceed the
 // memory limit imposed on every process (RLIMIT_DATA, `ulimit -d`: private
 // writable memory, what the allocator takes) trains on 4 ranks with
-// fully_shard, built on the meta device and each rank's shards allocated
-// and filled tensor by tensor. The same limit on one rank fails, cleanly
+// fully_shard and with FSDP1, built on the meta device and each rank's
+// shards allocated (fully_shard: all at once; FSDP1: a unit at a time, whole,
+// just before it is sharded) and filled tensor by tensor. The same limit on one rank fails, cleanly
 // (exit status 3, an out-of-memory line), which shows the limit binds.
 //
 // Sizes (2026-11-28, 2 cores): the model below has 590 M parameters,
@@ -60,11 +61,12 @@ std::string WriteConfig() {
 // 95% of the float32 parameters: no process may hold them all.
 int64_t LimitKb() { return ParameterCount() * 4 * 95 / 100 / 1024; }
 
-std::string Flags(const std::string& config, int nproc) {
-  return "--model=llama --model-config=" + config +
-         " --fsdp=fully_shard --optimizer=sgd --lr=0.05 --data=synthetic --seq=32"
-         " --global-batch=4 --steps=2 --threads-per-rank=1 --nproc=" +
-         std::to_string(nproc);
+std::string Flags(const std::string& config, int nproc, const std::string& fsdp = "fully_shard",
+                  int steps = 2) {
+  return "--model=llama --model-config=" + config + " --fsdp=" + fsdp +
+         " --optimizer=sgd --lr=0.05 --data=synthetic --seq=32"
+         " --global-batch=4 --threads-per-rank=1 --steps=" +
+         std::to_string(steps) + " --nproc=" + std::to_string(nproc);
 }
 
 TEST(TrainerMemoryLimitTest, FourRanksTrainWhatOneRankCannotHold) {
@@ -86,6 +88,19 @@ TEST(TrainerMemoryLimitTest, FourRanksTrainWhatOneRankCannotHold) {
     EXPECT_NEAR(bytes, ParameterCount() * 4 * 0.75, ParameterCount() * 4 * 0.02)
         << "a rank's parameters, gradients and momentum";
   }
+
+  // FSDP1 too: built on the meta device, each unit allocated just before
+  // it is flattened and sharded (its param_init_fn), then filled. Its step
+  // needs ~140 MiB more per rank than fully_shard's here (peak RSS 2.31 vs
+  // 2.17 GB unlimited, 2026-11-28), so under this limit it loads and trains
+  // one step: the second, with SGD's momentum allocated, goes over.
+  const std::string fsdp1_log = TempDir("memory_limit_fsdp1") + "/log.jsonl";
+  RunResult fsdp1 = RunTrainer(Flags(config, 4, "fsdp1", 1) + " --log-json=" + fsdp1_log, limit);
+  ASSERT_EQ(fsdp1.exit_code, 0) << fsdp1.output;
+  const auto fsdp1_steps = ReadLog(fsdp1_log, 4);
+  ASSERT_EQ(fsdp1_steps.losses.size(), 1u);
+  // The same initial values (from the seed) and batch: the same loss.
+  EXPECT_NEAR(fsdp1_steps.losses[0], steps.losses[0], 1e-4);
 
   // The control: one rank under the same limit cannot even allocate them.
   RunResult one = RunTrainer(Flags(config, 1), limit);

@@ -1,8 +1,10 @@
 #include "trainer/wrap.h"
 
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include <torch/types.h>
@@ -10,8 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "activation_checkpointing/apply_activation_checkpointing.h"
 #include "comm/device_mesh.h"
+#include "functorch/module/named_member_accessor.h"
 #include "module_call/call.h"
 #include "module_call/wrap_policy.h"
+#include "state_dict/fully_shard/fully_shard_state_dict.h"
 
 namespace trainer {
 namespace {
@@ -69,6 +73,38 @@ fsdp::ShardingStrategy ToStrategy(Sharding s) {
   return fsdp::ShardingStrategy::kFullShard;
 }
 
+// FSDP1's Options::param_init_fn for a model built on the meta device
+// (--model llama): each unit's parameters are allocated, uninitialised, on
+// the CPU just before FSDP flattens and shards the unit, so a rank holds at
+// most one unit whole; the caller then fills the shards (LoadHfIntoShards,
+// or the config's initial values). A tensor tied under two names (a tied
+// lm_head) becomes one tensor again.
+std::function<void(torch::nn::Module&)> AllocateMetaParameters() {
+  // Old meta tensor (kept alive, so its address stays its own) -> new one.
+  auto allocated = std::make_shared<
+      std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>>>();
+  return [allocated](torch::nn::Module& module) {
+    functorch::NamedMemberAccessor accessor(module.shared_from_this());
+    for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+      const at::Tensor& meta = item.value();
+      if (!meta.defined() || !meta.is_meta()) continue;
+      auto [it, fresh] = allocated->try_emplace(meta.unsafeGetTensorImpl());
+      if (fresh) {
+        it->second = {meta, torch::empty(meta.sizes(), meta.options().device(torch::kCPU))
+                                .set_requires_grad(meta.requires_grad())};
+      }
+      accessor.set_tensor(item.key(), it->second.second);
+    }
+  };
+}
+
+bool HasMetaParameters(const torch::nn::Module& model) {
+  for (const auto& p : model.parameters()) {
+    if (p.is_meta()) return true;
+  }
+  return false;
+}
+
 fsdp::BackwardPrefetch ToPrefetch(BackwardPrefetch b) {
   switch (b) {
     case BackwardPrefetch::kPre: return fsdp::BackwardPrefetch::kBackwardPre;
@@ -121,7 +157,8 @@ absl::StatusOr<std::unique_ptr<fsdp::FullyShardedDataParallel>> WrapModel(
     options.mixed_precision.buffer_dtype = torch::kFloat32;
   }
   options.cpu_offload.offload_params = o.cpu_offload;
-  // Built on the CPU; FSDP moves each unit there before sharding it.
+  if (HasMetaParameters(*model)) options.param_init_fn = AllocateMetaParameters();
+  // Built on the CPU (or meta); FSDP moves each unit there before sharding it.
   if (!device.is_cpu()) options.device_id = device;
   // The optimizer sees the original parameters (views of this rank's
   // shard), so Adam/AdamW/SGD run unmodified per parameter and their state
@@ -268,6 +305,11 @@ std::vector<torch::Tensor> TrainedModel::parameters() const {
 
 std::vector<std::string> TrainedModel::fsdp_unit_names() const {
   return fsdp1_ != nullptr ? fsdp1_->fsdp_unit_names() : fully_shard_->fsdp_unit_names();
+}
+
+std::unique_ptr<state_dict::ShardedModel> TrainedModel::shards() const {
+  if (fsdp1_ != nullptr) return state_dict::ShardedModelOf(*fsdp1_);
+  return state_dict::ShardedModelOf(fully_shard_->module());
 }
 
 }  // namespace trainer

@@ -18,6 +18,7 @@
 #include "comm/process_group.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/fully_sharded_data_parallel.h"
+#include "state_dict/fsdp/sharded_model.h"
 #include "trainer/models.h"
 #include "trainer/options.h"
 
@@ -106,6 +107,9 @@ class TrainedModel {
   torch::Tensor clip_grad_norm_(double max_norm) const;
   std::vector<torch::Tensor> parameters() const;
   std::vector<std::string> fsdp_unit_names() const;
+  // Its shards as every checkpoint format reads and writes them
+  // (state_dict/fsdp/sharded_model.h), whichever FSDP made them.
+  std::unique_ptr<state_dict::ShardedModel> shards() const;
 
  private:
   fsdp::FullyShardedDataParallel* fsdp1_ = nullptr;

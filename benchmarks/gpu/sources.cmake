@@ -294,6 +294,7 @@ set(TORCHFSDP_SRCS_state_dict_fsdp__fsdp_state_dict
   "${REPO}/state_dict/fsdp/fsdp_optim_state_dict.cc"
   "${REPO}/state_dict/fsdp/fsdp_state_dict.cc"
   "${REPO}/state_dict/fsdp/internal/fsdp_view.cc"
+  "${REPO}/state_dict/fsdp/sharded_model.cc"
 )
 # //state_dict/fully_shard:fully_shard_dcp
 set(TORCHFSDP_SRCS_state_dict_fully_shard__fully_shard_dcp

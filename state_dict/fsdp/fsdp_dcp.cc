@@ -35,8 +35,6 @@ void AddPythonOnlyOptions(const torch::optim::Optimizer& optimizer, OptimParamGr
   }
 }
 
-}  // namespace
-
 absl::Status SaveShardedStateAsDcp(
     const std::string& dir, const char* caller, const FsdpModelStateDict& state,
     const torch::optim::Optimizer* optimizer, const FsdpModelStateDict* optim_state,
@@ -92,20 +90,60 @@ absl::Status SaveShardedStateAsDcp(
   return SaveDcpShard(dir, state.rank, shard);
 }
 
-absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataParallel& model,
-                              const torch::optim::Optimizer* optimizer,
-                              const std::vector<DcpShard::Object>& extra_objects) {
-  auto state = GetModelStateDict(model, StateDictType::kSharded);
+}  // namespace
+
+absl::Status SaveShardedModelDcp(const std::string& dir, ShardedModel& model,
+                                 const torch::optim::Optimizer* optimizer,
+                                 const std::vector<DcpShard::Object>& extra_objects) {
+  auto state = model.ModelState();
   if (!state.ok()) return state.status();
-  std::optional<FsdpOptimStateDict> optim;
+  std::optional<FsdpModelStateDict> optim;
   if (optimizer != nullptr) {
-    auto got = GetOptimStateDict(model, *optimizer, StateDictType::kSharded);
+    auto got = model.OptimizerState(*optimizer);
     if (!got.ok()) return got.status();
     optim = std::move(*got);
   }
   return SaveShardedStateAsDcp(
-      dir, "SaveFsdpDcpShard", *state, optimizer, optim ? &optim->sharded : nullptr,
-      [&] { return NamedParamGroups(model, *optimizer); }, extra_objects);
+      dir, "SaveShardedModelDcp", *state, optimizer, optim ? &*optim : nullptr,
+      [&] { return model.ParamGroups(*optimizer); }, extra_objects);
+}
+
+absl::Status LoadShardedModelDcp(const DcpCheckpoint& ckpt, ShardedModel& model,
+                                 torch::optim::Optimizer* optimizer) {
+  // Our names ("<fqn>", "<fqn>/<entry>") -> DCP's.
+  auto read = [&](const ShardRequests& requests) -> absl::StatusOr<ShardedStateDict> {
+    ShardRequests renamed;
+    for (const auto& [name, request] : requests) {
+      std::string fqn, entry;
+      const std::string key = SplitEntryName(name, '/', &fqn, &entry) ? DcpOptimStateKey(fqn, entry)
+                                                                      : ModelStateKey(name);
+      renamed.emplace_back(key, request);
+    }
+    auto loaded = ckpt.LoadResharded(renamed);
+    if (!loaded.ok()) return loaded.status();
+    ShardedStateDict out;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const ShardedTensor* st = loaded->find(renamed[i].first);
+      out.insert(requests[i].first, st != nullptr ? *st : ShardedTensor{});
+    }
+    return out;
+  };
+  std::vector<ShardedEntryInfo> entries;
+  if (optimizer != nullptr) {
+    for (const auto& t : ckpt.tensors()) {
+      std::string fqn, entry;
+      if (!ParseDcpOptimStateKey(t.key, &fqn, &entry)) continue;
+      entries.push_back(ShardedEntryInfo{absl::StrCat(fqn, "/", entry), t.shape, t.dtype});
+    }
+  }
+  return LoadShardedModelFrom(model, optimizer, absl::StrCat("DCP checkpoint ", ckpt.dir()),
+                              entries, read);
+}
+
+absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataParallel& model,
+                              const torch::optim::Optimizer* optimizer,
+                              const std::vector<DcpShard::Object>& extra_objects) {
+  return SaveShardedModelDcp(dir, *ShardedModelOf(model), optimizer, extra_objects);
 }
 
 absl::Status LoadFsdpDcp(const std::string& dir, fsdp::FullyShardedDataParallel& model,
@@ -117,50 +155,7 @@ absl::Status LoadFsdpDcp(const std::string& dir, fsdp::FullyShardedDataParallel&
 
 absl::Status LoadFsdpDcp(const DcpCheckpoint& ckpt, fsdp::FullyShardedDataParallel& model,
                          torch::optim::Optimizer* optimizer) {
-  // Our names -> DCP's, for the requests.
-  auto read = [&](bool model_keys) {
-    return [&, model_keys](const ShardRequests& requests) -> absl::StatusOr<ShardedStateDict> {
-      ShardRequests renamed;
-      std::vector<std::string> ours;
-      for (const auto& [name, request] : requests) {
-        std::string fqn, entry;
-        std::string key = model_keys ? ModelStateKey(name) : name;
-        if (!model_keys && SplitEntryName(name, '/', &fqn, &entry)) {
-          key = DcpOptimStateKey(fqn, entry);
-        }
-        renamed.emplace_back(key, request);
-        ours.push_back(name);
-      }
-      auto loaded = ckpt.LoadResharded(renamed);
-      if (!loaded.ok()) return loaded.status();
-      ShardedStateDict out;
-      for (size_t i = 0; i < ours.size(); ++i) {
-        out.insert(ours[i], loaded->find(renamed[i].first) != nullptr
-                                ? *loaded->find(renamed[i].first)
-                                : ShardedTensor{});
-      }
-      return out;
-    };
-  };
-  // Both are read and checked before either is written: the optimizer's
-  // load validates everything before it changes the optimizer, the model's
-  // likewise; the optimizer goes first so that a bad optimizer entry leaves
-  // the model untouched too.
-  if (optimizer != nullptr) {
-    std::vector<ShardedEntryInfo> entries;
-    for (const auto& t : ckpt.tensors()) {
-      std::string fqn, entry;
-      if (!ParseDcpOptimStateKey(t.key, &fqn, &entry)) continue;
-      entries.push_back(ShardedEntryInfo{absl::StrCat(fqn, "/", entry), t.shape, t.dtype});
-    }
-    if (auto s =
-            LoadShardedOptimFrom(model, *optimizer, absl::StrCat("DCP checkpoint ", ckpt.dir()),
-                                 entries, read(/*model_keys=*/false));
-        !s.ok()) {
-      return s;
-    }
-  }
-  return LoadModelShardedFrom(model, read(/*model_keys=*/true));
+  return LoadShardedModelDcp(ckpt, *ShardedModelOf(model), optimizer);
 }
 
 }  // namespace state_dict

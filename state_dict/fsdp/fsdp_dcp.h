@@ -46,9 +46,19 @@
 #include "fsdp/fully_sharded_data_parallel.h"
 #include "state_dict/dcp.h"
 #include "state_dict/fsdp/fsdp_state_dict.h"
+#include "state_dict/fsdp/sharded_model.h"
 #include "state_dict/optim_state.h"
 
 namespace state_dict {
+
+// Either FSDP's model and optimizer (sharded_model.h), as SaveFsdpDcpShard
+// and LoadFsdpDcp below describe; those and fully_shard_dcp.h's are these
+// for one FSDP.
+absl::Status SaveShardedModelDcp(const std::string& dir, ShardedModel& model,
+                                 const torch::optim::Optimizer* optimizer,
+                                 const std::vector<DcpShard::Object>& extra_objects = {});
+absl::Status LoadShardedModelDcp(const DcpCheckpoint& checkpoint, ShardedModel& model,
+                                 torch::optim::Optimizer* optimizer);
 
 // This rank's part: the model's SHARDED state and, when `optimizer` is not
 // null, its sharded state and param groups (with Python's option names,
@@ -70,17 +80,6 @@ namespace state_dict {
 absl::Status SaveFsdpDcpShard(const std::string& dir, fsdp::FullyShardedDataParallel& model,
                               const torch::optim::Optimizer* optimizer,
                               const std::vector<DcpShard::Object>& extra_objects = {});
-
-// SaveFsdpDcpShard's work on state already taken, for either FSDP
-// (state_dict/fully_shard saves fully_shard's through it): the model's
-// SHARDED `state` and, when `optimizer` is not null, its sharded
-// `optim_state` ('<fqn>/<entry>' entries) and, on rank 0 only,
-// `param_groups()` (FQNs). `caller` names the public function in errors.
-absl::Status SaveShardedStateAsDcp(
-    const std::string& dir, const char* caller, const FsdpModelStateDict& state,
-    const torch::optim::Optimizer* optimizer, const FsdpModelStateDict* optim_state,
-    const std::function<absl::StatusOr<std::vector<OptimParamGroup>>()>& param_groups,
-    const std::vector<DcpShard::Object>& extra_objects);
 
 // Loads `dir` into the model and, when `optimizer` is not null, the
 // optimizer's per-parameter state. Every rank reads only the chunks that

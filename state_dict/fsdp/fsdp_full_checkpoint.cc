@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "comm/collectives.h"
 #include "state_dict/checkpoint.h"
+#include "formats/hf/hf_checkpoint_files.h"
 #include "state_dict/hf_checkpoint.h"
 
 namespace state_dict {
@@ -315,6 +316,19 @@ absl::Status SaveFsdpHfCheckpoint(const std::string& dir, const FsdpModelStateDi
       [&](const std::vector<TensorSpec>& specs, const TensorSource& source) {
         return WriteHfCheckpoint(dir, specs, source, dtype, max_shard_bytes, config_json);
       });
+}
+
+absl::Status LoadHfCheckpointIntoShards(const std::string& dir, ShardedModel& model) {
+  auto files = formats::HfCheckpointFiles::Open(dir);
+  if (!files.ok()) return files.status();
+  auto state = model.ModelState();
+  if (!state.ok()) return state.status();
+  std::set<std::string> names;
+  for (const auto& item : state->sharded) names.insert(item.key());
+  if (auto s = CheckNoUnexpectedHfTensors(*files, names); !s.ok()) return s;
+  return LoadModelTensorByTensor(
+      model, absl::StrCat("Hugging Face checkpoint ", dir),
+      [&](const ShardRequests& requests) { return ReadHfShards(*files, requests); });
 }
 
 }  // namespace state_dict

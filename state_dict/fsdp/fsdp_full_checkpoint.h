@@ -41,6 +41,7 @@
 #include "absl/status/status.h"
 #include "comm/process_group.h"
 #include "state_dict/fsdp/fsdp_state_dict.h"
+#include "state_dict/fsdp/sharded_model.h"
 
 namespace state_dict {
 
@@ -59,6 +60,16 @@ absl::Status SaveFsdpFullCheckpoint(const std::string& root, int64_t step,
 absl::Status SaveFsdpHfCheckpoint(const std::string& dir, const FsdpModelStateDict& state,
                                   const comm::ProcessGroup& group, c10::ScalarType dtype,
                                   int64_t max_shard_bytes, const std::string& config_json);
+
+// A Hugging Face checkpoint directory (hf_checkpoint.h: one file or
+// sharded with its index; float32, bfloat16 or float16, converted) into
+// either FSDP's shards: every tensor's name, shape and dtype is checked
+// against the model (both ways: a tensor the model lacks is refused) before
+// any is read, then each rank reads only its ranges of each tensor, one
+// tensor at a time (LoadModelTensorByTensor), so no rank holds more than
+// its shard plus one tensor's pieces. Errors name the directory, the tensor
+// and both values. Local (no collective): every rank loads its own ranges.
+absl::Status LoadHfCheckpointIntoShards(const std::string& dir, ShardedModel& model);
 
 // What both are made of: every tensor of `state` gathered onto rank 0 of
 // `group`, one at a time, as `write`'s source (TensorSpec, TensorSource:

@@ -225,33 +225,6 @@ absl::StatusOr<std::vector<size_t>> OptimParams(const View& view,
   return out;
 }
 
-// A ShardedReader over an in-memory dict.
-ShardedReader DictReader(const ShardedStateDict& state) {
-  return [&state](const ShardRequests& requests) -> absl::StatusOr<ShardedStateDict> {
-    ShardedStateDict out;
-    for (const auto& [name, request] : requests) {
-      const ShardedTensor* st = state.find(name);
-      if (st == nullptr) {
-        return absl::NotFoundError(absl::StrCat("state dict has no entry '", name,
-                                                "': expected one of global shape ",
-                                                ShapeString(request.global_shape)));
-      }
-      if (c10::IntArrayRef(st->global_shape) != c10::IntArrayRef(request.global_shape) ||
-          st->dtype != request.dtype) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "state dict entry '", name, "' has global shape ", ShapeString(st->global_shape), " ",
-            c10::toString(st->dtype), ": expected ", ShapeString(request.global_shape), " ",
-            c10::toString(request.dtype)));
-      }
-      if (auto s = ValidateShardedTensor(name, *st); !s.ok()) return s;
-      auto resharded = Reshard(name, {*st}, request.ranges);
-      if (!resharded.ok()) return resharded.status();
-      out.insert(name, std::move(*resharded));
-    }
-    return out;
-  };
-}
-
 // `loaded`'s entry `name` as this rank's tensor of `shape` (its pieces
 // exactly `ranges`).
 absl::StatusOr<torch::Tensor> Local(const ShardedStateDict& loaded, const std::string& name,
@@ -382,55 +355,6 @@ absl::Status AgreeEverywhere(const View& view, const absl::Status& local, const 
   return AgreeOnStatus(*view.replicate, s, what);
 }
 
-// A reader of a step directory that finds an entry under its own name or
-// under the FULL file's ("model.<fqn>", "optim.<fqn>.<entry>"). A sharded
-// checkpoint is read resharded (this rank's rows only); a FULL one (0-dim
-// entries included) whole, then cut.
-ShardedReader CheckpointReader(const std::string& step_dir, const std::set<std::string>& names,
-                               bool full) {
-  auto rename = [names](const ShardRequests& requests) {
-    ShardRequests renamed;
-    for (const auto& [name, request] : requests) {
-      const std::string key = FullCheckpointKey(name);
-      renamed.emplace_back(names.count(name) == 0 && names.count(key) > 0 ? key : name, request);
-    }
-    return renamed;
-  };
-  return
-      [step_dir, rename, full](const ShardRequests& requests) -> absl::StatusOr<ShardedStateDict> {
-        const ShardRequests renamed = rename(requests);
-        absl::StatusOr<ShardedStateDict> loaded;
-        if (full) {
-          auto file = LoadFullStateDict(step_dir);
-          if (!file.ok()) return file.status();
-          ShardedStateDict whole;
-          for (const auto& [name, request] : renamed) {
-            const torch::Tensor* t = file->find(name);
-            if (t == nullptr) continue;  // DictReader names it
-            ShardedTensor st;
-            st.global_shape = t->sizes().vec();
-            st.dtype = t->scalar_type();
-            st.pieces.push_back({FlatRange{0, t->numel()}, t->reshape({-1})});
-            whole.insert(name, std::move(st));
-          }
-          loaded = DictReader(whole)(renamed);
-          if (!loaded.ok()) {
-            return absl::Status(loaded.status().code(),
-                                absl::StrCat(step_dir, ": ", loaded.status().message()));
-          }
-        } else {
-          loaded = LoadResharded(step_dir, renamed);
-        }
-        if (!loaded.ok()) return loaded.status();
-        ShardedStateDict out;
-        for (size_t i = 0; i < requests.size(); ++i) {
-          const ShardedTensor* st = loaded->find(renamed[i].first);
-          out.insert(requests[i].first, st != nullptr ? *st : ShardedTensor{});
-        }
-        return out;
-      };
-}
-
 }  // namespace
 
 absl::StatusOr<comm::ProcessGroup> FullyShardGroup(const torch::nn::Module& model) {
@@ -486,11 +410,7 @@ absl::StatusOr<FsdpModelStateDict> FullyShardOptimStateDict(
 
 absl::StatusOr<FsdpModelStateDict> FullyShardStateDict(torch::nn::Module& model,
                                                        const torch::optim::Optimizer* optimizer) {
-  auto state = FullyShardModelStateDict(model);
-  if (!state.ok() || optimizer == nullptr) return state;
-  auto optim = FullyShardOptimStateDict(model, *optimizer);
-  if (!optim.ok()) return optim.status();
-  return MergeShardedStateDicts(std::move(*state), *optim);
+  return ModelAndOptimizerState(*ShardedModelOf(model), optimizer);
 }
 
 absl::StatusOr<TensorDict> FullyShardFullStateDict(torch::nn::Module& model,
@@ -590,38 +510,7 @@ absl::Status LoadFullyShardFrom(torch::nn::Module& model, torch::optim::Optimize
                                 const std::string& source,
                                 const std::vector<ShardedEntryInfo>& optim_entries,
                                 const ShardedReader& read) {
-  if (auto s = RefuseMetaShards(model, source); !s.ok()) return s;
-  auto view = Describe(model);
-  if (!view.ok()) return view.status();
-  if (optimizer != nullptr) {
-    if (auto s = LoadOptim(*view, *optimizer, source, optim_entries, read); !s.ok()) return s;
-  }
-  return LoadModel(*view, source, read);
-}
-
-absl::Status LoadFullyShardModelTensorByTensor(torch::nn::Module& model, const std::string& source,
-                                               const ShardedReader& read) {
-  if (auto s = RefuseMetaShards(model, source); !s.ok()) return s;
-  auto view = Describe(model);
-  if (!view.ok()) return view.status();
-  ShardRequests check;
-  for (const Entry& e : view->entries) {
-    check.emplace_back(e.fqn, ShardRequest{e.global_shape(), e.tensor.scalar_type(), {}});
-  }
-  if (auto checked = read(check); !checked.ok()) return checked.status();
-  torch::NoGradGuard no_grad;
-  for (const Entry& e : view->entries) {
-    auto loaded =
-        read({{e.fqn, ShardRequest{e.global_shape(), e.tensor.scalar_type(), e.ranges()}}});
-    if (!loaded.ok()) return loaded.status();
-    auto local = Local(*loaded, e.fqn, e.ranges(), e.tensor.sizes(), e.tensor.scalar_type());
-    if (!local.ok()) {
-      return absl::Status(local.status().code(),
-                          absl::StrCat(source, ": ", local.status().message()));
-    }
-    if (local->numel() > 0) e.tensor.detach().copy_(*local);
-  }
-  return absl::OkStatus();
+  return LoadShardedModelFrom(*ShardedModelOf(model), optimizer, source, optim_entries, read);
 }
 
 absl::Status LoadFullyShardStateDict(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
@@ -708,30 +597,49 @@ absl::Status SaveFullyShardCheckpoint(const std::string& root, int64_t step,
 
 absl::Status LoadFullyShardCheckpoint(torch::nn::Module& model, torch::optim::Optimizer* optimizer,
                                       const std::string& step_dir) {
-  auto manifest = ReadManifest(step_dir);
-  if (!manifest.ok()) return manifest.status();
-  std::set<std::string> names;
-  std::vector<ShardedEntryInfo> optim_entries;
-  std::set<std::string> seen;
-  for (const ManifestFile& file : manifest->files) {
-    for (const ManifestTensor& t : file.tensors) {
-      names.insert(t.name);
-      if (!seen.insert(t.name).second) continue;
-      auto parts = ParseFullCheckpointKey(t.name);
-      if (parts.ok() && parts->kind == FullCheckpointKeyParts::Kind::kOptim) {
-        optim_entries.push_back(
-            {absl::StrCat(parts->fqn, "/", parts->entry), t.global_shape, t.dtype});
-        continue;
-      }
-      std::string fqn, entry;
-      if (SplitEntryName(t.name, '/', &fqn, &entry)) {
-        optim_entries.push_back({t.name, t.global_shape, t.dtype});
-      }
-    }
+  return LoadShardedModelCheckpoint(*ShardedModelOf(model), optimizer, step_dir);
+}
+
+namespace {
+
+class FullyShardShardedModel final : public ShardedModel {
+ public:
+  explicit FullyShardShardedModel(torch::nn::Module& model) : model_(model) {}
+
+  absl::StatusOr<FsdpModelStateDict> ModelState() override {
+    return FullyShardModelStateDict(model_);
   }
-  return LoadFullyShardFrom(
-      model, optimizer, absl::StrCat("checkpoint ", step_dir), optim_entries,
-      CheckpointReader(step_dir, names, manifest->kind == CheckpointKind::kFull));
+  absl::StatusOr<FsdpModelStateDict> OptimizerState(
+      const torch::optim::Optimizer& optimizer) override {
+    return FullyShardOptimStateDict(model_, optimizer);
+  }
+  absl::StatusOr<std::vector<OptimParamGroup>> ParamGroups(
+      const torch::optim::Optimizer& optimizer) override {
+    return FullyShardParamGroups(model_, optimizer);
+  }
+  absl::Status LoadModel(const std::string& source, const ShardedReader& read) override {
+    if (auto s = RefuseMetaShards(model_, source); !s.ok()) return s;
+    auto view = Describe(model_);
+    if (!view.ok()) return view.status();
+    return state_dict::LoadModel(*view, source, read);
+  }
+  absl::Status LoadOptimizer(torch::optim::Optimizer& optimizer, const std::string& source,
+                             const std::vector<ShardedEntryInfo>& entries,
+                             const ShardedReader& read) override {
+    if (auto s = RefuseMetaShards(model_, source); !s.ok()) return s;
+    auto view = Describe(model_);
+    if (!view.ok()) return view.status();
+    return LoadOptim(*view, optimizer, source, entries, read);
+  }
+
+ private:
+  torch::nn::Module& model_;
+};
+
+}  // namespace
+
+std::unique_ptr<ShardedModel> ShardedModelOf(torch::nn::Module& model) {
+  return std::make_unique<FullyShardShardedModel>(model);
 }
 
 }  // namespace state_dict

@@ -62,6 +62,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include <memory>
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -71,10 +72,16 @@
 #include "comm/process_group.h"
 #include "state_dict/fsdp/fsdp_optim_state_dict.h"
 #include "state_dict/fsdp/fsdp_state_dict.h"
+#include "state_dict/fsdp/sharded_model.h"
 #include "state_dict/sharded_tensor.h"
 #include "state_dict/tensor_dict.h"
 
 namespace state_dict {
+
+// fully_shard's ShardedModel (sharded_model.h: the description of the shards
+// our checkpoints, DCP and Hugging Face directories read and write
+// through): the functions below. `model` must outlive the result.
+std::unique_ptr<ShardedModel> ShardedModelOf(torch::nn::Module& model);
 
 // The group the model's parameters are sharded over (that of its first
 // sharded parameter; HSDP: the shard group). FailedPrecondition when fully_shard sharded none of
@@ -127,18 +134,6 @@ absl::Status LoadFullyShardFrom(torch::nn::Module& model, torch::optim::Optimize
                                 const std::string& source,
                                 const std::vector<ShardedEntryInfo>& optim_entries,
                                 const ShardedReader& read);
-
-// The model's entries as LoadFullyShardFrom loads them, but one tensor at a
-// time, so that a load adds one tensor's pieces to the rank's memory rather
-// than a second copy of its whole shard (a Hugging Face checkpoint into a
-// model that barely fits): `read` is first asked for every entry with no
-// ranges — a reader then checks names, shapes and dtypes without reading
-// data (ReadHfShards does) — and then for each entry's ranges alone, each
-// copied into its shard before the next is read. So a bad name, shape or
-// dtype leaves the model untouched, but an error while reading (a damaged
-// file) leaves the entries before it loaded.
-absl::Status LoadFullyShardModelTensorByTensor(torch::nn::Module& model, const std::string& source,
-                                               const ShardedReader& read);
 
 // From an in-memory SHARDED dict (any world size's pieces, e.g. every
 // rank's of another run, or one rank's FULL tensors as single pieces):
