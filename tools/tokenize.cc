@@ -19,7 +19,10 @@
 // vocabulary fits in 16 bits, uint32 with the Llama 3 header otherwise,
 // written atomically; the trainer reads either (`--data train.bin`).
 // Documents are encoded on --threads threads (0: every core); progress goes
-// to stderr, the throughput at the end.
+// to stderr, the throughput at the end. The encoding itself is
+// tokenizer::EncodeDocuments (tokenizer/documents.h), which the trainer's
+// `--data TEXT --tokenizer tokenizer.json` also calls: a text file gives the
+// trainer the ids it would give this tool's token file.
 #include <chrono>
 #include <cstdio>
 #include <sstream>
@@ -30,6 +33,7 @@
 #include "formats/io/file_io.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "tokenizer/documents.h"
 #include "tokenizer/tokenizer.h"
 #include "trainer/data.h"
 
@@ -74,11 +78,8 @@ int main(int argc, char** argv) {
   }
   auto tokenizer = tokenizer::Tokenizer::FromFile(tokenizer_path);
   if (!tokenizer.ok()) return Fail(std::string(tokenizer.status().message()));
-  tokenizer::EncodeOptions options;
-  options.add_special_tokens = !no_special_tokens;
-
   if (!text.empty()) {
-    auto ids = tokenizer->Encode(text, options);
+    auto ids = tokenizer->Encode(text, {.add_special_tokens = !no_special_tokens});
     if (!ids.ok()) return Fail(std::string(ids.status().message()));
     nlohmann::json json;
     json["ids"] = *ids;
@@ -93,27 +94,14 @@ int main(int argc, char** argv) {
   }
 
   if (inputs.empty()) return Fail("--out: expected input files after the flags");
-  std::optional<tokenizer::TokenId> eos;
-  if (!eos_token.empty()) {
-    eos = tokenizer->TokenToId(eos_token);
-    if (!eos)
-      return Fail(
-          absl::StrCat("--eos-token='", eos_token, "': not in the vocabulary of ", tokenizer_path));
-  } else {
-    for (const char* name : {"<|end_of_text|>", "<|endoftext|>", "</s>", "<|im_end|>"}) {
-      if ((eos = tokenizer->TokenToId(name))) {
-        eos_token = name;
-        break;
-      }
-    }
-    if (!eos) {
-      return Fail(absl::StrCat(tokenizer_path,
-                               " has none of <|end_of_text|>, <|endoftext|>, </s>, "
-                               "<|im_end|>: name the separator with --eos-token"));
-    }
+  auto eos = tokenizer::FindEosToken(*tokenizer, eos_token, tokenizer_path);
+  if (!eos.ok()) {
+    return Fail(absl::StrCat(eos_token.empty() ? "" : "--eos-token: ", eos.status().message(),
+                             eos_token.empty() ? ": --eos-token NAME" : ""));
   }
 
   std::vector<std::string> documents;
+  std::vector<std::string> names;  // each document's origin, for errors
   int64_t bytes = 0;
   for (const std::string& path : inputs) {
     auto read = formats::ReadFile(path);
@@ -122,6 +110,7 @@ int main(int argc, char** argv) {
     if (jsonl_field.empty()) {
       bytes += static_cast<int64_t>(contents.size());
       documents.push_back(std::move(contents));
+      names.push_back(path);
       continue;
     }
     std::istringstream lines(contents);
@@ -140,37 +129,33 @@ int main(int argc, char** argv) {
                                  jsonl_field, "'"));
       }
       documents.push_back(object[jsonl_field].get<std::string>());
+      names.push_back(absl::StrCat(path, ":", number));
       bytes += static_cast<int64_t>(documents.back().size());
     }
   }
 
   const auto start = Clock::now();
-  std::vector<uint32_t> ids;
-  // Batches of documents, so that progress shows between them.
-  const size_t batch = 256;
-  for (size_t first = 0; first < documents.size(); first += batch) {
-    const size_t end = std::min(documents.size(), first + batch);
-    std::vector<std::string_view> views(documents.begin() + first, documents.begin() + end);
-    auto encoded = tokenizer->EncodeBatch(views, options, threads);
-    if (!encoded.ok()) return Fail(std::string(encoded.status().message()));
-    for (const auto& document : *encoded) {
-      ids.insert(ids.end(), document.begin(), document.end());
-      ids.push_back(static_cast<uint32_t>(*eos));
-    }
+  tokenizer::DocumentsOptions options;
+  options.encode.add_special_tokens = !no_special_tokens;
+  options.num_threads = threads;
+  options.document_name = [&names](size_t i) { return names[i]; };
+  options.progress = [&](size_t done, size_t ids) {
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    std::fprintf(stderr, "\rtokenize: %zu/%zu documents, %zu tokens, %.1f MB/s", end,
-                 documents.size(), ids.size(),
-                 seconds > 0 ? bytes / 1e6 * end / documents.size() / seconds : 0.0);
-  }
+    std::fprintf(stderr, "\rtokenize: %zu/%zu documents, %zu tokens, %.1f MB/s", done,
+                 documents.size(), ids,
+                 seconds > 0 ? bytes / 1e6 * done / documents.size() / seconds : 0.0);
+  };
+  auto ids = tokenizer::EncodeDocuments(*tokenizer, documents, eos->id, options);
+  if (!ids.ok()) return Fail(std::string(ids.status().message()));
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   std::fprintf(stderr, "\n");
-  if (auto s = trainer::WriteTokenFile(out, ids, tokenizer->vocab_size()); !s.ok()) {
+  if (auto s = trainer::WriteTokenFile(out, *ids, tokenizer->vocab_size()); !s.ok()) {
     return Fail(std::string(s.message()));
   }
   std::printf(
       "tokenize: %zu documents, %.1f MB of text -> %zu tokens (%s after each) in %s, %s ids; "
       "%.1f MB/s\n",
-      documents.size(), bytes / 1e6, ids.size(), eos_token.c_str(), out.c_str(),
+      documents.size(), bytes / 1e6, ids->size(), eos->name.c_str(), out.c_str(),
       tokenizer->vocab_size() <= 65536 ? "uint16" : "uint32",
       seconds > 0 ? bytes / 1e6 / seconds : 0.0);
   return 0;
