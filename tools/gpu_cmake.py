@@ -7,6 +7,8 @@
     python3 tools/gpu_cmake.py --check   exit 1 when benchmarks/gpu/sources.cmake
                                          differs (printing the diff and the
                                          command that regenerates it)
+    python3 tools/gpu_cmake.py --self-test   the optional libraries' marking
+                                         on small planted trees
 
 benchmarks/gpu/CMakeLists.txt builds //trainer:trainer and
 //benchmarks:gpu_check on the GPU machine, which has no Bazel. What it
@@ -19,6 +21,17 @@ TORCHFSDP_CUDA is ON); alwayslink libraries are kept apart (CMake links their
 objects into each binary, as Bazel does). copts are not carried (CMake's
 Release flags are -O2 like .bazelrc's; warnings are not errors there).
 
+Optional libraries (OPTIONAL_LIBRARIES below) are built only when CMake
+finds the system libraries they need, else a stand-in of the same header is:
+//trainer:text_data (the trainer's --tokenizer) needs tokenizer/, which needs
+PCRE2 and ICU, which the GPU machine lacks. What only an optional library
+brings is marked as built with its switch (TORCHFSDP_<NAME>_LIBRARY_SRCS,
+when CMakeLists.txt sets TORCHFSDP_WITH_<NAME>), its stand-in's as built
+without (TORCHFSDP_NO_<NAME>_LIBRARY_SRCS), as CUDA-only labels are marked;
+a library built either way that depends on one of the optional library's
+external repositories (@pcre2, @icu) is an error, as is a stand-in whose
+hdrs differ from the library's. Bazel always builds the library itself.
+
 cuda_objects targets (kernels/cuda.bzl: .cu files compiled by nvcc, no
 LibTorch) must be reached only through //third_party:cuda branches (the
 CPU-only build has no nvcc); their .cu sources and headers go into
@@ -29,7 +42,8 @@ drift from Bazel's), less -Werror, as for the C++ sources.
 
 Reads the BUILD files with tools/deps_diagram.py's parser (no `bazel query`,
 so it runs inside a test). Python 3 standard library only.
-//tools:gpu_cmake_test runs --check.
+//tools:gpu_cmake_test runs --self-test (the optional libraries' marking on
+small planted trees: each rule above, and each refusal) and --check.
 """
 
 import argparse
@@ -53,6 +67,21 @@ REGENERATE = "python3 tools/gpu_cmake.py --write"
 COMPILED = (".cc", ".cpp", ".c")
 HEADERS = (".h", ".hpp", ".inc")
 CUDA_OBJECTS = "cuda_objects"  # the macro of kernels/cuda.bzl
+
+# (library, its stand-in, NAME, the external repositories only the library
+# may bring): the CMake build links the library when CMakeLists.txt sets
+# TORCHFSDP_WITH_<NAME> (it found those repositories' system libraries),
+# else the stand-in, a library of the same hdrs that needs none of them.
+OPTIONAL_LIBRARIES = [
+    ("//trainer:text_data", "//trainer:text_data_unavailable", "TOKENIZER",
+     ("@pcre2", "@icu")),
+]
+
+# When a label is built (closure()): "always", "cuda" (TORCHFSDP_CUDA),
+# NAME (an optional library's: TORCHFSDP_WITH_NAME) or "NO_" + NAME (its
+# stand-in's: not TORCHFSDP_WITH_NAME).
+ALWAYS = "always"
+CUDA = "cuda"
 
 
 class BuildError(Exception):
@@ -145,43 +174,120 @@ def is_true(text):
     return text.strip() in ("True", "1")
 
 
+def combine(outer, inner, where):
+    """The condition of a label reached under `inner` from a path built
+    under `outer`: a label needs both, and only one can be said per label."""
+    if outer == ALWAYS or outer == inner:
+        return inner
+    if inner == ALWAYS:
+        return outer
+    raise BuildError(f"{where}: built only under {outer} and only under {inner}: one label "
+                     "under two conditions is not supported (tools/gpu_cmake.py)")
+
+
+def optional_libraries(rules):
+    """{library key: (stand-in key, NAME, externals)} of OPTIONAL_LIBRARIES,
+    checked: both are cc_libraries with the same hdrs."""
+    out = {}
+    for label, stand_in, name, externals in OPTIONAL_LIBRARIES:
+        key, stand_in_key = parse_label(label, ""), parse_label(stand_in, "")
+        for k in (key, stand_in_key):
+            if k not in rules or rules[k][0] != "cc_library":
+                raise BuildError(f"{display(k)}: not a cc_library (tools/gpu_cmake.py "
+                                 "OPTIONAL_LIBRARIES)")
+        hdrs = [sorted(literals(rules[k][1].get("hdrs", ""))) for k in (key, stand_in_key)]
+        if hdrs[0] != hdrs[1]:
+            raise BuildError(f"{stand_in} (hdrs {hdrs[1]}) stands in for {label} (hdrs "
+                             f"{hdrs[0]}) in the CMake build without {name}: expected the same "
+                             "hdrs, the header both implement")
+        out[key] = (stand_in_key, name, tuple(externals))
+    return out
+
+
 def closure(rules, root_keys):
-    """{library key: cuda_only} over the transitive deps of root_keys, and
-    the roots' own CUDA-only flags (always False)."""
-    reached = {}  # key -> True when only CUDA branches lead there
-    stack = [(key, False) for key in root_keys]
+    """{key: condition} over the transitive deps of root_keys (the roots
+    included, always): ALWAYS, CUDA (only //third_party:cuda branches lead
+    there), an optional library's NAME (only it leads there) or "NO_" +
+    NAME (only its stand-in does)."""
+    optional = optional_libraries(rules)
+    stand_ins = {stand_in: (name, key) for key, (stand_in, name, _) in optional.items()}
+    guarded = {}  # external repository -> (NAME, the library that may bring it)
+    for key, (_, name, externals) in optional.items():
+        for external in externals:
+            guarded[external] = (name, key)
+    seen = {}  # key -> the conditions it was reached under
+    stack = [(key, ALWAYS) for key in root_keys]
     while stack:
-        key, cuda_only = stack.pop()
-        if key in reached and (cuda_only or not reached[key]):
+        key, condition = stack.pop()
+        if key in optional and condition != optional[key][1]:
+            # Reached from the build: the library under its switch, its
+            # stand-in without it.
+            stand_in, name, _ = optional[key]
+            stack.append((key, combine(condition, name, display(key))))
+            stack.append((stand_in, combine(condition, "NO_" + name, display(stand_in))))
             continue
+        if key in stand_ins and condition != "NO_" + stand_ins[key][0]:
+            name, library = stand_ins[key]
+            raise BuildError(f"{display(key)} is {display(library)}'s stand-in (tools/"
+                             f"gpu_cmake.py OPTIONAL_LIBRARIES), yet reached itself: both "
+                             "would be linked, defining the same functions; depend on "
+                             f"{display(library)}")
+        conditions = seen.setdefault(key, set())
+        if ALWAYS in conditions or condition in conditions:
+            continue  # nothing new reachable from here
+        conditions.add(condition)
         if key not in rules:
             raise BuildError(f"{display(key)}: no such target in "
                              f"{key[0] or '.'}/BUILD")
         kind, attributes, path = rules[key]
         if kind == "alias":
             actuals = literals(attributes.get("actual", ""))
-            stack.append((parse_label(actuals[0], key[0]), cuda_only))
+            stack.append((parse_label(actuals[0], key[0]), condition))
             continue
         if kind == CUDA_OBJECTS:
-            if not cuda_only:
+            if condition != CUDA:
                 # A CPU-only CMake build (TORCHFSDP_CUDA=OFF) has no nvcc.
                 raise BuildError(f"{display(key)} ({path}) is a {CUDA_OBJECTS} target reached "
                                  f"outside a {CUDA_CONDITION} branch: select it (or the "
                                  "library that needs it) under --config=cuda only")
-            reached[key] = True
             continue  # no deps: nvcc objects and libcudart
         if kind not in ("cc_library", "cc_binary"):
             raise BuildError(f"{display(key)} ({path}) is a {kind}: expected a cc_library "
                              f"or {CUDA_OBJECTS}")
-        reached[key] = cuda_only
         for attribute in ("deps", "implementation_deps"):
-            for condition, label in conditional_values(attributes.get(attribute, ""),
-                                                       f"{display(key)} {attribute}"):
+            for when, label in conditional_values(attributes.get(attribute, ""),
+                                                  f"{display(key)} {attribute}"):
                 dep = parse_label(label, key[0])
-                if dep is None or dep[0].split("/", 1)[0] == "third_party":
+                if dep is None:
+                    repository = label.split("//", 1)[0]
+                    if repository in guarded and condition != guarded[repository][0]:
+                        name, library = guarded[repository]
+                        raise BuildError(
+                            f"{display(key)} ({path}) depends on {label}, which only "
+                            f"{display(library)} may bring: the CMake build without {name} "
+                            f"(where CMake finds no {repository[1:]}) would build it too; "
+                            f"reach it through {display(library)} (tools/gpu_cmake.py "
+                            "OPTIONAL_LIBRARIES)")
+                    continue
+                if dep[0].split("/", 1)[0] == "third_party":
                     continue
                 # Every branch's labels; a CUDA branch's only under CUDA.
-                stack.append((dep, cuda_only or condition == "cuda"))
+                stack.append((dep, combine(condition, CUDA, display(dep)) if when == "cuda"
+                              else condition))
+    reached = {}
+    for key, conditions in seen.items():
+        # Built with an optional library and without it: built always.
+        for name in {c for c in conditions if "NO_" + c in conditions}:
+            conditions -= {name, "NO_" + name}
+            conditions.add(ALWAYS)
+        if ALWAYS in conditions:
+            reached[key] = ALWAYS
+        elif len(conditions) == 1:
+            reached[key] = next(iter(conditions))
+        else:
+            raise BuildError(f"{display(key)}: built only under {' or '.join(sorted(conditions))}"
+                             ": a label built under either of two conditions is not supported "
+                             "(tools/gpu_cmake.py)")
     return reached
 
 
@@ -203,14 +309,16 @@ def package_files(key, attributes, attribute, suffixes, root):
     return sorted(files)
 
 
-def target_info(key, rules, cuda_only, root):
-    """The CMake-relevant facts of one cc_library, cc_binary or cuda_objects."""
+def target_info(key, rules, condition, root):
+    """The CMake-relevant facts of one cc_library, cc_binary or cuda_objects
+    built under `condition` (closure())."""
     kind, attributes, path = rules[key]
     where = display(key)
     if kind == CUDA_OBJECTS:
         empty = {"always": [], "cuda": [], "not cuda": []}
         return {
-            "label": where, "kind": kind, "cuda_only": True, "alwayslink": False,
+            "label": where, "kind": kind, "condition": CUDA, "cuda_only": True,
+            "alwayslink": False,
             "srcs": [], "cuda_srcs": [],
             "cu_srcs": package_files(key, attributes, "srcs", (".cu",), root),
             "cu_hdrs": package_files(key, attributes, "hdrs", HEADERS, root),
@@ -243,10 +351,19 @@ def target_info(key, rules, cuda_only, root):
         del found["never"]
         return found
 
+    if condition not in (ALWAYS, CUDA):
+        # An optional library's (or its stand-in's) defines and linkopts
+        # would reach the whole CMake build, whichever is linked.
+        for attribute in ("defines", "linkopts"):
+            if any(values(attribute).values()):
+                raise BuildError(f"{where}: {attribute} in a library built only under {condition}"
+                                 ": not supported (tools/gpu_cmake.py; CMakeLists.txt sets what "
+                                 "the optional library's system libraries need)")
     return {
         "label": where,
         "kind": kind,
-        "cuda_only": cuda_only,
+        "condition": condition,
+        "cuda_only": condition == CUDA,
         "alwayslink": is_true(attributes.get("alwayslink", "False")),
         "srcs": sorted(s for c, s in srcs if not c),
         "cuda_srcs": sorted(s for c, s in srcs if c),
@@ -366,6 +483,10 @@ def render(rules, root):
             raise BuildError(f"{label}: not a cc_binary (tools/gpu_cmake.py BINARIES)")
         binaries.append((key, target))
     reached = closure(rules, [key for key, _ in binaries])
+    for label, stand_in, _, _ in OPTIONAL_LIBRARIES:
+        if parse_label(label, "") not in reached:
+            raise BuildError(f"{label} (tools/gpu_cmake.py OPTIONAL_LIBRARIES): neither binary "
+                             f"depends on it: remove its entry (and {stand_in} if unused)")
     binary_keys = {key for key, _ in binaries}
     libraries = sorted(key for key in reached if key not in binary_keys)
     info = {key: target_info(key, rules, reached[key], root) for key in list(reached)}
@@ -400,7 +521,8 @@ def render(rules, root):
         "#",
         "# benchmarks/gpu/CMakeLists.txt includes it after setting REPO. For each project",
         "# cc_library in the transitive deps of the binaries below (a select()'s branches",
-        "# all taken; what only a //third_party:cuda branch brings is marked CUDA only):",
+        "# all taken; what only a //third_party:cuda branch brings is marked CUDA only,",
+        "# what only an optional library or its stand-in brings, with or without it):",
         "# TORCHFSDP_SRCS_<name>, its .cc files. Then the binaries' own sources and",
         "# linkopts, what CMakeLists.txt builds (the .cu files of cuda_objects targets",
         "# and their nvcc flags among it), and each source file's local_defines.",
@@ -409,9 +531,15 @@ def render(rules, root):
     ]
     for key in libraries:
         facts = info[key]
-        notes = [n for n, on in (("alwayslink", facts["alwayslink"]),
-                                 ("cuda_objects: nvcc", facts["kind"] == CUDA_OBJECTS),
-                                 ("CUDA only", facts["cuda_only"])) if on]
+        condition = facts["condition"]
+        notes = [n for n, on in (
+            ("alwayslink", facts["alwayslink"]),
+            ("cuda_objects: nvcc", facts["kind"] == CUDA_OBJECTS),
+            ("CUDA only", facts["cuda_only"]),
+            (f"only with TORCHFSDP_WITH_{condition}", condition not in (ALWAYS, CUDA)
+             and not condition.startswith("NO_")),
+            (f"only without TORCHFSDP_WITH_{condition[3:]}", condition.startswith("NO_")),
+        ) if on]
         lines.append(f"# {facts['label']}" + (f" ({', '.join(notes)})" if notes else ""))
         lines += srcs_lists(key)
 
@@ -422,29 +550,38 @@ def render(rules, root):
         lines.append(f"# {facts['label']}: links "
                      f"{sum(1 for k in own if k != key)} project libraries")
         lines += srcs_lists(key)
-        cpu, cuda = per_build([(own[k], info[k]["linkopts"]) for k in sorted(own)])
+        cpu, cuda = per_build([(own[k] == CUDA, info[k]["linkopts"]) for k in sorted(own)])
         lines += conditional_list(f"TORCHFSDP_LINKOPTS_{target}", cpu, cuda)
     lines.append("set(TORCHFSDP_BINARIES " + " ".join(t for _, t in binaries) + ")")
 
     # What CMakeLists.txt builds: one static library of every non-alwayslink
     # library (the linker takes from it what each binary needs), and the
     # alwayslink libraries' objects, which go into every binary.
-    groups = {"LIBRARY": [], "CUDA_LIBRARY": [], "ALWAYSLINK": [], "CUDA_ALWAYSLINK": []}
+    prefixes = {ALWAYS: "", CUDA: "CUDA_"}
+    for _, _, name, _ in OPTIONAL_LIBRARIES:
+        prefixes[name] = name + "_"
+        prefixes["NO_" + name] = "NO_" + name + "_"
+    groups = {prefix + kind: [] for kind in ("LIBRARY", "ALWAYSLINK")
+              for prefix in ("", "CUDA_")}
+    groups.update({prefix + kind: [] for prefix in list(prefixes.values())[2:]
+                   for kind in ("LIBRARY", "ALWAYSLINK")})
     cuda_objects = [key for key in libraries if info[key]["kind"] == CUDA_OBJECTS]
     for key in libraries:
         facts = info[key]
         if facts["kind"] == CUDA_OBJECTS:
             continue
         kind = "ALWAYSLINK" if facts["alwayslink"] else "LIBRARY"
-        groups[("CUDA_" if facts["cuda_only"] else "") + kind].append(
-            f"${{{srcs_variable(key)}}}")
+        groups[prefixes[facts["condition"]] + kind].append(f"${{{srcs_variable(key)}}}")
         if facts["cuda_srcs"]:
             groups["CUDA_" + kind].append(f"${{{srcs_variable(key, cuda=True)}}}")
     lines += [
         "",
         section("what CMakeLists.txt builds"),
         "# TORCHFSDP_LIBRARY_SRCS: one static library; TORCHFSDP_ALWAYSLINK_SRCS: objects",
-        "# linked into each binary (alwayslink); the CUDA_ lists only when TORCHFSDP_CUDA.",
+        "# linked into each binary (alwayslink); the CUDA_ lists only when TORCHFSDP_CUDA;",
+        "# an optional library's (tools/gpu_cmake.py OPTIONAL_LIBRARIES) NAME_ lists only",
+        "# when TORCHFSDP_WITH_NAME (CMake found its system libraries), its stand-in's",
+        "# NO_NAME_ lists only when not.",
     ]
     for group, refs in groups.items():
         lines += cmake_list(f"TORCHFSDP_{group}_SRCS", refs)
@@ -466,7 +603,7 @@ def render(rules, root):
 
     # Defines: a library's `defines` reach its dependents (here: everything);
     # local_defines only its own sources.
-    cpu, cuda = per_build([(reached[k], info[k]["defines"]) for k in sorted(reached)])
+    cpu, cuda = per_build([(reached[k] == CUDA, info[k]["defines"]) for k in sorted(reached)])
     lines += conditional_list("TORCHFSDP_DEFINES", cpu, cuda)
     lines += ["", section("the precompiled LibTorch headers (third_party/libtorch_pch.bzl)")]
     lines += cmake_list("TORCHFSDP_PCH_HEADERS", [f"<{h}>" for h in pch_includes(root)])
@@ -494,17 +631,139 @@ def render(rules, root):
     return "\n".join(lines) + "\n"
 
 
+# ---- --self-test: the marking of optional libraries ------------------------
+
+# A small tree shaped like the real one around OPTIONAL_LIBRARIES' entry:
+# the trainer reaches //trainer:text_data, which reaches @pcre2 and @icu
+# through tokenizer/; the stand-in does not. Each case changes some BUILD
+# files and says what closure() must answer: conditions, or an error.
+SELF_TEST_BUILDS = {
+    "third_party/libtorch_pch.bzl": 'LIBTORCH_PCH_INCLUDES = ["torch/types.h"]\n',
+    "trainer/BUILD": """
+cc_binary(name = "trainer", srcs = ["main.cc"], deps = [":train"])
+cc_library(name = "train", srcs = ["train.cc"], deps = [":text_data", "//comm"])
+cc_library(name = "text_data", srcs = ["text_data.cc"], hdrs = ["text_data.h"],
+           deps = ["//tokenizer", "//comm", "@com_google_absl//absl/status"])
+cc_library(name = "text_data_unavailable", srcs = ["text_data_unavailable.cc"],
+           hdrs = ["text_data.h"], deps = ["//comm"])
+""",
+    "tokenizer/BUILD": """
+cc_library(name = "tokenizer", srcs = ["tokenizer.cc"], deps = [":internal"])
+cc_library(name = "internal", srcs = ["regex.cc"], deps = ["@pcre2", "@icu//:icu"])
+""",
+    "comm/BUILD": 'cc_library(name = "comm", srcs = ["comm.cc"])\n',
+    "benchmarks/BUILD": 'cc_binary(name = "gpu_check", srcs = ["gpu_check.cc"], deps = ["//comm"])\n',
+}
+SELF_TEST_SOURCES = ["trainer/main.cc", "trainer/train.cc", "trainer/text_data.cc",
+                     "trainer/text_data.h", "trainer/text_data_unavailable.cc",
+                     "tokenizer/tokenizer.cc", "tokenizer/regex.cc", "comm/comm.cc",
+                     "benchmarks/gpu_check.cc"]
+SELF_TEST_CASES = [
+    # (what, {path: (old, new)} edits of SELF_TEST_BUILDS, expected: a dict
+    # {label: condition} that closure() must include, or an error's words)
+    ("the library's labels with it, the stand-in's without, the rest always", {},
+     {"//trainer:text_data": "TOKENIZER", "//tokenizer:tokenizer": "TOKENIZER",
+      "//tokenizer:internal": "TOKENIZER", "//trainer:text_data_unavailable": "NO_TOKENIZER",
+      "//comm:comm": ALWAYS, "//trainer:train": ALWAYS}),
+    ("the build reaching the library's own dependencies itself",
+     {"trainer/BUILD": ('deps = [":text_data", "//comm"]', 'deps = [":text_data", "//comm", "//tokenizer"]')},
+     "//tokenizer:internal (tokenizer/BUILD) depends on @pcre2, which only "
+     "//trainer:text_data may bring"),
+    ("a label the library and its stand-in both reach is built always",
+     {"trainer/BUILD": ('hdrs = ["text_data.h"], deps = ["//comm"])',
+                        'hdrs = ["text_data.h"], deps = ["//comm", "//shared"])'),
+      "tokenizer/BUILD": ('deps = [":internal"]', 'deps = [":internal", "//shared"]'),
+      "shared/BUILD": (None, 'cc_library(name = "shared", srcs = ["shared.cc"])\n')},
+     {"//shared:shared": ALWAYS, "//tokenizer:tokenizer": "TOKENIZER"}),
+    ("a library built always that needs @icu",
+     {"comm/BUILD": ('srcs = ["comm.cc"]', 'srcs = ["comm.cc"], deps = ["@icu//:icu"]')},
+     "//comm:comm (comm/BUILD) depends on @icu//:icu, which only //trainer:text_data may "
+     "bring: the CMake build without TOKENIZER"),
+    ("a stand-in of other hdrs",
+     {"trainer/BUILD": ('hdrs = ["text_data.h"], deps = ["//comm"])',
+                        'hdrs = ["other.h"], deps = ["//comm"])')},
+     "//trainer:text_data_unavailable (hdrs ['other.h']) stands in for //trainer:text_data"),
+    ("the stand-in reached itself",
+     {"trainer/BUILD": ('deps = [":text_data", "//comm"]',
+                        'deps = [":text_data", ":text_data_unavailable"]')},
+     "//trainer:text_data_unavailable is //trainer:text_data's stand-in"),
+    ("the library reached only under CUDA",
+     {"trainer/BUILD": ('deps = [":text_data", "//comm"]',
+                        'deps = ["//comm"] + select({"//third_party:cuda": [":text_data"], '
+                        '"//conditions:default": []})')},
+     "built only under cuda and only under TOKENIZER"),
+    ("linkopts in the library",
+     {"trainer/BUILD": ('deps = ["//tokenizer", "//comm", "@com_google_absl//absl/status"])',
+                        'deps = ["//tokenizer"], linkopts = ["-licuuc"])')},
+     "//trainer:text_data: linkopts in a library built only under TOKENIZER"),
+    ("the library no binary reaches",
+     {"trainer/BUILD": ('deps = [":text_data", "//comm"]', 'deps = ["//comm"]')},
+     "//trainer:text_data (tools/gpu_cmake.py OPTIONAL_LIBRARIES): neither binary depends on it"),
+]
+
+
+def self_test():
+    """Runs SELF_TEST_CASES on temporary trees; 0 when each gives what it
+    expects."""
+    import tempfile
+    failures = 0
+    for what, edits, expected in SELF_TEST_CASES:
+        files = dict(SELF_TEST_BUILDS)
+        for path, (old, new) in edits.items():
+            if old is None:
+                files[path] = new
+                continue
+            if old not in files[path]:
+                raise AssertionError(f"self-test case {what!r}: {old!r} not in {path}")
+            files[path] = files[path].replace(old, new)
+        with tempfile.TemporaryDirectory() as root:
+            for path, text in list(files.items()) + [(p, "") for p in SELF_TEST_SOURCES] + [
+                    ("shared/shared.cc", "")]:
+                os.makedirs(os.path.join(root, os.path.dirname(path)), exist_ok=True)
+                with open(os.path.join(root, path), "w", encoding="utf-8") as f:
+                    f.write(text)
+            try:
+                rules = read_rules(root)
+                text = render(rules, root)
+                got = {display(k): c for k, c in closure(rules, [("trainer", "trainer"),
+                                                                 ("benchmarks", "gpu_check")]).items()}
+            except BuildError as error:
+                got, text = str(error), ""
+        if isinstance(expected, str):
+            ok = isinstance(got, str) and expected in got
+        else:
+            ok = isinstance(got, dict) and all(got.get(k) == v for k, v in expected.items())
+            # What the CMake build takes from the marking.
+            ok = ok and (expected.get("//trainer:text_data_unavailable") != "NO_TOKENIZER" or (
+                "set(TORCHFSDP_NO_TOKENIZER_LIBRARY_SRCS\n  ${TORCHFSDP_SRCS_trainer__"
+                "text_data_unavailable}\n)" in text and
+                "set(TORCHFSDP_TOKENIZER_LIBRARY_SRCS\n  ${TORCHFSDP_SRCS_tokenizer__internal}\n"
+                "  ${TORCHFSDP_SRCS_tokenizer}\n  ${TORCHFSDP_SRCS_trainer__text_data}\n)" in text))
+        print(f"self-test: {'ok' if ok else 'FAILED'}: {what}"
+              + ("" if ok else f": expected {expected!r}, got {got!r}"))
+        failures += not ok
+    if failures:
+        print(f"self-test failed: {failures} of {len(SELF_TEST_CASES)} cases")
+        return 1
+    print(f"self-test: the {len(SELF_TEST_CASES)} cases of OPTIONAL_LIBRARIES' marking passed")
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help=f"update {OUTPUT}")
     mode.add_argument("--check", action="store_true",
                       help=f"fail when {OUTPUT} differs from the BUILD files")
+    mode.add_argument("--self-test", action="store_true",
+                      help="check the marking of optional libraries on small planted trees")
     parser.add_argument("--root",
                         default=os.path.join(os.path.dirname(os.path.realpath(__file__)), ".."),
                         help="the source tree (default: this script's repository)")
     args = parser.parse_args()
     root = os.path.realpath(args.root)
+    if args.self_test:
+        return self_test()
 
     try:
         text = render(read_rules(root), root)

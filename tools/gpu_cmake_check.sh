@@ -34,13 +34,24 @@
 #      (the 63 both runs finished: 467 s against 332 s, load ~1.8), plus
 #      26 s for the header once; at a2ead3f without the header it took
 #      777 s (load ~4.4), 478 s with it at 04e2b2c (load ~3.3).
+#      The trainer's --tokenizer needs PCRE2 and ICU (tokenizer/), which this
+#      machine has and the GPU machine does not: CMake builds it here
+#      (TORCHFSDP_WITH_TOKENIZER, found) and the stand-in the GPU machine
+#      links instead (trainer/text_data_unavailable.cc: target
+#      torchfsdp_no_tokenizer) is compiled beside it, so both sides of that
+#      choice compile in the CMake build.
 #   3. With LD_LIBRARY_PATH unset, every library either binary loads
 #      (ldd) resolves into the wheel's site-packages, the bundle, or the
 #      C/C++ runtime every machine has (glibc's libraries, libstdc++, libgcc_s):
 #      the GPU machine has no Debian packages, and a library found in
-#      /usr/lib here would be missing there.
+#      /usr/lib here would be missing there. The one exception: PCRE2's and
+#      ICU's, for the trainer, when CMake found them (a machine without them
+#      builds the trainer without them, so its trainer never loads them).
 #   4. gpu_check --dry-run-on-cpu: the CUDA binary starts, and its CPU-side
 #      checks pass (the CUDA cases need a GPU and say NOT RUN).
+#   5. The trainer on a text: with the tokenizer, one step on 1 rank from
+#      a licence text and the golden Llama 3 tokenizer (it says what it
+#      tokenised); without, --tokenizer is refused naming why.
 #
 # Usage: tools/gpu_cmake_check.sh [--no-pch]   (tools/test.sh runs it as
 #        "gpu cmake", without --no-pch)
@@ -80,7 +91,11 @@ cmake -S benchmarks/gpu -B "$build" "${generator[@]}" -DTORCH_DIR="$torch_dir" \
   -DGPU_DEPS="$deps" -DTORCHFSDP_PCH="$pch" -DCMAKE_CXX_COMPILER=g++ \
   -DCMAKE_BUILD_TYPE=Release >"$build/configure.log" 2>&1 ||
   { tail -20 "$build/configure.log" >&2; echo "gpu_cmake_check.sh: cmake failed" >&2; exit 1; }
-cmake --build "$build" --target gpu_check trainer -j "$(nproc)" >"$build/build.log" 2>&1 ||
+targets=(gpu_check trainer)
+with_tokenizer=OFF
+grep -q '^TORCHFSDP_WITH_TOKENIZER:INTERNAL=ON$' "$build/CMakeCache.txt" && with_tokenizer=ON
+[[ $with_tokenizer == ON ]] && targets+=(torchfsdp_no_tokenizer)
+cmake --build "$build" --target "${targets[@]}" -j "$(nproc)" >"$build/build.log" 2>&1 ||
   { grep -m 20 -E "^FAILED:|error|undefined reference" "$build/build.log" >&2 || tail -20 "$build/build.log" >&2
     echo "gpu_cmake_check.sh: the CMake build failed (log: $build/build.log)" >&2; exit 1; }
 
@@ -89,6 +104,7 @@ status=0
 for binary in gpu_check trainer; do
   while read -r name _ path _; do
     [[ "$name" =~ $C_RUNTIME_SONAMES ]] && continue
+    [[ $binary == trainer && $with_tokenizer == ON && "$name" =~ ^lib(pcre2-8|icuuc|icudata)\.so\. ]] && continue
     case "$path" in
       "$site_packages"/* | "$deps"/*) ;;
       *) echo "gpu_cmake_check.sh: $binary loads $name from ${path:-nowhere}, not from the wheel ($site_packages) or the bundle ($deps)" >&2
@@ -97,6 +113,22 @@ for binary in gpu_check trainer; do
   done < <(env -u LD_LIBRARY_PATH ldd "$build/$binary" | grep '=>')
 done
 ((status == 0)) || exit 1
-echo "gpu_cmake_check.sh: gpu_check and trainer load only the wheel's, the bundle's and the C/C++ runtime's libraries"
+echo "gpu_cmake_check.sh: gpu_check and trainer load only the wheel's, the bundle's and the C/C++ runtime's libraries$([[ $with_tokenizer == ON ]] && echo " (and the trainer PCRE2's and ICU's: TORCHFSDP_WITH_TOKENIZER)")"
 
 env -u LD_LIBRARY_PATH "$build/gpu_check" --dry-run-on-cpu
+
+text_run=$(mktemp -d)
+trap 'rm -rf "$text_run"' EXIT
+trainer_on_text=(env -u LD_LIBRARY_PATH "$build/trainer" --nproc 1 --steps 1 --seq 16
+  --global-batch 2 --vocab 4096 --data /usr/share/common-licenses/BSD
+  --tokenizer tokenizer/testdata/llama3/tokenizer.json)
+if [[ $with_tokenizer == ON ]]; then
+  "${trainer_on_text[@]}" >"$text_run/log" 2>&1 && grep -q "^trainer: tokenised 1 document" "$text_run/log" ||
+    { cat "$text_run/log" >&2; echo "gpu_cmake_check.sh: the CMake trainer did not train on a text with --tokenizer" >&2; exit 1; }
+  echo "gpu_cmake_check.sh: the trainer (with the tokenizer) trained a step on a text: $(grep "^trainer: tokenised" "$text_run/log")"
+else
+  if "${trainer_on_text[@]}" >"$text_run/log" 2>&1 || ! grep -q "built without the tokenizer" "$text_run/log"; then
+    cat "$text_run/log" >&2; echo "gpu_cmake_check.sh: the CMake trainer without the tokenizer did not refuse --tokenizer" >&2; exit 1
+  fi
+  echo "gpu_cmake_check.sh: the trainer (without the tokenizer: PCRE2/ICU not found) refuses --tokenizer naming why"
+fi

@@ -157,25 +157,70 @@ absl::StatusOr<std::vector<uint32_t>> DecodeTokens(const std::string& path,
 
 }  // namespace
 
-absl::StatusOr<TokenData> LoadDataFile(const std::string& path, DataFormat format, int64_t vocab) {
+namespace {
+
+absl::Status NotReadable(const std::string& path) {
+  return absl::NotFoundError(absl::StrCat(DataFlag(path),
+                                          ": no such file (or not readable): expected a text file "
+                                          "or a token file (.bin)"));
+}
+
+absl::Status EmptyFile(const std::string& path) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(DataFlag(path), ": the file is empty: expected text or tokens to train on"));
+}
+
+// IsTokenFile's rule on a file's first bytes (all of them, or at least 4).
+bool TokenFileByRule(const std::string& path, const std::string& start) {
+  const int32_t magic = start.size() >= 4 ? Int32At(start, 0) : 0;
+  return magic == kLlmcGpt2Magic || magic == kLlmcLlama3Magic ||
+         std::filesystem::path(path).extension() == ".bin";
+}
+
+}  // namespace
+
+absl::StatusOr<bool> IsTokenFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::error_code ec;
-  if (!in || std::filesystem::is_directory(path, ec)) {
-    return absl::NotFoundError(
-        absl::StrCat(DataFlag(path),
-                     ": no such file (or not readable): expected a text file "
-                     "or a token file (.bin)"));
+  if (!in || std::filesystem::is_directory(path, ec)) return NotReadable(path);
+  std::string start(4, '\0');
+  in.read(start.data(), static_cast<std::streamsize>(start.size()));
+  start.resize(static_cast<size_t>(in.gcount()));
+  if (start.empty()) return EmptyFile(path);
+  return TokenFileByRule(path, start);
+}
+
+absl::StatusOr<DataFormat> ResolveDataFormat(const Options& o) {
+  if (o.data != DataKind::kFile || o.data_format != DataFormat::kAuto) return o.data_format;
+  if (!o.tokenizer.empty()) return DataFormat::kText;
+  auto tokens = IsTokenFile(o.data_path);
+  if (!tokens.ok()) return tokens.status();
+  if (*tokens) return DataFormat::kTokens;
+  if (o.model == ModelKind::kLlama) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        DataFlag(o.data_path),
+        " is text (it does not start with an llm.c token header and is not named *.bin): "
+        "expected --tokenizer tokenizer.json to encode it with (--model llama's ids are its "
+        "tokenizer's), a token file made by //tools:tokenize, or --data-format=bytes to train "
+        "on its bytes as ids"));
   }
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (bytes.empty()) {
+  return DataFormat::kBytes;
+}
+
+absl::StatusOr<TokenData> LoadDataFile(const std::string& path, DataFormat format, int64_t vocab) {
+  if (format == DataFormat::kText) {
     return absl::InvalidArgumentError(
-        absl::StrCat(DataFlag(path), ": the file is empty: expected text or tokens to train on"));
+        absl::StrCat(DataFlag(path),
+                     " with --data-format=text: expected a tokenizer to encode it "
+                     "(trainer::OpenTextData), not LoadDataFile"));
   }
-  const int32_t magic = bytes.size() >= 4 ? Int32At(bytes, 0) : 0;
-  const bool llmc = magic == kLlmcGpt2Magic || magic == kLlmcLlama3Magic;
-  const bool bin_name = std::filesystem::path(path).extension() == ".bin";
-  const bool tokens =
-      format == DataFormat::kTokens || (format == DataFormat::kAuto && (llmc || bin_name));
+  std::ifstream in(path, std::ios::binary);
+  std::error_code ec;
+  if (!in || std::filesystem::is_directory(path, ec)) return NotReadable(path);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.empty()) return EmptyFile(path);
+  const bool tokens = format == DataFormat::kTokens ||
+                      (format == DataFormat::kAuto && TokenFileByRule(path, bytes));
   TokenData data;
   if (!tokens) {
     if (vocab < 256) {

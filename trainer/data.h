@@ -82,6 +82,22 @@ inline constexpr int32_t kLlmcLlama3Magic = 20240801;  // "llama-3":
 inline constexpr int32_t kLlmcLlama3Version = 7;       //   uint32 ids
 inline constexpr int64_t kLlmcHeaderBytes = 256 * 4;
 
+// --data-format auto's rule: --data PATH is a token file when it starts
+// with one of llm.c's magics (above) or is named *.bin; anything else is
+// text. NotFound (naming --data) when it cannot be read, InvalidArgument
+// when it is empty. Reads its first 4 bytes.
+absl::StatusOr<bool> IsTokenFile(const std::string& path);
+
+// How --data PATH is read: --data-format when it is not auto (ValidateOptions
+// checked it against --tokenizer); for auto, by IsTokenFile's rule: tokens
+// for a token file, text with --tokenizer (not checked here: text_data.h's
+// OpenTextData checks the file on rank 0, where it is encoded), bytes
+// otherwise. Refused, naming --data and its value: text without --tokenizer
+// under --model llama (a Llama's ids are its tokenizer's, not bytes:
+// --tokenizer, or --data-format=bytes to mean the bytes). kAuto for
+// --data text and synthetic.
+absl::StatusOr<DataFormat> ResolveDataFormat(const Options& o);
+
 // --data PATH, read whole (every rank reads it; each id is checked once):
 //   bytes   the file's bytes, as the license corpus is (needs vocab >= 256);
 //   tokens  little-endian ids: llm.c's file (above) when it starts with
@@ -91,7 +107,9 @@ inline constexpr int64_t kLlmcHeaderBytes = 256 * 4;
 //           array.tofile; uint16 only: a headerless uint32 file could not
 //           be told from it); every id must be < vocab;
 //   auto    tokens for a file starting with an llm.c magic or named *.bin,
-//           bytes otherwise.
+//           bytes otherwise;
+//   text    refused (InvalidArgument): text is encoded with a tokenizer
+//           (text_data.h), not read here.
 // The description names the layout read: "N tokens (uint32, llm.c Llama 3
 // header) of PATH", "(uint16, llm.c GPT-2 header)", "(uint16, headerless
 // nanoGPT .bin)", "N bytes of PATH".

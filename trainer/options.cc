@@ -121,17 +121,24 @@ void DefineFlags(CLI::App& app, Options& o) {
            o.data_path = o.data == DataKind::kFile ? v : "";
          },
          "text: /usr/share/common-licenses, byte-level; synthetic: random tokens; PATH: your "
-         "file (one named text or synthetic: give it as ./text)")
+         "file, a token file or text (--data-format, --tokenizer; one named text or synthetic: "
+         "give it as ./text)")
       ->type_name("text|synthetic|PATH")
       ->default_str("text")
       ->transform(checked([](std::string& v) {
         return v.empty() ? std::string("text, synthetic or a file path") : std::string();
       }));
   AddChoice(app, "--data-format", o.data_format,
-            {DataFormat::kAuto, DataFormat::kBytes, DataFormat::kTokens},
-            "--data PATH's layout: bytes (text), tokens (llm.c's .bin: uint16 GPT-2 or uint32 "
-            "Llama 3 header; or nanoGPT's headerless uint16 .bin), auto (an llm.c header or a "
-            ".bin name: tokens; else bytes)");
+            {DataFormat::kAuto, DataFormat::kBytes, DataFormat::kTokens, DataFormat::kText},
+            "--data PATH's layout: tokens (a token file: llm.c's .bin with its uint16 GPT-2 or "
+            "uint32 Llama 3 header, as //tools:tokenize writes; or nanoGPT's headerless uint16 "
+            ".bin), text (encoded with --tokenizer), bytes (its bytes are the ids), auto (a "
+            "token file when it starts with an llm.c header or is named *.bin; else text with "
+            "--tokenizer, bytes without, and --model llama refuses text without --tokenizer)");
+  AddPath(app, "--tokenizer", o.tokenizer, "a file path",
+          "a Hugging Face tokenizer.json: --data PATH is text, encoded once at start (on rank 0, "
+          "as //tools:tokenize encodes one text file: its special tokens, then its end-of-text "
+          "token); its ids must fit the model (--vocab, or --model llama's vocab_size)");
   add_integer(app, "--eval-every", o.eval_every,
               "every N steps, the loss on a held-out last tenth of the data (0: no split)", 0);
   add_integer(app, "--steps", o.steps, "optimizer steps", 1);
@@ -338,6 +345,26 @@ absl::Status ValidateOptions(const Options& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--vocab=", o.vocab, ": expected >= 256 with --data=text (the corpus is byte-level)"));
   }
+  if (!o.tokenizer.empty() && o.data != DataKind::kFile) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tokenizer='", o.tokenizer,
+        "': expected --data PATH, a text file to encode (got --data=", Name(o.data), ")"));
+  }
+  if (!o.tokenizer.empty() &&
+      (o.data_format == DataFormat::kTokens || o.data_format == DataFormat::kBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tokenizer='", o.tokenizer,
+                     "': expected --data-format=auto or text (it encodes text), got --data-format=",
+                     Name(o.data_format),
+                     o.data_format == DataFormat::kTokens
+                         ? " (a token file is already encoded: drop --tokenizer)"
+                         : " (the bytes are the ids: drop --tokenizer)"));
+  }
+  if (o.data_format == DataFormat::kText && o.tokenizer.empty()) {
+    return absl::InvalidArgumentError(
+        "--data-format=text: expected --tokenizer FILE, the tokenizer.json to encode it with "
+        "(or --data-format=bytes to train on its bytes)");
+  }
   if (o.data_format != DataFormat::kAuto && o.data != DataKind::kFile) {
     return absl::InvalidArgumentError(absl::StrCat("--data-format=", Name(o.data_format),
                                                    ": expected --data PATH (it says how to read "
@@ -464,6 +491,7 @@ const char* Name(DataFormat v) {
     case DataFormat::kAuto: return "auto";
     case DataFormat::kBytes: return "bytes";
     case DataFormat::kTokens: return "tokens";
+    case DataFormat::kText: return "text";
   }
   return "?";
 }
@@ -568,6 +596,7 @@ std::vector<std::string> ToArgs(const Options& o) {
   if (!o.import_dcp.empty()) a.push_back("--import-dcp=" + o.import_dcp);
   if (!o.export_dcp.empty()) a.push_back("--export-dcp=" + o.export_dcp);
   if (!o.log_json.empty()) a.push_back("--log-json=" + o.log_json);
+  if (!o.tokenizer.empty()) a.push_back("--tokenizer=" + o.tokenizer);
   if (o.float8) a.push_back("--float8");
   if (o.profile_step > 0) {
     a.push_back(absl::StrCat("--profile-step=", o.profile_step));

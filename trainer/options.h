@@ -31,10 +31,11 @@ enum class ExportDtype { kFloat32, kBf16 };
 // kText: the license texts (data.h); kSynthetic: random tokens; kFile: the
 // user's file --data PATH (its layout: --data-format, data.h).
 enum class DataKind { kText, kSynthetic, kFile };
-// How --data PATH is read (data.h, LoadDataFile): kAuto picks by content and
-// name (llm.c's header: uint16 or uint32 tokens; else a .bin name: uint16
-// tokens; else bytes).
-enum class DataFormat { kAuto, kBytes, kTokens };
+// How --data PATH is read (data.h, ResolveDataFormat): kAuto picks by content
+// and name (llm.c's header: uint16 or uint32 tokens; else a .bin name: uint16
+// tokens; else text: encoded with --tokenizer, or bytes without one). kText:
+// encoded with --tokenizer at start (text_data.h).
+enum class DataFormat { kAuto, kBytes, kTokens, kText };
 enum class Sharding { kFull, kGradOp, kNone, kHybrid };
 enum class MixedPrecision { kNone, kBf16 };
 enum class AutoWrap { kBlock, kSize, kNone };
@@ -65,6 +66,10 @@ struct Options {
   DataKind data = DataKind::kText;
   std::string data_path;  // --data PATH (kFile)
   DataFormat data_format = DataFormat::kAuto;
+  // --data PATH is text, encoded once at start with this Hugging Face
+  // tokenizer.json as //tools:tokenize encodes one text file (text_data.h);
+  // its ids must fit the model's vocabulary. Empty: no tokenizer.
+  std::string tokenizer;
   // Every N steps (and after the last), the mean loss over the held-out
   // split (the last tenth of the data, which training then never samples):
   // printed and logged as val_loss. 0: no split, no evaluation.
@@ -172,7 +177,9 @@ struct Options {
 absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args);
 
 // Consistency checks between flags: dim % heads == 0, text data needs
-// vocab >= 256, --resume needs --checkpoint-dir and excludes --import-dcp,
+// vocab >= 256, --tokenizer needs --data PATH that may be text (not
+// --data-format=bytes|tokens) and --data-format=text needs --tokenizer, --resume needs
+// --checkpoint-dir and excludes --import-dcp,
 // --export-dcp differs from --import-dcp, --profile-step and --profile-trace
 // come together (a step <= --steps), ... (hand-written: CLI11's
 // needs() could say only "--resume requires --checkpoint-dir", and not the

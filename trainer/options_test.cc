@@ -524,6 +524,43 @@ TEST(OptionsTest, DataEvalAndNonFiniteFlags) {
   EXPECT_THAT(message({"--eval-every=-1"}), HasSubstr("--eval-every='-1'"));
 }
 
+TEST(OptionsTest, TokenizerFlagAndTheLayoutsItTakes) {
+  for (const char* format : {"auto", "text"}) {
+    auto o = ParseOptions({"--data=corpus.txt", "--tokenizer", "tok.json", "--vocab=4096",
+                           std::string("--data-format=") + format});
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->tokenizer, "tok.json");
+    auto again = ParseOptions(ToArgs(*o));  // what the ranks are given
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->tokenizer, "tok.json");
+    EXPECT_EQ(ToArgs(*again), ToArgs(*o));
+  }
+  EXPECT_EQ(ParseOptions({}).value().tokenizer, "");
+
+  auto message = [](std::vector<std::string> args) {
+    const absl::Status s = ParseOptions(args).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  };
+  EXPECT_EQ(message({"--tokenizer=t.json"}),
+            "--tokenizer='t.json': expected --data PATH, a text file to encode (got --data=text)");
+  EXPECT_EQ(message({"--tokenizer=t.json", "--data=synthetic"}),
+            "--tokenizer='t.json': expected --data PATH, a text file to encode (got "
+            "--data=synthetic)");
+  EXPECT_EQ(message({"--tokenizer=t.json", "--data=x.bin", "--data-format=tokens"}),
+            "--tokenizer='t.json': expected --data-format=auto or text (it encodes text), got "
+            "--data-format=tokens (a token file is already encoded: drop --tokenizer)");
+  EXPECT_EQ(message({"--tokenizer=t.json", "--data=x.txt", "--data-format=bytes"}),
+            "--tokenizer='t.json': expected --data-format=auto or text (it encodes text), got "
+            "--data-format=bytes (the bytes are the ids: drop --tokenizer)");
+  EXPECT_EQ(message({"--data=x.txt", "--data-format=text"}),
+            "--data-format=text: expected --tokenizer FILE, the tokenizer.json to encode it with "
+            "(or --data-format=bytes to train on its bytes)");
+  EXPECT_EQ(message({"--tokenizer="}), "--tokenizer='': expected a value");
+  EXPECT_THAT(Usage(), HasSubstr("--tokenizer FILE"));
+  EXPECT_THAT(Usage(), HasSubstr("auto|bytes|tokens|text"));
+}
+
 TEST(JsonLogTest, ValLossOnlyWhenEvaluated) {
   StepRecord r{5, 3.0, 0.001, 0.5, 100.0, {1}, {2}, {}, {}, {}};
   EXPECT_THAT(FormatJsonLine(r), ::testing::Not(HasSubstr("val_loss")));

@@ -47,6 +47,7 @@
 #include "trainer/models.h"
 #include "trainer/progress.h"
 #include "trainer/step_profile.h"
+#include "trainer/text_data.h"
 #include "trainer/wrap.h"
 
 namespace trainer {
@@ -433,15 +434,16 @@ absl::StatusOr<double> TrainStep(StepContext& c, int64_t step, double lr,
   return global_loss;
 }
 
-// The run's tokens and their split: the license bytes (--data text) or
-// --data PATH; none for synthetic data. With --eval-every the last tenth is
-// held out.
+// The run's tokens and their split: the license bytes (--data text),
+// --data PATH as `format` says, or its text encoded (`text`, --tokenizer);
+// none for synthetic data. With --eval-every the last tenth is held out.
 struct RunData {
   TokenData tokens;
   TokenSplit split;
 };
 
-absl::StatusOr<RunData> LoadRunData(const Options& o) {
+absl::StatusOr<RunData> LoadRunData(const Options& o, DataFormat format, TextData* text,
+                                    const comm::ProcessGroup& group) {
   RunData run;
   std::string what;
   if (o.data == DataKind::kSynthetic) return run;
@@ -451,8 +453,13 @@ absl::StatusOr<RunData> LoadRunData(const Options& o) {
     run.tokens.tokens.assign(corpus->begin(), corpus->end());
     run.tokens.description = absl::StrCat(corpus->size(), " bytes of ", kLicenseDir);
     what = absl::StrCat("--data=text (", kLicenseDir, ")");
+  } else if (text != nullptr) {
+    auto encoded = text->Encode(group);
+    if (!encoded.ok()) return encoded.status();
+    run.tokens = std::move(*encoded);
+    what = absl::StrCat("--data='", o.data_path, "'");
   } else {
-    auto file = LoadDataFile(o.data_path, o.data_format, o.vocab);
+    auto file = LoadDataFile(o.data_path, format, o.vocab);
     if (!file.ok()) return file.status();
     run.tokens = std::move(*file);
     what = absl::StrCat("--data='", o.data_path, "'");
@@ -595,11 +602,18 @@ absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGro
   if (o.float8) {
     if (auto s = CheckFloat8Device(*device); !s.ok()) return s;
   }
+  // --data PATH's layout (data.h) and --tokenizer, its vocabulary against the
+  // model's (text_data.h), before anything is written; LoadRunData reads the
+  // file or encodes the text.
+  auto data_format = ResolveDataFormat(o);
+  if (!data_format.ok()) return data_format.status();
+  auto text = OpenTextData(o, group);
+  if (!text.ok()) return text.status();
   // Before anything is built: a mistyped or shared --checkpoint-dir fails now.
   auto dir_lock = PrepareCheckpointDir(o, group);
   if (!dir_lock.ok()) return dir_lock.status();
 
-  auto data = LoadRunData(o);
+  auto data = LoadRunData(o, *data_format, text->get(), group);
   if (!data.ok()) return data.status();
 
   std::shared_ptr<LanguageModel> model = built->model;

@@ -4,7 +4,8 @@
 #
 # benchmarks/gpu/CMakeLists.txt includes it after setting REPO. For each project
 # cc_library in the transitive deps of the binaries below (a select()'s branches
-# all taken; what only a //third_party:cuda branch brings is marked CUDA only):
+# all taken; what only a //third_party:cuda branch brings is marked CUDA only,
+# what only an optional library or its stand-in brings, with or without it):
 # TORCHFSDP_SRCS_<name>, its .cc files. Then the binaries' own sources and
 # linkopts, what CMakeLists.txt builds (the .cu files of cuda_objects targets
 # and their nvcc flags among it), and each source file's local_defines.
@@ -312,6 +313,23 @@ set(TORCHFSDP_SRCS_testing__gpu_check
 set(TORCHFSDP_SRCS_testing__sync_debug_mode
   "${REPO}/testing/sync_debug_mode.cc"
 )
+# //tokenizer:documents (only with TORCHFSDP_WITH_TOKENIZER)
+set(TORCHFSDP_SRCS_tokenizer__documents
+  "${REPO}/tokenizer/documents.cc"
+)
+# //tokenizer:internal (only with TORCHFSDP_WITH_TOKENIZER)
+set(TORCHFSDP_SRCS_tokenizer__internal
+  "${REPO}/tokenizer/internal/added_tokens.cc"
+  "${REPO}/tokenizer/internal/bpe.cc"
+  "${REPO}/tokenizer/internal/byte_level.cc"
+  "${REPO}/tokenizer/internal/normalizer.cc"
+  "${REPO}/tokenizer/internal/regex.cc"
+  "${REPO}/tokenizer/internal/utf8.cc"
+)
+# //tokenizer:tokenizer (only with TORCHFSDP_WITH_TOKENIZER)
+set(TORCHFSDP_SRCS_tokenizer
+  "${REPO}/tokenizer/tokenizer.cc"
+)
 # //trainer:data
 set(TORCHFSDP_SRCS_trainer__data
   "${REPO}/trainer/data.cc"
@@ -341,6 +359,14 @@ set(TORCHFSDP_SRCS_trainer__report
 set(TORCHFSDP_SRCS_trainer__step_profile
   "${REPO}/trainer/step_profile.cc"
 )
+# //trainer:text_data (only with TORCHFSDP_WITH_TOKENIZER)
+set(TORCHFSDP_SRCS_trainer__text_data
+  "${REPO}/trainer/text_data.cc"
+)
+# //trainer:text_data_unavailable (only without TORCHFSDP_WITH_TOKENIZER)
+set(TORCHFSDP_SRCS_trainer__text_data_unavailable
+  "${REPO}/trainer/text_data_unavailable.cc"
+)
 # //trainer:train
 set(TORCHFSDP_SRCS_trainer__train
   "${REPO}/trainer/checkpointing.cc"
@@ -351,7 +377,7 @@ set(TORCHFSDP_SRCS_trainer__train
 )
 
 # ---- binaries ----------------------------------------------------------------
-# //trainer:trainer: links 69 project libraries
+# //trainer:trainer: links 74 project libraries
 set(TORCHFSDP_BINARY_SRCS_trainer
   "${REPO}/trainer/trainer_main.cc"
 )
@@ -369,7 +395,10 @@ set(TORCHFSDP_BINARIES trainer gpu_check)
 
 # ---- what CMakeLists.txt builds ----------------------------------------------
 # TORCHFSDP_LIBRARY_SRCS: one static library; TORCHFSDP_ALWAYSLINK_SRCS: objects
-# linked into each binary (alwayslink); the CUDA_ lists only when TORCHFSDP_CUDA.
+# linked into each binary (alwayslink); the CUDA_ lists only when TORCHFSDP_CUDA;
+# an optional library's (tools/gpu_cmake.py OPTIONAL_LIBRARIES) NAME_ lists only
+# when TORCHFSDP_WITH_NAME (CMake found its system libraries), its stand-in's
+# NO_NAME_ lists only when not.
 set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_activation_checkpointing}
   ${TORCHFSDP_SRCS_activation_checkpointing__apply_activation_checkpointing}
@@ -453,6 +482,17 @@ set(TORCHFSDP_CUDA_ALWAYSLINK_SRCS
   ${TORCHFSDP_SRCS_comm__nccl}
   ${TORCHFSDP_SRCS_kernels__cuda}
 )
+set(TORCHFSDP_TOKENIZER_LIBRARY_SRCS
+  ${TORCHFSDP_SRCS_tokenizer__documents}
+  ${TORCHFSDP_SRCS_tokenizer__internal}
+  ${TORCHFSDP_SRCS_tokenizer}
+  ${TORCHFSDP_SRCS_trainer__text_data}
+)
+set(TORCHFSDP_TOKENIZER_ALWAYSLINK_SRCS)
+set(TORCHFSDP_NO_TOKENIZER_LIBRARY_SRCS
+  ${TORCHFSDP_SRCS_trainer__text_data_unavailable}
+)
+set(TORCHFSDP_NO_TOKENIZER_ALWAYSLINK_SRCS)
 # TORCHFSDP_CUDA_OBJECTS_SRCS: .cu files nvcc compiles with TORCHFSDP_NVCC_FLAGS
 # (only when TORCHFSDP_CUDA) into the static library, the binaries then linking
 # libcudart; each object depends on TORCHFSDP_CUDA_OBJECTS_HDRS.
