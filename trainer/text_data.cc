@@ -4,7 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
+#include <exception>
 #include <future>
 #include <string>
 #include <utility>
@@ -102,7 +102,15 @@ class TokenizedText final : public TextData {
     if (root) {
       // On a thread of its own, so that this one can send the heartbeats.
       std::future<absl::StatusOr<TokenData>> encoding =
-          std::async(std::launch::async, [this] { return EncodeOnRoot(); });
+          std::async(std::launch::async, [this]() -> absl::StatusOr<TokenData> {
+            try {
+              return EncodeOnRoot();
+            } catch (const std::exception& e) {
+              // Every rank's error, not rank 0's alone (std::bad_alloc).
+              return absl::ResourceExhaustedError(
+                  absl::StrCat(DataFlag(o_), ": encoding it failed: ", e.what()));
+            }
+          });
       if (group.size() > 1) {
         const auto beat =
             std::max<std::chrono::milliseconds>(std::chrono::milliseconds(1), group.timeout() / 4);
