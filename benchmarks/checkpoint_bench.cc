@@ -64,6 +64,7 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include "benchmarks/page_cache.h"
 #include "state_dict/async_checkpoint.h"
 #include "state_dict/checkpoint.h"
 #include "state_dict/dcp.h"
@@ -98,27 +99,6 @@ std::string Run(const std::string& cmd) {
 }
 
 void RemoveTree(const std::string& path) { (void)Run("rm -rf '" + path + "'"); }
-
-// Drops a file's clean pages from the page cache (no root needed), so the
-// next read comes from the disk.
-void DropFromPageCache(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fdatasync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
-}
-
-void DropDirectoryFromPageCache(const std::string& dir) {
-  std::string names = Run("ls '" + dir + "'");
-  size_t start = 0;
-  while (start < names.size()) {
-    size_t end = names.find('\n', start);
-    if (end == std::string::npos) end = names.size();
-    if (end > start) DropFromPageCache(dir + "/" + names.substr(start, end - start));
-    start = end + 1;
-  }
-}
 
 uint64_t DirectoryBytes(const std::string& dir) {
   return std::strtoull(Run("du -sb '" + dir + "' | cut -f1").c_str(), nullptr, 10);
@@ -257,7 +237,7 @@ double WritePlainFile(bool early_writeback = true) {
 double ColdPlainReadSeconds() {
   static std::vector<char> buffer(kDiskReadChunk);
   if (::access(PlainFile().c_str(), R_OK) != 0) WritePlainFile();
-  DropFromPageCache(PlainFile());
+  benchmarks::DropFromPageCache(PlainFile());
   const auto start = std::chrono::steady_clock::now();
   int fd = ::open(PlainFile().c_str(), O_RDONLY | O_CLOEXEC);
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -341,7 +321,7 @@ void TimeColdReads(benchmark::State& state, const std::string& dir, Clear&& clea
   // 1.5-5x as long as the later ones (the host still writing them back),
   // for the plain file and the checkpoint alike.
   ColdPlainReadSeconds();
-  DropDirectoryFromPageCache(dir);
+  benchmarks::DropDirectoryFromPageCache(dir);
   read();
   double paired_s = 0;
   int64_t i = 0;
@@ -349,7 +329,7 @@ void TimeColdReads(benchmark::State& state, const std::string& dir, Clear&& clea
     clear();
     const bool plain_first = ++i % 2 == 1;
     if (plain_first) paired_s += ColdPlainReadSeconds();
-    DropDirectoryFromPageCache(dir);
+    benchmarks::DropDirectoryFromPageCache(dir);
     const auto start = std::chrono::steady_clock::now();
     read();
     const double took =

@@ -1,5 +1,7 @@
 #include "state_dict/hf_checkpoint.h"
 
+#include <algorithm>
+#include <future>
 #include <map>
 
 #include <torch/types.h>
@@ -69,6 +71,62 @@ absl::StatusOr<ShardedStateDict> ReadHfShards(
   return out;
 }
 
+HfRangeReader::HfRangeReader(const formats::HfCheckpointFiles& files, int64_t chunk_bytes)
+    : files_(files), chunk_bytes_(std::max<int64_t>(chunk_bytes, 64)) {}
+
+absl::Status HfRangeReader::ReadInto(const std::string& name, FlatRange range,
+                                     const torch::Tensor& destination) {
+  auto info = files_.info(name);
+  if (!info.ok()) return info.status();
+  if (!destination.defined() || !destination.device().is_cpu() || !destination.is_contiguous() ||
+      destination.numel() != range.numel) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HfRangeReader::ReadInto: Hugging Face checkpoint ", files_.dir(),
+                     ": tensor '", name, "' elements [", range.offset, ", ", range.end(),
+                     "): expected a contiguous CPU destination of ", range.numel, " elements"));
+  }
+  const c10::ScalarType dtype = destination.scalar_type();
+  if (info->dtype != dtype && !(IsFloating16or32(info->dtype) && IsFloating16or32(dtype))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Hugging Face checkpoint ", files_.dir(), ": tensor '", name, "' in ", info->file, " is ",
+        c10::toString(info->dtype), ": the model expects ", c10::toString(dtype),
+        " (float32, bfloat16 and float16 convert to each other; nothing else does)"));
+  }
+  if (range.numel == 0) return absl::OkStatus();
+  const int64_t chunk =
+      std::max<int64_t>(1, chunk_bytes_ / static_cast<int64_t>(c10::elementSize(info->dtype)));
+  for (torch::Tensor& buffer : staging_) {
+    if (!buffer.defined() || buffer.scalar_type() != info->dtype || buffer.numel() < chunk) {
+      buffer = torch::empty({chunk}, torch::TensorOptions().dtype(info->dtype));
+    }
+  }
+  auto read = [this, &name, &range](int buffer, int64_t start, int64_t n) {
+    return files_.ReadInto(name, range.offset + start, staging_[buffer].narrow(0, 0, n));
+  };
+  // Chunk k is read into staging_[k % 2] on another thread while chunk k-1
+  // is converted into the destination here.
+  std::future<absl::Status> pending =
+      std::async(std::launch::async, read, 0, int64_t{0}, std::min(chunk, range.numel));
+  for (int64_t start = 0, k = 0; start < range.numel; start += chunk, ++k) {
+    const int64_t n = std::min(chunk, range.numel - start);
+    if (absl::Status s = pending.get(); !s.ok()) return s;
+    const int64_t next = start + n;
+    if (next < range.numel) {
+      pending = std::async(std::launch::async, read, static_cast<int>((k + 1) % 2), next,
+                           std::min(chunk, range.numel - next));
+    }
+    try {
+      destination.narrow(0, start, n).copy_(staging_[k % 2].narrow(0, 0, n));
+    } catch (const c10::Error& e) {
+      if (pending.valid()) pending.wait();
+      return absl::InternalError(absl::StrCat("Hugging Face checkpoint ", files_.dir(),
+                                              ": tensor '", name,
+                                              "': ", e.what_without_backtrace()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckNoUnexpectedHfTensors(const formats::HfCheckpointFiles& files,
                                         const std::set<std::string>& expected) {
   for (const std::string& name : files.names()) {
@@ -122,7 +180,8 @@ absl::Status WriteHfCheckpoint(const std::string& dir, const std::vector<TensorS
   for (size_t i = 0; i < written.size(); ++i) {
     auto tensor = source(i);
     if (!tensor.ok()) return tensor.status();
-    if (auto s = writer->Write(written[i].key, tensor->to(written[i].dtype)); !s.ok()) return s;
+    // The writer converts a chunk at a time: no whole copy in `dtype`.
+    if (auto s = writer->Write(written[i].key, *tensor); !s.ok()) return s;
   }
   return writer->Commit();
 }

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include <torch/nn/module.h>
+#include <torch/types.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -50,6 +51,32 @@ namespace state_dict {
 absl::StatusOr<ShardedStateDict> ReadHfShards(
     const formats::HfCheckpointFiles& files,
     const std::vector<std::pair<std::string, ShardRequest>>& requests);
+
+// Ranges of a checkpoint's tensors straight into the caller's tensors (a
+// shard's live view), converted between float32, bfloat16 and float16,
+// through two staging buffers of `chunk_bytes` reused from call to call:
+// while one chunk is converted into the destination, another thread reads
+// the next from the file. So a load allocates no temporary the size of a
+// piece (whose fresh pages the kernel would clear first) and converts while
+// the disk reads. One reader per thread.
+class HfRangeReader {
+ public:
+  explicit HfRangeReader(const formats::HfCheckpointFiles& files,
+                         int64_t chunk_bytes = int64_t{16} << 20);
+
+  // Elements [range.offset, range.end()) of `name`'s flattened data into
+  // `destination` (CPU, contiguous, range.numel elements). Errors as
+  // ReadHfShards' (no tensor, an unconvertible dtype: InvalidArgument naming
+  // the directory, the tensor and both dtypes), InvalidArgument for a
+  // destination that is not as stated, and the files' own; on a read error
+  // the destination holds the chunks before it.
+  absl::Status ReadInto(const std::string& name, FlatRange range, const torch::Tensor& destination);
+
+ private:
+  const formats::HfCheckpointFiles& files_;
+  int64_t chunk_bytes_;
+  torch::Tensor staging_[2];
+};
 
 // InvalidArgument naming the tensor and its file when `files` holds a tensor
 // that is not in `expected` (a checkpoint of another model, or one with

@@ -82,6 +82,37 @@ TEST(HfCheckpoint, ReadHfShardsReadsTheRequestedRanges) {
       torch::equal(t.pieces[1].data, full.narrow(0, info->numel - 7, 7).to(torch::kBFloat16)));
 }
 
+// Straight into the caller's tensor through the two staging buffers: chunks
+// of 64 bytes here (16 float32 elements: many chunks, a partial last one),
+// converted to the destination's dtype; refusals leave it as it was.
+TEST(HfCheckpoint, HfRangeReaderStreamsRangesIntoTheDestination) {
+  auto files = formats::HfCheckpointFiles::Open(CaseDir("llama3_gqa_bf16"));
+  ASSERT_TRUE(files.ok()) << files.status();
+  const std::string name = "model.layers.1.mlp.down_proj.weight";
+  const torch::Tensor full = files->ReadAll(name)->flatten();
+  HfRangeReader reader(*files, /*chunk_bytes=*/64);
+  for (const FlatRange range :
+       {FlatRange{5, 301}, FlatRange{0, 16}, FlatRange{full.numel() - 3, 3}, FlatRange{7, 0}}) {
+    torch::Tensor into = torch::full({range.numel}, -1.0f);
+    ASSERT_TRUE(reader.ReadInto(name, range, into).ok()) << range.offset;
+    EXPECT_TRUE(torch::equal(into, full.narrow(0, range.offset, range.numel).to(torch::kFloat)))
+        << range.offset;
+  }
+  torch::Tensor strided = torch::zeros({20, 2}).select(1, 0);
+  absl::Status s = reader.ReadInto(name, {0, 20}, strided);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("expected a contiguous CPU destination of 20 elements"));
+  EXPECT_TRUE(torch::equal(strided, torch::zeros({20})));
+  torch::Tensor ints = torch::zeros({20}, torch::kInt64);
+  s = reader.ReadInto(name, {0, 20}, ints);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("is BFloat16: the model expects Long"));
+  s = reader.ReadInto(name, {full.numel() - 3, 3}, torch::zeros({3}).add_(0).narrow(0, 0, 3));
+  EXPECT_TRUE(s.ok());
+  s = reader.ReadInto(name, {full.numel() - 2, 3}, torch::zeros({3}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
 TEST(HfCheckpoint, MismatchedModelsAreRefusedNamingTheTensor) {
   auto refused = [](models::LlamaConfig config, const std::string& expected) {
     models::LlamaForCausalLM model(config);

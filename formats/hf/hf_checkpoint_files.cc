@@ -486,6 +486,13 @@ absl::StatusOr<at::Tensor> HfCheckpointFiles::Read(const std::string& name, int6
   return (*file)->Read(name, element_offset, numel);
 }
 
+absl::Status HfCheckpointFiles::ReadInto(const std::string& name, int64_t element_offset,
+                                         const at::Tensor& out) const {
+  auto file = FileOf(name, "formats::HfCheckpointFiles::ReadInto");
+  if (!file.ok()) return file.status();
+  return (*file)->ReadInto(name, element_offset, out);
+}
+
 absl::StatusOr<at::Tensor> HfCheckpointFiles::ReadAll(const std::string& name) const {
   auto file = FileOf(name, "formats::HfCheckpointFiles::ReadAll");
   if (!file.ok()) return file.status();
@@ -595,6 +602,10 @@ absl::Status RemoveExport(const std::string& dir) {
 
 }  // namespace
 
+// Write's conversion (float32 <-> bfloat16 <-> float16) goes through a
+// buffer of this many bytes of the spec's dtype.
+constexpr int64_t kConvertChunkBytes = int64_t{32} << 20;
+
 struct HfCheckpointWriter::State {
   std::string dir, parent, temp_dir;
   std::vector<TensorSpec> specs;
@@ -613,6 +624,7 @@ struct HfCheckpointWriter::State {
   std::vector<std::string> created;  // names made in temp_dir
   bool committed = false;
   absl::Status error;  // the first I/O failure; later calls repeat it
+  at::Tensor staging;  // Write's conversion buffer, reused
 
   ~State() {
     for (int& fd : fds) {
@@ -871,9 +883,14 @@ absl::Status HfCheckpointWriter::Write(const std::string& name, const at::Tensor
     return invalid(absl::StrCat("has layout ", c10::str(tensor.layout()),
                                 "; expected a dense (strided) tensor"));
   }
-  if (tensor.scalar_type() != spec.dtype) {
+  const auto float16or32 = [](c10::ScalarType t) {
+    return t == c10::kFloat || t == c10::kBFloat16 || t == c10::kHalf;
+  };
+  const bool convert = tensor.scalar_type() != spec.dtype;
+  if (convert && !(float16or32(tensor.scalar_type()) && float16or32(spec.dtype))) {
     return invalid(absl::StrCat("has dtype ", c10::toString(tensor.scalar_type()),
-                                "; expected its spec's ", c10::toString(spec.dtype)));
+                                "; expected its spec's ", c10::toString(spec.dtype),
+                                " (float32, bfloat16 and float16 are converted to each other)"));
   }
   if (tensor.sizes() != c10::IntArrayRef(spec.shape)) {
     return invalid(absl::StrCat("has shape ", ShapeString(tensor.sizes().vec()),
@@ -900,9 +917,34 @@ absl::Status HfCheckpointWriter::Write(const std::string& name, const at::Tensor
   }
   if (st.bytes[i] > 0) {
     const std::string path = Join(st.temp_dir, st.shards[s].file);
-    status =
-        WriteAllAt(st.fds[s], path, data.data_ptr(), st.bytes[i], st.data_start[s] + st.begin[i]);
+    const uint64_t offset = st.data_start[s] + st.begin[i];
+    if (!convert) {
+      status = WriteAllAt(st.fds[s], path, data.data_ptr(), st.bytes[i], offset);
+    } else {
+      // Converted a chunk at a time through one reused buffer: no copy of
+      // the whole tensor in the spec's dtype.
+      const int64_t chunk = kConvertChunkBytes / static_cast<int64_t>(c10::elementSize(spec.dtype));
+      if (!st.staging.defined() || st.staging.scalar_type() != spec.dtype) {
+        st.staging = at::empty({chunk}, at::TensorOptions().dtype(spec.dtype));
+      }
+      const at::Tensor flat = data.reshape({-1});
+      const uint64_t element = c10::elementSize(spec.dtype);
+      for (int64_t start = 0; status.ok() && start < flat.numel(); start += chunk) {
+        const int64_t n = std::min(chunk, flat.numel() - start);
+        at::Tensor converted = st.staging.narrow(0, 0, n);
+        converted.copy_(flat.narrow(0, start, n));
+        status =
+            WriteAllAt(st.fds[s], path, converted.data_ptr(), static_cast<uint64_t>(n) * element,
+                       offset + static_cast<uint64_t>(start) * element);
+      }
+    }
     if (!status.ok()) return st.error = status;
+    // Starts writing these bytes back without waiting, so that the disk
+    // works while the caller gathers and converts the next tensor and the
+    // shard's fsync finds little left (as AtomicFileWriter does). A hint
+    // only: where it does nothing, FinishShard's fsync does it all.
+    ::sync_file_range(st.fds[s], static_cast<off64_t>(offset), static_cast<off64_t>(st.bytes[i]),
+                      SYNC_FILE_RANGE_WRITE);
   }
   data = at::Tensor();
   ++st.next;

@@ -98,6 +98,9 @@ class HfCheckpointFiles {
   // call from several threads at once.
   absl::StatusOr<at::Tensor> Read(const std::string& name, int64_t element_offset,
                                   int64_t numel) const;
+  // SafetensorsFile::ReadInto: the elements into the caller's buffer.
+  absl::Status ReadInto(const std::string& name, int64_t element_offset,
+                        const at::Tensor& out) const;
   absl::StatusOr<at::Tensor> ReadAll(const std::string& name) const;
 
  private:
@@ -146,7 +149,7 @@ struct HfShard {
 //
 // Memory: the plan and one header at a time; Write holds at most one
 // contiguous CPU copy of the tensor it is given (none when the tensor is
-// already contiguous on the CPU).
+// already contiguous on the CPU) and a 32 MiB conversion buffer.
 class HfCheckpointWriter {
  public:
   // Plans the files and creates the temporary directory (its parent's
@@ -172,10 +175,12 @@ class HfCheckpointWriter {
   // Uncommitted: removes the temporary directory and what it holds.
   ~HfCheckpointWriter();
 
-  // The tensor `name`: it must be the next spec's, of the spec's dtype and
-  // shape (any device, any strides); InvalidArgument naming the tensor and
-  // what was expected otherwise, and nothing is written (the writer stays
-  // usable). An I/O error names the file and is returned again by every
+  // The tensor `name`: it must be the next spec's, of the spec's shape (any
+  // device, any strides) and dtype — or, where both are float32, bfloat16
+  // or float16, of another of the three, converted a 32 MiB chunk at a time
+  // (no whole copy in the spec's dtype); InvalidArgument naming the tensor
+  // and what was expected otherwise, and nothing is written (the writer
+  // stays usable). An I/O error names the file and is returned again by every
   // later call.
   absl::Status Write(const std::string& name, const at::Tensor& tensor);
 

@@ -252,7 +252,9 @@ TEST(HfCheckpointWriterTest, RefusesWritesOutOfOrderOrUnlikeTheirSpec) {
          "(spec 1) is out of order; expected 'a' (spec 0) next: tensors are written in spec "
          "order");
   expect("z", ts[0].second, "is not one of the 7 specs; expected 'a' (spec 0) next");
-  expect("a", ts[0].second.to(torch::kFloat64), "has dtype Double; expected its spec's Float");
+  expect("a", ts[0].second.to(torch::kFloat64),
+         "has dtype Double; expected its spec's Float (float32, bfloat16 and float16 are "
+         "converted to each other)");
   expect("a", ts[0].second.reshape({2, 5}), "has shape [2, 5]; expected its spec's [10]");
   expect("a", torch::Tensor(), "is undefined");
   // Nothing was written: no file started.
@@ -279,6 +281,27 @@ TEST(HfCheckpointWriterTest, RefusesWritesOutOfOrderOrUnlikeTheirSpec) {
   EXPECT_EQ(writer->Commit().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(writer->Write("a", ts[0].second).code(), absl::StatusCode::kFailedPrecondition);
   ExpectReadsBack(dir, ts);
+}
+
+// A float32 tensor for a bfloat16 (or float16) spec is converted a chunk at
+// a time: the file holds what .to(dtype) gives, across chunk boundaries
+// (the 32 MiB buffer: 16 Mi bfloat16 elements) and in the last partial one.
+TEST(HfCheckpointWriterTest, ConvertsBetweenFloatDtypesInChunks) {
+  const std::string dir = TempDir("hf_convert") + "/export";
+  const torch::Tensor big = torch::randn({(int64_t{16} << 20) + 12345});
+  const torch::Tensor small = torch::randn({3, 5}, torch::kBFloat16);
+  const std::vector<TensorSpec> specs = {{"big", torch::kBFloat16, big.sizes().vec()},
+                                         {"small", torch::kHalf, small.sizes().vec()}};
+  auto writer =
+      HfCheckpointWriter::Create(dir, specs, int64_t{1} << 30, {{"config.json", kConfig}});
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE(writer->Write("big", big).ok());
+  ASSERT_TRUE(writer->Write("small", small).ok());
+  ASSERT_TRUE(writer->Commit().ok());
+  auto ckpt = HfCheckpointFiles::Open(dir);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_TRUE(torch::equal(*ckpt->ReadAll("big"), big.to(torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(*ckpt->ReadAll("small"), small.to(torch::kHalf)));
 }
 
 TEST(HfCheckpointWriterTest, RefusesBadArguments) {

@@ -85,6 +85,23 @@ absl::StatusOr<SafetensorsTensorInfo> SafetensorsFile::info(const std::string& n
   return infos_[it->second];
 }
 
+namespace {
+
+absl::Status CheckRange(const std::string& path, const std::string& name,
+                        const SafetensorsTensorInfo& info, int64_t element_offset, int64_t numel) {
+  // Written so that nothing overflows: numel <= info.numel - element_offset.
+  if (element_offset < 0 || numel < 0 || element_offset > info.numel ||
+      numel > info.numel - element_offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "formats::SafetensorsFile::Read: ", path, ": tensor ", Quote(name), ": elements [",
+        element_offset, ", ", element_offset, " + ", numel, "): expected a range within [0, ",
+        info.numel, ") (its numel) with a non-negative offset and count"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<at::Tensor> SafetensorsFile::Read(const std::string& name, int64_t element_offset,
                                                  int64_t numel) const {
   auto it = index_.find(name);
@@ -94,15 +111,7 @@ absl::StatusOr<at::Tensor> SafetensorsFile::Read(const std::string& name, int64_
                                             names_.size(), " tensors)"));
   }
   const SafetensorsTensorInfo& info = infos_[it->second];
-  // Written so that nothing overflows: numel <= info.numel - element_offset.
-  if (element_offset < 0 || numel < 0 || element_offset > info.numel ||
-      numel > info.numel - element_offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "formats::SafetensorsFile::Read: ", path_, ": tensor ", Quote(name), ": elements [",
-        element_offset, ", ", element_offset, " + ", numel, "): expected a range within [0, ",
-        info.numel, ") (its numel) with a non-negative offset and count"));
-  }
-  const int64_t element = static_cast<int64_t>(c10::elementSize(info.dtype));
+  if (auto s = CheckRange(path_, name, info, element_offset, numel); !s.ok()) return s;
   at::Tensor out;
   try {
     out = at::empty({numel}, at::TensorOptions().dtype(info.dtype));
@@ -111,8 +120,33 @@ absl::StatusOr<at::Tensor> SafetensorsFile::Read(const std::string& name, int64_
         "formats::SafetensorsFile::Read: ", path_, ": cannot allocate ", numel, " elements of ",
         "tensor ", Quote(name), ": ", error.what_without_backtrace()));
   }
+  if (auto status = ReadInto(name, element_offset, out); !status.ok()) return status;
+  return out;
+}
+
+absl::Status SafetensorsFile::ReadInto(const std::string& name, int64_t element_offset,
+                                       const at::Tensor& out) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) {
+    return absl::NotFoundError(absl::StrCat("formats::SafetensorsFile::Read: ", path_,
+                                            ": no tensor ", Quote(name), " in its header (",
+                                            names_.size(), " tensors)"));
+  }
+  const SafetensorsTensorInfo& info = infos_[it->second];
+  if (!out.defined() || out.scalar_type() != info.dtype || !out.device().is_cpu() ||
+      !out.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "formats::SafetensorsFile::ReadInto: ", path_, ": tensor ", Quote(name), ": out is ",
+        out.defined() ? absl::StrCat(c10::toString(out.scalar_type()), " on ", out.device().str(),
+                                     out.is_contiguous() ? "" : ", strided")
+                      : "undefined",
+        ": expected a contiguous CPU tensor of the file's dtype ", c10::toString(info.dtype)));
+  }
+  const int64_t numel = out.numel();
+  if (auto s = CheckRange(path_, name, info, element_offset, numel); !s.ok()) return s;
+  const int64_t element = static_cast<int64_t>(c10::elementSize(info.dtype));
   const uint64_t bytes = static_cast<uint64_t>(numel) * static_cast<uint64_t>(element);
-  if (bytes == 0) return out;
+  if (bytes == 0) return absl::OkStatus();
   absl::Status status =
       internal::ReadAt(fd_, path_, static_cast<uint64_t>(info.offset + element_offset * element),
                        out.data_ptr(), bytes,
@@ -120,11 +154,10 @@ absl::StatusOr<at::Tensor> SafetensorsFile::Read(const std::string& name, int64_
                                     element_offset + numel, ")"));
   if (!status.ok()) return status;
   if (info.dtype == c10::ScalarType::Bool) {
-    status = internal::CheckBoolBytes(path_, name, out.data_ptr(), bytes,
-                                      static_cast<uint64_t>(element_offset));
-    if (!status.ok()) return status;
+    return internal::CheckBoolBytes(path_, name, out.data_ptr(), bytes,
+                                    static_cast<uint64_t>(element_offset));
   }
-  return out;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<at::Tensor> SafetensorsFile::ReadAll(const std::string& name) const {

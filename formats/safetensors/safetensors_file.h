@@ -71,6 +71,12 @@ class SafetensorsFile {
   // may run on several threads at once (pread keeps no file position).
   absl::StatusOr<at::Tensor> Read(const std::string& name, int64_t element_offset,
                                   int64_t numel) const;
+  // The same elements into `out`, the caller's buffer (so that a loader can
+  // reuse one): a contiguous CPU tensor of the file's dtype whose numel is
+  // the count read. InvalidArgument naming the file, the tensor and `out`'s
+  // dtype, device or layout when it is not one; Read's errors otherwise.
+  absl::Status ReadInto(const std::string& name, int64_t element_offset,
+                        const at::Tensor& out) const;
   // The whole tensor, in its shape (what LoadSafetensors gives for it).
   absl::StatusOr<at::Tensor> ReadAll(const std::string& name) const;
 

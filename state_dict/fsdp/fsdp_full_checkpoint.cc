@@ -326,9 +326,20 @@ absl::Status LoadHfCheckpointIntoShards(const std::string& dir, ShardedModel& mo
   std::set<std::string> names;
   for (const auto& item : state->sharded) names.insert(item.key());
   if (auto s = CheckNoUnexpectedHfTensors(*files, names); !s.ok()) return s;
-  return LoadModelTensorByTensor(
+  // Names, shapes and dtypes first (ReadHfShards with no ranges reads no
+  // data), then each piece streamed from the file into the shard.
+  HfRangeReader reader(*files);
+  return FillModelShards(
       model, absl::StrCat("Hugging Face checkpoint ", dir),
-      [&](const ShardRequests& requests) { return ReadHfShards(*files, requests); });
+      [&](const ShardRequests& requests) { return ReadHfShards(*files, requests); },
+      [&](const std::string& name, const ShardRequest&, FlatRange range,
+          const torch::Tensor& destination) {
+        if (destination.is_contiguous()) return reader.ReadInto(name, range, destination);
+        torch::Tensor staged = torch::empty({range.numel}, destination.options());
+        if (auto s = reader.ReadInto(name, range, staged); !s.ok()) return s;
+        destination.copy_(staged);
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace state_dict

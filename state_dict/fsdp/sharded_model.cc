@@ -119,11 +119,11 @@ absl::Status LoadShardedModelFrom(ShardedModel& model, torch::optim::Optimizer* 
   return model.LoadModel(source, read);
 }
 
-absl::Status LoadModelTensorByTensor(ShardedModel& model, const std::string& source,
-                                     const ShardedReader& read) {
+absl::Status FillModelShards(ShardedModel& model, const std::string& source,
+                             const ShardedReader& check, const ShardFiller& fill) {
   auto state = model.ModelState();
   if (!state.ok()) return state.status();
-  ShardRequests check;
+  ShardRequests requests;
   for (const auto& item : state->sharded) {
     for (const ShardPiece& piece : item.value().pieces) {
       if (piece.data.is_meta()) {
@@ -133,34 +133,41 @@ absl::Status LoadModelTensorByTensor(ShardedModel& model, const std::string& sou
                          "fully_shard, Options::param_init_fn for FullyShardedDataParallel)"));
       }
     }
-    check.emplace_back(item.key(), ShardRequest{item.value().global_shape, item.value().dtype, {}});
+    requests.emplace_back(item.key(),
+                          ShardRequest{item.value().global_shape, item.value().dtype, {}});
   }
-  if (auto checked = read(check); !checked.ok()) return checked.status();
+  if (auto checked = check(requests); !checked.ok()) return checked.status();
   torch::NoGradGuard no_grad;
+  size_t i = 0;
   for (const auto& item : state->sharded) {
-    const ShardedTensor& mine = item.value();
-    ShardRequest request{mine.global_shape, mine.dtype, {}};
-    for (const ShardPiece& piece : mine.pieces) request.ranges.push_back(piece.range);
-    auto loaded = read({{item.key(), request}});
-    if (!loaded.ok()) return loaded.status();
-    const ShardedTensor* got = loaded->find(item.key());
-    bool matches = got != nullptr && got->pieces.size() == mine.pieces.size();
-    for (size_t i = 0; matches && i < mine.pieces.size(); ++i) {
-      matches = got->pieces[i].range == mine.pieces[i].range &&
-                got->pieces[i].data.numel() == mine.pieces[i].range.numel &&
-                got->pieces[i].data.scalar_type() == mine.dtype;
-    }
-    if (!matches) {
-      return absl::InternalError(absl::StrCat(source, ": the reader did not return '", item.key(),
-                                              "' as requested (its ranges of global shape ",
-                                              internal::ShapeString(mine.global_shape), ", ",
-                                              c10::toString(mine.dtype), ")"));
-    }
-    for (size_t i = 0; i < mine.pieces.size(); ++i) {
-      mine.pieces[i].data.copy_(got->pieces[i].data.reshape({-1}));
+    const ShardRequest& entry = requests[i++].second;
+    for (const ShardPiece& piece : item.value().pieces) {
+      if (auto s = fill(item.key(), entry, piece.range, piece.data); !s.ok()) return s;
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status LoadModelTensorByTensor(ShardedModel& model, const std::string& source,
+                                     const ShardedReader& read) {
+  return FillModelShards(
+      model, source, read,
+      [&](const std::string& name, const ShardRequest& entry, FlatRange range,
+          const torch::Tensor& destination) -> absl::Status {
+        auto loaded = read({{name, ShardRequest{entry.global_shape, entry.dtype, {range}}}});
+        if (!loaded.ok()) return loaded.status();
+        const ShardedTensor* got = loaded->find(name);
+        if (got == nullptr || got->pieces.size() != 1 || !(got->pieces[0].range == range) ||
+            got->pieces[0].data.numel() != range.numel ||
+            got->pieces[0].data.scalar_type() != entry.dtype) {
+          return absl::InternalError(absl::StrCat(
+              source, ": the reader did not return '", name, "' as requested (elements [",
+              range.offset, ", ", range.end(), ") of global shape ",
+              internal::ShapeString(entry.global_shape), ", ", c10::toString(entry.dtype), ")"));
+        }
+        destination.copy_(got->pieces[0].data.reshape({-1}));
+        return absl::OkStatus();
+      });
 }
 
 absl::Status LoadShardedModelCheckpoint(ShardedModel& model, torch::optim::Optimizer* optimizer,

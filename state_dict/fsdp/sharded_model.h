@@ -31,6 +31,7 @@
 // loads check what they read before they write (per function, as stated).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -103,13 +104,23 @@ absl::Status LoadShardedModelFrom(ShardedModel& model, torch::optim::Optimizer* 
 // a second copy of its whole shard (a Hugging Face checkpoint into a model
 // that barely fits): `read` is first asked for every entry with no ranges
 // — a reader then checks names, shapes and dtypes without reading data
-// (ReadHfShards does) — and then for each entry's ranges alone, each copied
+// (ReadHfShards does) — and then for each piece's range alone, each copied
 // into the shard before the next is read. So a bad name, shape or dtype
 // leaves the model untouched, but an error while reading (a damaged file)
 // leaves the entries before it loaded. FailedPrecondition for shards still
 // on the meta device.
 absl::Status LoadModelTensorByTensor(ShardedModel& model, const std::string& source,
                                      const ShardedReader& read);
+
+// LoadModelTensorByTensor with the copying left to `fill`, for a source
+// that can write straight into the shard (HfRangeReader: no temporary the
+// size of a piece): after the same check, `fill(name, request, range,
+// destination)` for each piece of each entry, `destination` being the
+// piece's live view (range.numel elements, 1-D; written under NoGradGuard).
+using ShardFiller = std::function<absl::Status(const std::string& name, const ShardRequest& entry,
+                                               FlatRange range, const torch::Tensor& destination)>;
+absl::Status FillModelShards(ShardedModel& model, const std::string& source,
+                             const ShardedReader& check, const ShardFiller& fill);
 
 // Loads a checkpoint step directory (checkpoint.h) of either kind, written
 // at any world size by either FSDP: a sharded one reads only this rank's
