@@ -27,9 +27,10 @@
 // continuation decoded, with --tokenizer). Default: text with a tokenizer,
 // else ids.
 //
-// --score FILE: the file's tokens (text with --tokenizer, else a JSON list
-// of ids) through the model in windows of at most max_position_embeddings
-// tokens (each window's first token is the last one's last, so every token
+// --score FILE: the file's tokens (a token file as the trainer reads it:
+// llm.c's uint16/uint32 header or a *.bin, what //tools:tokenize writes;
+// else text with --tokenizer, else a JSON list of ids) through the model in windows of at most
+// max_position_embeddings tokens (each window's first token is the last one's last, so every token
 // after the first is predicted once); prints JSON with the mean loss
 // (nats), the perplexity and each token's loss.
 //
@@ -56,6 +57,7 @@
 #include "formats/io/file_io.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "models/generation.h"
 #include "models/llama.h"
 #include "models/llama_config.h"
@@ -63,6 +65,8 @@
 #include "state_dict/checkpoint.h"
 #include "state_dict/hf_checkpoint.h"
 #include "tokenizer/tokenizer.h"
+#include "trainer/data.h"
+#include "trainer/options.h"
 
 namespace {
 
@@ -338,8 +342,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-cache", no_cache,
                "recompute the whole sequence at every step (no key/value cache)");
   app.add_option("--score", score,
-                 "print the per-token loss and perplexity of this file (text with --tokenizer, "
-                 "else a JSON list of ids)");
+                 "print the per-token loss and perplexity of this file (a token file as the "
+                 "trainer reads it: llm.c's header or *.bin; text with --tokenizer; else a "
+                 "JSON list of ids)");
   app.add_flag("--benchmark", benchmark, "print timings as JSON on stderr");
   try {
     app.parse(argc, argv);
@@ -416,10 +421,28 @@ int main(int argc, char** argv) {
   encode.add_special_tokens = !no_special_tokens;
   const tokenizer::Tokenizer* tok_ptr = tok ? &*tok : nullptr;
   if (!score.empty()) {
+    std::vector<int64_t> ids;
+    // A token file (llm.c's header, or named *.bin: what //tools:tokenize
+    // writes and the trainer reads) is scored as it is, the tokenizer only
+    // decoding; text goes through --tokenizer; anything else is a JSON list.
+    auto is_token_file = trainer::IsTokenFile(score);
+    if (is_token_file.ok() && *is_token_file) {
+      // Every id is checked against the model by Score; the reader only
+      // checks the file's layout.
+      auto data = trainer::LoadDataFile(score, trainer::DataFormat::kTokens, int64_t{1} << 32);
+      if (!data.ok()) {
+        // The trainer's reader names its flag; here the file is --score's.
+        return Fail(absl::StrReplaceAll(data.status().message(),
+                                        {{absl::StrCat("--data='", score, "'"),
+                                          absl::StrCat("--score ", score, " (a token file)")}}));
+      }
+      ids.assign(data->tokens.begin(), data->tokens.end());
+      std::fprintf(stderr, "generate: scoring %s\n", data->description.c_str());
+      return Score(*model, ids, tok_ptr, score, device);
+    }
     auto read = formats::ReadFile(score);
     if (!read.ok()) return Fail(absl::StrCat("--score ", score, ": cannot be read"));
     const std::string& contents = *read;
-    std::vector<int64_t> ids;
     if (tok) {
       auto encoded = tok->Encode(contents, encode);
       if (!encoded.ok())

@@ -66,6 +66,17 @@ with torch.no_grad():
         losses += torch.nn.functional.cross_entropy(logits, chunk[1:], reduction="none").tolist()
         start += 255
 json.dump(ids.tolist(), open(f"{tmp}/score_ids.json", "w"))
+# The same ids as an llm.c token file (uint16 ids under the GPT-2 header),
+# as //tools:tokenize writes it: scored the same.
+import struct
+header = struct.pack("<256i", 20240520, 1, len(ids), *([0] * 253))
+open(f"{tmp}/score_ids.bin", "wb").write(header + struct.pack(f"<{len(ids)}H", *ids.tolist()))
+too_big = [1, 2, qwen.config.vocab_size]
+open(f"{tmp}/too_big.bin", "wb").write(struct.pack("<256i", 20240520, 1, 3, *([0] * 253)) +
+                                       struct.pack("<3H", *too_big))
+# A header that promises 5 ids over 3.
+open(f"{tmp}/short.bin", "wb").write(struct.pack("<256i", 20240520, 1, 5, *([0] * 253)) +
+                                     struct.pack("<3H", 1, 2, 3))
 expected["score"] = {"losses": losses, "loss": sum(losses) / len(losses)}
 json.dump(expected, open(f"{tmp}/expected.json", "w"))
 PY
@@ -81,6 +92,7 @@ golden_ids=$(ids_of)
 "$generate" --hf-checkpoint "$tmp/tiny" --tokenizer "$tokenizer" --prompt "Hello, world" \
   --max-new-tokens 10 > "$tmp/tiny.txt"
 "$generate" --hf-checkpoint "$testdata/qwen3" --score "$tmp/score_ids.json" > "$tmp/score.json"
+"$generate" --hf-checkpoint "$testdata/qwen3" --score "$tmp/score_ids.bin" > "$tmp/score_bin.json"
 "$generate" --hf-checkpoint "$tmp/tiny" --tokenizer "$tokenizer" --score "$tmp/score.txt" > "$tmp/score_text.json"
 sample() {
   "$generate" --hf-checkpoint "$testdata/llama3_gqa" --prompt-ids "$golden_ids" --max-new-tokens 24 \
@@ -132,6 +144,9 @@ assert score["tokens"] == 600 and score["predicted"] == 599, score["predicted"]
 assert abs(score["loss"] - e["score"]["loss"]) < 1e-4, (score["loss"], e["score"]["loss"])
 worst = max(abs(t["loss"] - w) for t, w in zip(score["per_token"], e["score"]["losses"]))
 assert worst < 1e-3, worst
+score_bin = json.load(open(f"{tmp}/score_bin.json"))
+assert score_bin.pop("file").endswith("score_ids.bin") and score.pop("file").endswith(".json")
+assert score_bin == score, "a token file scores as its JSON ids"
 st = json.load(open(f"{tmp}/score_text.json"))
 assert st["tokens"] == len(e["score_text"]["ids"]), st["tokens"]
 assert [t["id"] for t in st["per_token"]] == e["score_text"]["ids"][1:]
@@ -165,6 +180,12 @@ expect_error "neither a step directory" --checkpoint-dir "$tmp" \
   --model-config "$testdata/llama3_gqa/config.json" --prompt-ids "[[1]]"
 expect_error "--score $tmp/missing.json: cannot be read" --hf-checkpoint "$testdata/qwen3" \
   --score "$tmp/missing.json"
+expect_error "--score $tmp/too_big.bin: id" --hf-checkpoint "$testdata/qwen3" \
+  --score "$tmp/too_big.bin"
+expect_error "at index 2 is outside the model's vocabulary" --hf-checkpoint "$testdata/qwen3" \
+  --score "$tmp/too_big.bin"
+expect_error "--score $tmp/short.bin (a token file)" --hf-checkpoint "$testdata/qwen3" \
+  --score "$tmp/short.bin"
 echo "PASS: refusals"
 
 echo "$golden_ids" | "$python" -c "import json,sys; print(json.dumps(sum(json.load(sys.stdin), [])))" \
