@@ -588,6 +588,11 @@ at::Tensor FlatParamHandle::unsharded_grad() const { return unsharded_.grad(); }
 
 void FlatParamHandle::clear_unsharded_grad() { unsharded_.mutable_grad().reset(); }
 
+void FlatParamHandle::reset_flat_param_grad_if_needed() {
+  if (!options_.use_orig_params || !flat_param_.grad().defined()) return;
+  if (orig_grads_were_cleared()) flat_param_.mutable_grad().reset();
+}
+
 bool FlatParamHandle::orig_grads_were_cleared() const {
   // A per-parameter optimizer's zero_grad(set_to_none) resets the originals'
   // .grad (views of the flat gradient); the flat gradient must follow, or
@@ -792,9 +797,9 @@ void FlatParamHandle::finalize_reduce_grad() {
 
 void FlatParamHandle::accumulate_shard_grad(at::Tensor shard_grad) {
   at::NoGradGuard no_grad;
-  if (options_.use_orig_params && flat_param_.grad().defined() && orig_grads_were_cleared()) {
-    flat_param_.mutable_grad().reset();
-  }
+  // zero_grad may have run since the runtime's last reset (no forward in
+  // between: a backward alone, or reduce_grad called directly).
+  reset_flat_param_grad_if_needed();
   at::Tensor& accumulated = flat_param_.mutable_grad();
   if (accumulated.defined()) {
     TORCH_CHECK(accumulated.sizes() == shard_grad.sizes(),

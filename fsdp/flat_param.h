@@ -280,6 +280,17 @@ class FlatParamHandle {
   void register_post_backward_hook(std::function<void()> hook);
   // Drops the accumulated unsharded gradient (e.g. after an aborted step).
   void clear_unsharded_grad();
+  // use_orig_params: drops the shard's flat gradient once the optimizer has
+  // reset every trainable original parameter's .grad (zero_grad with
+  // set_to_none; the originals' .grad are views of it), as PyTorch's
+  // _reset_flat_param_grad_info_if_needed does. Otherwise the flat gradient
+  // stays allocated, unseen, until this unit's next reduction replaces it:
+  // one gradient-sized buffer per unit through the next forward and most of
+  // backward, where the activations peak (measured: FSDP1's extra memory
+  // over fully_shard in issue 47). No-op without use_orig_params (the
+  // optimizer then resets the flat parameter's .grad itself) or while any
+  // original still has a gradient. Local: no collective.
+  void reset_flat_param_grad_if_needed();
 
   // ---- introspection -----------------------------------------------------
 

@@ -90,6 +90,7 @@ void Runtime::unit_pre_forward(int index) {
                 "summon_full_params: leave its scope first");
     // Normally final_callback finished them; not if backward never reached it.
     finish_reductions();
+    reset_flat_param_grads_if_needed();
     state_ = TrainingState::kForward;
     forward_since_backward_ = true;
     current_order_.clear();
@@ -198,6 +199,8 @@ void Runtime::pre_backward(int index) {
     backward_started_ = true;
     state_ = TrainingState::kBackward;
     current_order_.clear();
+    // zero_grad may also run between forward and backward.
+    reset_flat_param_grads_if_needed();
     std::weak_ptr<Runtime> weak = weak_from_this();
     torch::autograd::Engine::get_default_engine().queue_callback([weak] {
       if (auto rt = weak.lock()) rt->final_callback();
@@ -252,6 +255,12 @@ void Runtime::post_backward(int index) {
   unit.handle->reshard();
   if (options_.backward_prefetch == BackwardPrefetch::kBackwardPost && backward_order_recorded_) {
     prefetch(next_in(backward_order_, index));
+  }
+}
+
+void Runtime::reset_flat_param_grads_if_needed() {
+  for (const auto& unit : units_) {
+    if (unit->handle) unit->handle->reset_flat_param_grad_if_needed();
   }
 }
 

@@ -107,6 +107,11 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   void poll_reductions();
   void finish_reductions();
   void abandon_reductions() noexcept;
+  // Every handle's reset_flat_param_grad_if_needed(), where PyTorch calls
+  // _reset_flat_param_grad_info_if_needed: the root's pre-forward and the
+  // start of backward, so gradients zero_grad set to none are freed before
+  // the step's activations are.
+  void reset_flat_param_grads_if_needed();
 
   // internal/unshard_params.cc
   void summon(const SummonOptions& options);
