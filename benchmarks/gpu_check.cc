@@ -26,6 +26,9 @@
 //                                                functorch_batched_hessians
 //   kernels/kernels_gpu_check.h                  kernels_*: each CUDA kernel
 //                                                against its ATen reference
+//   trainer/trainer_gpu_check.h                  trainer_cuda_graphs: the
+//                                                trainer's captured step
+//                                                against its eager step
 //
 // Usage: gpu_check [--only SUBSTRING] [--dry-run-on-cpu]
 //   --only            runs the checks whose name contains SUBSTRING
@@ -58,6 +61,7 @@
 #include "kernels/kernels_gpu_check.h"
 #include "optim/optim_gpu_check.h"
 #include "testing/gpu_check.h"
+#include "trainer/trainer_gpu_check.h"
 
 namespace {
 
@@ -106,6 +110,8 @@ std::vector<gpu_check::Check> AllChecks(c10::Device device) {
   // In a dry run kernels_cuda_linked still checks that a CUDA build linked
   // //kernels:cuda (its registration needs no GPU).
   append(kernels::KernelsGpuChecks(device, kBuiltWithCuda));
+  // The whole trainer last: it uses every component above.
+  append(trainer::TrainerGpuChecks(device));
   return checks;
 }
 

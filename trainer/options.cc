@@ -250,6 +250,11 @@ void DefineFlags(CLI::App& app, Options& o) {
               "with --device cuda) into --profile-trace; that step's --log-json time and "
               "tokens/s include the profiler's overhead and the writing of the trace (0: off)",
               0);
+  AddChoice(app, "--cuda-graphs", o.cuda_graphs,
+            {CudaGraphs::kAuto, CudaGraphs::kOn, CudaGraphs::kOff},
+            "capture the step's forward and backward into a CUDA graph and replay it: auto where "
+            "nothing prevents it (else eager, printing why), on (refused, naming why, where "
+            "something does), off");
   AddPath(app, "--profile-trace", o.profile_trace, "a file path",
           "--profile-step's Chrome trace (chrome://tracing, Perfetto, "
           "benchmarks/python/profile_table.py), written atomically");
@@ -523,6 +528,14 @@ const char* Name(OptimizerKind v) {
   }
   return "?";
 }
+const char* Name(CudaGraphs v) {
+  switch (v) {
+    case CudaGraphs::kAuto: return "auto";
+    case CudaGraphs::kOn: return "on";
+    case CudaGraphs::kOff: return "off";
+  }
+  return "?";
+}
 const char* Name(LrSchedule v) { return v == LrSchedule::kConstant ? "constant" : "cosine"; }
 const char* Name(ActivationCheckpointing v) {
   return v == ActivationCheckpointing::kBlock ? "block" : "none";
@@ -573,6 +586,7 @@ std::vector<std::string> ToArgs(const Options& o) {
       absl::StrCat("--resume=", o.resume ? "true" : "false"),
       absl::StrCat("--keep-last=", o.keep_last),
       absl::StrCat("--async-checkpoint=", o.async_checkpoint ? "true" : "false"),
+      absl::StrCat("--cuda-graphs=", Name(o.cuda_graphs)),
   };
   if (o.model == ModelKind::kLlama) {
     // Its shape is its config.json's (ParseOptions refuses the shape flags).

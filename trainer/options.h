@@ -48,6 +48,10 @@ enum class Device { kCpu, kCuda };
 // Which FSDP wraps the model: FullyShardedDataParallel (FSDP1) or
 // fsdp::fully_shard (FSDP2, per-parameter shards; trainer/wrap.h).
 enum class FsdpApi { kFsdp1, kFullyShard };
+// --cuda-graphs: capture the step into a CUDA graph and replay it
+// (trainer/cuda_graphs.h). kAuto: where nothing prevents it, else eager with
+// the reasons printed; kOn: refused when something prevents it; kOff: eager.
+enum class CudaGraphs { kAuto, kOn, kOff };
 
 struct Options {
   ModelKind model = ModelKind::kTransformer;
@@ -168,6 +172,8 @@ struct Options {
   // logged time and tokens/s include the profiler's overhead.
   int64_t profile_step = 0;
   std::string profile_trace;
+  // Whether the step is captured into a CUDA graph (cuda_graphs.h).
+  CudaGraphs cuda_graphs = CudaGraphs::kAuto;
 
   bool help = false;
 };
@@ -214,6 +220,7 @@ const char* Name(Sharding v);
 const char* Name(MixedPrecision v);
 const char* Name(Device v);
 const char* Name(FsdpApi v);
+const char* Name(CudaGraphs v);
 const char* Name(BackwardPrefetch v);
 const char* Name(OptimizerKind v);
 const char* Name(LrSchedule v);

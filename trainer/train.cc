@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -39,6 +40,7 @@
 #include "comm/slurm.h"
 #include "state_dict/optim_state.h"
 #include "trainer/checkpointing.h"
+#include "trainer/cuda_graphs.h"
 #include "trainer/data.h"
 #include "trainer/float8_linears.h"
 #include "trainer/finite_state.h"
@@ -301,16 +303,18 @@ void PrintRunHeader(const Options& o, int world, TrainedModel fsdp_model, const 
 // rows. The first K-1 backwards run under no_sync (gradients accumulate
 // unreduced); the last one reduces the sum, averaged over ranks by FSDP.
 // Returns the rank's loss (the sum of the scaled micro-batch losses), a
-// 0-dim float64 tensor on `device`, not read (the step reads it once,
-// with the gradients' finiteness flag: one host synchronisation per step).
+// 0-dim float64 tensor on `device`, not read. `batch` is on the host (each
+// micro-batch is copied to the device here) or already on `device` (the
+// static buffer of a CUDA graph: cuda_graphs.h).
 torch::Tensor ForwardBackward(const Options& o, TrainedModel fsdp_model, LanguageModel& model,
                               const torch::Tensor& batch, const c10::Device& device) {
   torch::Tensor local_loss;
   const std::vector<torch::Tensor> micros = batch.chunk(o.grad_accum, 0);
   for (size_t m = 0; m < micros.size(); ++m) {
     // To a GPU from pinned memory without blocking: a pageable copy would
-    // wait for the GPU (a host synchronisation besides the logged loss).
-    const torch::Tensor micro = device.is_cuda()
+    // wait for the GPU (a host synchronisation besides the step's one read).
+    const torch::Tensor micro = micros[m].device() == device ? micros[m]
+                                : device.is_cuda()
                                     ? micros[m].pin_memory().to(device, /*non_blocking=*/true)
                                     : micros[m].to(device);
     auto forward_backward = [&] {
@@ -400,32 +404,100 @@ struct StepContext {
   const c10::Device& device;
 };
 
+// The CUDA graph of a run whose --cuda-graphs plan captures (cuda_graphs.h):
+// the first kCudaGraphWarmupSteps steps run eagerly on the graph's side
+// stream, the next is captured and replayed, every later one replayed.
+struct GraphedStep {
+  explicit GraphedStep(const c10::Device& device) : graph(device) {}
+  StepGraph graph;
+  int64_t eager_steps = 0;
+  torch::Tensor static_batch;    // this rank's rows, on the device, refilled before each replay
+  torch::Tensor static_figures;  // what StepFigures returned while captured
+};
+
+// This rank's forward and backward on `batch`, then the step's figures as a
+// float64 [2] tensor averaged over ranks: [global mean loss, > 0 when some
+// rank's gradients hold NaN or Inf]. Only enqueued on a GPU: the loss and
+// the flag stay on the device and the all-reduce is NCCL's, ordered on the
+// stream (wait_on_stream), so nothing here makes the host wait; on the CPU
+// it is Gloo's, as before.
+torch::Tensor StepFigures(StepContext& c, const torch::Tensor& batch) {
+  const torch::Tensor local_loss = ForwardBackward(c.o, c.fsdp_model, c.model, batch, c.device);
+  const torch::Tensor grads_bad = LocalGradsNonFinite(c.params, c.device);
+  torch::Tensor figures = torch::stack({local_loss, grads_bad.to(local_loss.device())});
+  comm::all_reduce(c.group, figures, comm::ReduceOp::kAvg).wait_on_stream();
+  return figures;
+}
+
 // One optimizer step on this rank's rows `batch` at learning rate `lr`;
 // returns the global mean loss. A non-finite loss, gradient or (--clip)
 // gradient norm on any rank ends the run here, before the optimizer update
 // (finite_state.h), on every rank alike: the loss and a "some gradient is
-// not finite" flag travel in one all-reduce.
+// not finite" flag travel in one all-reduce. `graphed`: the step's forward
+// and backward run through the run's CUDA graph (nullptr: eagerly).
+//
+// Host synchronisations on CUDA: one per step, the read of [loss, flag]
+// (and --clip's norm with them) just before the optimizer update, the
+// latest point at which the update can still be withheld on the host;
+// --clip adds the one inside fsdp's clip_grad_norm_ (it reads the norm to
+// decide whether to scale). Before: the [loss, flag] read, then the
+// all-reduce on the host's Gloo, and with --clip a second read of the norm
+// besides clip_grad_norm_'s own (1, or 3 with --clip; now 1, or 2).
+//
+// Why the read comes before the update rather than after it (with the
+// update made a no-op on the device when the flag is set, as PyTorch's
+// GradScaler does through found_inf): optim/'s fused optimizers take no
+// found_inf and advance their host-side step count unconditionally, so a
+// withheld update would still count a step. Reading before the update keeps
+// "a non-finite step stops before its optimizer update" exact at the cost
+// of the GPU idling while the host launches the (fused: a few kernels)
+// update.
 absl::StatusOr<double> TrainStep(StepContext& c, int64_t step, double lr,
-                                 const torch::Tensor& batch, AsyncSave* async) {
+                                 const torch::Tensor& batch, AsyncSave* async,
+                                 GraphedStep* graphed) {
   for (auto& param_group : c.optimizer.param_groups()) {
     param_group.options().set_lr(lr);
   }
-  // Python's zero_grad(): no detach_ per gradient (optim::zero_grad).
-  optim::zero_grad(c.optimizer);
-  const torch::Tensor local_loss = ForwardBackward(c.o, c.fsdp_model, c.model, batch, c.device);
-  const torch::Tensor grads_bad = LocalGradsNonFinite(c.params, c.device);
-  // The step's one read of the device: the loss and the flag together.
-  torch::Tensor l =
-      torch::stack({local_loss, grads_bad.to(local_loss.device())}).to(torch::kCPU).contiguous();
-  comm::all_reduce(c.group, l, comm::ReduceOp::kAvg).wait();
-  const double global_loss = l[0].item<double>();
-  const bool grads_finite = l[1].item<double>() == 0.0;
-  if (auto s = CheckStepFinite(step, global_loss, -1, grads_finite); !s.ok()) return s;
-  // The norm over all ranks' shards (an all-reduce inside).
-  if (c.o.clip > 0) {
-    const double norm = c.fsdp_model.clip_grad_norm_(c.o.clip).item<double>();
-    if (auto s = CheckStepFinite(step, global_loss, norm, true); !s.ok()) return s;
+  torch::Tensor figures;
+  if (graphed == nullptr) {
+    // Python's zero_grad(): no detach_ per gradient (optim::zero_grad).
+    optim::zero_grad(c.optimizer);
+    figures = StepFigures(c, batch);
+  } else if (graphed->eager_steps < kCudaGraphWarmupSteps) {
+    optim::zero_grad(c.optimizer);
+    graphed->graph.RunOnSideStream([&] { figures = StepFigures(c, batch); });
+    ++graphed->eager_steps;
+  } else {
+    if (!graphed->graph.captured()) {
+      // Allocated before the capture, outside the graph's pool.
+      graphed->static_batch = batch.to(c.device);
+      // No gradient exists when the captured backward starts, so it
+      // allocates them in the graph's pool and every replay overwrites
+      // them in place: no zero_grad between replays.
+      optim::zero_grad(c.optimizer);
+      graphed->graph.Capture(
+          [&] { graphed->static_figures = StepFigures(c, graphed->static_batch); });
+    } else {
+      graphed->static_batch.copy_(batch.pin_memory(), /*non_blocking=*/true);
+    }
+    graphed->graph.Replay();
+    figures = graphed->static_figures;
   }
+  // The norm over all ranks' shards (an all-reduce inside). --clip is never
+  // captured (cuda_graphs.cc says why).
+  torch::Tensor norm;
+  if (c.o.clip > 0) norm = c.fsdp_model.clip_grad_norm_(c.o.clip);
+  // The step's one read of the device: the loss, the flag and the norm.
+  const torch::Tensor read =
+      (norm.defined()
+           ? torch::cat({figures, norm.to(figures.device(), torch::kFloat64).reshape({1})})
+           : figures)
+          .to(torch::kCPU);
+  const double* values = read.data_ptr<double>();
+  const double global_loss = values[0];
+  const bool grads_finite = values[1] == 0.0;
+  const double grad_norm = norm.defined() ? values[2] : -1;
+  if (auto s = CheckStepFinite(step, global_loss, grad_norm, grads_finite); !s.ok()) return s;
   // An async save in flight writes the live parameters and optimizer
   // state: they may change only once it has written them (in the time of
   // this step's forward and backward, usually).
@@ -483,7 +555,9 @@ constexpr int64_t kEvalBatches = 4;
 // evaluation, for a seed), without gradients; every rank takes its rows.
 absl::StatusOr<double> ValidationLoss(StepContext& c, const RunData& data) {
   torch::NoGradGuard no_grad;
-  double local = 0;
+  // The batches' losses summed on the device in float64, in batch order (the
+  // sum the host computed before, bit for bit), and read once.
+  torch::Tensor local;
   for (int64_t k = 0; k < kEvalBatches; ++k) {
     BatchSpec spec{static_cast<uint64_t>(c.o.seed),
                    -1 - k,
@@ -494,10 +568,14 @@ absl::StatusOr<double> ValidationLoss(StepContext& c, const RunData& data) {
     auto batch =
         SampleTokenBatch(data.tokens.tokens, data.split.val_begin, data.split.val_end, spec);
     if (!batch.ok()) return batch.status();
-    const torch::Tensor rows = batch->to(c.device);
-    local += c.fsdp_model.run([&] { return c.model.Loss(rows); }).item<double>();
+    const torch::Tensor rows = c.device.is_cuda()
+                                   ? batch->pin_memory().to(c.device, /*non_blocking=*/true)
+                                   : batch->to(c.device);
+    const torch::Tensor loss =
+        c.fsdp_model.run([&] { return c.model.Loss(rows); }).to(torch::kFloat64);
+    local = local.defined() ? local + loss : loss;
   }
-  torch::Tensor l = torch::tensor({local / kEvalBatches}, torch::kFloat64);
+  torch::Tensor l = (local / static_cast<double>(kEvalBatches)).reshape({1}).to(torch::kCPU);
   comm::all_reduce(c.group, l, comm::ReduceOp::kAvg).wait();
   return l.item<double>();
 }
@@ -641,11 +719,21 @@ absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGro
   if (!resumed_after.ok()) return resumed_after.status();
   TrainResult result;
   result.first_step = *resumed_after + 1;
+  // --cuda-graphs: refused here, before the first step, when on cannot be
+  // honoured (trainer_main refuses it before starting ranks already, from
+  // the flags; here the steps left after a resume are known too).
+  auto graph_plan = PlanCudaGraphs(
+      o, CaptureEnvironmentFor(o, *device, std::max<int64_t>(0, o.steps - result.first_step + 1)));
+  if (!graph_plan.ok()) return graph_plan.status();
 
   JsonLogWriter log;
   if (is_main) {
     PrintRunHeader(o, world, fsdp_model, *device, num_params, data->tokens.description,
                    result.first_step);
+    if (const std::string line = DescribeCudaGraphPlan(o, *graph_plan); !line.empty()) {
+      std::printf("trainer: %s\n", line.c_str());
+      std::fflush(stdout);
+    }
     if (!o.log_json.empty()) {
       if (auto s = log.Open(o.log_json, /*append=*/o.resume); !s.ok()) return s;
     }
@@ -672,6 +760,8 @@ absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGro
   AsyncSave async_save;
   AsyncSave* async = o.async_checkpoint ? &async_save : nullptr;
   StepContext ctx{o, group, fsdp_model, *model, *optimizer, params, *device};
+  std::unique_ptr<GraphedStep> graphed;
+  if (graph_plan->capture) graphed = std::make_unique<GraphedStep>(*device);
   for (int64_t step = result.first_step; step <= o.steps; ++step) {
     // The step's peaks (--log-json, an out-of-memory error) start here.
     ResetCudaPeaks(*device);
@@ -689,7 +779,7 @@ absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGro
                          : SampleTokenBatch(data->tokens.tokens, data->split.train_begin,
                                             data->split.train_end, spec);
         if (!batch.ok()) return batch.status();
-        return TrainStep(ctx, step, lr, *batch, async);
+        return TrainStep(ctx, step, lr, *batch, async, graphed.get());
       });
     };
     // --profile-step: exactly this step (batch, forward, backward, update)

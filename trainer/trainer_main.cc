@@ -45,6 +45,7 @@
 #include "comm/slurm.h"
 #include "launcher/launch.h"
 #include "trainer/checkpointing.h"
+#include "trainer/cuda_graphs.h"
 #include "trainer/options.h"
 #include "trainer/train.h"
 
@@ -275,7 +276,14 @@ int main(int argc, char** argv) {
   if (auto s = trainer::CheckFeatureAvailability(*options, options->nproc); !s.ok()) {
     return Fail(s, 2);
   }
-  if (auto device = trainer::ComputeDevice(*options); !device.ok()) return Fail(device.status(), 2);
+  auto device = trainer::ComputeDevice(*options);
+  if (!device.ok()) return Fail(device.status(), 2);
+  // --cuda-graphs=on that cannot be honoured, before any rank starts.
+  if (auto plan = trainer::PlanCudaGraphs(
+          *options, trainer::CaptureEnvironmentFor(*options, *device, options->steps));
+      !plan.ok()) {
+    return Fail(plan.status(), 2);
+  }
   if (options->nproc > 1 || options->max_restarts > 0) return LaunchRanks(*options);
   return RunSingleProcess(*options);
 }
