@@ -330,6 +330,10 @@ set(TORCHFSDP_SRCS_tokenizer__internal
 set(TORCHFSDP_SRCS_tokenizer
   "${REPO}/tokenizer/tokenizer.cc"
 )
+# //trainer:cuda_graphs
+set(TORCHFSDP_SRCS_trainer__cuda_graphs
+  "${REPO}/trainer/cuda_graphs.cc"
+)
 # //trainer:data
 set(TORCHFSDP_SRCS_trainer__data
   "${REPO}/trainer/data.cc"
@@ -337,6 +341,10 @@ set(TORCHFSDP_SRCS_trainer__data
 # //trainer:float8_linears
 set(TORCHFSDP_SRCS_trainer__float8_linears
   "${REPO}/trainer/float8_linears.cc"
+)
+# //trainer:gpu_check
+set(TORCHFSDP_SRCS_trainer__gpu_check
+  "${REPO}/trainer/trainer_gpu_check.cc"
 )
 # //trainer:lr_schedule
 set(TORCHFSDP_SRCS_trainer__lr_schedule
@@ -377,14 +385,14 @@ set(TORCHFSDP_SRCS_trainer__train
 )
 
 # ---- binaries ----------------------------------------------------------------
-# //trainer:trainer: links 74 project libraries
+# //trainer:trainer: links 75 project libraries
 set(TORCHFSDP_BINARY_SRCS_trainer
   "${REPO}/trainer/trainer_main.cc"
 )
 set(TORCHFSDP_LINKOPTS_trainer
   "-ldl"
 )
-# //benchmarks:gpu_check: links 41 project libraries
+# //benchmarks:gpu_check: links 85 project libraries
 set(TORCHFSDP_BINARY_SRCS_gpu_check
   "${REPO}/benchmarks/gpu_check.cc"
 )
@@ -467,8 +475,10 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_state_dict_fully_shard__fully_shard_state_dict}
   ${TORCHFSDP_SRCS_testing__gpu_check}
   ${TORCHFSDP_SRCS_testing__sync_debug_mode}
+  ${TORCHFSDP_SRCS_trainer__cuda_graphs}
   ${TORCHFSDP_SRCS_trainer__data}
   ${TORCHFSDP_SRCS_trainer__float8_linears}
+  ${TORCHFSDP_SRCS_trainer__gpu_check}
   ${TORCHFSDP_SRCS_trainer__lr_schedule}
   ${TORCHFSDP_SRCS_trainer__models}
   ${TORCHFSDP_SRCS_trainer__options}
@@ -534,4 +544,8 @@ endif()
 # //testing:sync_debug_mode
 if(TORCHFSDP_CUDA)
   set_source_files_properties(${TORCHFSDP_SRCS_testing__sync_debug_mode} PROPERTIES COMPILE_DEFINITIONS "TORCHFSDP_CUDA")
+endif()
+# //trainer:cuda_graphs
+if(TORCHFSDP_CUDA)
+  set_source_files_properties(${TORCHFSDP_SRCS_trainer__cuda_graphs} PROPERTIES COMPILE_DEFINITIONS "TORCHFSDP_CUDA")
 endif()
