@@ -90,6 +90,15 @@ TEST(Unsupported, SaysWhatIsNotTaken) {
               HasSubstr("both [T, D] or both [B, T, D]"));
   EXPECT_THAT(UnsupportedRopeQK(cuda_like, q, k, table.requires_grad_(true), table),
               HasSubstr("cos or sin requires grad"));
+
+  EXPECT_EQ(UnsupportedFloat8Cast(cuda_like, at::randn({16, 32})), "");
+  EXPECT_EQ(UnsupportedFloat8Cast(cuda_like, at::randn({3, 5}, at::kBFloat16)), "");
+  EXPECT_THAT(UnsupportedFloat8Cast(cuda_like, at::zeros({16, 32}, at::kInt)),
+              StartsWith("x has dtype Int: the kernel takes float32, bfloat16 or float16"));
+  EXPECT_THAT(UnsupportedFloat8Cast(cuda_like, at::randn({2, 16, 32})),
+              HasSubstr("x has shape [2, 16, 32]: the kernel takes a non-empty [rows, cols]"));
+  EXPECT_THAT(UnsupportedFloat8Cast(cuda_like, at::zeros({0, 32})),
+              HasSubstr("a non-empty [rows, cols]"));
 }
 
 TEST(Unsupported, Float64IsTakenOnlyByTheAtenStandIn) {
@@ -118,6 +127,9 @@ TEST(Unsupported, Float64IsTakenOnlyByTheAtenStandIn) {
                                              bool) const override {
       return {};
     }
+    Float8CastOut CastToFloat8(const at::Tensor&, at::ScalarType, bool) const override {
+      return {};
+    }
   } kernel_dtypes;
   EXPECT_THAT(UnsupportedRmsNorm(kernel_dtypes, x, {}, w),
               StartsWith("x has dtype Double: the kernel takes float32, bfloat16 or float16"));
@@ -129,17 +141,22 @@ TEST(WarnFallbackOnce, OncePerOpNamingTheOpAndTheReason) {
   WarnFallbackOnce(Op::kSwiGlu, "reason one");
   WarnFallbackOnce(Op::kSwiGlu, "reason two");
   WarnFallbackOnce(Op::kApplyRopeQK, "reason three");
-  ASSERT_EQ(warnings.messages().size(), 2u);
+  WarnFallbackOnce(Op::kFloat8Linear, "reason four");
+  WarnFallbackOnce(Op::kFloat8Linear, "reason five");
+  ASSERT_EQ(warnings.messages().size(), 3u);
   EXPECT_EQ(warnings.messages()[0],
             "kernels::SwiGlu: running the ATen reference instead of the fused kernel: reason one "
             "(said once)");
   EXPECT_THAT(warnings.messages()[1], StartsWith("kernels::ApplyRopeQK: "));
+  EXPECT_EQ(warnings.messages()[2],
+            "kernels::Float8Linear: running the ATen reference instead of the fused kernel: "
+            "reason four (said once)");
   ResetFallbackWarningsForTesting();
 }
 
 TEST(KernelsGpuChecks, PassOnTheCpuThroughTheAtenStandIn) {
   const std::vector<gpu_check::Check> checks = kernels::KernelsGpuChecks(c10::Device(c10::kCPU));
-  ASSERT_EQ(checks.size(), 6u);
+  ASSERT_EQ(checks.size(), 8u);
   for (const gpu_check::Check& check : checks) {
     const gpu_check::Result result = check.run();
     std::printf("%s %s %s\n", result.ok ? "PASS" : "FAIL", check.name.c_str(),

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include <ATen/TensorOperators.h>
@@ -21,6 +22,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "kernels/internal/cuda_capability.h"
+#include "kernels/internal/fused_ops.h"
 
 namespace kernels {
 namespace internal {
@@ -65,9 +67,9 @@ bool IsRowMajor(const at::Tensor& t) { return t.stride(0) > t.stride(1) && t.str
 at::Tensor RowMajor(const at::Tensor& t) { return IsRowMajor(t) ? t : t.contiguous(); }
 at::Tensor ColumnMajor(const at::Tensor& t) { return IsRowMajor(t) ? t.t().contiguous().t() : t; }
 
-at::Tensor ScaledMm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype,
-                    bool use_fast_accum) {
-  return at::_scaled_mm(RowMajor(a.data), ColumnMajor(b.data), a.inv_scale, b.inv_scale,
+at::Tensor ScaledMm(const at::Tensor& a, const at::Tensor& a_inv_scale, const at::Tensor& b,
+                    const at::Tensor& b_inv_scale, at::ScalarType out_dtype, bool use_fast_accum) {
+  return at::_scaled_mm(RowMajor(a), ColumnMajor(b), a_inv_scale, b_inv_scale,
                         /*bias=*/std::nullopt, /*scale_result=*/std::nullopt, out_dtype,
                         use_fast_accum);
 }
@@ -78,20 +80,53 @@ constexpr at::ScalarType kGradientDtype = at::kFloat8_e5m2;   // grad_output
 constexpr bool kOutputFastAccum = true;                       // gemm_config_output
 constexpr bool kGradFastAccum = false;                        // grad_input, grad_weight
 
+// A cast for a matrix product: the float8 bits, row-major, and (when a
+// product needs the operand the other way round) the same bits transposed,
+// row-major: data_t.t() is data in the column-major layout _scaled_mm's
+// second operand takes.
+struct Float8Operand {
+  at::Tensor data;    // [rows, cols] row-major
+  at::Tensor data_t;  // [cols, rows] row-major; undefined unless asked for
+  at::Tensor inv_scale;
+};
+
+// x [rows, cols] cast by the fused kernel `ops` chose (internal/fused_ops.h:
+// the CUDA kernel, or AtenFusedOps in tests), or, with none (the CPU, or a
+// CUDA binary without //kernels:cuda, which warned), by the ATen recipe
+// CastToFloat8 and a transposed copy.
+Float8Operand CastOperand(const internal::FusedOps* ops, const at::Tensor& x,
+                          at::ScalarType float8_dtype, bool transposed) {
+  if (ops != nullptr) {
+    internal::FusedOps::Float8CastOut c =
+        ops->CastToFloat8(x.contiguous(), float8_dtype, transposed);
+    return {c.data, c.data_t, c.inv_scale};
+  }
+  const Float8Tensor c = CastToFloat8(x, float8_dtype);
+  return {c.data, transposed ? c.data.t().contiguous() : at::Tensor(), c.inv_scale};
+}
+
 struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
-  // input [..., K], weight [N, K] -> [..., N] in input's dtype.
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
-                            const at::Tensor& weight) {
+  // input [..., K], weight [N, K] -> [..., N] in input's dtype. `ops`: the
+  // cast's implementation (nullptr: the ATen recipe). grad_input,
+  // grad_weight: whether a backward may ask for them (grad mode on and the
+  // tensor requires grad; forward runs with grad mode off).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const internal::FusedOps* ops, bool grad_input, bool grad_weight) {
     const int64_t k = weight.size(1);
-    const Float8Tensor x = CastToFloat8(input.reshape({-1, k}), kForwardDtype);
-    const Float8Tensor w = CastToFloat8(weight, kForwardDtype);
-    // weight.t(): the column-major [K, N] view of w's row-major [N, K] bits.
-    const Float8Tensor w_t{w.data.t(), w.scale, w.inv_scale, w.orig_dtype};
-    const at::Tensor out = ScaledMm(x, w_t, input.scalar_type(), kOutputFastAccum);
+    // Each cast also writes, in the same pass, the transposed bits the
+    // backward's product needs (x's for grad_weight, w's for grad_input),
+    // and only those are saved: the forward's layout is freed after the
+    // product, so the backward makes no copies and holds 1 byte an element.
+    const Float8Operand x = CastOperand(ops, input.reshape({-1, k}), kForwardDtype, grad_weight);
+    const Float8Operand w = CastOperand(ops, weight, kForwardDtype, grad_input);
+    // [M, K] x weight.t(): the column-major [K, N] view of w's row-major [N, K] bits.
+    const at::Tensor out = ScaledMm(x.data, x.inv_scale, w.data.t(), w.inv_scale,
+                                    input.scalar_type(), kOutputFastAccum);
     // The float8 casts, not the inputs: torchao casts input and weight again
     // in backward, to the same bits.
-    ctx->save_for_backward({x.data, x.inv_scale, w.data, w.inv_scale});
+    ctx->save_for_backward({x.data_t, x.inv_scale, w.data_t, w.inv_scale});
     ctx->saved_data["input_sizes"] = input.sizes().vec();
+    ctx->saved_data["fused_ops"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(ops));
     std::vector<int64_t> out_sizes = input.sizes().vec();
     out_sizes.back() = weight.size(0);
     return out.view(out_sizes);
@@ -103,26 +138,36 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
                 "float8 matrix products have no derivative)");
     const variable_list saved = ctx->get_saved_variables();
     const std::vector<int64_t> input_sizes = ctx->saved_data["input_sizes"].toIntVector();
+    const auto* ops = reinterpret_cast<const internal::FusedOps*>(
+        static_cast<intptr_t>(ctx->saved_data["fused_ops"].toInt()));
     const at::Tensor& grad_out = grad_outputs[0];
-    if (!grad_out.defined()) return {at::Tensor(), at::Tensor()};
-    const Float8Tensor x{saved[0], at::Tensor(), saved[1], at::kFloat};
-    const Float8Tensor w{saved[2], at::Tensor(), saved[3], at::kFloat};
+    if (!grad_out.defined())
+      return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const at::Tensor& x_t = saved[0];  // [K, M]
+    const at::Tensor& x_inv_scale = saved[1];
+    const at::Tensor& w_t = saved[2];  // [K, N]
+    const at::Tensor& w_inv_scale = saved[3];
+    const bool need_input = ctx->needs_input_grad(0);
+    const bool need_weight = ctx->needs_input_grad(1);
+    const int64_t n = grad_out.size(-1);  // weight.size(0)
     // torchao casts grad_output twice (for grad_input and grad_weight), to
-    // the same bits with the tensorwise recipe: once here.
-    const Float8Tensor g = CastToFloat8(grad_out.reshape({-1, w.data.size(0)}), kGradientDtype);
+    // the same bits with the tensorwise recipe: once here, with its
+    // transpose for grad_weight in the same pass.
     const at::ScalarType dtype = grad_out.scalar_type();
+    const at::Tensor grad_2d = grad_out.reshape({-1, n});
+    const Float8Operand g = CastOperand(ops, grad_2d, kGradientDtype, need_weight);
     at::Tensor grad_input;
     at::Tensor grad_weight;
-    if (ctx->needs_input_grad(0)) {
-      // [M, N] x [N, K]: w's row-major bits copied column-major.
-      grad_input = ScaledMm(g, w, dtype, kGradFastAccum).view(input_sizes);
+    if (need_input) {
+      // [M, N] x [N, K]: w_t.t() is w's bits column-major.
+      grad_input = ScaledMm(g.data, g.inv_scale, w_t.t(), w_inv_scale, dtype, kGradFastAccum)
+                       .view(input_sizes);
     }
-    if (ctx->needs_input_grad(1)) {
-      // [N, M] x [M, K]: g transposed copied row-major, x's bits column-major.
-      const Float8Tensor g_t{g.data.t(), g.scale, g.inv_scale, g.orig_dtype};
-      grad_weight = ScaledMm(g_t, x, dtype, kGradFastAccum);
+    if (need_weight) {
+      // [N, M] x [M, K]: g's bits transposed, row-major; x_t.t() is x's bits column-major.
+      grad_weight = ScaledMm(g.data_t, g.inv_scale, x_t.t(), x_inv_scale, dtype, kGradFastAccum);
     }
-    return {grad_input, grad_weight};
+    return {grad_input, grad_weight, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -207,7 +252,17 @@ at::Tensor Float8Linear(const at::Tensor& input, const at::Tensor& weight,
     WarnFallbackOnce(input, weight, rows);
     return at::linear(input, weight, has_bias ? *bias : std::optional<at::Tensor>());
   }
-  at::Tensor out = Float8LinearFunction::apply(input, weight);
+  // The casts: the fused kernel on CUDA (internal/fused_ops.h; without
+  // //kernels:cuda in the binary, the ATen recipe with a warning, once);
+  // the ATen recipe on the CPU, silently (it is the reference).
+  const internal::FusedOps* ops = internal::ChooseFusedOps(
+      internal::Op::kFloat8Linear, {input, weight}, [&](const internal::FusedOps& o) {
+        std::string why = internal::UnsupportedFloat8Cast(o, input.reshape({-1, k}));
+        return why.empty() ? internal::UnsupportedFloat8Cast(o, weight) : why;
+      });
+  const bool grad_mode = at::GradMode::is_enabled();
+  at::Tensor out = Float8LinearFunction::apply(
+      input, weight, ops, grad_mode && input.requires_grad(), grad_mode && weight.requires_grad());
   // Float8Linear.forward: `output + self.bias.to(output.dtype)`.
   if (has_bias) out = out + bias->to(out.scalar_type());
   return out;

@@ -23,7 +23,16 @@
 // float8_golden.py). Unlike torchao, which saves the high-precision input
 // and weight and casts them again in backward, this op saves their float8
 // casts (the same bits: the cast is a function of the tensor alone), 1 byte
-// an element.
+// an element, transposed as the backward's products take them.
+//
+// The casts: on CUDA (a binary that links //kernels:cuda) each tensor's is
+// two kernels, amax then one fused pass that computes the scale on the
+// device (no host synchronisation), writes the float8 bytes and, in the
+// same pass, the transposed bytes the backward's product takes
+// (internal/cuda_kernels.h; reference::CastToFloat8Tensorwise is its
+// arithmetic on the CPU). Only those transposed bytes are saved for
+// backward. Elsewhere (the CPU; CUDA without //kernels:cuda, which warns
+// once) the casts are CastToFloat8 below, the same bits.
 //
 // Where it runs fast: CUDA with compute capability 8.9 or later (Ada,
 // Hopper, Blackwell), the devices with float8 tensor cores;
@@ -64,8 +73,9 @@ struct Float8Tensor {
 //   inv_scale = 1 / scale                                (float32)
 // x: a non-empty floating tensor (not float8) on any device; float8_dtype:
 // Float8_e4m3fn, Float8_e5m2, Float8_e4m3fnuz or Float8_e5m2fnuz. Not
-// differentiable (computed without autograd). One host synchronisation-free
-// pass over x for amax and one for the cast.
+// differentiable (computed without autograd). No host synchronisation. ATen
+// operators on every device (abs, max, upcast, multiply, clamp, cast): the
+// recipe Float8Linear's fused CUDA cast is held to.
 Float8Tensor CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype);
 
 // F::linear(input, weight, bias) with float8 matrix products (see the top of

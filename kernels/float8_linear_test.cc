@@ -7,6 +7,7 @@
 // have float8 matrix products.
 #include "kernels/float8_linear.h"
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -15,7 +16,10 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "kernels/internal/aten_fused_ops.h"
 #include "kernels/internal/cuda_capability.h"
+#include "kernels/internal/fused_ops.h"
+#include "kernels/reference.h"
 #include "kernels/testing/collect_warnings.h"
 #include "testing/golden_fixture.h"
 
@@ -69,6 +73,80 @@ TEST_P(CastTest, BitForBitTorchao) {
 INSTANTIATE_TEST_SUITE_P(Golden, CastTest,
                          ::testing::Values("x_f32_e4m3", "x_bf16_e4m3", "g_f32_e5m2", "g_bf16_e5m2",
                                            "zeros_e4m3", "tiny_f32_e4m3", "huge_f32_e5m2"));
+
+// reference::CastToFloat8Tensorwise, the fused CUDA cast's arithmetic element
+// by element, is torchao's cast bit for bit, and its transposed layout is
+// the same bytes transposed.
+TEST_P(CastTest, FusedCastReferenceBitForBitTorchao) {
+  const std::string c = GetParam();
+  const at::Tensor input = Golden()["cast." + c + ".input"];
+  const at::Tensor rows = input.reshape({-1, input.size(-1)});
+  const reference::Float8Cast t = reference::CastToFloat8Tensorwise(rows, CastDtype(c), true);
+  EXPECT_EQ(t.data.scalar_type(), CastDtype(c));
+  EXPECT_TRUE(at::equal(Bits(t.data), Golden()["cast." + c + ".data"].reshape(rows.sizes())))
+      << BitsDiffer(t.data,
+                    Golden()["cast." + c + ".data"].view(CastDtype(c)).reshape(rows.sizes()))
+      << " elements differ";
+  EXPECT_TRUE(at::equal(Bits(t.data_t), Bits(t.data.t())));
+  EXPECT_TRUE(at::equal(t.scale.view(at::kInt), Golden()["cast." + c + ".scale"].view(at::kInt)))
+      << t.scale.item<float>() << " vs " << Golden()["cast." + c + ".scale"].item<float>();
+  EXPECT_TRUE(at::equal(t.inv_scale, t.scale.reciprocal()));
+  EXPECT_FALSE(reference::CastToFloat8Tensorwise(rows, CastDtype(c), false).data_t.defined());
+}
+
+// Bytes with every NaN as 0x7F and float32 scalars' bits with every NaN as
+// 0x7FC00000: the sign and payload of a NaN are not specified (ATen's CPU
+// recipe makes the scale -NaN from a +NaN input, the reference +NaN).
+at::Tensor NanCanonicalBits(const at::Tensor& t) {
+  if (at::isFloat8Type(t.scalar_type())) {
+    return Bits(t).masked_fill(t.to(at::kFloat).isnan().contiguous(), 0x7F);
+  }
+  return t.contiguous().view(at::kInt).masked_fill(t.isnan(), 0x7FC00000);
+}
+
+// The reference against the ATen recipe (kernels::CastToFloat8) beyond the
+// golden cases: every input dtype, both float8 dtypes, float8 subnormals,
+// odd shapes, and non-finite inputs (an inf makes the scale 0 and itself a
+// NaN, a NaN makes the scale and every byte NaN): bytes and scales
+// identical, a NaN's sign apart.
+TEST(FusedCastReferenceTest, BitForBitTheAtenRecipe) {
+  at::manual_seed(47);
+  int cases = 0;
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble}) {
+    for (const at::ScalarType float8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
+      for (const std::string values : {"randn", "wide", "negative zero", "inf", "nan", "tiny"}) {
+        at::Tensor x = at::randn({37, 53}, at::kDouble);
+        if (values == "wide") x = x * at::exp(5 * at::randn({37, 53}, at::kDouble));
+        if (values == "tiny") x = x * 1e-7;  // within float16's subnormals
+        if (values == "negative zero") x = x.clamp_max(0) * 0;
+        x = x.to(dtype);
+        if (values == "inf") x.view(-1)[100].fill_(std::numeric_limits<double>::infinity());
+        if (values == "nan") x.view(-1)[7].fill_(std::numeric_limits<double>::quiet_NaN());
+        const std::string name =
+            std::string(c10::toString(dtype)) + " -> " + c10::toString(float8) + " " + values;
+        const reference::Float8Cast ours = reference::CastToFloat8Tensorwise(x, float8, true);
+        const Float8Tensor aten = CastToFloat8(x, float8);
+        EXPECT_TRUE(at::equal(NanCanonicalBits(ours.data), NanCanonicalBits(aten.data)))
+            << name << ": " << BitsDiffer(ours.data, aten.data) << " elements differ";
+        EXPECT_TRUE(at::equal(NanCanonicalBits(ours.data_t), NanCanonicalBits(aten.data.t())));
+        EXPECT_TRUE(at::equal(NanCanonicalBits(ours.scale), NanCanonicalBits(aten.scale)))
+            << name << ": " << ours.scale.item<float>() << " vs " << aten.scale.item<float>();
+        EXPECT_TRUE(at::equal(NanCanonicalBits(ours.inv_scale), NanCanonicalBits(aten.inv_scale)))
+            << name;
+        if (values == "nan") {
+          EXPECT_TRUE(ours.scale.isnan().item<bool>()) << name;
+          EXPECT_TRUE(ours.data.to(at::kFloat).isnan().all().item<bool>()) << name;
+        } else {
+          EXPECT_TRUE(at::equal(Bits(ours.data), Bits(aten.data))) << name;
+          EXPECT_TRUE(at::equal(ours.scale.view(at::kInt), aten.scale.view(at::kInt))) << name;
+        }
+        if (values == "inf") EXPECT_EQ(ours.scale.item<float>(), 0.0f) << name;
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 48);
+}
 
 // The bit comparison catches plausible misreadings of torchao's order of
 // operations. (Dropping the saturation cannot be caught: with a scale from
@@ -169,6 +247,57 @@ TEST(LinearMutationTest, GradOutputInE4m3Differs) {
     EXPECT_FALSE(at::equal(mutated, golden)) << m;
     EXPECT_GT(MaxAbsDiff(mutated, golden), 1e-3 * golden.abs().max().item<double>()) << m;
   }
+}
+
+// The fused path (what runs on CUDA): the autograd::Function with the
+// casts of a FusedOps (here AtenFusedOps, the reference's arithmetic, in
+// front of the dispatch on the CPU), saving only the transposed bits the
+// backward needs. Still torchao's output and gradients bit for bit, and
+// nothing warned.
+TEST_P(LinearTest, FusedCastPathBitForBitTorchao) {
+  const std::string m = GetParam();
+  const auto& g = Golden();
+  testing::CollectWarnings warnings;
+  const internal::ScopedFusedOpsForTesting fused(internal::AtenFusedOps());
+  const Model model = RunModel(m);
+  std::vector<std::pair<std::string, at::Tensor>> checks = {
+      {"out", model.out.detach()},
+      {"grad.x", model.x.grad()},
+      {"grad.w0", model.w0.grad()},
+      {"grad.w1", model.w1.grad()},
+  };
+  if (model.b0.defined()) checks.push_back({"grad.b0", model.b0.grad()});
+  for (const auto& [name, ours] : checks) {
+    ASSERT_TRUE(ours.defined()) << name;
+    EXPECT_TRUE(at::equal(ours, g[m + "." + name])) << m << " " << name;
+  }
+  EXPECT_THAT(warnings.messages(), ::testing::IsEmpty());
+}
+
+TEST(LinearTest, FusedCastPathOnlyTheGradientsAskedFor) {
+  const internal::ScopedFusedOpsForTesting fused(internal::AtenFusedOps());
+  const auto& g = Golden();
+  for (const bool input_grad : {true, false}) {
+    const at::Tensor x = g["f32_bias.x"].clone().requires_grad_(input_grad);
+    const at::Tensor w = g["f32_bias.w0"].clone().requires_grad_(!input_grad);
+    Float8Linear(x, w, std::nullopt).backward(at::ones({2, 16, 48}));
+    EXPECT_EQ(x.grad().defined(), input_grad);
+    EXPECT_EQ(w.grad().defined(), !input_grad);
+    const internal::ScopedFusedOpsForTesting aten_recipe(nullptr);
+    const at::Tensor xr = g["f32_bias.x"].clone().requires_grad_(input_grad);
+    const at::Tensor wr = g["f32_bias.w0"].clone().requires_grad_(!input_grad);
+    Float8Linear(xr, wr, std::nullopt).backward(at::ones({2, 16, 48}));
+    EXPECT_TRUE(at::equal(input_grad ? x.grad() : w.grad(), input_grad ? xr.grad() : wr.grad()));
+  }
+}
+
+TEST(LinearTest, WithoutGradModeTheSameOutput) {
+  const internal::ScopedFusedOpsForTesting fused(internal::AtenFusedOps());
+  const at::Tensor x = Golden()["f32_bias.x"].clone().requires_grad_();
+  const at::Tensor w = Golden()["f32_bias.w0"].clone().requires_grad_();
+  const at::Tensor with_grad = Float8Linear(x, w, std::nullopt);
+  const at::NoGradGuard no_grad;
+  EXPECT_TRUE(at::equal(Float8Linear(x, w, std::nullopt), with_grad.detach()));
 }
 
 TEST(LinearTest, BatchDimsAndContiguityDoNotMatter) {

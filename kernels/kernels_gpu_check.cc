@@ -4,10 +4,12 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -15,17 +17,22 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/exp.h>
+#include <ATen/ops/linear.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/randn_like.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
 #include <torch/utils.h>
 
+#include "kernels/float8_linear.h"
 #include "kernels/internal/aten_fused_ops.h"
 #include "kernels/internal/fused_ops.h"
 #include "kernels/linear_cross_entropy.h"
@@ -395,6 +402,154 @@ gpu_check::Result CheckLinearCrossEntropy(c10::Device device) {
   return report.Result(scope);
 }
 
+// Bit for bit, every NaN one NaN (a NaN's sign and payload are not
+// specified, and ATen's CPU and GPU arithmetic make different ones): float8
+// as bytes, other dtypes as their bits.
+at::Tensor NanCanonicalBits(const at::Tensor& t) {
+  const at::Tensor nan = t.to(at::kFloat).isnan().contiguous();
+  switch (t.element_size()) {
+    case 1: return t.contiguous().view(at::kByte).masked_fill(nan, 0x7F);
+    case 2: return t.contiguous().view(at::kShort).masked_fill(nan, 0x7FFF);
+    case 4: return t.contiguous().view(at::kInt).masked_fill(nan, 0x7FC00000);
+    default: return t;
+  }
+}
+bool SameBits(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
+  return at::equal(NanCanonicalBits(a), NanCanonicalBits(b));
+}
+
+// Float8Linear's fused cast (two kernels: amax, then scale + cast +
+// transpose in one pass) against torchao's recipe as ATen operators on the
+// same device (kernels::CastToFloat8, which float8_linear_test holds to
+// torchao bit for bit): the bytes of both layouts and the scales identical.
+gpu_check::Result CheckFloat8Cast(c10::Device device) {
+  CheckScope scope(device);
+  Report report;
+  const auto options = at::TensorOptions().device(device);
+  std::string why;
+  const internal::FusedOps* ops = internal::AvailableFusedOps(at::zeros({1}, options), &why);
+  if (ops == nullptr) return {false, "no fused cast: " + why};
+  struct Case {
+    std::vector<int64_t> shape;
+    at::ScalarType dtype, float8;
+    const char* values;  // "randn", "wide" (subnormal float8 too), "zeros", "inf", "nan"
+    double magnitude;
+  };
+  const std::vector<Case> cases = {
+      {{256, 512}, at::kFloat, at::kFloat8_e4m3fn, "randn", 3},
+      {{256, 512}, at::kBFloat16, at::kFloat8_e4m3fn, "randn", 3},
+      {{64, 4096}, at::kHalf, at::kFloat8_e4m3fn, "randn", 1e-3},
+      {{2048, 96}, at::kBFloat16, at::kFloat8_e5m2, "randn", 1e-4},
+      {{37, 53}, at::kFloat, at::kFloat8_e5m2, "randn", 1e3},  // partial tiles
+      {{1, 1}, at::kBFloat16, at::kFloat8_e4m3fn, "randn", 1},
+      {{100, 300}, at::kFloat, at::kFloat8_e4m3fn, "wide", 1},
+      {{100, 300}, at::kBFloat16, at::kFloat8_e5m2, "wide", 1},
+      {{16, 16}, at::kFloat, at::kFloat8_e4m3fn, "zeros", 0},
+      {{48, 80}, at::kFloat, at::kFloat8_e4m3fn, "inf", 1},
+      {{48, 80}, at::kBFloat16, at::kFloat8_e5m2, "nan", 1},
+  };
+  for (const Case& c : cases) {
+    report.Case();
+    const std::string values = c.values;
+    at::Tensor x = at::randn(c.shape, options) * c.magnitude;
+    if (values == "wide") x = x * at::exp(4 * at::randn(c.shape, options));
+    if (values == "zeros") x = at::zeros(c.shape, options);
+    x = x.to(c.dtype);
+    if (values == "inf") x.view(-1)[x.numel() / 2].fill_(-std::numeric_limits<double>::infinity());
+    if (values == "nan") x.view(-1)[x.numel() / 3].fill_(std::numeric_limits<double>::quiet_NaN());
+    std::ostringstream name;
+    name << "cast " << at::IntArrayRef(c.shape) << " " << DtypeName(c.dtype) << " -> " << c.float8
+         << " " << values;
+    const internal::FusedOps::Float8CastOut fused = ops->CastToFloat8(x, c.float8, true);
+    const Float8Tensor aten = CastToFloat8(x, c.float8);
+    if (!SameBits(fused.data, aten.data)) report.Fail(name.str() + ": data bytes differ");
+    if (!SameBits(fused.data_t, aten.data.t().contiguous())) {
+      report.Fail(name.str() + ": transposed bytes differ");
+    }
+    if (!SameBits(fused.scale, aten.scale)) {
+      report.Fail(name.str() + ": scale " + std::to_string(fused.scale.item<float>()) + " vs " +
+                  std::to_string(aten.scale.item<float>()));
+    }
+    if (!SameBits(fused.inv_scale, aten.inv_scale)) report.Fail(name.str() + ": inv_scale differs");
+  }
+  report.Note("float8 bytes (both layouts) and scales bit for bit (a NaN's sign apart)");
+  if (!scope.dry_run()) {
+    // A Llama 3 8B layer's activations at 8 x 2048 tokens, bf16, both layouts.
+    const at::Tensor x = at::randn({16384, 4096}, options.dtype(at::kBFloat16));
+    const double fused = MedianMs(scope, [&] { ops->CastToFloat8(x, at::kFloat8_e4m3fn, true); });
+    const double aten = MedianMs(scope, [&] {
+      const Float8Tensor t = CastToFloat8(x, at::kFloat8_e4m3fn);
+      t.data.t().contiguous();
+    });
+    char line[200];
+    std::snprintf(line, sizeof(line),
+                  "cast [16384, 4096] bf16 -> e4m3 + transposed copy %.3f ms fused vs %.3f ms "
+                  "ATen recipe (%.2fx)",
+                  fused, aten, aten / fused);
+    report.Note(line);
+  }
+  return report.Result(scope);
+}
+
+// Float8Linear with the fused casts against the same op with the reference
+// casts (AtenFusedOps: reference::CastToFloat8Tensorwise on the CPU, the
+// products on the device): the same bits in, so the output and every
+// gradient bit for bit. On the GPU only where float8 matrix products run
+// (compute capability 8.9 or later).
+gpu_check::Result CheckFloat8Linear(c10::Device device) {
+  CheckScope scope(device);
+  std::string why;
+  if (!scope.dry_run() && !Float8MatmulSupported(device, &why)) return {true, "not run: " + why};
+  Report report;
+  for (at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    report.Case();
+    const auto options = at::TensorOptions().device(device).dtype(dtype);
+    const at::Tensor x = at::randn({4, 64, 512}, options);
+    const at::Tensor w = (at::randn({768, 512}, options) * 0.05).to(dtype);
+    const at::Tensor b = at::randn({768}, options);
+    const at::Tensor grad = at::randn({4, 64, 768}, options);
+    at::Tensor fx = Leaf(x), fw = Leaf(w), fb = Leaf(b), rx = Leaf(x), rw = Leaf(w), rb = Leaf(b);
+    const at::Tensor fused = Float8Linear(fx, fw, fb);
+    fused.backward(grad);
+    at::Tensor ref;
+    {
+      const internal::ScopedFusedOpsForTesting reference_casts(internal::AtenFusedOps());
+      ref = Float8Linear(rx, rw, rb);
+      ref.backward(grad);
+    }
+    const std::string name =
+        std::string("Float8Linear [256, 512] x [768, 512] ") + DtypeName(dtype);
+    for (const auto& [what, a, e] :
+         {std::tuple<const char*, at::Tensor, at::Tensor>{"out", fused, ref},
+          {"grad x", fx.grad(), rx.grad()},
+          {"grad weight", fw.grad(), rw.grad()},
+          {"grad bias", fb.grad(), rb.grad()}}) {
+      if (!a.defined() || !SameBits(a.detach(), e.detach())) {
+        report.Fail(name + " " + what + ": not bit for bit the reference casts' (max |diff| " +
+                    std::to_string(RelativeError(a, e)) + " relative)");
+      }
+    }
+  }
+  report.Note("output and gradients bit for bit");
+  if (!scope.dry_run()) {
+    // A Llama 3 8B MLP projection at 8 x 2048 tokens: float8 against bf16.
+    const auto options = at::TensorOptions().device(device).dtype(at::kBFloat16);
+    const at::Tensor x = at::randn({16384, 4096}, options).requires_grad_(true);
+    const at::Tensor w = (at::randn({14336, 4096}, options) * 0.02).requires_grad_(true);
+    const at::Tensor g = at::randn({16384, 14336}, options);
+    const double f8 = MedianMs(scope, [&] { Float8Linear(x, w, std::nullopt).backward(g); });
+    const double bf16 = MedianMs(scope, [&] { at::linear(x, w).backward(g); });
+    char line[200];
+    std::snprintf(line, sizeof(line),
+                  "Float8Linear [16384, 4096] x [14336, 4096] fwd+bwd %.3f ms vs bf16 at::linear "
+                  "%.3f ms (%.2fx)",
+                  f8, bf16, bf16 / f8);
+    report.Note(line);
+  }
+  return report.Result(scope);
+}
+
 // A CUDA input the kernel does not take falls back to the reference with one
 // warning naming the op and the reason.
 gpu_check::Result CheckFallbackWarns(c10::Device device) {
@@ -430,6 +585,8 @@ std::vector<gpu_check::Check> KernelsGpuChecks(c10::Device device, bool expect_c
       {"kernels_swiglu", [device] { return CheckSwiGlu(device); }},
       {"kernels_rope_qk", [device] { return CheckRope(device); }},
       {"kernels_linear_cross_entropy", [device] { return CheckLinearCrossEntropy(device); }},
+      {"kernels_float8_cast", [device] { return CheckFloat8Cast(device); }},
+      {"kernels_float8_linear", [device] { return CheckFloat8Linear(device); }},
       {"kernels_fallback_warns", [device] { return CheckFallbackWarns(device); }},
   };
 }

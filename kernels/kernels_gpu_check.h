@@ -8,7 +8,15 @@
 // PASS/FAIL line each; testing/gpu_check.h):
 //
 //   kernels_cuda_linked, kernels_rms_norm, kernels_swiglu, kernels_rope_qk,
-//   kernels_linear_cross_entropy, kernels_fallback_warns
+//   kernels_linear_cross_entropy, kernels_float8_cast, kernels_float8_linear,
+//   kernels_fallback_warns
+//
+// kernels_float8_cast holds Float8Linear's fused cast to the ATen recipe
+// (kernels::CastToFloat8) on the device bit for bit (bytes of both layouts,
+// scales) and times it against the recipe; kernels_float8_linear holds
+// Float8Linear with the fused casts to the same op with the reference casts
+// bit for bit and times it against bf16 at::linear (devices with float8
+// matrix products only).
 //
 // With the CPU as `device` (gpu_check --dry-run-on-cpu, and
 // //kernels:dispatch_test) the same comparisons run on the CPU through

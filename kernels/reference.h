@@ -43,4 +43,30 @@ std::tuple<at::Tensor, at::Tensor> ApplyRopeQK(const at::Tensor& q, const at::Te
 at::Tensor LinearCrossEntropy(const at::Tensor& hidden, const at::Tensor& weight,
                               const at::Tensor& targets, int64_t ignore_index = -100);
 
+// torchao's tensorwise dynamic float8 cast (hp_tensor_to_float8_dynamic;
+// kernels::CastToFloat8 in float8_linear.h computes it with ATen operators)
+// as the fused CUDA cast computes it (internal/cuda_kernels.cu), element by
+// element in plain C++ on the CPU, step for step:
+//   amax      = max |x|                 (exact; a NaN anywhere makes it NaN,
+//               and then the scale and every byte: a NaN's sign is not
+//               specified, and ATen's CPU recipe gives -NaN where this +NaN)
+//   scale     = float32(float8_max * (1 / max(float64(amax), 1e-12)))
+//               (float64: a correctly rounded reciprocal, then the product)
+//   data      = float8(clamp(float32(x) * scale, -float8_max, float8_max))
+//               (c10's round-to-nearest-even conversion; a NaN stays NaN)
+//   inv_scale = float32(1 / scale)
+//   data_t    = data transposed, row-major [cols, rows] (when `transposed`)
+// x: [rows, cols], float32, bfloat16, float16 or float64, on any device
+// (computed on the CPU, returned on x's device); float8_dtype:
+// Float8_e4m3fn or Float8_e5m2. float8_linear_test holds it to
+// kernels::CastToFloat8 and to torchao bit for bit.
+struct Float8Cast {
+  at::Tensor data;       // float8_dtype [rows, cols]
+  at::Tensor data_t;     // float8_dtype [cols, rows]; undefined unless `transposed`
+  at::Tensor scale;      // float32 scalar
+  at::Tensor inv_scale;  // float32 scalar
+};
+Float8Cast CastToFloat8Tensorwise(const at::Tensor& x, at::ScalarType float8_dtype,
+                                  bool transposed);
+
 }  // namespace kernels::reference

@@ -6,6 +6,8 @@
 #include <ATen/ops/sigmoid.h>
 #include <ATen/ops/silu.h>
 
+#include "kernels/reference.h"
+
 namespace kernels::internal {
 namespace {
 
@@ -128,6 +130,15 @@ class Aten final : public FusedOps {
     out.narrow(-1, 0, half).copy_(out1);
     out.narrow(-1, half, half).copy_(out2);
     return out;
+  }
+
+  // The kernel's arithmetic is the reference's, element by element (not
+  // tensor expressions: ATen's recipe, kernels::CastToFloat8, is what the
+  // reference is held to).
+  Float8CastOut CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype,
+                             bool transposed) const override {
+    reference::Float8Cast c = reference::CastToFloat8Tensorwise(x, float8_dtype, transposed);
+    return {c.data, c.data_t, c.scale, c.inv_scale};
   }
 };
 

@@ -136,6 +136,30 @@ class Cuda final : public FusedOps {
                        Stream()));
     return {q_out, k_out};
   }
+
+  Float8CastOut CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype,
+                             bool transposed) const override {
+    const c10::cuda::CUDAGuard guard(x.device());
+    TORCH_CHECK(float8_dtype == at::kFloat8_e4m3fn || float8_dtype == at::kFloat8_e5m2,
+                "kernels: float8 dtype ", float8_dtype,
+                " reached the CUDA cast: expected Float8_e4m3fn or Float8_e5m2");
+    const int64_t rows = x.size(0), cols = x.size(1);
+    Float8CastOut out;
+    out.data = at::empty({rows, cols}, x.options().dtype(float8_dtype));
+    if (transposed) out.data_t = at::empty({cols, rows}, x.options().dtype(float8_dtype));
+    // scale, inv_scale and the amax scratch (its float32 bits) in one allocation.
+    const at::Tensor scalars = at::empty({3}, x.options().dtype(at::kFloat));
+    out.scale = scalars.select(0, 0);
+    out.inv_scale = scalars.select(0, 1);
+    auto* amax_bits = reinterpret_cast<uint32_t*>(scalars.data_ptr<float>() + 2);
+    auto bytes = [](const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); };
+    Check(cuda::CastToFloat8(
+        KernelType(x),
+        float8_dtype == at::kFloat8_e4m3fn ? cuda::Float8Type::kE4m3fn : cuda::Float8Type::kE5m2,
+        x.data_ptr(), bytes(out.data), transposed ? bytes(out.data_t) : nullptr,
+        scalars.data_ptr<float>(), scalars.data_ptr<float>() + 1, amax_bits, rows, cols, Stream()));
+    return out;
+  }
 };
 
 const Cuda kCuda;

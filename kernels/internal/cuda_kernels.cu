@@ -4,7 +4,8 @@
 //
 // Layout of the work, llm.c style: one block per row for the row
 // reductions (RMSNorm), a grid-stride loop of one element (SwiGLU) or one
-// rotation pair (RoPE) per thread for the element-wise ops. Loads and
+// rotation pair (RoPE) per thread for the element-wise ops, a grid-stride
+// max then one block per 32 x 32 tile for the float8 cast. Loads and
 // stores of a row are coalesced (thread j takes columns j, j + blockDim,
 // ...). Everything is computed in float32; a value the ATen reference
 // rounds to T is rounded here at the same point (Round<T>), and products
@@ -257,6 +258,197 @@ __global__ void RopeQKKernel(RopeTensor q, RopeTensor k, const T* __restrict__ c
   }
 }
 
+// ---- float8 cast ---------------------------------------------------------------
+//
+// torchao's tensorwise cast as two kernels per tensor (amax, then the fused
+// scale-and-cast). The ATen recipe (kernels::CastToFloat8) is abs, max, a
+// float64 scale, an upcast to float32, a multiply, a clamp and a cast: up
+// to six passes over the tensor and four temporaries of its size, plus the
+// transposed copy that _scaled_mm's column-major operands need. Here x is
+// read twice (once for amax, once for the cast), each float8 byte is
+// written once per layout, and nothing else of x's size is allocated. The
+// scale never visits the host: kernel 2 reads the amax that kernel 1 left
+// on the device.
+
+constexpr double kFloat8AmaxEps = 1e-12;  // torchao's EPS in amax_to_scale
+constexpr int kAmaxThreads = 256;
+constexpr int64_t kAmaxMaxBlocks = 2048;  // few atomics, enough warps to fill an H100
+
+template <typename T>
+__global__ void AbsMaxKernel(const T* __restrict__ x, int64_t n, uint32_t* __restrict__ amax_bits) {
+  // |v| as float32 bits: for non-negative floats the bits order as the
+  // values, and a NaN's (sign cleared) are above +inf's, so an unsigned max
+  // keeps a NaN as at::max does.
+  uint32_t m = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    m = max(m, __float_as_uint(fabsf(ToFloat(x[i]))));
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  }
+  __shared__ uint32_t warp_max[32];
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  if (lane == 0) warp_max[warp] = m;
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < static_cast<int>(blockDim.x / 32) ? warp_max[lane] : 0u;
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));
+    }
+    if (lane == 0) atomicMax(amax_bits, m);
+  }
+}
+
+// torchao's amax_to_scale, as ATen evaluates it: float64, clamp_min (a NaN
+// stays NaN), a correctly rounded reciprocal, times float8_max, to float32.
+__device__ __forceinline__ float TensorwiseScale(uint32_t amax_bits, double float8_max) {
+  const double amax = static_cast<double>(__uint_as_float(amax_bits));
+  const double clamped = amax < kFloat8AmaxEps ? kFloat8AmaxEps : amax;
+  return __double2float_rn(__dmul_rn(__drcp_rn(clamped), float8_max));
+}
+
+// c10's float32 -> float8 conversions (c10/util/Float8_e4m3fn.h,
+// Float8_e5m2.h: fp8e4m3fn_from_fp32_value, fp8e5m2_from_fp32_value),
+// ported line for line so that the bytes are ATen's by construction on
+// every architecture (round to nearest even, NaN kept with its sign).
+__device__ __forceinline__ uint8_t FloatToE4m3fn(float f) {
+  constexpr uint32_t kFp8Max = UINT32_C(1087) << 20;     // 480.0f: first value out of range
+  constexpr uint32_t kDenormMask = UINT32_C(141) << 23;  // ((127 - 7) + (23 - 3) + 1)
+  uint32_t f_bits = __float_as_uint(f);
+  const uint32_t sign = f_bits & UINT32_C(0x80000000);
+  f_bits ^= sign;
+  uint8_t result;
+  if (f_bits >= kFp8Max) {
+    result = f_bits > UINT32_C(0x7F800000) ? 0x7f : 0x7e;  // NaN : saturate
+  } else if (f_bits < (UINT32_C(121) << 23)) {             // below 2^-6: denormal
+    f_bits = __float_as_uint(__fadd_rn(__uint_as_float(f_bits), __uint_as_float(kDenormMask)));
+    result = static_cast<uint8_t>(f_bits - kDenormMask);
+  } else {
+    const uint32_t mant_odd = (f_bits >> 20) & 1;
+    f_bits += (static_cast<uint32_t>(7 - 127) << 23) + 0x7FFFF;
+    f_bits += mant_odd;
+    result = static_cast<uint8_t>(f_bits >> 20);
+    if (result == 0x7f) result = 0x7e;
+  }
+  return result | static_cast<uint8_t>(sign >> 24);
+}
+
+__device__ __forceinline__ uint8_t FloatToE5m2(float f) {
+  constexpr uint32_t kFp32Inf = UINT32_C(255) << 23;
+  constexpr uint32_t kFp8Max = UINT32_C(143) << 23;      // 65536.0f
+  constexpr uint32_t kDenormMask = UINT32_C(134) << 23;  // ((127 - 15) + (23 - 2) + 1)
+  uint32_t f_bits = __float_as_uint(f);
+  const uint32_t sign = f_bits & UINT32_C(0x80000000);
+  f_bits ^= sign;
+  uint8_t result;
+  if (f_bits >= kFp8Max) {
+    result = f_bits > kFp32Inf ? UINT8_C(0x7F) : UINT8_C(0x7C);
+  } else if (f_bits < (UINT32_C(113) << 23)) {  // below 2^-14: denormal
+    f_bits = __float_as_uint(__fadd_rn(__uint_as_float(f_bits), __uint_as_float(kDenormMask)));
+    result = static_cast<uint8_t>(f_bits - kDenormMask);
+  } else {
+    const uint32_t mant_odd = (f_bits >> 21) & 1;
+    f_bits += (static_cast<uint32_t>(15 - 127) << 23) + 0xFFFFF;
+    f_bits += mant_odd;
+    result = static_cast<uint8_t>(f_bits >> 21);
+  }
+  return result | static_cast<uint8_t>(sign >> 24);
+}
+
+template <Float8Type F>
+struct Float8Traits;
+template <>
+struct Float8Traits<Float8Type::kE4m3fn> {
+  static constexpr float kMax = 448.0f;
+  __device__ static uint8_t Convert(float v) { return FloatToE4m3fn(v); }
+};
+template <>
+struct Float8Traits<Float8Type::kE5m2> {
+  static constexpr float kMax = 57344.0f;
+  __device__ static uint8_t Convert(float v) { return FloatToE5m2(v); }
+};
+
+// float8(clamp(float32(v) * scale, -max, max)): the comparisons keep a NaN
+// (fminf/fmaxf would drop it; ATen's clamp keeps it).
+template <typename T, Float8Type F>
+__device__ __forceinline__ uint8_t CastElement(T v, float scale) {
+  constexpr float kMax = Float8Traits<F>::kMax;
+  float y = __fmul_rn(ToFloat(v), scale);
+  y = y < -kMax ? -kMax : (y > kMax ? kMax : y);
+  return Float8Traits<F>::Convert(y);
+}
+
+// One block per 32 x 32 tile of x (blockIdx.x = tile_row * col_tiles +
+// tile_col), 32 x 8 threads, each thread 4 elements of the tile. Reads of x
+// and writes of data are along rows (coalesced); the tile's bytes go
+// through shared memory so that the writes of data_t are along its rows
+// too.
+constexpr int kCastTile = 32;
+constexpr int kCastTileRows = 8;
+
+template <typename T, Float8Type F>
+__global__ void ScaleCastKernel(const T* __restrict__ x, uint8_t* __restrict__ data,
+                                uint8_t* __restrict__ data_t,
+                                const uint32_t* __restrict__ amax_bits,
+                                float* __restrict__ scale_out, float* __restrict__ inv_scale_out,
+                                int64_t rows, int64_t cols, int64_t col_tiles) {
+  __shared__ float block_scale;
+  __shared__ uint8_t tile[kCastTile][kCastTile + 1];
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    const float scale = TensorwiseScale(*amax_bits, Float8Traits<F>::kMax);
+    block_scale = scale;
+    if (blockIdx.x == 0) {
+      *scale_out = scale;
+      *inv_scale_out = __frcp_rn(scale);  // ATen's scale.reciprocal()
+    }
+  }
+  __syncthreads();
+  const float scale = block_scale;
+  const int64_t r0 = (blockIdx.x / col_tiles) * kCastTile;
+  const int64_t c0 = (blockIdx.x % col_tiles) * kCastTile;
+  const int64_t c = c0 + threadIdx.x;
+  for (int i = threadIdx.y; i < kCastTile; i += kCastTileRows) {
+    const int64_t r = r0 + i;
+    if (r < rows && c < cols) {
+      const uint8_t byte = CastElement<T, F>(x[r * cols + c], scale);
+      data[r * cols + c] = byte;
+      tile[i][threadIdx.x] = byte;
+    }
+  }
+  if (data_t == nullptr) return;  // uniform over the grid
+  __syncthreads();
+  // data_t[cc, r] = data[r, cc]: thread x takes row r0 + x of x, which is
+  // consecutive in data_t's row cc.
+  const int64_t r = r0 + threadIdx.x;
+  for (int i = threadIdx.y; i < kCastTile; i += kCastTileRows) {
+    const int64_t cc = c0 + i;
+    if (r < rows && cc < cols) data_t[cc * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
+template <typename T, Float8Type F>
+int LaunchCastToFloat8(const void* x, uint8_t* data, uint8_t* data_t, float* scale_out,
+                       float* inv_scale_out, uint32_t* amax_bits, int64_t rows, int64_t cols,
+                       cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  const cudaError_t zeroed = cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream);
+  if (zeroed != cudaSuccess) return static_cast<int>(zeroed);
+  const auto amax_blocks = static_cast<unsigned>(
+      std::min<int64_t>((n + kAmaxThreads - 1) / kAmaxThreads, kAmaxMaxBlocks));
+  AbsMaxKernel<T><<<amax_blocks, kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n, amax_bits);
+  const cudaError_t launched = cudaGetLastError();
+  if (launched != cudaSuccess) return static_cast<int>(launched);
+  const int64_t col_tiles = (cols + kCastTile - 1) / kCastTile;
+  const int64_t tiles = (rows + kCastTile - 1) / kCastTile * col_tiles;
+  ScaleCastKernel<T, F>
+      <<<static_cast<unsigned>(tiles), dim3(kCastTile, kCastTileRows), 0, stream>>>(
+          static_cast<const T*>(x), data, data_t, amax_bits, scale_out, inv_scale_out, rows, cols,
+          col_tiles);
+  return static_cast<int>(cudaGetLastError());
+}
+
 // Calls f with a null pointer of the C++ type of `t`.
 template <typename F>
 int WithType(DType t, F&& f) {
@@ -348,6 +540,27 @@ int RopeQK(DType t, const RopeTensor& q, const RopeTensor& k, const void* cos, c
             q, k, static_cast<const T*>(cos), static_cast<const T*>(sin), table_stride_b, batch,
             length, head_dim, transpose);
     return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int CastToFloat8(DType t, Float8Type f8, const void* x, uint8_t* data, uint8_t* data_t,
+                 float* scale_out, float* inv_scale_out, uint32_t* amax_bits, int64_t rows,
+                 int64_t cols, void* stream) {
+  // An empty tensor has no amax (CastToFloat8 refuses it); one block per
+  // tile: gridDim.x is at most 2^31 - 1.
+  if (rows <= 0 || cols <= 0) return static_cast<int>(cudaErrorInvalidValue);
+  if ((rows + kCastTile - 1) / kCastTile > INT32_MAX / ((cols + kCastTile - 1) / kCastTile)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const auto s = static_cast<cudaStream_t>(stream);
+  return WithType(t, [&](auto* tp) {
+    using T = std::remove_pointer_t<decltype(tp)>;
+    if (f8 == Float8Type::kE4m3fn) {
+      return LaunchCastToFloat8<T, Float8Type::kE4m3fn>(x, data, data_t, scale_out, inv_scale_out,
+                                                        amax_bits, rows, cols, s);
+    }
+    return LaunchCastToFloat8<T, Float8Type::kE5m2>(x, data, data_t, scale_out, inv_scale_out,
+                                                    amax_bits, rows, cols, s);
   });
 }
 

@@ -77,4 +77,28 @@ int RopeQK(DType t, const RopeTensor& q, const RopeTensor& k, const void* cos, c
            int64_t table_stride_b, int64_t batch, int64_t length, int64_t head_dim, bool transpose,
            void* stream);
 
+// ---- float8 cast (torchao's tensorwise recipe) -------------------------------
+
+enum class Float8Type : int { kE4m3fn = 0, kE5m2 = 1 };
+
+// torchao's tensorwise dynamic cast of x [rows, cols] (contiguous), two
+// kernels, no host synchronisation:
+//   1. amax: max |x| over the tensor, into *amax_bits (the float32 bits of
+//      the maximum; a NaN anywhere makes it a NaN), one atomicMax per block;
+//   2. the fused scale-and-cast, which reads *amax_bits on the device:
+//        scale     = float32(float8_max * (1 / max(float64(amax), 1e-12)))
+//                    (float64: a correctly rounded reciprocal, then the product)
+//        data      = float8(clamp(float32(x) * scale, -float8_max, float8_max))
+//                    (c10's round-to-nearest-even conversion, NaN kept)
+//        data_t    = data transposed, row-major [cols, rows] (null: not written)
+//        *scale_out = scale, *inv_scale_out = 1 / scale (float32, correctly
+//                    rounded)
+//      in one pass over x: each element read once, its float8 byte written
+//      to data and, through a shared-memory tile, to data_t.
+// amax_bits is scratch the launcher zeroes first (cudaMemsetAsync). The
+// arithmetic is kernels::reference::CastToFloat8Tensorwise's, step for step.
+int CastToFloat8(DType t, Float8Type f8, const void* x, uint8_t* data, uint8_t* data_t,
+                 float* scale_out, float* inv_scale_out, uint32_t* amax_bits, int64_t rows,
+                 int64_t cols, void* stream);
+
 }  // namespace kernels::cuda

@@ -15,7 +15,7 @@ namespace {
 
 std::atomic<const FusedOps*> g_cuda_ops{nullptr};
 std::atomic<const FusedOps*> g_testing_ops{nullptr};
-std::array<std::atomic<bool>, 4> g_warned{};
+std::array<std::atomic<bool>, 5> g_warned{};
 
 std::string Shape(const at::Tensor& t) {
   std::ostringstream out;
@@ -70,6 +70,7 @@ const char* OpName(Op op) {
     case Op::kAddRmsNorm: return "kernels::AddRmsNorm";
     case Op::kSwiGlu: return "kernels::SwiGlu";
     case Op::kApplyRopeQK: return "kernels::ApplyRopeQK";
+    case Op::kFloat8Linear: return "kernels::Float8Linear";
   }
   return "kernels::?";
 }
@@ -154,6 +155,19 @@ std::string UnsupportedRopeQK(const FusedOps& ops, const at::Tensor& q, const at
   }
   if (at::GradMode::is_enabled() && (cos.requires_grad() || sin.requires_grad())) {
     return "cos or sin requires grad: the kernel differentiates q and k only";
+  }
+  return "";
+}
+
+std::string UnsupportedFloat8Cast(const FusedOps& ops, const at::Tensor& x) {
+  std::string problem = DtypeProblem(ops, "x", x);
+  if (!problem.empty()) return problem;
+  if (x.dim() != 2 || x.size(0) == 0 || x.size(1) == 0) {
+    return "x has shape " + Shape(x) + ": the kernel takes a non-empty [rows, cols]";
+  }
+  // One block per 32 x 32 tile: gridDim.x is at most 2^31 - 1.
+  if ((x.size(0) + 31) / 32 > std::numeric_limits<int32_t>::max() / ((x.size(1) + 31) / 32)) {
+    return "x has shape " + Shape(x) + ": the kernel takes at most 2^31 - 1 tiles of 32 x 32";
   }
   return "";
 }

@@ -72,10 +72,25 @@ class FusedOps {
   virtual std::pair<at::Tensor, at::Tensor> RopeQK(const at::Tensor& q, const at::Tensor& k,
                                                    const at::Tensor& cos, const at::Tensor& sin,
                                                    bool transpose) const = 0;
+
+  struct Float8CastOut {
+    at::Tensor data;       // float8_dtype [rows, cols]
+    at::Tensor data_t;     // float8_dtype [cols, rows]: data transposed, row-major; undefined
+                           // unless asked for
+    at::Tensor scale;      // float32 scalar
+    at::Tensor inv_scale;  // float32 scalar: 1 / scale
+  };
+  // torchao's tensorwise dynamic cast of x (contiguous [rows, cols], rows
+  // and cols >= 1) to float8_dtype (Float8_e4m3fn or Float8_e5m2), as
+  // reference::CastToFloat8Tensorwise defines it, with the transposed copy
+  // that _scaled_mm's column-major operands need when `transposed`.
+  virtual Float8CastOut CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype,
+                                     bool transposed) const = 0;
 };
 
 // The ops whose choice is made here (and warned about once each).
-enum class Op { kRmsNorm, kAddRmsNorm, kSwiGlu, kApplyRopeQK };
+// kFloat8Linear: its float8 casts (float8_linear.h).
+enum class Op { kRmsNorm, kAddRmsNorm, kSwiGlu, kApplyRopeQK, kFloat8Linear };
 const char* OpName(Op op);  // "kernels::RmsNorm", ...
 
 // What `ops` does not take, as a reason ("x has dtype Double: the kernel
@@ -87,6 +102,9 @@ std::string UnsupportedRmsNorm(const FusedOps& ops, const at::Tensor& x, const a
 std::string UnsupportedSwiGlu(const FusedOps& ops, const at::Tensor& gate, const at::Tensor& up);
 std::string UnsupportedRopeQK(const FusedOps& ops, const at::Tensor& q, const at::Tensor& k,
                               const at::Tensor& cos, const at::Tensor& sin);
+// x: what Float8Linear casts (its input or weight; the output gradient has
+// the input's dtype).
+std::string UnsupportedFloat8Cast(const FusedOps& ops, const at::Tensor& x);
 
 // The implementation that takes `inputs` (see the top of this file), or
 // nullptr for the reference. `why_not(ops)` (one of the Unsupported*) is
