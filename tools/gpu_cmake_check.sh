@@ -45,8 +45,9 @@
 #      C/C++ runtime every machine has (glibc's libraries, libstdc++, libgcc_s):
 #      the GPU machine has no Debian packages, and a library found in
 #      /usr/lib here would be missing there. The one exception: PCRE2's and
-#      ICU's, for the trainer, when CMake found them (a machine without them
-#      builds the trainer without them, so its trainer never loads them).
+#      ICU's, for the trainer and gpu_check (which links the trainer's loop
+#      for trainer_cuda_graphs), when CMake found them (a machine without
+#      them builds both without them, so neither loads them there).
 #   4. gpu_check --dry-run-on-cpu: the CUDA binary starts, and its CPU-side
 #      checks pass (the CUDA cases need a GPU and say NOT RUN).
 #   5. The trainer on a text: with the tokenizer, one step on 1 rank from
@@ -104,7 +105,7 @@ status=0
 for binary in gpu_check trainer; do
   while read -r name _ path _; do
     [[ "$name" =~ $C_RUNTIME_SONAMES ]] && continue
-    [[ $binary == trainer && $with_tokenizer == ON && "$name" =~ ^lib(pcre2-8|icuuc|icudata)\.so\. ]] && continue
+    [[ $with_tokenizer == ON && "$name" =~ ^lib(pcre2-8|icuuc|icudata)\.so\. ]] && continue
     case "$path" in
       "$site_packages"/* | "$deps"/*) ;;
       *) echo "gpu_cmake_check.sh: $binary loads $name from ${path:-nowhere}, not from the wheel ($site_packages) or the bundle ($deps)" >&2
@@ -113,7 +114,7 @@ for binary in gpu_check trainer; do
   done < <(env -u LD_LIBRARY_PATH ldd "$build/$binary" | grep '=>')
 done
 ((status == 0)) || exit 1
-echo "gpu_cmake_check.sh: gpu_check and trainer load only the wheel's, the bundle's and the C/C++ runtime's libraries$([[ $with_tokenizer == ON ]] && echo " (and the trainer PCRE2's and ICU's: TORCHFSDP_WITH_TOKENIZER)")"
+echo "gpu_cmake_check.sh: gpu_check and trainer load only the wheel's, the bundle's and the C/C++ runtime's libraries$([[ $with_tokenizer == ON ]] && echo " (and PCRE2's and ICU's: TORCHFSDP_WITH_TOKENIZER)")"
 
 env -u LD_LIBRARY_PATH "$build/gpu_check" --dry-run-on-cpu
 

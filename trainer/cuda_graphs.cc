@@ -10,9 +10,14 @@
 #include "comm/process_group.h"
 
 #ifdef TORCHFSDP_CUDA
-#include <ATen/cuda/CUDAEvent.h>
+// Device-generic c10::Event and c10::StreamGuard rather than
+// at::cuda::CUDAEvent and CUDAStreamGuard: those inline the CUDA runtime's
+// calls into this file, which would then need libcudart at link time besides
+// libtorch_cuda (a dynamically linked test has no other way to it).
 #include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDAGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -124,14 +129,14 @@ struct StepGraph::Impl {
       : device(device),
         side(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())) {}
   c10::Device device;
-  c10::cuda::CUDAStream side;
+  c10::Stream side;
   at::cuda::CUDAGraph graph;
   bool captured = false;
 
   // `waiter` waits for what is queued on `producer` so far (an event, not
   // the host).
-  static void Wait(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& producer) {
-    at::cuda::CUDAEvent event;
+  static void Wait(const c10::Stream& waiter, const c10::Stream& producer) {
+    c10::Event event(producer.device_type());
     event.record(producer);
     event.block(waiter);
   }
@@ -139,10 +144,10 @@ struct StepGraph::Impl {
   // `body` on the side stream, ordered between the current stream's work
   // before and after.
   void OnSide(const std::function<void()>& body) {
-    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device.index());
+    const c10::Stream current = c10::cuda::getCurrentCUDAStream(device.index());
     Wait(side, current);
     {
-      c10::cuda::CUDAStreamGuard guard(side);
+      c10::StreamGuard guard(side);
       body();
     }
     Wait(current, side);
