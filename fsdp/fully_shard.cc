@@ -359,8 +359,7 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
     comm::all_reduce(*group, acc, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum).wait();
   }
   at::Tensor total = inf ? acc : acc.pow(1.0 / norm_type);
-  const double coef = max_norm / (total.item<double>() + 1e-6);
-  if (coef < 1.0) internal::ScaleGrads(grads, coef);
+  internal::ClipGradsWithNorm(grads, max_norm, total);
   return total.to(at::kFloat).reshape({});
 }
 

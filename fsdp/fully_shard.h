@@ -324,8 +324,9 @@ FSDPModule fully_shard(const torch::nn::ModuleHolder<Impl>& module,
 // torch.nn.utils.clip_grad_norm_ over fully_shard's shards: the norm of
 // the gradients of all ranks' shards (each element counted once; one
 // all-reduce over their group), `norm_type` any p > 0 or inf; scales the
-// gradients in place by max_norm / (norm + 1e-6) when that is below 1.
-// Returns the total norm (float32 scalar). Every rank of the group calls it
+// gradients in place by min(max_norm / (norm + 1e-6), 1), computed on the
+// device (no host synchronisation). Returns the total norm (float32
+// scalar). Every rank of the group calls it
 // after backward. Errors: a parameter that is not a fully_shard shard, or
 // shards of different groups.
 at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,

@@ -247,9 +247,10 @@ class FullyShardedDataParallel {
 
   // Gradient clipping over the whole model: the norm of all gradients of
   // all ranks' shards (each element counted once, ignored parameters
-  // included), `norm_type` any p > 0 or inf. Scales gradients in place when
-  // the norm exceeds max_norm; returns the total norm (float32 scalar).
-  // Every rank must call it.
+  // included), `norm_type` any p > 0 or inf. Scales gradients in place by
+  // min(max_norm / (norm + 1e-6), 1), computed on the device (no host
+  // synchronisation); returns the total norm (float32 scalar, on the
+  // shards' device). Every rank must call it.
   at::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0);
 
   NoSyncGuard no_sync();

@@ -63,11 +63,6 @@ std::vector<std::string> CudaGraphBlockers(const Options& o, const CaptureEnviro
         "--cpu-offload: the shards live on the CPU, so every step copies them between host and "
         "GPU and updates them on the CPU, outside anything a CUDA graph records");
   }
-  if (o.clip > 0) {
-    why.push_back(
-        "--clip: fsdp's clip_grad_norm_ reads the global norm to the host (.item()) to decide "
-        "whether to scale the gradients, a host synchronisation a capture cannot contain");
-  }
   if (o.async_checkpoint) {
     why.push_back(
         "--async-checkpoint: its writer thread copies the live state to the host with "

@@ -438,11 +438,11 @@ torch::Tensor StepFigures(StepContext& c, const torch::Tensor& batch) {
 //
 // Host synchronisations on CUDA: one per step, the read of [loss, flag]
 // (and --clip's norm with them) just before the optimizer update, the
-// latest point at which the update can still be withheld on the host;
-// --clip adds the one inside fsdp's clip_grad_norm_ (it reads the norm to
-// decide whether to scale). Before: the [loss, flag] read, then the
-// all-reduce on the host's Gloo, and with --clip a second read of the norm
-// besides clip_grad_norm_'s own (1, or 3 with --clip; now 1, or 2).
+// latest point at which the update can still be withheld on the host
+// (fsdp's clip_grad_norm_ scales on the device and reads nothing). Before:
+// the [loss, flag] read, then the all-reduce on the host's Gloo, and with
+// --clip a second read of the norm besides clip_grad_norm_'s own (1, or 3
+// with --clip; now 1).
 //
 // Why the read comes before the update rather than after it (with the
 // update made a no-op on the device when the flag is set, as PyTorch's
@@ -483,8 +483,8 @@ absl::StatusOr<double> TrainStep(StepContext& c, int64_t step, double lr,
     graphed->graph.Replay();
     figures = graphed->static_figures;
   }
-  // The norm over all ranks' shards (an all-reduce inside). --clip is never
-  // captured (cuda_graphs.cc says why).
+  // The norm over all ranks' shards (an all-reduce inside), eager after the
+  // replay like the update: the gradients it scales are the graph's.
   torch::Tensor norm;
   if (c.o.clip > 0) norm = c.fsdp_model.clip_grad_norm_(c.o.clip);
   // The step's one read of the device: the loss, the flag and the norm.

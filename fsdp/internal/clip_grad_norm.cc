@@ -47,12 +47,8 @@ at::Tensor Runtime::clip_grad_norm(double max_norm, double norm_type) {
   // replicas, so only the shard group is reduced over.
   comm::all_reduce(shard_group_, sharded, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum).wait();
   at::Tensor total = inf ? at::maximum(sharded, local) : (sharded + local).pow(1.0 / norm_type);
-  const double norm = total.item<double>();
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    ScaleGrads(sharded_grads, coef);
-    ScaleGrads(local_grads, coef);
-  }
+  ClipGradsWithNorm(sharded_grads, max_norm, total);
+  ClipGradsWithNorm(local_grads, max_norm, total);
   return total.to(at::kFloat).reshape({});
 }
 

@@ -3,6 +3,8 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_norm.h>
+#include <ATen/ops/clamp_max.h>
+#include <ATen/ops/full_like.h>
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
@@ -44,9 +46,19 @@ at::Tensor LocalGradNormPow(const std::vector<at::Tensor>& grads, double norm_ty
   return acc;
 }
 
-void ScaleGrads(const std::vector<at::Tensor>& grads, double coef) {
+void ClipGradsWithNorm(const std::vector<at::Tensor>& grads, double max_norm,
+                       const at::Tensor& total) {
   at::NoGradGuard no_grad;
-  for (auto& [key, group] : ByDeviceAndDtype(grads)) at::_foreach_mul_(group, coef);
+  const at::Tensor denominator = total.to(at::kDouble).reshape({}) + 1e-6;
+  const at::Tensor coef = at::clamp_max(at::full_like(denominator, max_norm) / denominator, 1.0);
+  for (auto& [key, group] : ByDeviceAndDtype(grads)) {
+    // The coefficient in the gradients' compute precision: float32 for
+    // float32, bfloat16 and float16 gradients (what a double scalar became
+    // in _foreach_mul_'s float arithmetic before), float64 for float64.
+    const at::Tensor& first = group.front();
+    const c10::ScalarType dtype = first.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    at::_foreach_mul_(group, coef.to(first.device(), dtype));
+  }
 }
 
 }  // namespace internal

@@ -22,8 +22,14 @@ namespace internal {
 at::Tensor LocalGradNormPow(const std::vector<at::Tensor>& grads, double norm_type,
                             c10::Device device);
 
-// g *= coef for every gradient, one _foreach_mul_ per (device, dtype) group.
-void ScaleGrads(const std::vector<at::Tensor>& grads, double coef);
+// As torch.nn.utils.clip_grads_with_norm_: coef = min(max_norm / (total +
+// 1e-6), 1) computed on `total`'s device (float64, as the host computed it
+// before) and every gradient multiplied by it, one _foreach_mul_ per
+// (device, dtype) group — by exactly 1 when the norm is within max_norm,
+// which leaves the values as they were. No host synchronisation: the step
+// need not wait for the norm (nor a CUDA graph's capture for the host).
+void ClipGradsWithNorm(const std::vector<at::Tensor>& grads, double max_norm,
+                       const at::Tensor& total);
 
 }  // namespace internal
 }  // namespace fsdp
