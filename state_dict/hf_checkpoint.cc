@@ -21,6 +21,19 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+// InvalidArgument unless the file's dtype converts to `dtype`: equal, or
+// both among float32, bfloat16 and float16.
+absl::Status CheckConvertible(const formats::HfCheckpointFiles& files, const std::string& name,
+                              const formats::HfTensorInfo& info, c10::ScalarType dtype) {
+  if (info.dtype == dtype || (IsFloating16or32(info.dtype) && IsFloating16or32(dtype))) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("Hugging Face checkpoint ", files.dir(), ": tensor '", name, "' in ", info.file,
+                   " is ", c10::toString(info.dtype), ": the model expects ", c10::toString(dtype),
+                   " (float32, bfloat16 and float16 convert to each other; nothing else does)"));
+}
+
 // The checks a request's tensor must pass before anything is read.
 absl::StatusOr<formats::HfTensorInfo> CheckedInfo(const formats::HfCheckpointFiles& files,
                                                   const std::string& name,
@@ -38,12 +51,7 @@ absl::StatusOr<formats::HfTensorInfo> CheckedInfo(const formats::HfCheckpointFil
         "Hugging Face checkpoint ", files.dir(), ": tensor '", name, "' in ", info->file,
         " has shape ", ShapeString(info->shape), ": the model expects ", ShapeString(shape)));
   }
-  if (info->dtype != dtype && !(IsFloating16or32(info->dtype) && IsFloating16or32(dtype))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Hugging Face checkpoint ", files.dir(), ": tensor '", name, "' in ", info->file, " is ",
-        c10::toString(info->dtype), ": the model expects ", c10::toString(dtype),
-        " (float32, bfloat16 and float16 convert to each other; nothing else does)"));
-  }
+  if (auto s = CheckConvertible(files, name, *info, dtype); !s.ok()) return s;
   return info;
 }
 
@@ -85,12 +93,8 @@ absl::Status HfRangeReader::ReadInto(const std::string& name, FlatRange range,
                      ": tensor '", name, "' elements [", range.offset, ", ", range.end(),
                      "): expected a contiguous CPU destination of ", range.numel, " elements"));
   }
-  const c10::ScalarType dtype = destination.scalar_type();
-  if (info->dtype != dtype && !(IsFloating16or32(info->dtype) && IsFloating16or32(dtype))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Hugging Face checkpoint ", files_.dir(), ": tensor '", name, "' in ", info->file, " is ",
-        c10::toString(info->dtype), ": the model expects ", c10::toString(dtype),
-        " (float32, bfloat16 and float16 convert to each other; nothing else does)"));
+  if (auto s = CheckConvertible(files_, name, *info, destination.scalar_type()); !s.ok()) {
+    return s;
   }
   if (range.numel == 0) return absl::OkStatus();
   const int64_t chunk =

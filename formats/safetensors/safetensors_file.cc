@@ -76,13 +76,20 @@ SafetensorsFile::~SafetensorsFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-absl::StatusOr<SafetensorsTensorInfo> SafetensorsFile::info(const std::string& name) const {
+absl::StatusOr<const SafetensorsTensorInfo*> SafetensorsFile::Find(const std::string& name,
+                                                                   const char* who_prefix) const {
   auto it = index_.find(name);
   if (it == index_.end()) {
-    return absl::NotFoundError(absl::StrCat(path_, ": no tensor ", Quote(name), " in its header (",
-                                            names_.size(), " tensors)"));
+    return absl::NotFoundError(absl::StrCat(who_prefix, path_, ": no tensor ", Quote(name),
+                                            " in its header (", names_.size(), " tensors)"));
   }
-  return infos_[it->second];
+  return &infos_[it->second];
+}
+
+absl::StatusOr<SafetensorsTensorInfo> SafetensorsFile::info(const std::string& name) const {
+  auto found = Find(name, "");
+  if (!found.ok()) return found.status();
+  return **found;
 }
 
 namespace {
@@ -104,13 +111,9 @@ absl::Status CheckRange(const std::string& path, const std::string& name,
 
 absl::StatusOr<at::Tensor> SafetensorsFile::Read(const std::string& name, int64_t element_offset,
                                                  int64_t numel) const {
-  auto it = index_.find(name);
-  if (it == index_.end()) {
-    return absl::NotFoundError(absl::StrCat("formats::SafetensorsFile::Read: ", path_,
-                                            ": no tensor ", Quote(name), " in its header (",
-                                            names_.size(), " tensors)"));
-  }
-  const SafetensorsTensorInfo& info = infos_[it->second];
+  auto found = Find(name, "formats::SafetensorsFile::Read: ");
+  if (!found.ok()) return found.status();
+  const SafetensorsTensorInfo& info = **found;
   if (auto s = CheckRange(path_, name, info, element_offset, numel); !s.ok()) return s;
   at::Tensor out;
   try {
@@ -126,13 +129,9 @@ absl::StatusOr<at::Tensor> SafetensorsFile::Read(const std::string& name, int64_
 
 absl::Status SafetensorsFile::ReadInto(const std::string& name, int64_t element_offset,
                                        const at::Tensor& out) const {
-  auto it = index_.find(name);
-  if (it == index_.end()) {
-    return absl::NotFoundError(absl::StrCat("formats::SafetensorsFile::Read: ", path_,
-                                            ": no tensor ", Quote(name), " in its header (",
-                                            names_.size(), " tensors)"));
-  }
-  const SafetensorsTensorInfo& info = infos_[it->second];
+  auto found = Find(name, "formats::SafetensorsFile::Read: ");
+  if (!found.ok()) return found.status();
+  const SafetensorsTensorInfo& info = **found;
   if (!out.defined() || out.scalar_type() != info.dtype || !out.device().is_cpu() ||
       !out.is_contiguous()) {
     return absl::InvalidArgumentError(absl::StrCat(

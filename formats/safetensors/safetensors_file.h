@@ -82,6 +82,9 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
+  // `name`'s entry, or NotFound "<who_prefix><path>: no tensor ...".
+  absl::StatusOr<const SafetensorsTensorInfo*> Find(const std::string& name,
+                                                    const char* who_prefix) const;
 
   std::string path_;
   int fd_ = -1;
