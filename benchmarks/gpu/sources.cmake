@@ -189,6 +189,7 @@ set(TORCHFSDP_SRCS_kernels__gpu_check
 )
 # //kernels:kernels
 set(TORCHFSDP_SRCS_kernels
+  "${REPO}/kernels/decode_linear.cc"
   "${REPO}/kernels/linear_cross_entropy.cc"
   "${REPO}/kernels/rms_norm.cc"
   "${REPO}/kernels/rope.cc"
