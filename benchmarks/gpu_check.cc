@@ -59,6 +59,7 @@
 #include "fsdp/fsdp_gpu_check.h"
 #include "functorch/transforms/transforms_gpu_check.h"
 #include "kernels/kernels_gpu_check.h"
+#include "models/models_gpu_check.h"
 #include "optim/optim_gpu_check.h"
 #include "testing/gpu_check.h"
 #include "trainer/trainer_gpu_check.h"
@@ -110,6 +111,8 @@ std::vector<gpu_check::Check> AllChecks(c10::Device device) {
   // In a dry run kernels_cuda_linked still checks that a CUDA build linked
   // //kernels:cuda (its registration needs no GPU).
   append(kernels::KernelsGpuChecks(device, kBuiltWithCuda));
+  // Generation runs the Llama model, which uses kernels/.
+  append(models::ModelsGpuChecks(device));
   // The whole trainer last: it uses every component above.
   append(trainer::TrainerGpuChecks(device));
   return checks;

@@ -208,6 +208,14 @@ set(TORCHFSDP_SRCS_launcher
   "${REPO}/launcher/internal/rendezvous.cc"
   "${REPO}/launcher/launch.cc"
 )
+# //models:generation
+set(TORCHFSDP_SRCS_models__generation
+  "${REPO}/models/generation.cc"
+)
+# //models:gpu_check
+set(TORCHFSDP_SRCS_models__gpu_check
+  "${REPO}/models/models_gpu_check.cc"
+)
 # //models:llama
 set(TORCHFSDP_SRCS_models__llama
   "${REPO}/models/kv_cache.cc"
@@ -327,6 +335,11 @@ set(TORCHFSDP_SRCS_tokenizer__internal
   "${REPO}/tokenizer/internal/regex.cc"
   "${REPO}/tokenizer/internal/utf8.cc"
 )
+# //tokenizer:sentencepiece (only with TORCHFSDP_WITH_TOKENIZER)
+set(TORCHFSDP_SRCS_tokenizer__sentencepiece
+  "${REPO}/tokenizer/internal/sentencepiece_model.cc"
+  "${REPO}/tokenizer/internal/sentencepiece_tokenizer.cc"
+)
 # //tokenizer:tokenizer (only with TORCHFSDP_WITH_TOKENIZER)
 set(TORCHFSDP_SRCS_tokenizer
   "${REPO}/tokenizer/tokenizer.cc"
@@ -386,14 +399,14 @@ set(TORCHFSDP_SRCS_trainer__train
 )
 
 # ---- binaries ----------------------------------------------------------------
-# //trainer:trainer: links 75 project libraries
+# //trainer:trainer: links 76 project libraries
 set(TORCHFSDP_BINARY_SRCS_trainer
   "${REPO}/trainer/trainer_main.cc"
 )
 set(TORCHFSDP_LINKOPTS_trainer
   "-ldl"
 )
-# //benchmarks:gpu_check: links 85 project libraries
+# //benchmarks:gpu_check: links 88 project libraries
 set(TORCHFSDP_BINARY_SRCS_gpu_check
   "${REPO}/benchmarks/gpu_check.cc"
 )
@@ -449,6 +462,8 @@ set(TORCHFSDP_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_kernels__reference}
   ${TORCHFSDP_SRCS_launcher__flag_checks}
   ${TORCHFSDP_SRCS_launcher}
+  ${TORCHFSDP_SRCS_models__generation}
+  ${TORCHFSDP_SRCS_models__gpu_check}
   ${TORCHFSDP_SRCS_models__llama}
   ${TORCHFSDP_SRCS_models__llama_config}
   ${TORCHFSDP_SRCS_models__rope}
@@ -496,6 +511,7 @@ set(TORCHFSDP_CUDA_ALWAYSLINK_SRCS
 set(TORCHFSDP_TOKENIZER_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_tokenizer__documents}
   ${TORCHFSDP_SRCS_tokenizer__internal}
+  ${TORCHFSDP_SRCS_tokenizer__sentencepiece}
   ${TORCHFSDP_SRCS_tokenizer}
   ${TORCHFSDP_SRCS_trainer__text_data}
 )
