@@ -8,6 +8,14 @@
 //                     the steps after the first under CUDA's sync-debug
 //                     mode error (testing/sync_debug_mode.h), so a step
 //                     that makes the host wait for the GPU fails
+//   capturable_optimizers  the same optimizers in capturable mode against
+//                     the ordinary mode of the same implementation over 6
+//                     steps of a learning rate that changes every step
+//                     (fused: bit for bit, with a found_inf that skips one
+//                     step; foreach: within 1e-5, 2e-2 for bfloat16);
+//                     write_device_values() and the steps after the first
+//                     two under sync-debug mode error. NEVER YET RUN ON A GPU
+//                     (written without one).
 //
 // With the CPU as `device` (gpu_check --dry-run-on-cpu) the same
 // comparison in float32 only, without the sync-debug mode.
