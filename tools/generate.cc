@@ -57,7 +57,6 @@
 #include "formats/io/file_io.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
 #include "models/generation.h"
 #include "models/llama.h"
 #include "models/llama_config.h"
@@ -425,17 +424,13 @@ int main(int argc, char** argv) {
     // A token file (llm.c's header, or named *.bin: what //tools:tokenize
     // writes and the trainer reads) is scored as it is, the tokenizer only
     // decoding; text goes through --tokenizer; anything else is a JSON list.
-    auto is_token_file = trainer::IsTokenFile(score);
+    auto is_token_file = trainer::IsTokenFile(score, "--score");
     if (is_token_file.ok() && *is_token_file) {
       // Every id is checked against the model by Score; the reader only
       // checks the file's layout.
-      auto data = trainer::LoadDataFile(score, trainer::DataFormat::kTokens, int64_t{1} << 32);
-      if (!data.ok()) {
-        // The trainer's reader names its flag; here the file is --score's.
-        return Fail(absl::StrReplaceAll(data.status().message(),
-                                        {{absl::StrCat("--data='", score, "'"),
-                                          absl::StrCat("--score ", score, " (a token file)")}}));
-      }
+      auto data =
+          trainer::LoadDataFile(score, trainer::DataFormat::kTokens, int64_t{1} << 32, "--score");
+      if (!data.ok()) return Fail(std::string(data.status().message()));
       ids.assign(data->tokens.begin(), data->tokens.end());
       std::fprintf(stderr, "generate: scoring %s\n", data->description.c_str());
       return Score(*model, ids, tok_ptr, score, device);

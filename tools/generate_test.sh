@@ -184,7 +184,7 @@ expect_error "--score $tmp/too_big.bin: id" --hf-checkpoint "$testdata/qwen3" \
   --score "$tmp/too_big.bin"
 expect_error "at index 2 is outside the model's vocabulary" --hf-checkpoint "$testdata/qwen3" \
   --score "$tmp/too_big.bin"
-expect_error "--score $tmp/short.bin (a token file)" --hf-checkpoint "$testdata/qwen3" \
+expect_error "--score='$tmp/short.bin': llm.c" --hf-checkpoint "$testdata/qwen3" \
   --score "$tmp/short.bin"
 echo "PASS: refusals"
 

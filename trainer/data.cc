@@ -79,7 +79,11 @@ int32_t Int32At(const std::string& bytes, size_t at) {
   return static_cast<int32_t>(v);
 }
 
-std::string DataFlag(const std::string& path) { return absl::StrCat("--data='", path, "'"); }
+// How errors name the file: "--data='PATH'", or the flag of another tool
+// that reads token files (generate's --score).
+std::string DataFlag(const std::string& path, const char* flag = "--data") {
+  return absl::StrCat(flag, "='", path, "'");
+}
 
 // A token file's layout: the width of its ids and where they start.
 struct TokenLayout {
@@ -90,12 +94,12 @@ struct TokenLayout {
 
 // The layout of `bytes`, read as tokens: llm.c's header when it starts with
 // one of llm.c's magics, else nanoGPT's headerless uint16 ids.
-absl::StatusOr<TokenLayout> ReadTokenLayout(const std::string& path, const std::string& bytes) {
+absl::StatusOr<TokenLayout> ReadTokenLayout(const std::string& named, const std::string& bytes) {
   const int32_t magic = bytes.size() >= 4 ? Int32At(bytes, 0) : 0;
   if (magic != kLlmcGpt2Magic && magic != kLlmcLlama3Magic) {
     if (bytes.size() % 2 != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          DataFlag(path), ": ", bytes.size(),
+          named, ": ", bytes.size(),
           " bytes: expected a whole number of uint16 token ids (an even size), as nanoGPT's "
           ".bin (or --data-format=bytes for text)"));
     }
@@ -105,14 +109,14 @@ absl::StatusOr<TokenLayout> ReadTokenLayout(const std::string& path, const std::
   const char* kind = gpt2 ? "GPT-2" : "Llama 3";
   if (bytes.size() < static_cast<size_t>(kLlmcHeaderBytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        DataFlag(path), ": starts with llm.c's ", kind, " magic ", magic, " but has ", bytes.size(),
+        named, ": starts with llm.c's ", kind, " magic ", magic, " but has ", bytes.size(),
         " bytes: expected at least its ", kLlmcHeaderBytes, "-byte header (truncated?)"));
   }
   const int32_t version = Int32At(bytes, 4);
   const int32_t expected_version = gpt2 ? kLlmcGpt2Version : kLlmcLlama3Version;
   if (version != expected_version) {
     return absl::InvalidArgumentError(absl::StrCat(
-        DataFlag(path), ": llm.c header (magic ", magic, ") version ", version, ": expected ",
+        named, ": llm.c header (magic ", magic, ") version ", version, ": expected ",
         expected_version,
         gpt2 ? " (uint16 GPT-2 ids; llm.c writes uint32 ids under magic 20240801, version 7)"
              : " (uint32 Llama 3 ids)"));
@@ -125,7 +129,7 @@ absl::StatusOr<TokenLayout> ReadTokenLayout(const std::string& path, const std::
   const int64_t expected = kLlmcHeaderBytes + static_cast<int64_t>(layout.width) * count;
   if (count < 0 || static_cast<int64_t>(bytes.size()) != expected) {
     return absl::InvalidArgumentError(
-        absl::StrCat(DataFlag(path), ": llm.c ", kind, " header (", gpt2 ? "uint16" : "uint32",
+        absl::StrCat(named, ": llm.c ", kind, " header (", gpt2 ? "uint16" : "uint32",
                      " ids) says ", count, " tokens, so ", expected,
                      " bytes: expected that size, the file has ", bytes.size(), " (truncated?)"));
   }
@@ -133,7 +137,7 @@ absl::StatusOr<TokenLayout> ReadTokenLayout(const std::string& path, const std::
 }
 
 // The ids of bytes[layout.offset, end), each checked against `vocab`.
-absl::StatusOr<std::vector<uint32_t>> DecodeTokens(const std::string& path,
+absl::StatusOr<std::vector<uint32_t>> DecodeTokens(const std::string& named,
                                                    const std::string& bytes,
                                                    const TokenLayout& layout, int64_t vocab) {
   const auto* data = reinterpret_cast<const uint8_t*>(bytes.data()) + layout.offset;
@@ -145,10 +149,10 @@ absl::StatusOr<std::vector<uint32_t>> DecodeTokens(const std::string& path,
       id |= (static_cast<uint32_t>(at[2]) << 16) | (static_cast<uint32_t>(at[3]) << 24);
     }
     if (static_cast<int64_t>(id) >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          DataFlag(path), ": token ", i, " is id ", id, ": expected ids < --vocab=", vocab,
-          " (pass the tokenizer's vocabulary size, e.g. --vocab 50257 for GPT-2, "
-          "128256 for Llama 3)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(named, ": token ", i, " is id ", id, ": expected ids < --vocab=", vocab,
+                       " (pass the tokenizer's vocabulary size, e.g. --vocab 50257 for GPT-2, "
+                       "128256 for Llama 3)"));
     }
     tokens[i] = id;
   }
@@ -159,15 +163,15 @@ absl::StatusOr<std::vector<uint32_t>> DecodeTokens(const std::string& path,
 
 namespace {
 
-absl::Status NotReadable(const std::string& path) {
-  return absl::NotFoundError(absl::StrCat(DataFlag(path),
+absl::Status NotReadable(const std::string& named) {
+  return absl::NotFoundError(absl::StrCat(named,
                                           ": no such file (or not readable): expected a text file "
                                           "or a token file (.bin)"));
 }
 
-absl::Status EmptyFile(const std::string& path) {
+absl::Status EmptyFile(const std::string& named) {
   return absl::InvalidArgumentError(
-      absl::StrCat(DataFlag(path), ": the file is empty: expected text or tokens to train on"));
+      absl::StrCat(named, ": the file is empty: expected text or tokens"));
 }
 
 // IsTokenFile's rule on a file's first bytes (all of them, or at least 4).
@@ -179,14 +183,15 @@ bool TokenFileByRule(const std::string& path, const std::string& start) {
 
 }  // namespace
 
-absl::StatusOr<bool> IsTokenFile(const std::string& path) {
+absl::StatusOr<bool> IsTokenFile(const std::string& path, const char* flag) {
+  const std::string named = DataFlag(path, flag);
   std::ifstream in(path, std::ios::binary);
   std::error_code ec;
-  if (!in || std::filesystem::is_directory(path, ec)) return NotReadable(path);
+  if (!in || std::filesystem::is_directory(path, ec)) return NotReadable(named);
   std::string start(4, '\0');
   in.read(start.data(), static_cast<std::streamsize>(start.size()));
   start.resize(static_cast<size_t>(in.gcount()));
-  if (start.empty()) return EmptyFile(path);
+  if (start.empty()) return EmptyFile(named);
   return TokenFileByRule(path, start);
 }
 
@@ -207,34 +212,36 @@ absl::StatusOr<DataFormat> ResolveDataFormat(const Options& o) {
   return DataFormat::kBytes;
 }
 
-absl::StatusOr<TokenData> LoadDataFile(const std::string& path, DataFormat format, int64_t vocab) {
+absl::StatusOr<TokenData> LoadDataFile(const std::string& path, DataFormat format, int64_t vocab,
+                                       const char* flag) {
+  const std::string named = DataFlag(path, flag);
   if (format == DataFormat::kText) {
     return absl::InvalidArgumentError(
-        absl::StrCat(DataFlag(path),
+        absl::StrCat(named,
                      " with --data-format=text: expected a tokenizer to encode it "
                      "(trainer::OpenTextData), not LoadDataFile"));
   }
   std::ifstream in(path, std::ios::binary);
   std::error_code ec;
-  if (!in || std::filesystem::is_directory(path, ec)) return NotReadable(path);
+  if (!in || std::filesystem::is_directory(path, ec)) return NotReadable(named);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (bytes.empty()) return EmptyFile(path);
+  if (bytes.empty()) return EmptyFile(named);
   const bool tokens = format == DataFormat::kTokens ||
                       (format == DataFormat::kAuto && TokenFileByRule(path, bytes));
   TokenData data;
   if (!tokens) {
     if (vocab < 256) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--vocab=", vocab, ": expected >= 256 to read ", DataFlag(path), " as bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--vocab=", vocab, ": expected >= 256 to read ", named, " as bytes"));
     }
     data.tokens.assign(reinterpret_cast<const uint8_t*>(bytes.data()),
                        reinterpret_cast<const uint8_t*>(bytes.data()) + bytes.size());
     data.description = absl::StrCat(bytes.size(), " bytes of ", path);
     return data;
   }
-  auto layout = ReadTokenLayout(path, bytes);
+  auto layout = ReadTokenLayout(named, bytes);
   if (!layout.ok()) return layout.status();
-  auto ids = DecodeTokens(path, bytes, *layout, vocab);
+  auto ids = DecodeTokens(named, bytes, *layout, vocab);
   if (!ids.ok()) return ids.status();
   data.tokens = std::move(*ids);
   data.description = absl::StrCat(data.tokens.size(), " tokens (", layout->name, ") of ", path);

@@ -84,9 +84,9 @@ inline constexpr int64_t kLlmcHeaderBytes = 256 * 4;
 
 // --data-format auto's rule: --data PATH is a token file when it starts
 // with one of llm.c's magics (above) or is named *.bin; anything else is
-// text. NotFound (naming --data) when it cannot be read, InvalidArgument
-// when it is empty. Reads its first 4 bytes.
-absl::StatusOr<bool> IsTokenFile(const std::string& path);
+// text. NotFound (naming `flag` and the path) when it cannot be read,
+// InvalidArgument when it is empty. Reads its first 4 bytes.
+absl::StatusOr<bool> IsTokenFile(const std::string& path, const char* flag = "--data");
 
 // How --data PATH is read: --data-format when it is not auto (ValidateOptions
 // checked it against --tokenizer); for auto, by IsTokenFile's rule: tokens
@@ -113,11 +113,13 @@ absl::StatusOr<DataFormat> ResolveDataFormat(const Options& o);
 // The description names the layout read: "N tokens (uint32, llm.c Llama 3
 // header) of PATH", "(uint16, llm.c GPT-2 header)", "(uint16, headerless
 // nanoGPT .bin)", "N bytes of PATH".
-// Errors, one line each naming --data, the value and the expectation:
+// Errors, one line each naming `flag` (--data for the trainer; another
+// tool's flag, e.g. generate's --score), the value and the expectation:
 // NotFound (no such file), InvalidArgument (an odd size, a header shorter
 // than 1024 bytes, an unknown version, a header whose count disagrees with
 // the size, an id >= --vocab, bytes with --vocab < 256, an empty file).
-absl::StatusOr<TokenData> LoadDataFile(const std::string& path, DataFormat format, int64_t vocab);
+absl::StatusOr<TokenData> LoadDataFile(const std::string& path, DataFormat format, int64_t vocab,
+                                       const char* flag = "--data");
 
 // Writes `ids` as an llm.c token file that LoadDataFile (and llm.c) reads:
 // the GPT-2 header and uint16 ids when vocab <= 65536, else the Llama 3
