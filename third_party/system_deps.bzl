@@ -116,7 +116,7 @@ def _absl_build_files():
     return files
 
 def system_dependencies():
-    """Declares @libtorch (third_party/libtorch.bzl), @gloo_headers, @tcmalloc, @com_google_absl, @com_google_googletest, @com_github_google_benchmark, @libdeflate, @cli11, @nlohmann_json, @pcre2, @icu."""
+    """Declares @libtorch (third_party/libtorch.bzl), @gloo_headers, @tcmalloc, @com_google_absl, @com_google_googletest, @com_github_google_benchmark, @libdeflate, @cli11, @nlohmann_json, @pcre2, @icu, @sentencepiece."""
     libtorch_repository(name = "libtorch")
     debian_package_repository(
         name = "gloo_headers",
@@ -212,5 +212,19 @@ def system_dependencies():
             # Unicode normalization (NFC, NFKC, ...) and character properties
             # for the tokenizer (tokenizer/internal/normalizer.cc).
             "BUILD": _system_cc_library("icu", ["icuuc"]),
+        },
+    )
+    debian_package_repository(
+        name = "sentencepiece",
+        package = "libsentencepiece-dev",
+        required_files = [_LIB + "libsentencepiece.so", "/usr/include/sentencepiece_processor.h"],
+        build_files = {
+            # Google's SentencePiece, its processor (not the trainer):
+            # tokenizer.model files (Llama 2, Mistral before v0.3) for the
+            # tokenizer. Its header declares absl::string_view as
+            # std::string_view, which Debian's Abseil defines as a class of
+            # its own: only tokenizer/internal/sentencepiece_model.cc, which
+            # includes no Abseil, includes it.
+            "BUILD": _system_cc_library("sentencepiece", ["sentencepiece"]),
         },
     )

@@ -19,6 +19,10 @@ absl::StatusOr<EosToken> FindEosToken(const Tokenizer& tokenizer, std::string_vi
     }
     return EosToken{*id, std::string(name)};
   }
+  // A tokenizer.model names its own.
+  if (const std::optional<TokenId> id = tokenizer.eos_id()) {
+    return EosToken{*id, std::string(tokenizer.IdToToken(*id).value_or(""))};
+  }
   for (std::string_view usual : kEosTokenNames) {
     if (const std::optional<TokenId> id = tokenizer.TokenToId(usual)) {
       return EosToken{*id, std::string(usual)};

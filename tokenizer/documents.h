@@ -36,8 +36,9 @@ struct EosToken {
   std::string name;
 };
 
-// `name`'s id when `name` is not empty, else the first of kEosTokenNames
-// the vocabulary (or the added tokens) has. kNotFound otherwise, naming
+// `name`'s id when `name` is not empty, else a tokenizer.model's own EOS
+// (Tokenizer::eos_id: Llama 2's </s>), else the first of kEosTokenNames the
+// vocabulary (or the added tokens) has. kNotFound otherwise, naming
 // `origin` (the tokenizer.json's path) and, for an unnamed separator, the
 // names tried.
 absl::StatusOr<EosToken> FindEosToken(const Tokenizer& tokenizer, std::string_view name = {},

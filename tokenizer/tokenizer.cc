@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -22,6 +23,7 @@
 #include "tokenizer/internal/byte_level.h"
 #include "tokenizer/internal/normalizer.h"
 #include "tokenizer/internal/regex.h"
+#include "tokenizer/internal/sentencepiece_tokenizer.h"
 #include "tokenizer/internal/utf8.h"
 
 namespace tokenizer {
@@ -146,6 +148,9 @@ struct Scratch {
 
 struct internal::TokenizerImpl {
   std::string origin;
+
+  // A tokenizer.model: everything below but the scratch pool is unused.
+  std::unique_ptr<internal::SentencePieceTokenizer> sentencepiece;
 
   // Encoding, in order.
   internal::AddedTokenMatcher raw_added;  // tokens with "normalized": false
@@ -406,20 +411,46 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 absl::StatusOr<Tokenizer> Tokenizer::FromFile(const std::string& path) {
+  const char* who = "tokenizer::Tokenizer::FromFile";
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::NotFoundError(absl::StrCat("tokenizer::Tokenizer::FromFile: ", path,
+    return absl::NotFoundError(absl::StrCat(who, ": ", path,
                                             ": cannot be opened: expected a readable "
-                                            "tokenizer.json"));
+                                            "tokenizer.json or tokenizer.model"));
   }
   std::stringstream buffer;
   buffer << in.rdbuf();
-  if (in.bad()) {
-    return absl::NotFoundError(
-        absl::StrCat("tokenizer::Tokenizer::FromFile: ", path, ": read failed"));
-  }
+  if (in.bad()) return absl::NotFoundError(absl::StrCat(who, ": ", path, ": read failed"));
   const std::string text = buffer.str();
-  const Reader r("tokenizer::Tokenizer::FromFile", path);
+  const Reader r(who, path);
+  // Which of the two: a tokenizer.json is a JSON object, a tokenizer.model a
+  // protobuf message (whose first byte is a field's key, never '{' or
+  // whitespace in the models sentencepiece writes: 0x0A, the pieces).
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  const bool json_text = first != std::string::npos && text[first] == '{';
+  const bool json_name = absl::EndsWith(path, ".json");
+  if (text.empty()) {
+    return r.Error(absl::StatusCode::kDataLoss,
+                   "the file is empty: expected a tokenizer.json or a SentencePiece "
+                   "tokenizer.model");
+  }
+  if (!json_text && !json_name) {
+    std::string library_error;
+    auto sentencepiece = internal::SentencePieceTokenizer::Load(text, who, path, &library_error);
+    if (sentencepiece.ok() || library_error.empty() || absl::EndsWith(path, ".model")) {
+      if (!sentencepiece.ok()) return sentencepiece.status();
+      auto impl = std::make_unique<internal::TokenizerImpl>();
+      impl->origin = path;
+      impl->sentencepiece = std::move(*sentencepiece);
+      return Tokenizer(std::move(impl));
+    }
+    return r.Error(
+        absl::StatusCode::kDataLoss,
+        absl::StrFormat("neither a tokenizer.json (it starts with byte 0x%02x, not '{') nor a "
+                        "SentencePiece tokenizer.model (libsentencepiece: %s)",
+                        static_cast<unsigned char>(text[first == std::string::npos ? 0 : first]),
+                        library_error));
+  }
   json root;
   try {
     root = json::parse(text);
@@ -428,6 +459,17 @@ absl::StatusOr<Tokenizer> Tokenizer::FromFile(const std::string& path) {
                    absl::StrCat("malformed JSON: ", e.what(), ": expected a tokenizer.json"));
   }
   TOKENIZER_ASSIGN_OR_RETURN(impl, Build(r, root, path));
+  return Tokenizer(std::move(impl));
+}
+
+absl::StatusOr<Tokenizer> Tokenizer::FromSentencePiece(std::string_view model,
+                                                       std::string_view origin) {
+  TOKENIZER_ASSIGN_OR_RETURN(sentencepiece,
+                             internal::SentencePieceTokenizer::Load(
+                                 model, "tokenizer::Tokenizer::FromSentencePiece", origin));
+  auto impl = std::make_unique<internal::TokenizerImpl>();
+  impl->origin = std::string(origin);
+  impl->sentencepiece = std::move(sentencepiece);
   return Tokenizer(std::move(impl));
 }
 
@@ -724,6 +766,13 @@ absl::Status internal::TokenizerImpl::EncodeOne(std::string_view text, const Enc
     internal::AppendUtf8Lossy(text, &s.replaced);
     text = s.replaced;
   }
+  if (sentencepiece != nullptr) {
+    absl::Status status = sentencepiece->Encode(text, options.add_special_tokens, out);
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat(Absl(who), ": ", status.message()));
+    }
+    return absl::OkStatus();
+  }
   if (options.add_special_tokens) {
     out->insert(out->end(), template_prefix.begin(), template_prefix.end());
   }
@@ -882,6 +931,20 @@ absl::StatusOr<std::vector<std::vector<TokenId>>> Tokenizer::EncodeBatch(
 absl::StatusOr<std::string> internal::TokenizerImpl::DecodeImpl(absl::Span<const TokenId> ids,
                                                                 const DecodeOptions& options,
                                                                 bool lossy) const {
+  if (sentencepiece != nullptr) {
+    const int size = sentencepiece->size();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tokenizer::Tokenizer::", lossy ? "Decode" : "DecodeBytes", ": ids[", i,
+                         "] = ", ids[i], ": expected an id of the model (", origin, " has ", size,
+                         " pieces, ids 0 to ", size - 1, ")"));
+      }
+    }
+    std::string bytes = sentencepiece->DecodeBytes(ids, options.skip_special_tokens);
+    if (!lossy || internal::FindInvalidUtf8(bytes) == std::string_view::npos) return bytes;
+    return internal::SentencePieceTokenizer::ReplaceInvalidUtf8(bytes);
+  }
   std::string bytes;
   bool first = true;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -919,15 +982,23 @@ absl::StatusOr<std::string> Tokenizer::DecodeBytes(absl::Span<const TokenId> ids
   return impl_->DecodeImpl(ids, options, /*lossy=*/false);
 }
 
-int Tokenizer::vocab_size() const { return static_cast<int>(impl_->known.size()); }
+int Tokenizer::vocab_size() const {
+  if (impl_->sentencepiece != nullptr) return impl_->sentencepiece->size();
+  return static_cast<int>(impl_->known.size());
+}
 
 std::optional<TokenId> Tokenizer::TokenToId(std::string_view token) const {
+  if (impl_->sentencepiece != nullptr) return impl_->sentencepiece->Find(token);
   auto it = impl_->token_to_id.find(Absl(token));
   if (it == impl_->token_to_id.end()) return std::nullopt;
   return it->second;
 }
 
 std::optional<std::string_view> Tokenizer::IdToToken(TokenId id) const {
+  if (impl_->sentencepiece != nullptr) {
+    if (id < 0 || id >= impl_->sentencepiece->size()) return std::nullopt;
+    return impl_->sentencepiece->piece(id);
+  }
   if (id < 0 || static_cast<size_t>(id) >= impl_->known.size() || !impl_->known[id]) {
     return std::nullopt;
   }
@@ -935,7 +1006,28 @@ std::optional<std::string_view> Tokenizer::IdToToken(TokenId id) const {
 }
 
 bool Tokenizer::IsSpecial(TokenId id) const {
+  if (impl_->sentencepiece != nullptr) return impl_->sentencepiece->IsSpecial(id);
   return id >= 0 && static_cast<size_t>(id) < impl_->special.size() && impl_->special[id];
+}
+
+std::optional<TokenId> Tokenizer::bos_id() const {
+  if (impl_->sentencepiece == nullptr) return std::nullopt;
+  return impl_->sentencepiece->bos_id();
+}
+
+std::optional<TokenId> Tokenizer::eos_id() const {
+  if (impl_->sentencepiece == nullptr) return std::nullopt;
+  return impl_->sentencepiece->eos_id();
+}
+
+std::optional<TokenId> Tokenizer::unk_id() const {
+  if (impl_->sentencepiece == nullptr) return std::nullopt;
+  return impl_->sentencepiece->unk_id();
+}
+
+std::optional<TokenId> Tokenizer::pad_id() const {
+  if (impl_->sentencepiece == nullptr) return std::nullopt;
+  return impl_->sentencepiece->pad_id();
 }
 
 }  // namespace tokenizer

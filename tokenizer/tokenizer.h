@@ -40,6 +40,19 @@
 // (BertProcessing, RobertaProcessing) and decoders (Metaspace, WordPiece,
 // ...); truncation and padding set in the file.
 //
+// A SentencePiece tokenizer.model (Llama 2, Mistral before v0.3) is read
+// too, by FromFile (which tells the two apart by their content) or
+// FromSentencePiece, and run through Debian's libsentencepiece as
+// transformers' sentencepiece-backed ("slow") LlamaTokenizer runs it
+// (legacy=True): its special pieces (<s>, </s>, <unk>, any control piece)
+// written in the text become their ids, the text between them is the
+// library's Encode (BPE or unigram, byte fallback to <0x..> pieces); the
+// model's BOS comes first when add_special_tokens (add_bos_token True,
+// add_eos_token False); decoding drops the dummy prefix's space and replaces
+// bytes that are not UTF-8 as the library does
+// (internal/sentencepiece_tokenizer.h). Its ids, special pieces and
+// bos/eos/unk/pad ids are the model's.
+//
 // Errors follow the project's rule (who, what, the value, what was
 // expected); the codes: kNotFound for a file that cannot be read, kDataLoss
 // for malformed JSON, a missing or mistyped field, or a merge naming a token
@@ -72,8 +85,9 @@ using TokenId = int32_t;
 
 struct EncodeOptions {
   // Adds what the post-processor adds (`tokenizers`' add_special_tokens):
-  // Llama 3's <|begin_of_text|> before the text. Added tokens written in the
-  // text are found either way.
+  // Llama 3's <|begin_of_text|> before the text; for a tokenizer.model, its
+  // BOS (Llama 2's <s>). Added tokens (a tokenizer.model's special pieces)
+  // written in the text are found either way.
   bool add_special_tokens = true;
 
   // What Encode does with bytes that are not UTF-8. `tokenizers` takes
@@ -89,21 +103,34 @@ struct EncodeOptions {
 };
 
 struct DecodeOptions {
-  // Leaves out the special added tokens (those with "special": true), as
-  // Python's Tokenizer.decode does by default.
+  // Leaves out the special added tokens (those with "special": true; a
+  // tokenizer.model's control pieces and <unk>), as Python's
+  // Tokenizer.decode does by default.
   bool skip_special_tokens = true;
 };
 
 class Tokenizer {
  public:
-  // Reads a tokenizer.json. Errors: kNotFound when it cannot be read, and
-  // those of FromJson, naming `path`.
+  // Reads a tokenizer.json, or a SentencePiece tokenizer.model: a file
+  // whose text starts with '{' or whose name ends in .json is read as JSON,
+  // anything else as a SentencePiece model. Errors: kNotFound when it cannot
+  // be read; kDataLoss for an empty file, or one that is neither (naming its
+  // first byte and libsentencepiece's complaint; for a *.model name, the
+  // complaint alone); those of FromJson and FromSentencePiece, naming `path`.
   static absl::StatusOr<Tokenizer> FromFile(const std::string& path);
 
   // Reads the text of a tokenizer.json; `origin` names it in errors (a path,
   // a URL). About 30 MB of JSON a second (Llama 3's 9 MB file: about 0.3 s).
   static absl::StatusOr<Tokenizer> FromJson(std::string_view json,
                                             std::string_view origin = "tokenizer.json");
+
+  // Reads the bytes of a SentencePiece tokenizer.model (a serialized
+  // sentencepiece ModelProto); `origin` names it in errors. Errors:
+  // kDataLoss when libsentencepiece refuses the bytes (with its message),
+  // kUnimplemented for a model with treat_whitespace_as_suffix or a
+  // denormalizer.
+  static absl::StatusOr<Tokenizer> FromSentencePiece(std::string_view model,
+                                                     std::string_view origin = "tokenizer.model");
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -134,23 +161,29 @@ class Tokenizer {
   // also one cut across tokens, replaced by U+FFFD; without a decoder, the
   // tokens joined with spaces. Unlike `tokenizers`, which skips them
   // silently, an id that is in neither the vocabulary nor the added tokens
-  // is an error (kInvalidArgument naming its index).
+  // is an error (kInvalidArgument naming its index). A tokenizer.model's
+  // ids: each piece's text ("▁" as a space, a byte piece's byte, special
+  // pieces as spelled unless skipped), the space of the dummy prefix dropped
+  // at the start as libsentencepiece drops it, and each byte that does not
+  // begin a UTF-8 character replaced by U+FFFD, as the library replaces it.
   absl::StatusOr<std::string> Decode(absl::Span<const TokenId> ids,
                                      const DecodeOptions& options = {}) const;
 
   // Decode without the replacement: the bytes themselves, which need not be
   // UTF-8 (a character may be cut where `ids` end: for streaming, keep the
-  // incomplete tail for the next call).
+  // incomplete tail for the next call; a tokenizer.model drops the dummy
+  // prefix's space at the start of every call, so decode from the start).
   absl::StatusOr<std::string> DecodeBytes(absl::Span<const TokenId> ids,
                                           const DecodeOptions& options = {}) const;
 
-  // One more than the largest id of the vocabulary and the added tokens:
-  // the rows an embedding needs.
+  // One more than the largest id of the vocabulary and the added tokens
+  // (a tokenizer.model's number of pieces): the rows an embedding needs.
   int vocab_size() const;
 
   // The id of a token, as the file spells it (byte-level characters for the
-  // vocabulary: "Ġworld"; an added token's content: "<|eot_id|>"); added
-  // tokens first, as in `tokenizers`' token_to_id.
+  // vocabulary: "Ġworld"; an added token's content: "<|eot_id|>"; a
+  // tokenizer.model's piece: "▁world", "<0x0A>", "<s>"); added tokens
+  // first, as in `tokenizers`' token_to_id.
   std::optional<TokenId> TokenToId(std::string_view token) const;
 
   // The token of an id, as the file spells it (an added token's content
@@ -159,9 +192,18 @@ class Tokenizer {
   // writes these strings.
   std::optional<std::string_view> IdToToken(TokenId id) const;
 
-  // Whether `id` is an added token marked "special" (what
-  // skip_special_tokens leaves out).
+  // Whether `id` is an added token marked "special", or a tokenizer.model's
+  // control or unknown piece (what skip_special_tokens leaves out).
   bool IsSpecial(TokenId id) const;
+
+  // The ids a tokenizer.model reserves (SentencePiece's bos_id, eos_id,
+  // unk_id, pad_id; Llama 2: 1, 2, 0 and none); std::nullopt where the
+  // model has none, and always for a tokenizer.json, which does not name
+  // them (transformers reads them from tokenizer_config.json).
+  std::optional<TokenId> bos_id() const;
+  std::optional<TokenId> eos_id() const;
+  std::optional<TokenId> unk_id() const;
+  std::optional<TokenId> pad_id() const;
 
  private:
   explicit Tokenizer(std::unique_ptr<internal::TokenizerImpl> impl);

@@ -84,6 +84,7 @@ EXTERNAL_NAMES = {
     "com_google_googletest": "GoogleTest",
     "pcre2": "PCRE2",
     "icu": "ICU",
+    "sentencepiece": "SentencePiece",
 }
 # Packages of this repository that stand for something outside it.
 THIRD_PARTY_PACKAGES = {"third_party": "CUDA"}

@@ -24,13 +24,14 @@ Release flags are -O2 like .bazelrc's; warnings are not errors there).
 Optional libraries (OPTIONAL_LIBRARIES below) are built only when CMake
 finds the system libraries they need, else a stand-in of the same header is:
 //trainer:text_data (the trainer's --tokenizer) needs tokenizer/, which needs
-PCRE2 and ICU, which the GPU machine lacks. What only an optional library
-brings is marked as built with its switch (TORCHFSDP_<NAME>_LIBRARY_SRCS,
-when CMakeLists.txt sets TORCHFSDP_WITH_<NAME>), its stand-in's as built
-without (TORCHFSDP_NO_<NAME>_LIBRARY_SRCS), as CUDA-only labels are marked;
-a library built either way that depends on one of the optional library's
-external repositories (@pcre2, @icu) is an error, as is a stand-in whose
-hdrs differ from the library's. Bazel always builds the library itself.
+PCRE2, ICU and SentencePiece, which the GPU machine lacks. What only an
+optional library brings is marked as built with its switch
+(TORCHFSDP_<NAME>_LIBRARY_SRCS, when CMakeLists.txt sets
+TORCHFSDP_WITH_<NAME>), its stand-in's as built without
+(TORCHFSDP_NO_<NAME>_LIBRARY_SRCS), as CUDA-only labels are marked; a
+library built either way that depends on one of the optional library's
+external repositories (@pcre2, @icu, @sentencepiece) is an error, as is a
+stand-in whose hdrs differ from the library's. Bazel always builds the library itself.
 
 cuda_objects targets (kernels/cuda.bzl: .cu files compiled by nvcc, no
 LibTorch) must be reached only through //third_party:cuda branches (the
@@ -74,7 +75,7 @@ CUDA_OBJECTS = "cuda_objects"  # the macro of kernels/cuda.bzl
 # else the stand-in, a library of the same hdrs that needs none of them.
 OPTIONAL_LIBRARIES = [
     ("//trainer:text_data", "//trainer:text_data_unavailable", "TOKENIZER",
-     ("@pcre2", "@icu")),
+     ("@pcre2", "@icu", "@sentencepiece")),
 ]
 
 # When a label is built (closure()): "always", "cuda" (TORCHFSDP_CUDA),

@@ -34,9 +34,9 @@
 #      (the 63 both runs finished: 467 s against 332 s, load ~1.8), plus
 #      26 s for the header once; at a2ead3f without the header it took
 #      777 s (load ~4.4), 478 s with it at 04e2b2c (load ~3.3).
-#      The trainer's --tokenizer needs PCRE2 and ICU (tokenizer/), which this
-#      machine has and the GPU machine does not: CMake builds it here
-#      (TORCHFSDP_WITH_TOKENIZER, found) and the stand-in the GPU machine
+#      The trainer's --tokenizer needs PCRE2, ICU and SentencePiece
+#      (tokenizer/), which this machine has and the GPU machine does not:
+#      CMake builds it here (TORCHFSDP_WITH_TOKENIZER, found) and the stand-in the GPU machine
 #      links instead (trainer/text_data_unavailable.cc: target
 #      torchfsdp_no_tokenizer) is compiled beside it, so both sides of that
 #      choice compile in the CMake build.
@@ -44,10 +44,11 @@
 #      (ldd) resolves into the wheel's site-packages, the bundle, or the
 #      C/C++ runtime every machine has (glibc's libraries, libstdc++, libgcc_s):
 #      the GPU machine has no Debian packages, and a library found in
-#      /usr/lib here would be missing there. The one exception: PCRE2's and
-#      ICU's, for the trainer and gpu_check (which links the trainer's loop
-#      for trainer_cuda_graphs), when CMake found them (a machine without
-#      them builds both without them, so neither loads them there).
+#      /usr/lib here would be missing there. The one exception: PCRE2's,
+#      ICU's and SentencePiece's, for the trainer and gpu_check (which
+#      links the trainer's loop for trainer_cuda_graphs), when CMake found
+#      them (a machine without them builds both without them, so neither
+#      loads them there).
 #   4. gpu_check --dry-run-on-cpu: the CUDA binary starts, and its CPU-side
 #      checks pass (the CUDA cases need a GPU and say NOT RUN).
 #   5. The trainer on a text: with the tokenizer, one step on 1 rank from
@@ -105,7 +106,7 @@ status=0
 for binary in gpu_check trainer; do
   while read -r name _ path _; do
     [[ "$name" =~ $C_RUNTIME_SONAMES ]] && continue
-    [[ $with_tokenizer == ON && "$name" =~ ^lib(pcre2-8|icuuc|icudata)\.so\. ]] && continue
+    [[ $with_tokenizer == ON && "$name" =~ ^lib(pcre2-8|icuuc|icudata|sentencepiece)\.so\. ]] && continue
     case "$path" in
       "$site_packages"/* | "$deps"/*) ;;
       *) echo "gpu_cmake_check.sh: $binary loads $name from ${path:-nowhere}, not from the wheel ($site_packages) or the bundle ($deps)" >&2
@@ -114,7 +115,7 @@ for binary in gpu_check trainer; do
   done < <(env -u LD_LIBRARY_PATH ldd "$build/$binary" | grep '=>')
 done
 ((status == 0)) || exit 1
-echo "gpu_cmake_check.sh: gpu_check and trainer load only the wheel's, the bundle's and the C/C++ runtime's libraries$([[ $with_tokenizer == ON ]] && echo " (and PCRE2's and ICU's: TORCHFSDP_WITH_TOKENIZER)")"
+echo "gpu_cmake_check.sh: gpu_check and trainer load only the wheel's, the bundle's and the C/C++ runtime's libraries$([[ $with_tokenizer == ON ]] && echo " (and PCRE2's, ICU's and SentencePiece's: TORCHFSDP_WITH_TOKENIZER)")"
 
 env -u LD_LIBRARY_PATH "$build/gpu_check" --dry-run-on-cpu
 
@@ -131,5 +132,5 @@ else
   if "${trainer_on_text[@]}" >"$text_run/log" 2>&1 || ! grep -q "built without the tokenizer" "$text_run/log"; then
     cat "$text_run/log" >&2; echo "gpu_cmake_check.sh: the CMake trainer without the tokenizer did not refuse --tokenizer" >&2; exit 1
   fi
-  echo "gpu_cmake_check.sh: the trainer (without the tokenizer: PCRE2/ICU not found) refuses --tokenizer naming why"
+  echo "gpu_cmake_check.sh: the trainer (without the tokenizer: PCRE2/ICU/SentencePiece not found) refuses --tokenizer naming why"
 fi

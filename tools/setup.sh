@@ -11,7 +11,8 @@
 #   (command lines, --log-json), libgloo-dev (the gloo/ headers that
 #   ProcessGroupGloo.hpp includes and the torch wheel does not ship),
 #   libpcre2-dev and libicu-dev (the tokenizer's pre-tokenizer regular
-#   expressions and its Unicode normalization), and clang-format-14
+#   expressions and its Unicode normalization), libsentencepiece-dev (the
+#   tokenizer's SentencePiece tokenizer.model files), and clang-format-14
 #   (tools/format.sh, pinned to that version).
 # - LibTorch: the pinned `torch` wheel (TORCH_VERSION below), with pip into a
 #   virtual environment in the project's prefix,
@@ -25,7 +26,9 @@
 #   --with-python  the wheel with all its dependencies (Python `import torch`,
 #                  the CUDA and NCCL libraries --config=cuda links against),
 #                  and PYTHON_EXTRAS below (numpy, matplotlib, safetensors,
-#                  transformers: the Llama golden checkpoints and the export check):
+#                  transformers: the Llama golden checkpoints and the export check;
+#                  sentencepiece and protobuf: the tokenizer.model golden files and
+#                  //tools:tokenize_test):
 #                  golden fixtures, the Python interop tests (safetensors:
 #                  //formats:safetensors_test), benchmarks' Python peers,
 #                  tools/plot.py.
@@ -35,7 +38,8 @@ readonly TORCH_VERSION=2.15.0
 # What --with-python installs beside torch. The stamp that records it is named
 # after this list, so adding or re-pinning one reinstalls on every machine
 # that set up the old list.
-readonly PYTHON_EXTRAS=(numpy matplotlib safetensors==0.8.0 transformers==5.24.0)
+readonly PYTHON_EXTRAS=(numpy matplotlib safetensors==0.8.0 transformers==5.24.0
+  sentencepiece==0.2.3 protobuf==7.36.2)
 readonly prefix="${TORCHFSDP_HOME:-${HOME:-/root}/.cache/torchfsdp-cpp}"
 readonly venv="$prefix/venv"
 
@@ -63,6 +67,7 @@ packages=(
   nlohmann-json3-dev
   libpcre2-dev
   libicu-dev
+  libsentencepiece-dev
   clang-format-14
 )
 python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv)

@@ -1,5 +1,5 @@
-// tokenize: text in, token ids out, with a Hugging Face tokenizer.json
-// (tokenizer/tokenizer.h).
+// tokenize: text in, token ids out, with a Hugging Face tokenizer.json or a
+// SentencePiece tokenizer.model (tokenizer/tokenizer.h).
 //
 //   # the ids of a prompt, as JSON (debugging what the model will see)
 //   bazel run //tools:tokenize -- --tokenizer tokenizer.json --text "Hello, world"
@@ -11,9 +11,10 @@
 //
 // A file is one document; with --jsonl-field F every line of a file is a
 // JSON object whose string field F is one document. Each document is encoded
-// (with the tokenizer's post-processor: e.g. Llama 3's BOS, unless
-// --no-special-tokens) and followed by the EOS token (--eos-token, else the
-// first of the usual names the vocabulary has), so documents never run into
+// (with the tokenizer's post-processor: e.g. Llama 3's BOS, or a
+// tokenizer.model's, unless --no-special-tokens) and followed by the EOS
+// token (--eos-token, else a tokenizer.model's own, else the first of the
+// usual names the vocabulary has), so documents never run into
 // each other unseparated. The token file is llm.c's layout
 // (trainer::WriteTokenFile): uint16 ids with the GPT-2 header when the
 // vocabulary fits in 16 bits, uint32 with the Llama 3 header otherwise,
@@ -49,12 +50,15 @@ int Fail(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app("tokenize: text in, token ids out, with a Hugging Face tokenizer.json");
+  CLI::App app(
+      "tokenize: text in, token ids out, with a Hugging Face tokenizer.json or a SentencePiece "
+      "tokenizer.model");
   std::string tokenizer_path, text, out, jsonl_field, eos_token;
   std::vector<std::string> inputs;
   bool no_special_tokens = false;
   int threads = 0;
-  app.add_option("--tokenizer", tokenizer_path, "the tokenizer.json")->required();
+  app.add_option("--tokenizer", tokenizer_path, "the tokenizer.json or tokenizer.model")
+      ->required();
   app.add_option("--text", text, "print this text's ids and tokens as JSON");
   app.add_option("--out", out, "write the inputs' ids here as a token file (llm.c's layout)");
   app.add_option("inputs", inputs, "text files (or JSON Lines with --jsonl-field)");
@@ -62,10 +66,12 @@ int main(int argc, char** argv) {
                  "each line of an input is a JSON object; this field "
                  "is a document");
   app.add_option("--eos-token", eos_token,
-                 "the token after each document (default: <|end_of_text|>, <|endoftext|>, </s> "
-                 "or <|im_end|>, the first the vocabulary has)");
+                 "the token after each document (default: a tokenizer.model's EOS, else "
+                 "<|end_of_text|>, <|endoftext|>, </s> or <|im_end|>, the first the vocabulary "
+                 "has)");
   app.add_flag("--no-special-tokens", no_special_tokens,
-               "encode without the post-processor's special tokens (e.g. BOS)");
+               "encode without the post-processor's special tokens (e.g. BOS; a "
+               "tokenizer.model's BOS)");
   app.add_option("--threads", threads, "encoding threads (0: every core)")
       ->check(CLI::NonNegativeNumber);
   try {

@@ -1,7 +1,7 @@
 // text_data_unavailable.cc, the CMake GPU build's text_data.h where CMake
-// finds no PCRE2 and ICU: --tokenizer is refused naming why and what to do
-// instead; without --tokenizer there is nothing to encode. (Bazel builds it
-// only here, so that it compiles and says what it should.)
+// finds no PCRE2, ICU or SentencePiece: --tokenizer is refused naming why
+// and what to do instead; without --tokenizer there is nothing to encode.
+// (Bazel builds it only here, so that it compiles and says what it should.)
 #include "comm/process_group.h"
 #include "gtest/gtest.h"
 #include "trainer/text_data.h"
@@ -19,8 +19,9 @@ TEST(TextDataUnavailableTest, RefusesTheTokenizerNamingWhy) {
   EXPECT_EQ(text.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(text.status().message(),
             "--tokenizer='tokenizer.json': this trainer was built without the tokenizer: "
-            "PCRE2/ICU not found by CMake (or TORCHFSDP_TOKENIZER=OFF); make the token file with "
-            "//tools:tokenize (bazel run //tools:tokenize -- --tokenizer tokenizer.json --out "
+            "PCRE2/ICU/SentencePiece not found by CMake (or TORCHFSDP_TOKENIZER=OFF); make the "
+            "token file with //tools:tokenize (bazel run //tools:tokenize -- --tokenizer "
+            "tokenizer.json --out "
             "FILE.bin corpus.txt) and pass it as --data FILE.bin");
   o.tokenizer.clear();
   auto none = OpenTextData(o, no_group);

@@ -2,11 +2,12 @@
 // built trainer on a text file trains on exactly the ids //tools:tokenize
 // writes for it, so its losses and validation losses equal those of a run
 // on that token file bit for bit (1 and 2 ranks; the default transformer
-// and a small --model llama); and every refusal (a tokenizer larger than
-// the model's vocabulary, a token file with --tokenizer, text without one
-// under --model llama, a missing, malformed or separator-less tokenizer)
-// stops the run before it writes anything, with one line naming the flag,
-// the value and what was expected.
+// and a small --model llama; a SentencePiece tokenizer.model); and every
+// refusal (a tokenizer larger than the model's vocabulary, a token file
+// with --tokenizer, text without one under --model llama, a missing,
+// malformed or separator-less tokenizer) stops the run before it writes
+// anything, with one line naming the flag, the value and what was
+// expected.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -31,6 +32,9 @@ const char kTokenizer[] = "tokenizer/testdata/llama3/tokenizer.json";
 const char kNoEosTokenizer[] = "tokenizer/testdata/flags/tokenizer.json";
 const char kSmallCheckpoint[] = "models/testdata/llama3_gqa";
 const char kText[] = "/usr/share/common-licenses/GPL-3";  // 35 KB: 8,587 ids
+// A SentencePiece tokenizer.model in Llama 2's layout (2,000 pieces, <s> 1,
+// </s> 2).
+const char kSentencePiece[] = "tokenizer/testdata/sentencepiece/llama2_bpe/tokenizer.model";
 
 // The token file //tools:tokenize makes of kText.
 std::string TokenFile() {
@@ -106,6 +110,31 @@ TEST(TrainerTextDataTest, TheDefaultModelOnTextEqualsItsTokenFile) {
 
 TEST(TrainerTextDataTest, ALlamaOnTextEqualsItsTokenFile) {
   ExpectSameRuns("--model=llama --model-config=" + SmallLlamaConfig(), "llama");
+}
+
+// A tokenizer.model the same way: the run on the text trains on the ids
+// //tools:tokenize writes with it (<s>, the text's pieces, </s>).
+TEST(TrainerTextDataTest, ASentencePieceModelOnTextEqualsItsTokenFile) {
+  const std::string tokens = TempDir("tokenized_sp") + "/gpl3.bin";
+  const std::string command = std::string("tools/tokenize --tokenizer ") + kSentencePiece +
+                              " --out " + tokens + " " + kText + " > /dev/null 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  for (int nproc : {1, 2}) {
+    const std::string common =
+        std::string("--vocab=2048") + kSteps + " --nproc=" + std::to_string(nproc) + " --data=";
+    std::string output;
+    // (Qualified: inside a TEST, Run is testing::Test's.)
+    const Losses from_text =
+        testing::Run(common + kText + " --tokenizer=" + kSentencePiece, "sp_text", &output);
+    const Losses from_tokens = testing::Run(common + tokens, "sp_tokens");
+    const std::string where = std::to_string(nproc) + " rank(s)";
+    ASSERT_EQ(from_text.train.size(), 6u) << where;
+    EXPECT_EQ(from_text.train, from_tokens.train) << where;  // bit for bit
+    EXPECT_EQ(from_text.val, from_tokens.val) << where;
+    EXPECT_THAT(output, HasSubstr(std::string(" tokens of ") + kText + " (text encoded with " +
+                                  kSentencePiece + ", </s> after it)"))
+        << output;
+  }
 }
 
 // Each refused run: its flags and what its one error line must say. None

@@ -335,6 +335,11 @@ set(TORCHFSDP_SRCS_tokenizer__internal
   "${REPO}/tokenizer/internal/regex.cc"
   "${REPO}/tokenizer/internal/utf8.cc"
 )
+# //tokenizer:sentencepiece (only with TORCHFSDP_WITH_TOKENIZER)
+set(TORCHFSDP_SRCS_tokenizer__sentencepiece
+  "${REPO}/tokenizer/internal/sentencepiece_model.cc"
+  "${REPO}/tokenizer/internal/sentencepiece_tokenizer.cc"
+)
 # //tokenizer:tokenizer (only with TORCHFSDP_WITH_TOKENIZER)
 set(TORCHFSDP_SRCS_tokenizer
   "${REPO}/tokenizer/tokenizer.cc"
@@ -394,14 +399,14 @@ set(TORCHFSDP_SRCS_trainer__train
 )
 
 # ---- binaries ----------------------------------------------------------------
-# //trainer:trainer: links 75 project libraries
+# //trainer:trainer: links 76 project libraries
 set(TORCHFSDP_BINARY_SRCS_trainer
   "${REPO}/trainer/trainer_main.cc"
 )
 set(TORCHFSDP_LINKOPTS_trainer
   "-ldl"
 )
-# //benchmarks:gpu_check: links 87 project libraries
+# //benchmarks:gpu_check: links 88 project libraries
 set(TORCHFSDP_BINARY_SRCS_gpu_check
   "${REPO}/benchmarks/gpu_check.cc"
 )
@@ -506,6 +511,7 @@ set(TORCHFSDP_CUDA_ALWAYSLINK_SRCS
 set(TORCHFSDP_TOKENIZER_LIBRARY_SRCS
   ${TORCHFSDP_SRCS_tokenizer__documents}
   ${TORCHFSDP_SRCS_tokenizer__internal}
+  ${TORCHFSDP_SRCS_tokenizer__sentencepiece}
   ${TORCHFSDP_SRCS_tokenizer}
   ${TORCHFSDP_SRCS_trainer__text_data}
 )

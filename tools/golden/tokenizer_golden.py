@@ -375,13 +375,15 @@ def main():
     texts = training_texts()
     strings = test_strings()
     chars = byte_level_chars()
-    if os.path.isdir(OUT):
-        shutil.rmtree(OUT)
-    os.makedirs(OUT)
-    dump(strings, os.path.join(OUT, "strings.json"))
     specials = {"gpt2": ["<|endoftext|>"], "gpt2_prefix": ["<|endoftext|>"],
                 "llama3": LLAMA3_SPECIAL, "qwen2": QWEN2_SPECIAL,
                 "flags": ["<mask>"], "flags_nounk": ["<mask>"]}
+    # Its own files only: testdata/sentencepiece/ is sentencepiece_golden.py's.
+    for name in specials:
+        if os.path.isdir(os.path.join(OUT, name)):
+            shutil.rmtree(os.path.join(OUT, name))
+    os.makedirs(OUT, exist_ok=True)
+    dump(strings, os.path.join(OUT, "strings.json"))
     for name, j in build_cases(texts).items():
         d = os.path.join(OUT, name)
         os.makedirs(d)
