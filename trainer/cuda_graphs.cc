@@ -2,7 +2,12 @@
 
 #include <utility>
 
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/logical_not.h>
+#include <ATen/ops/logical_or.h>
+#include <ATen/ops/ne.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -89,12 +94,25 @@ std::vector<std::string> CudaGraphBlockers(const Options& o, const CaptureEnviro
   return why;
 }
 
+std::vector<std::string> OptimizerCaptureBlockers(const Options& o) {
+  std::vector<std::string> why;
+  if (o.clip > 0) {
+    why.push_back(
+        "--clip: fsdp's clip_grad_norm_, which the update must follow, waits for its norm's "
+        "all-reduce on the host (comm::Work::wait with the group's timeout polls the NCCL "
+        "collective), which a capture cannot record");
+  }
+  return why;
+}
+
 absl::StatusOr<CudaGraphPlan> PlanCudaGraphs(const Options& o, const CaptureEnvironment& env) {
   CudaGraphPlan plan;
   if (o.cuda_graphs == CudaGraphs::kOff) return plan;
   plan.reasons = CudaGraphBlockers(o, env);
   if (plan.reasons.empty()) {
     plan.capture = true;
+    plan.optimizer_reasons = OptimizerCaptureBlockers(o);
+    plan.capture_optimizer = plan.optimizer_reasons.empty();
     return plan;
   }
   if (o.cuda_graphs == CudaGraphs::kOn) {
@@ -107,14 +125,44 @@ absl::StatusOr<CudaGraphPlan> PlanCudaGraphs(const Options& o, const CaptureEnvi
 
 std::string DescribeCudaGraphPlan(const Options& o, const CudaGraphPlan& plan) {
   if (o.cuda_graphs == CudaGraphs::kOff) return "";
+  if (plan.capture && plan.capture_optimizer) {
+    return absl::StrCat(
+        "cuda graphs: the step (forward, backward, its loss reduction, the optimizer update) "
+        "is captured after ",
+        kCudaGraphWarmupSteps,
+        " eager steps and replayed; the learning rate is written to the device before each "
+        "replay");
+  }
   if (plan.capture) {
     return absl::StrCat(
-        "cuda graphs: the step (forward, backward, its loss reduction) is captured "
-        "after ",
-        kCudaGraphWarmupSteps, " eager steps and replayed; the optimizer step stays eager");
+        "cuda graphs: the step (forward, backward, its loss reduction) is captured after ",
+        kCudaGraphWarmupSteps,
+        " eager steps and replayed; the optimizer update stays eager "
+        "after each replay: ",
+        absl::StrJoin(plan.optimizer_reasons, "; "));
   }
   return absl::StrCat("cuda graphs: eager step (--cuda-graphs=", Name(o.cuda_graphs),
                       "): ", absl::StrJoin(plan.reasons, "; "));
+}
+
+void SetStepLearningRate(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+  auto* capturable = dynamic_cast<optim::Capturable*>(&optimizer);
+  if (capturable != nullptr && capturable->capturable()) capturable->write_device_values();
+}
+
+void WriteFoundInf(const at::Tensor& figures, at::Tensor& found_inf) {
+  TORCH_CHECK(figures.dim() == 1 && figures.size(0) >= 2, "trainer::WriteFoundInf: figures has ",
+              "shape ", figures.sizes(), ": expected [loss, flag, ...]");
+  at::NoGradGuard no_grad;
+  const at::Tensor bad =
+      at::logical_or(at::logical_not(at::isfinite(figures[0])), at::ne(figures[1], 0));
+  found_inf.copy_(bad.reshape(found_inf.sizes()));
+}
+
+void RecordGraphedOptimizerStep(optim::Capturable& optimizer, GraphedPhase phase, bool finite) {
+  if (phase == GraphedPhase::kReplay) optimizer.record_replayed_step();
+  if (!finite) optimizer.record_skipped_step();
 }
 
 #ifdef TORCHFSDP_CUDA

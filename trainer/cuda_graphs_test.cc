@@ -1,17 +1,29 @@
 // --cuda-graphs without a GPU: the decision (CudaGraphBlockers,
-// PlanCudaGraphs) for representative configurations, each reason's words,
-// and the trainer binary under auto (eager, "not CUDA" printed once, the
-// losses of --cuda-graphs=off bit for bit) and on (refused before training,
-// exit 2, naming the flag and the reason). The capture itself needs a GPU:
-// trainer/trainer_gpu_check.cc.
+// OptimizerCaptureBlockers, PlanCudaGraphs) for representative
+// configurations, each reason's words; the host side of the captured
+// optimizer update (SetStepLearningRate, WriteFoundInf against
+// CheckStepFinite, RecordGraphedOptimizerStep's step counts through warm-up,
+// capture and replays with non-finite steps) on a capturable optimizer on
+// the CPU; and the trainer binary under auto (eager, "not CUDA" printed
+// once, the losses of --cuda-graphs=off bit for bit) and on (refused before
+// training, exit 2, naming the flag and the reason). The capture itself
+// needs a GPU: trainer/trainer_gpu_check.cc.
 #include "trainer/cuda_graphs.h"
 
+#include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <torch/optim/adamw.h>
+#include <torch/types.h>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "optim/optimizers.h"
+#include "state_dict/optim_state.h"
+#include "trainer/finite_state.h"
 #include "trainer/options.h"
 #include "trainer/testing/run_trainer.h"
 
@@ -65,7 +77,8 @@ TEST(CudaGraphBlockersTest, TheDefaultsOnAGpuCanBeCaptured) {
   // What the decision allows by design: the FSDP variants, bf16, float8,
   // activation checkpointing, several micro-batches (a fixed sequence of
   // no_sync forwards and backwards), the other optimizers, the LR schedule
-  // (the update stays eager), checkpoints written synchronously, the JSON log.
+  // (written to the device before each replay), checkpoints written
+  // synchronously, the JSON log.
   Options o = CudaOptions();
   o.fsdp = FsdpApi::kFullyShard;
   o.mixed_precision = MixedPrecision::kBf16;
@@ -142,7 +155,7 @@ TEST(CudaGraphBlockersTest, TheEnvironmentsReasons) {
 TEST(CudaGraphBlockersTest, EveryReasonIsListedNotJustTheFirst) {
   Options o = CudaOptions();
   o.cpu_offload = true;
-  o.clip = 1.0;  // runs eagerly after the replay, on the device: no reason
+  o.clip = 1.0;  // keeps the update eager (OptimizerCaptureBlockers), not the step
   o.eval_every = 5;
   CaptureEnvironment gloo = Gpu();
   gloo.backend = "gloo";
@@ -165,9 +178,27 @@ TEST(PlanCudaGraphsTest, OffAutoAndOn) {
     auto plan = PlanCudaGraphs(o, Gpu());
     ASSERT_TRUE(plan.ok()) << plan.status();
     EXPECT_TRUE(plan->capture);
-    EXPECT_THAT(DescribeCudaGraphPlan(o, *plan),
-                HasSubstr("captured after 3 eager steps and replayed; the optimizer step "
-                          "stays eager"));
+    EXPECT_TRUE(plan->capture_optimizer);
+    EXPECT_THAT(plan->optimizer_reasons, IsEmpty());
+    EXPECT_EQ(DescribeCudaGraphPlan(o, *plan),
+              "cuda graphs: the step (forward, backward, its loss reduction, the optimizer "
+              "update) is captured after 3 eager steps and replayed; the learning rate is "
+              "written to the device before each replay");
+    // --clip: the step is still captured (on is not refused), its update
+    // stays eager after each replay, and the line says why.
+    Options clipped = o;
+    clipped.clip = 1.0;
+    auto partial = PlanCudaGraphs(clipped, Gpu());
+    ASSERT_TRUE(partial.ok()) << partial.status();
+    EXPECT_TRUE(partial->capture);
+    EXPECT_FALSE(partial->capture_optimizer);
+    EXPECT_THAT(partial->optimizer_reasons, ElementsAre(HasSubstr("--clip: ")));
+    EXPECT_EQ(DescribeCudaGraphPlan(clipped, *partial),
+              "cuda graphs: the step (forward, backward, its loss reduction) is captured after 3 "
+              "eager steps and replayed; the optimizer update stays eager after each replay: "
+              "--clip: fsdp's clip_grad_norm_, which the update must follow, waits for its "
+              "norm's all-reduce on the host (comm::Work::wait with the group's timeout polls "
+              "the NCCL collective), which a capture cannot record");
   }
 
   o.eval_every = 10;
@@ -189,6 +220,132 @@ TEST(PlanCudaGraphsTest, OffAutoAndOn) {
               AllOf(HasSubstr("--cuda-graphs=on: the step cannot be captured: --cpu-offload:"),
                     HasSubstr("; --eval-every: the evaluation's eager forward"),
                     HasSubstr("(--cuda-graphs=auto runs eagerly instead)")));
+}
+
+TEST(OptimizerCaptureBlockersTest, OnlyClipKeepsTheUpdateEager) {
+  EXPECT_THAT(OptimizerCaptureBlockers(CudaOptions()), IsEmpty());
+  for (OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
+    Options o = CudaOptions();
+    o.optimizer = kind;
+    o.grad_accum = 2;
+    o.mixed_precision = MixedPrecision::kBf16;
+    EXPECT_THAT(OptimizerCaptureBlockers(o), IsEmpty()) << Name(kind);
+  }
+  Options o = CudaOptions();
+  o.clip = 0.5;
+  EXPECT_THAT(OptimizerCaptureBlockers(o), ElementsAre(HasSubstr("--clip: fsdp's "
+                                                                 "clip_grad_norm_")));
+}
+
+// ---- the host side of a captured optimizer update, on the CPU ------------
+
+std::vector<torch::Tensor> TwoParams() {
+  torch::manual_seed(7);
+  return {torch::randn({4, 3}).requires_grad_(true), torch::randn({5}).requires_grad_(true)};
+}
+
+std::vector<torch::optim::OptimizerParamGroup> TwoGroups(const std::vector<torch::Tensor>& p) {
+  return {
+      torch::optim::OptimizerParamGroup(
+          {p[0]}, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1.0))),
+      torch::optim::OptimizerParamGroup(
+          {p[1]}, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(2.0)))};
+}
+
+TEST(SetStepLearningRateTest, EveryGroupAndTheDeviceLrOfACapturableOptimizer) {
+  auto p = TwoParams();
+  optim::AdamW ordinary(TwoGroups(p), {}, optim::Implementation::kFused);
+  SetStepLearningRate(ordinary, 0.1);
+  for (const auto& group : ordinary.param_groups()) EXPECT_EQ(group.options().get_lr(), 0.1);
+  EXPECT_FALSE(ordinary.lr_tensor(0).defined());
+
+  optim::AdamW capturable(TwoGroups(p), {}, optim::Implementation::kFused, false, true);
+  for (double lr : {0.1, 3e-4, 0.0}) {
+    SetStepLearningRate(capturable, lr);
+    for (size_t g = 0; g < 2; ++g) {
+      EXPECT_EQ(capturable.param_groups()[g].options().get_lr(), lr);
+      EXPECT_EQ(capturable.lr_tensor(g).item<float>(), static_cast<float>(lr)) << g;
+    }
+  }
+}
+
+TEST(WriteFoundInfTest, OneExactlyWhenTheHostCheckRefusesTheStep) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  struct Case {
+    double loss, flag;
+  };
+  torch::Tensor found_inf = torch::full({}, 7.0);  // overwritten every time
+  for (const Case& c : std::vector<Case>{{2.5, 0},
+                                         {nan, 0},
+                                         {inf, 0},
+                                         {-inf, 0},
+                                         {2.5, 1},
+                                         {2.5, 0.5},  // one rank of two
+                                         {nan, 1},
+                                         {1e300, 0}}) {
+    const torch::Tensor figures = torch::tensor({c.loss, c.flag}, torch::kFloat64);
+    WriteFoundInf(figures, found_inf);
+    const bool refused = !CheckStepFinite(1, c.loss, -1, c.flag == 0.0).ok();
+    EXPECT_EQ(found_inf.item<float>(), refused ? 1.0f : 0.0f) << c.loss << " " << c.flag;
+  }
+  torch::Tensor shaped = torch::zeros({1});  // GradScaler's shape
+  WriteFoundInf(torch::tensor({nan, 0.0}, torch::kFloat64), shaped);
+  EXPECT_EQ(shaped.item<float>(), 1.0f);
+}
+
+int64_t HostStep(const torch::optim::Optimizer& opt, const torch::Tensor& p) {
+  return static_cast<const torch::optim::AdamWParamState&>(*opt.state().at(p.unsafeGetTensorImpl()))
+      .step();
+}
+
+// The trainer's order for a graphed run whose update is captured (train.cc's
+// FullyGraphedTrainStep), on a capturable AdamW on the CPU: every step
+// SetStepLearningRate, then the update (step() for the warm-up and the
+// capture; a replay runs no host code, so none here), then, once the host
+// knows whether the step was finite, RecordGraphedOptimizerStep. The host
+// counts must be the number of finite steps, whatever the phase of the
+// non-finite ones (the first warm-up step among them: its state is
+// removed), and the captured step must be replayable.
+TEST(RecordGraphedOptimizerStepTest, TheHostCountsAreTheFiniteSteps) {
+  auto p = TwoParams();
+  optim::AdamW opt(TwoGroups(p), {}, optim::Implementation::kFused, false, true);
+  torch::Tensor found_inf = torch::zeros({});
+  opt.set_found_inf(found_inf);
+  struct Step {
+    GraphedPhase phase;
+    bool finite;
+  };
+  const std::vector<Step> steps = {{GraphedPhase::kWarmup, false}, {GraphedPhase::kWarmup, true},
+                                   {GraphedPhase::kWarmup, true},  {GraphedPhase::kCapture, true},
+                                   {GraphedPhase::kReplay, true},  {GraphedPhase::kReplay, false},
+                                   {GraphedPhase::kReplay, true},  {GraphedPhase::kReplay, true}};
+  int64_t finite_steps = 0;
+  for (size_t s = 0; s < steps.size(); ++s) {
+    SetStepLearningRate(opt, 1e-3 * static_cast<double>(s + 1));
+    found_inf.fill_(steps[s].finite ? 0.0 : 1.0);
+    if (steps[s].phase != GraphedPhase::kReplay) {
+      for (auto& t : p) {
+        t.mutable_grad() = steps[s].finite ? torch::ones_like(t) : torch::full_like(t, NAN);
+      }
+      opt.step();
+    }
+    if (steps[s].phase == GraphedPhase::kCapture) EXPECT_TRUE(opt.last_step_replayable());
+    RecordGraphedOptimizerStep(opt, steps[s].phase, steps[s].finite);
+    if (steps[s].finite) ++finite_steps;
+    if (s == 0) {
+      EXPECT_TRUE(opt.state().empty()) << "the skipped first step left no state";
+      continue;
+    }
+    for (const auto& t : p) EXPECT_EQ(HostStep(opt, t), finite_steps) << "step " << s;
+  }
+  EXPECT_EQ(finite_steps, 6);
+  // What a checkpoint saves.
+  auto exported = state_dict::ExportOptimizerState(opt);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  for (auto& [key, entries] : exported->state) {
+    EXPECT_EQ(entries["step"].item<int64_t>(), 6);
+  }
 }
 
 TEST(StepGraphTest, WithoutCudaItRefusesToBeMade) {

@@ -412,7 +412,12 @@ struct GraphedStep {
   StepGraph graph;
   int64_t eager_steps = 0;
   torch::Tensor static_batch;    // this rank's rows, on the device, refilled before each replay
-  torch::Tensor static_figures;  // what StepFigures returned while captured
+  torch::Tensor static_figures;  // what the captured body returned
+  // The plan's capture_optimizer: the update is in the graph, the optimizer
+  // capturable, reading `found_inf` (float32, on the device, made before the
+  // capture and written by WriteFoundInf in it).
+  bool optimizer_captured = false;
+  torch::Tensor found_inf;
 };
 
 // This rank's forward and backward on `batch`, then the step's figures as a
@@ -444,20 +449,25 @@ torch::Tensor StepFigures(StepContext& c, const torch::Tensor& batch) {
 // --clip a second read of the norm besides clip_grad_norm_'s own (1, or 3
 // with --clip; now 1).
 //
-// Why the read comes before the update rather than after it (with the
+// Why the read comes before the update here rather than after it (with the
 // update made a no-op on the device when the flag is set, as PyTorch's
-// GradScaler does through found_inf): optim/'s fused optimizers take no
-// found_inf and advance their host-side step count unconditionally, so a
-// withheld update would still count a step. Reading before the update keeps
-// "a non-finite step stops before its optimizer update" exact at the cost
-// of the GPU idling while the host launches the (fused: a few kernels)
-// update.
+// GradScaler does through found_inf): the ordinary optimizers take no
+// found_inf (only optim/'s capturable mode does), so reading first is what
+// keeps "a non-finite step stops before its optimizer update" exact, at the
+// cost of the GPU idling while the host launches the (fused: a few kernels)
+// update. With the optimizer update captured too
+// (graphed->optimizer_captured), FullyGraphedTrainStep reads after the
+// update instead, which found_inf withholds on the device.
+absl::StatusOr<double> FullyGraphedTrainStep(StepContext& c, int64_t step, double lr,
+                                             const torch::Tensor& batch, GraphedStep& g);
+
 absl::StatusOr<double> TrainStep(StepContext& c, int64_t step, double lr,
                                  const torch::Tensor& batch, AsyncSave* async,
                                  GraphedStep* graphed) {
-  for (auto& param_group : c.optimizer.param_groups()) {
-    param_group.options().set_lr(lr);
+  if (graphed != nullptr && graphed->optimizer_captured) {
+    return FullyGraphedTrainStep(c, step, lr, batch, *graphed);
   }
+  SetStepLearningRate(c.optimizer, lr);  // the optimizer is not capturable here
   torch::Tensor figures;
   if (graphed == nullptr) {
     // Python's zero_grad(): no detach_ per gradient (optim::zero_grad).
@@ -503,6 +513,67 @@ absl::StatusOr<double> TrainStep(StepContext& c, int64_t step, double lr,
   // this step's forward and backward, usually).
   if (async != nullptr) async->saver.WaitUntilWritten();
   c.optimizer.step();
+  return global_loss;
+}
+
+// A step of a run whose graph holds the optimizer update too
+// (cuda_graphs.h): the learning rate is written to the device first (no
+// host synchronisation), then the step — forward and backward, [loss, flag]
+// all-reduced, found_inf from them, the capturable update, which found_inf
+// withholds on the device — runs eagerly on the side stream (warm-up), is
+// captured and replayed, or is replayed; then the step's one read of
+// [loss, flag]. A non-finite step ends the run as in TrainStep, its update
+// already withheld; the optimizer's host step counts follow
+// (RecordGraphedOptimizerStep). No async save is in flight here
+// (--async-checkpoint cannot be captured).
+absl::StatusOr<double> FullyGraphedTrainStep(StepContext& c, int64_t step, double lr,
+                                             const torch::Tensor& batch, GraphedStep& g) {
+  auto& capturable = dynamic_cast<optim::Capturable&>(c.optimizer);
+  SetStepLearningRate(c.optimizer, lr);
+  // The same code eagerly, captured and so replayed: the warm-up creates
+  // the optimizer's state and device step counts the capture then finds.
+  auto body = [&](const torch::Tensor& rows) {
+    torch::Tensor figures = StepFigures(c, rows);
+    WriteFoundInf(figures, g.found_inf);
+    c.optimizer.step();
+    return figures;
+  };
+  GraphedPhase phase = GraphedPhase::kReplay;
+  torch::Tensor figures;
+  if (g.eager_steps < kCudaGraphWarmupSteps) {
+    phase = GraphedPhase::kWarmup;
+    optim::zero_grad(c.optimizer);
+    g.graph.RunOnSideStream([&] { figures = body(batch); });
+    ++g.eager_steps;
+  } else if (!g.graph.captured()) {
+    phase = GraphedPhase::kCapture;
+    g.static_batch = batch.to(c.device);
+    // As in TrainStep: the captured backward allocates the gradients in the
+    // graph's pool and every replay overwrites them.
+    optim::zero_grad(c.optimizer);
+    g.graph.Capture([&] { g.static_figures = body(g.static_batch); });
+    if (!capturable.last_step_replayable()) {
+      return absl::InternalError(absl::StrCat(
+          "step ", step,
+          ": the captured optimizer step made or filled device values from the host (state, "
+          "a step count or the learning rate not written before the capture): expected the "
+          "warm-up steps to have created them; every replay would have repeated the writes"));
+    }
+    g.graph.Replay();  // runs the captured step (which counted itself)
+    figures = g.static_figures;
+  } else {
+    g.static_batch.copy_(batch.pin_memory(), /*non_blocking=*/true);
+    g.graph.Replay();
+    figures = g.static_figures;
+  }
+  // The step's one read of the device.
+  const torch::Tensor read = figures.to(torch::kCPU);
+  const double* values = read.data_ptr<double>();
+  const double global_loss = values[0];
+  const absl::Status finite =
+      CheckStepFinite(step, global_loss, /*grad_norm=*/-1, /*grads_finite=*/values[1] == 0.0);
+  RecordGraphedOptimizerStep(capturable, phase, finite.ok());
+  if (!finite.ok()) return finite;
   return global_loss;
 }
 
@@ -761,7 +832,18 @@ absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGro
   AsyncSave* async = o.async_checkpoint ? &async_save : nullptr;
   StepContext ctx{o, group, fsdp_model, *model, *optimizer, params, *device};
   std::unique_ptr<GraphedStep> graphed;
-  if (graph_plan->capture) graphed = std::make_unique<GraphedStep>(*device);
+  if (graph_plan->capture) {
+    graphed = std::make_unique<GraphedStep>(*device);
+    if (graph_plan->capture_optimizer) {
+      // The update reads its learning rate and found_inf from the device
+      // (optim/'s capturable mode); found_inf is made here, outside the pool.
+      auto& capturable = dynamic_cast<optim::Capturable&>(*optimizer);
+      capturable.set_capturable(true);
+      graphed->found_inf = torch::zeros({}, torch::dtype(torch::kFloat32).device(*device));
+      capturable.set_found_inf(graphed->found_inf);
+      graphed->optimizer_captured = true;
+    }
+  }
   for (int64_t step = result.first_step; step <= o.steps; ++step) {
     // The step's peaks (--log-json, an out-of-memory error) start here.
     ResetCudaPeaks(*device);
