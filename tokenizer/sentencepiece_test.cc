@@ -183,6 +183,31 @@ TEST(SentencePieceTest, TheContentDecidesNotTheName) {
   EXPECT_EQ(from_bytes->Encode("Hello world")->size(), from_model->Encode("Hello world")->size());
 }
 
+// A model whose first piece is 123 bytes long starts "\x0a{": JSON sees a
+// newline and an object, which does not parse, so it is read as a model.
+TEST(SentencePieceTest, AModelThatLooksLikeJsonIsStillAModel) {
+  const std::string& model = Llama2Model();
+  ASSERT_EQ(model.substr(0, 2), std::string("\x0a", 1) + static_cast<char>(model[1]));
+  const size_t length = static_cast<unsigned char>(model[1]);
+  ASSERT_LT(length, 128u);
+  const std::string entry = model.substr(2, length);
+  ASSERT_EQ(entry.substr(0, 7), "\x0a\x05<unk>");  // the piece's text, then its score and type
+  const std::string rest = entry.substr(7);
+  const size_t piece_length = 123 - 2 - rest.size();
+  const std::string piece = "<" + std::string(piece_length - 2, 'u') + ">";
+  const std::string braced = std::string("\x0a{\x0a") + static_cast<char>(piece_length) + piece +
+                             rest + model.substr(2 + length);
+  const std::string path = WriteTemp("braced.bin", braced);
+  absl::StatusOr<Tokenizer> tok = Tokenizer::FromFile(path);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ(tok->vocab_size(), 2000);
+  EXPECT_EQ(tok->IdToToken(0), piece);
+  // Named .json, it is JSON, and malformed.
+  absl::StatusOr<Tokenizer> json = Tokenizer::FromFile(WriteTemp("braced.json", braced));
+  ASSERT_FALSE(json.ok());
+  EXPECT_THAT(json.status().message(), HasSubstr("braced.json: malformed JSON"));
+}
+
 TEST(SentencePieceTest, BadFilesAreRefusedNamingThem) {
   struct Case {
     std::string name;

@@ -405,6 +405,18 @@ absl::StatusOr<std::unique_ptr<internal::TokenizerImpl>> Build(const Reader& r, 
 
 }  // namespace
 
+namespace {
+
+std::unique_ptr<internal::TokenizerImpl> SentencePieceImpl(
+    std::unique_ptr<internal::SentencePieceTokenizer> sentencepiece, std::string_view origin) {
+  auto impl = std::make_unique<internal::TokenizerImpl>();
+  impl->origin = std::string(origin);
+  impl->sentencepiece = std::move(sentencepiece);
+  return impl;
+}
+
+}  // namespace
+
 Tokenizer::Tokenizer(std::unique_ptr<internal::TokenizerImpl> impl) : impl_(std::move(impl)) {}
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
@@ -423,43 +435,46 @@ absl::StatusOr<Tokenizer> Tokenizer::FromFile(const std::string& path) {
   if (in.bad()) return absl::NotFoundError(absl::StrCat(who, ": ", path, ": read failed"));
   const std::string text = buffer.str();
   const Reader r(who, path);
-  // Which of the two: a tokenizer.json is a JSON object, a tokenizer.model a
-  // protobuf message (whose first byte is a field's key, never '{' or
-  // whitespace in the models sentencepiece writes: 0x0A, the pieces).
-  const size_t first = text.find_first_not_of(" \t\r\n");
-  const bool json_text = first != std::string::npos && text[first] == '{';
-  const bool json_name = absl::EndsWith(path, ".json");
   if (text.empty()) {
     return r.Error(absl::StatusCode::kDataLoss,
                    "the file is empty: expected a tokenizer.json or a SentencePiece "
                    "tokenizer.model");
   }
-  if (!json_text && !json_name) {
-    std::string library_error;
-    auto sentencepiece = internal::SentencePieceTokenizer::Load(text, who, path, &library_error);
-    if (sentencepiece.ok() || library_error.empty() || absl::EndsWith(path, ".model")) {
-      if (!sentencepiece.ok()) return sentencepiece.status();
-      auto impl = std::make_unique<internal::TokenizerImpl>();
-      impl->origin = path;
-      impl->sentencepiece = std::move(*sentencepiece);
-      return Tokenizer(std::move(impl));
+  // Which of the two: a tokenizer.json is a JSON object; a tokenizer.model a
+  // protobuf message, whose first byte is its first piece's key (0x0A, a
+  // newline to JSON) and whose second that piece's length, which may be '{'
+  // (123): text that looks like JSON but does not parse is tried as a model
+  // too, unless the name says .json.
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  const bool json_name = absl::EndsWith(path, ".json");
+  if (json_name || (first != std::string::npos && text[first] == '{')) {
+    json root;
+    try {
+      root = json::parse(text);
+    } catch (const json::exception& e) {
+      if (!json_name && text[0] == '\x0a') {
+        auto sentencepiece = internal::SentencePieceTokenizer::Load(text, who, path);
+        if (sentencepiece.ok())
+          return Tokenizer(SentencePieceImpl(std::move(*sentencepiece), path));
+      }
+      return r.Error(absl::StatusCode::kDataLoss,
+                     absl::StrCat("malformed JSON: ", e.what(), ": expected a tokenizer.json"));
     }
-    return r.Error(
-        absl::StatusCode::kDataLoss,
-        absl::StrFormat("neither a tokenizer.json (it starts with byte 0x%02x, not '{') nor a "
-                        "SentencePiece tokenizer.model (libsentencepiece: %s)",
-                        static_cast<unsigned char>(text[first == std::string::npos ? 0 : first]),
-                        library_error));
+    TOKENIZER_ASSIGN_OR_RETURN(impl, Build(r, root, path));
+    return Tokenizer(std::move(impl));
   }
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::exception& e) {
-    return r.Error(absl::StatusCode::kDataLoss,
-                   absl::StrCat("malformed JSON: ", e.what(), ": expected a tokenizer.json"));
-  }
-  TOKENIZER_ASSIGN_OR_RETURN(impl, Build(r, root, path));
-  return Tokenizer(std::move(impl));
+  std::string library_error;
+  auto sentencepiece = internal::SentencePieceTokenizer::Load(text, who, path, &library_error);
+  // A *.model, or a model the library read (and this library refused), says
+  // what is wrong with it as a model.
+  if (sentencepiece.ok()) return Tokenizer(SentencePieceImpl(std::move(*sentencepiece), path));
+  if (library_error.empty() || absl::EndsWith(path, ".model")) return sentencepiece.status();
+  return r.Error(
+      absl::StatusCode::kDataLoss,
+      absl::StrFormat("neither a tokenizer.json (it starts with byte 0x%02x, not '{') nor a "
+                      "SentencePiece tokenizer.model (libsentencepiece: %s)",
+                      static_cast<unsigned char>(text[first == std::string::npos ? 0 : first]),
+                      library_error));
 }
 
 absl::StatusOr<Tokenizer> Tokenizer::FromSentencePiece(std::string_view model,
@@ -467,10 +482,7 @@ absl::StatusOr<Tokenizer> Tokenizer::FromSentencePiece(std::string_view model,
   TOKENIZER_ASSIGN_OR_RETURN(sentencepiece,
                              internal::SentencePieceTokenizer::Load(
                                  model, "tokenizer::Tokenizer::FromSentencePiece", origin));
-  auto impl = std::make_unique<internal::TokenizerImpl>();
-  impl->origin = std::string(origin);
-  impl->sentencepiece = std::move(sentencepiece);
-  return Tokenizer(std::move(impl));
+  return Tokenizer(SentencePieceImpl(std::move(sentencepiece), origin));
 }
 
 absl::StatusOr<Tokenizer> Tokenizer::FromJson(std::string_view json_text, std::string_view origin) {

@@ -113,7 +113,9 @@ class Tokenizer {
  public:
   // Reads a tokenizer.json, or a SentencePiece tokenizer.model: a file
   // whose text starts with '{' or whose name ends in .json is read as JSON,
-  // anything else as a SentencePiece model. Errors: kNotFound when it cannot
+  // anything else as a SentencePiece model (as is one that starts with '{'
+  // but is not JSON, when the library reads it: a model's second byte may be
+  // '{'). Errors: kNotFound when it cannot
   // be read; kDataLoss for an empty file, or one that is neither (naming its
   // first byte and libsentencepiece's complaint; for a *.model name, the
   // complaint alone); those of FromJson and FromSentencePiece, naming `path`.

@@ -52,8 +52,9 @@
 #   4. gpu_check --dry-run-on-cpu: the CUDA binary starts, and its CPU-side
 #      checks pass (the CUDA cases need a GPU and say NOT RUN).
 #   5. The trainer on a text: with the tokenizer, one step on 1 rank from
-#      a licence text and the golden Llama 3 tokenizer (it says what it
-#      tokenised); without, --tokenizer is refused naming why.
+#      a licence text and the golden Llama 3 tokenizer, then the golden
+#      SentencePiece tokenizer.model (it says what it tokenised); without,
+#      --tokenizer is refused naming why.
 #
 # Usage: tools/gpu_cmake_check.sh [--no-pch]   (tools/test.sh runs it as
 #        "gpu cmake", without --no-pch)
@@ -128,6 +129,11 @@ if [[ $with_tokenizer == ON ]]; then
   "${trainer_on_text[@]}" >"$text_run/log" 2>&1 && grep -q "^trainer: tokenised 1 document" "$text_run/log" ||
     { cat "$text_run/log" >&2; echo "gpu_cmake_check.sh: the CMake trainer did not train on a text with --tokenizer" >&2; exit 1; }
   echo "gpu_cmake_check.sh: the trainer (with the tokenizer) trained a step on a text: $(grep "^trainer: tokenised" "$text_run/log")"
+  # The same with a SentencePiece tokenizer.model (libsentencepiece).
+  "${trainer_on_text[@]:0:${#trainer_on_text[@]}-1}" tokenizer/testdata/sentencepiece/llama2_bpe/tokenizer.model \
+    >"$text_run/log" 2>&1 && grep -q "^trainer: tokenised 1 document.*(</s> after it)" "$text_run/log" ||
+    { cat "$text_run/log" >&2; echo "gpu_cmake_check.sh: the CMake trainer did not train on a text with a tokenizer.model" >&2; exit 1; }
+  echo "gpu_cmake_check.sh: and with a SentencePiece tokenizer.model: $(grep "^trainer: tokenised" "$text_run/log")"
 else
   if "${trainer_on_text[@]}" >"$text_run/log" 2>&1 || ! grep -q "built without the tokenizer" "$text_run/log"; then
     cat "$text_run/log" >&2; echo "gpu_cmake_check.sh: the CMake trainer without the tokenizer did not refuse --tokenizer" >&2; exit 1
