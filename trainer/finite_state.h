@@ -4,7 +4,11 @@
 //   * each step (train.cc): the global loss, this rank's gradients and, with
 //     --clip, the global gradient norm clip_grad_norm_ returns must be
 //     finite, or the run ends (exit 1) before that step's optimizer update,
-//     naming the step and the value (CheckStepFinite). The last checkpoint
+//     naming the step and the value (CheckStepFinite). Where --cuda-graphs
+//     captures the update too (trainer/cuda_graphs.h), the update is in the
+//     graph and withheld on the device by found_inf (the same condition,
+//     WriteFoundInf), and the host's read after the replay ends the run
+//     alike. The last checkpoint
 //     written is then the newest finite state, and --keep-last, which only
 //     runs after a save, never removes it;
 //   * each save (checkpointing.cc), and --export-dcp: every rank's
