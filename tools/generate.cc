@@ -314,7 +314,8 @@ int main(int argc, char** argv) {
                  "directory; with --model-config");
   app.add_option("--model-config", model_config,
                  "--checkpoint-dir: the config.json the run trained");
-  app.add_option("--tokenizer", tokenizer_path, "the tokenizer.json (text prompts and output)");
+  app.add_option("--tokenizer", tokenizer_path,
+                 "the tokenizer.json or tokenizer.model (text prompts and output)");
   app.add_option("--prompt", inputs.prompts, "a text prompt (repeat for a batch)");
   app.add_option("--prompt-ids", inputs.prompt_ids, "prompts as ids, JSON: [[1, 2, 3], [4, 5]]");
   app.add_option(
