@@ -12,6 +12,8 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 
+#include "kernels/internal/plain_cpu.h"
+
 namespace kernels {
 namespace {
 
@@ -157,18 +159,6 @@ DotFn ChooseDot() {
   return DotScalar;
 }
 
-bool PlainCpuFloat(const at::Tensor& t) {
-  // Tensors of a functorch transform (batched, grad-tracking wrappers),
-  // functionalised or Python-subclassed tensors go through their dispatch
-  // keys; their storage is not the values.
-  constexpr c10::DispatchKeySet kWrapped({c10::DispatchKey::FuncTorchBatched,
-                                          c10::DispatchKey::FuncTorchGradWrapper,
-                                          c10::DispatchKey::Functionalize, c10::DispatchKey::Python,
-                                          c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
-  return t.device().is_cpu() && t.layout() == c10::kStrided && t.scalar_type() == at::kFloat &&
-         t.has_storage() && !t.key_set().has_any(kWrapped);
-}
-
 bool NeedsAutograd(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (c10::InferenceMode::is_enabled() || !c10::GradMode::is_enabled()) return false;
   return x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad());
@@ -178,8 +168,10 @@ bool NeedsAutograd(const at::Tensor& x, const at::Tensor& weight, const at::Tens
 
 bool DecodeLinearApplies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (!x.defined() || !weight.defined() || x.dim() < 1 || weight.dim() != 2) return false;
-  if (!PlainCpuFloat(x) || !PlainCpuFloat(weight) || !weight.is_contiguous()) return false;
-  if (bias.defined() && (!PlainCpuFloat(bias) || bias.dim() != 1 || bias.size(0) != weight.size(0)))
+  if (!internal::PlainCpuFloat(x) || !internal::PlainCpuFloat(weight) || !weight.is_contiguous())
+    return false;
+  if (bias.defined() &&
+      (!internal::PlainCpuFloat(bias) || bias.dim() != 1 || bias.size(0) != weight.size(0)))
     return false;
   if (x.size(-1) != weight.size(1) || weight.size(1) == 0) return false;
   const int64_t rows = x.numel() / x.size(-1);

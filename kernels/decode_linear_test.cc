@@ -3,7 +3,8 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 namespace kernels {
 namespace {

@@ -1,5 +1,7 @@
 #include "kernels/linear_cross_entropy.h"
 
+#include "kernels/cpu_matmul.h"
+
 #include <algorithm>
 
 #include <ATen/TensorOperators.h>
@@ -28,7 +30,7 @@ at::ScalarType AccumulationType(const at::Tensor& hidden) {
 // GEMM in the inputs' dtype, then the upcast (transformers' order).
 at::Tensor ChunkLogits(const at::Tensor& hidden_rows, const at::Tensor& weight,
                        at::ScalarType acc) {
-  return at::mm(hidden_rows, weight.t()).to(acc);
+  return Mm(hidden_rows, weight.t()).to(acc);
 }
 
 struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropyFunction> {
@@ -113,8 +115,8 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
       g.mul_(factor);
       at::Tensor grad_hidden_rows = need_hidden ? grad_hidden.narrow(0, start, n) : at::Tensor();
       if (acc_is_input_dtype) {
-        if (need_hidden) at::mm_out(grad_hidden_rows, g, weight);
-        if (need_weight) grad_weight_acc.addmm_(g.t(), hidden_rows);
+        if (need_hidden) MmOut(grad_hidden_rows, g, weight);
+        if (need_weight) AddMmInPlace(grad_weight_acc, g.t(), hidden_rows);
         continue;
       }
       const at::Tensor g_in = g.to(hidden.scalar_type());

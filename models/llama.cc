@@ -1,6 +1,6 @@
 #include "models/llama.h"
 
-#include "kernels/decode_linear.h"
+#include "kernels/linear.h"
 #include "kernels/linear_cross_entropy.h"
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
@@ -68,9 +68,9 @@ LlamaLinearImpl::LlamaLinearImpl(int64_t in, int64_t out, bool with_bias, c10::D
 }
 
 torch::Tensor LlamaLinearImpl::forward(const torch::Tensor& x) {
-  // DecodeLinear is at::linear except for a generated token's few rows
-  // without autograd, which it reads at memory speed (kernels/decode_linear.h).
-  return matmul ? matmul(x, weight, bias) : kernels::DecodeLinear(x, weight, bias);
+  // kernels::Linear: at::linear, with the CPU's float32 products through
+  // oneDNN and a decode step's rows at memory speed (kernels/linear.h).
+  return matmul ? matmul(x, weight, bias) : kernels::Linear(x, weight, bias);
 }
 
 LlamaEmbeddingImpl::LlamaEmbeddingImpl(int64_t vocab, int64_t hidden,
@@ -355,7 +355,7 @@ torch::Tensor LlamaForCausalLMImpl::output_weight() const {
 }
 
 torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids) {
-  return F::linear(model(input_ids), output_weight());
+  return kernels::Linear(model(input_ids), output_weight(), {});
 }
 
 torch::Tensor LlamaForCausalLMImpl::ForwardCached(const torch::Tensor& input_ids,
@@ -363,7 +363,7 @@ torch::Tensor LlamaForCausalLMImpl::ForwardCached(const torch::Tensor& input_ids
                                                   bool last_only) {
   torch::Tensor h = model->ForwardCached(input_ids, mask, cache);
   if (last_only) h = h.narrow(1, h.size(1) - 1, 1);
-  return kernels::DecodeLinear(h, output_weight(), {});
+  return kernels::Linear(h, output_weight(), {});
 }
 
 torch::Tensor LlamaForCausalLMImpl::Loss(const torch::Tensor& batch) {

@@ -189,7 +189,9 @@ set(TORCHFSDP_SRCS_kernels__gpu_check
 )
 # //kernels:kernels
 set(TORCHFSDP_SRCS_kernels
+  "${REPO}/kernels/cpu_matmul.cc"
   "${REPO}/kernels/decode_linear.cc"
+  "${REPO}/kernels/linear.cc"
   "${REPO}/kernels/linear_cross_entropy.cc"
   "${REPO}/kernels/rms_norm.cc"
   "${REPO}/kernels/rope.cc"
