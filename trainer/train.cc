@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <ATen/ops/_foreach_norm.h>
+#include <ATen/ops/aminmax.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
@@ -337,9 +338,12 @@ torch::Tensor ForwardBackward(const Options& o, TrainedModel fsdp_model, Languag
 
 // Whether some gradient of `params` holds NaN or Inf, as a 0-dim float64
 // tensor (1 or 0) on the gradients' device, not read: finite_state.h's
-// LocalGradsFinite without its host synchronisation and in one multi-tensor
-// pass on CUDA (not one isfinite/any per gradient): the infinity norm
-// (max |g|, NaN propagating) is NaN or Inf exactly when g holds one.
+// LocalGradsFinite without its host synchronisation. On CUDA one
+// multi-tensor pass: the infinity norm (max |g|, NaN propagating) is NaN or
+// Inf exactly when g holds one. On the CPU, where _foreach_norm is a
+// per-tensor abs into a temporary then a max (6.3 ms of a 137 ms Llama step
+// on 2.5 M gradients, 2026-11-28), each gradient's min and max in one
+// vectorised pass (NaN propagating too: a NaN, +Inf or -Inf shows in one).
 torch::Tensor LocalGradsNonFinite(const std::vector<torch::Tensor>& params,
                                   const c10::Device& device) {
   std::vector<torch::Tensor> grads;
@@ -348,9 +352,17 @@ torch::Tensor LocalGradsNonFinite(const std::vector<torch::Tensor>& params,
     if (g.defined() && g.numel() > 0) grads.push_back(g);
   }
   if (grads.empty()) return torch::zeros({}, torch::dtype(torch::kFloat64).device(device));
-  const std::vector<torch::Tensor> norms =
-      at::_foreach_norm(grads, std::numeric_limits<double>::infinity());
-  return at::logical_not(at::isfinite(at::stack(norms))).any().to(torch::kFloat64);
+  std::vector<torch::Tensor> extremes;
+  if (device.is_cpu()) {
+    for (const torch::Tensor& g : grads) {
+      auto [low, high] = at::aminmax(g);
+      extremes.push_back(low.to(torch::kFloat64));
+      extremes.push_back(high.to(torch::kFloat64));
+    }
+  } else {
+    extremes = at::_foreach_norm(grads, std::numeric_limits<double>::infinity());
+  }
+  return at::logical_not(at::isfinite(at::stack(extremes))).any().to(torch::kFloat64);
 }
 
 // The --log-json record of a step: `record` with its per-rank figures (peak

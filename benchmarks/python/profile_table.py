@@ -87,9 +87,14 @@ class TraceError(Exception):
 def op_base_name(name):
     """A CPU op's name as the op it is: "aten::addmm" -> "addmm";
     "autograd::engine::evaluate_function: MmBackward0" -> "mm";
-    "...: torch::autograd::AccumulateGrad" -> "accumulate_grad"."""
+    "...: torch::autograd::AccumulateGrad" -> "accumulate_grad";
+    a C++ autograd Function's node, "...: torch::autograd::CppNode<
+    kernels::(anonymous namespace)::LinearFunction>" -> "linear"."""
     if name.startswith(AUTOGRAD_PREFIX):
         name = name[len(AUTOGRAD_PREFIX):]
+        cpp_node = re.match(r".*CppNode<(.*)>$", name)
+        if cpp_node:
+            name = re.sub(r"Function$", "", cpp_node.group(1))
         name = name.rsplit("::", 1)[-1]
         name = re.sub(r"Backward\d*$", "", name)
         name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name)  # CamelCase -> snake_case

@@ -194,6 +194,12 @@ class ProfileTableTest(unittest.TestCase):
         self.assertEqual(profile_table.op_base_name(
             "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"),
             "accumulate_grad")
+        # kernels::Linear's backward node: its products are the GEMM class.
+        linear_node = ("autograd::engine::evaluate_function: torch::autograd::CppNode<"
+                       "kernels::(anonymous namespace)::LinearFunction>")
+        self.assertEqual(profile_table.op_base_name(linear_node), "linear")
+        self.assertEqual(profile_table.classify(linear_node, "cpu_op"), "GEMM")
+        self.assertEqual(profile_table.classify("kernels::onednn_matmul", "cpu_op"), "GEMM")
 
     def test_gpu_step_classes_idle_and_overlap(self):
         r = profile_table.summarize("titan", self.gpu)
