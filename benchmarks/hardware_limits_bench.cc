@@ -3,6 +3,10 @@
 //
 //   bazel run //benchmarks:hardware_limits_bench
 //
+//   BM_Sgemm/<workload>/MxKxN/onednn  the same through kernels::MmOut
+//                               (oneDNN, kernels/cpu_matmul.h), what the
+//                               Llama model's CPU linears run; on AMD
+//                               processors about 2x the BLAS's.
 //   BM_Sgemm/<workload>/MxKxN   float32 C = A B through torch::mm_out (ATen ->
 //                               libblas.so.3, OpenBLAS here) at the shapes
 //                               the workloads run: square 512 / 2048, the
@@ -56,6 +60,7 @@
 #include <vector>
 
 #include "benchmarks/machine_report.h"
+#include "kernels/cpu_matmul.h"
 
 namespace {
 
@@ -88,15 +93,28 @@ const GemmShape kGemmShapes[] = {
     {"transformer_mfu_fc1_wgrad", 2048, 1024, 512},
 };
 
-void BM_Sgemm(benchmark::State& state, GemmShape s) {
+// at::mm_out (the BLAS: MKL in the torch wheel) or kernels::MmOut (oneDNN,
+// kernels/cpu_matmul.h: what the Llama model's linear layers use on the
+// CPU), by `onednn`.
+void BM_Sgemm(benchmark::State& state, GemmShape s, bool onednn) {
   torch::manual_seed(0);
   const torch::Tensor a = torch::randn({s.m, s.k});
   const torch::Tensor b = torch::randn({s.k, s.n});
   torch::Tensor c = torch::empty({s.m, s.n});
   // The output is preallocated: this is the kernel's limit, not the
   // allocator's (the workloads allocate; tcmalloc keeps their blocks).
+  if (onednn && !kernels::CpuMatmulUsesOneDnn(a, b)) {
+    state.SkipWithError(
+        "kernels::MmOut would not use oneDNN here (LibTorch without it, or "
+        "fewer multiply-adds than kernels::kOneDnnMinMacs)");
+    return;
+  }
   for (auto _ : state) {
-    torch::mm_out(c, a, b);
+    if (onednn) {
+      kernels::MmOut(c, a, b);
+    } else {
+      torch::mm_out(c, a, b);
+    }
     benchmark::DoNotOptimize(c.data_ptr());
   }
   state.counters["FLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(s.m * s.k * s.n),
@@ -357,7 +375,10 @@ int main(int argc, char** argv) {
   for (const GemmShape& s : kGemmShapes) {
     const std::string name = "BM_Sgemm/" + std::string(s.workload) + "/" + std::to_string(s.m) +
                              "x" + std::to_string(s.k) + "x" + std::to_string(s.n);
-    benchmark::RegisterBenchmark(name.c_str(), BM_Sgemm, s)
+    benchmark::RegisterBenchmark(name.c_str(), BM_Sgemm, s, /*onednn=*/false)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark((name + "/onednn").c_str(), BM_Sgemm, s, /*onednn=*/true)
         ->UseRealTime()
         ->Unit(benchmark::kMicrosecond);
   }
