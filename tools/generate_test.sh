@@ -12,16 +12,21 @@
 #  - sampling reproducible from --seed, another seed another result;
 #  - the trainer's checkpoints (2 steps on 2 ranks, FULL and sharded) give
 #    what the same run's --export-hf gives;
+#  - a small Llama with a SentencePiece tokenizer.model's vocabulary (Llama
+#    2's kind): text prompts encoded as sentencepiece does with the model's
+#    BOS first, greedy ids and the decoded continuation equal to
+#    transformers' generate() on those ids and sentencepiece's decode;
 #  - refusals naming the flag, file or value.
 # Usage (Bazel): generate_test.sh GENERATE PYTHON TOKENIZER_JSON MODELS_TESTDATA TRAINER
+#                                 SENTENCEPIECE_MODEL
 set -euo pipefail
-generate=$1 python=$2 tokenizer=$3 testdata=$4 trainer=$5
+generate=$1 python=$2 tokenizer=$3 testdata=$4 trainer=$5 spm=$6
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
 
 # Expected values from transformers, and the small model.
-"$python" - "$testdata" "$tokenizer" "$tmp" <<'PY'
+"$python" - "$testdata" "$tokenizer" "$tmp" "$spm" <<'PY'
 import json, sys, torch, transformers, tokenizers
-testdata, tok_path, tmp = sys.argv[1:]
+testdata, tok_path, tmp, spm_path = sys.argv[1:]
 transformers.utils.logging.set_verbosity_error()
 expected = {}
 g = torch.load(f"{testdata}/llama3_gqa/golden.pt")
@@ -78,6 +83,26 @@ open(f"{tmp}/too_big.bin", "wb").write(struct.pack("<256i", 20240520, 1, 3, *([0
 open(f"{tmp}/short.bin", "wb").write(struct.pack("<256i", 20240520, 1, 5, *([0] * 253)) +
                                      struct.pack("<3H", 1, 2, 3))
 expected["score"] = {"losses": losses, "loss": sum(losses) / len(losses)}
+# A small Llama over the SentencePiece model's vocabulary.
+import sentencepiece
+sp = sentencepiece.SentencePieceProcessor(model_file=spm_path)
+config = transformers.LlamaConfig(
+    vocab_size=sp.get_piece_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    initializer_range=0.5, eos_token_id=sp.eos_id(), bos_token_id=sp.bos_id(),
+    pad_token_id=None, tie_word_embeddings=False)
+torch.manual_seed(1)
+model = transformers.LlamaForCausalLM(config).eval()
+model.save_pretrained(f"{tmp}/tiny_spm")
+expected["spm"] = []
+for text in ["Hello, world", "The licence text says that"]:
+    ids = [sp.bos_id()] + sp.encode(text)
+    with torch.no_grad():
+        seq = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=10, do_sample=False, pad_token_id=sp.eos_id(),
+                             eos_token_id=sp.eos_id())
+    new = seq[0, len(ids):].tolist()
+    expected["spm"].append({"prompt": ids, "new": new, "text": sp.decode(new)})
 json.dump(expected, open(f"{tmp}/expected.json", "w"))
 PY
 
@@ -91,6 +116,8 @@ golden_ids=$(ids_of)
   --prompt "The licence text says that" --max-new-tokens 10 --output json > "$tmp/tiny.jsonl"
 "$generate" --hf-checkpoint "$tmp/tiny" --tokenizer "$tokenizer" --prompt "Hello, world" \
   --max-new-tokens 10 > "$tmp/tiny.txt"
+"$generate" --hf-checkpoint "$tmp/tiny_spm" --tokenizer "$spm" --prompt "Hello, world" \
+  --prompt "The licence text says that" --max-new-tokens 10 --output json > "$tmp/tiny_spm.jsonl"
 "$generate" --hf-checkpoint "$testdata/qwen3" --score "$tmp/score_ids.json" > "$tmp/score.json"
 "$generate" --hf-checkpoint "$testdata/qwen3" --score "$tmp/score_ids.bin" > "$tmp/score_bin.json"
 "$generate" --hf-checkpoint "$tmp/tiny" --tokenizer "$tokenizer" --score "$tmp/score.txt" > "$tmp/score_text.json"
@@ -137,6 +164,12 @@ for row, want in zip(tiny, e["tiny"]):
     assert row["prompt_ids"] == want["prompt"], (row, want)
     assert row["ids"] == want["new"], (row["ids"], want["new"])
     assert row["text"] == want["text"], (row["text"], want["text"])
+spm = [json.loads(l) for l in open(f"{tmp}/tiny_spm.jsonl")]
+assert len(spm) == 2
+for row, want in zip(spm, e["spm"]):
+    assert row["prompt_ids"] == want["prompt"], ("tokenizer.model", row, want)
+    assert row["ids"] == want["new"], ("tokenizer.model", row["ids"], want["new"])
+    assert row["text"] == want["text"], ("tokenizer.model", row["text"], want["text"])
 text = open(f"{tmp}/tiny.txt").read()
 assert text.startswith("Hello, world") and text.rstrip("\n").endswith(e["tiny"][0]["text"]), text
 score = json.load(open(f"{tmp}/score.json"))
@@ -152,7 +185,7 @@ assert st["tokens"] == len(e["score_text"]["ids"]), st["tokens"]
 assert [t["id"] for t in st["per_token"]] == e["score_text"]["ids"][1:]
 assert all("token" in t for t in st["per_token"]), st["per_token"][0]
 assert abs(st["loss"] - e["score_text"]["loss"]) < 1e-4, (st["loss"], e["score_text"]["loss"])
-print("PASS: greedy ids, text and scores equal to transformers")
+print("PASS: greedy ids, text and scores equal to transformers (tokenizer.json and tokenizer.model)")
 PY
 
 # Refusals: each names what is wrong.
