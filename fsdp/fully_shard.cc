@@ -356,7 +356,10 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
       parameters.empty() ? c10::Device(c10::kCPU) : parameters.front().device();
   at::Tensor acc = internal::LocalGradNormPow(grads, norm_type, device);
   if (group) {
-    comm::all_reduce(*group, acc, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum).wait();
+    // Ordered on the stream, not the host (NCCL; Gloo waits): nothing here
+    // reads the device, so --cuda-graphs can capture the clipping.
+    comm::all_reduce(*group, acc, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum)
+        .wait_on_stream();
   }
   at::Tensor total = inf ? acc : acc.pow(1.0 / norm_type);
   internal::ClipGradsWithNorm(grads, max_norm, total);

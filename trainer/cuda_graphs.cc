@@ -94,25 +94,12 @@ std::vector<std::string> CudaGraphBlockers(const Options& o, const CaptureEnviro
   return why;
 }
 
-std::vector<std::string> OptimizerCaptureBlockers(const Options& o) {
-  std::vector<std::string> why;
-  if (o.clip > 0) {
-    why.push_back(
-        "--clip: fsdp's clip_grad_norm_, which the update must follow, waits for its norm's "
-        "all-reduce on the host (comm::Work::wait with the group's timeout polls the NCCL "
-        "collective), which a capture cannot record");
-  }
-  return why;
-}
-
 absl::StatusOr<CudaGraphPlan> PlanCudaGraphs(const Options& o, const CaptureEnvironment& env) {
   CudaGraphPlan plan;
   if (o.cuda_graphs == CudaGraphs::kOff) return plan;
   plan.reasons = CudaGraphBlockers(o, env);
   if (plan.reasons.empty()) {
     plan.capture = true;
-    plan.optimizer_reasons = OptimizerCaptureBlockers(o);
-    plan.capture_optimizer = plan.optimizer_reasons.empty();
     return plan;
   }
   if (o.cuda_graphs == CudaGraphs::kOn) {
@@ -125,21 +112,13 @@ absl::StatusOr<CudaGraphPlan> PlanCudaGraphs(const Options& o, const CaptureEnvi
 
 std::string DescribeCudaGraphPlan(const Options& o, const CudaGraphPlan& plan) {
   if (o.cuda_graphs == CudaGraphs::kOff) return "";
-  if (plan.capture && plan.capture_optimizer) {
+  if (plan.capture) {
     return absl::StrCat(
-        "cuda graphs: the step (forward, backward, its loss reduction, the optimizer update) "
-        "is captured after ",
+        "cuda graphs: the step (forward, backward, its loss reduction, ",
+        o.clip > 0 ? "the clipping, " : "", "the optimizer update) is captured after ",
         kCudaGraphWarmupSteps,
         " eager steps and replayed; the learning rate is written to the device before each "
         "replay");
-  }
-  if (plan.capture) {
-    return absl::StrCat(
-        "cuda graphs: the step (forward, backward, its loss reduction) is captured after ",
-        kCudaGraphWarmupSteps,
-        " eager steps and replayed; the optimizer update stays eager "
-        "after each replay: ",
-        absl::StrJoin(plan.optimizer_reasons, "; "));
   }
   return absl::StrCat("cuda graphs: eager step (--cuda-graphs=", Name(o.cuda_graphs),
                       "): ", absl::StrJoin(plan.reasons, "; "));
@@ -152,11 +131,12 @@ void SetStepLearningRate(torch::optim::Optimizer& optimizer, double lr) {
 }
 
 void WriteFoundInf(const at::Tensor& figures, at::Tensor& found_inf) {
-  TORCH_CHECK(figures.dim() == 1 && figures.size(0) >= 2, "trainer::WriteFoundInf: figures has ",
-              "shape ", figures.sizes(), ": expected [loss, flag, ...]");
+  TORCH_CHECK(figures.dim() == 1 && figures.size(0) >= 2 && figures.size(0) <= 3,
+              "trainer::WriteFoundInf: figures has shape ", figures.sizes(),
+              ": expected [loss, flag] or [loss, flag, gradient norm]");
   at::NoGradGuard no_grad;
-  const at::Tensor bad =
-      at::logical_or(at::logical_not(at::isfinite(figures[0])), at::ne(figures[1], 0));
+  at::Tensor bad = at::logical_or(at::logical_not(at::isfinite(figures[0])), at::ne(figures[1], 0));
+  if (figures.size(0) == 3) bad = at::logical_or(bad, at::logical_not(at::isfinite(figures[2])));
   found_inf.copy_(bad.reshape(found_inf.sizes()));
 }
 

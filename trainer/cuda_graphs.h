@@ -8,31 +8,27 @@
 //   * captured: the forward and backward of every micro-batch (--grad-accum's
 //     no_sync micro-batches too: a fixed sequence), FSDP's all-gathers and
 //     reduce-scatters (NCCL), the gradients' non-finite flag, the all-reduce
-//     of [loss, flag] (NCCL), found_inf (1.0 when the global loss or some
-//     rank's gradients are not finite: WriteFoundInf) and the optimizer
-//     update: optim/'s fused Adam / AdamW / SGD in capturable mode
-//     (optim/optimizers.h), which read the learning rate from a device tensor,
-//     advance Adam's step counts on the device and skip the whole update on
-//     the device when found_inf is 1. The batch is copied into a static device
+//     of [loss, flag] (NCCL), with --clip fsdp's clip_grad_norm_ (its
+//     all-reduce ordered on the stream, the scale computed on the device),
+//     found_inf (1.0 when the global loss, the norm or some rank's gradients
+//     are not finite: WriteFoundInf) and the optimizer update: optim/'s
+//     fused Adam / AdamW / SGD in capturable mode (optim/optimizers.h),
+//     which read the learning rate from a device tensor, advance Adam's step
+//     counts on the device and skip the whole update on the device when
+//     found_inf is 1. The batch is copied into a static device
 //     buffer before each replay; the gradients live in the graph's pool and
 //     are overwritten by each replay (no zero_grad between replays).
 //   * eager, before each replay (the current stream, no host
 //     synchronisation): the batch copy and the learning rate of the step
 //     (LearningRate, lr_schedule.h) written into the optimizer's device lr
 //     tensors (SetStepLearningRate: a fill_ per param group).
-//   * eager, after the replay: the host's one read of [loss, flag] and the
+//   * eager, after the replay: the host's one read of [loss, flag(, norm)] and the
 //     check that stops a non-finite run (finite_state.h). The update was
 //     already withheld on the device by found_inf, so a non-finite step still
 //     changes no parameter, moment or step count; the host's int64 step
 //     counts (what checkpoints save) are kept by RecordGraphedOptimizerStep
 //     without reading the device (one more per replay, one less for a
 //     skipped step).
-//   * with --clip the optimizer update (and the clipping before it) stays
-//     eager after the replay, as before: fsdp's clip_grad_norm_ waits for its
-//     norm's all-reduce on the host (comm::Work::wait with the group's
-//     timeout, which on NCCL polls the collective's event), which a capture
-//     cannot record. The step then reads [loss, flag, norm] before the eager
-//     update, and the optimizer is not capturable (OptimizerCaptureBlockers).
 //   * the first kCudaGraphWarmupSteps steps of a run run eagerly on the side
 //     stream the capture uses (lazy initialisation: cuBLAS workspaces, NCCL
 //     communicators, the optimizer's state and device step tensors: the
@@ -44,8 +40,7 @@
 // --cuda-graphs=off is eager and says nothing; auto (the default) captures
 // when there is no reason and otherwise prints one line naming every reason
 // and runs eagerly; on with any reason is refused before training,
-// naming the flag and every reason. A captured step whose optimizer update
-// stays eager (--clip) is said in the plan's line, with the reason.
+// naming the flag and every reason.
 //
 // The capture itself has NEVER RUN ON A GPU: it compiles in the CUDA build
 // (--config=cuda, the CMake GPU build), and trainer_cuda_graphs
@@ -99,17 +94,8 @@ CaptureEnvironment CaptureEnvironmentFor(const Options& options, const c10::Devi
 // --cuda-graphs itself does not matter here.
 std::vector<std::string> CudaGraphBlockers(const Options& options, const CaptureEnvironment& env);
 
-// Every reason the optimizer update of a captured step must stay eager
-// after the replay (the forward and backward are captured all the same);
-// empty when it is captured too. Today: --clip.
-std::vector<std::string> OptimizerCaptureBlockers(const Options& options);
-
 struct CudaGraphPlan {
-  bool capture = false;
-  // With capture: the optimizer update is captured too (its optimizer made
-  // capturable); else it runs eagerly after each replay, for these reasons.
-  bool capture_optimizer = false;
-  std::vector<std::string> optimizer_reasons;
+  bool capture = false;  // the whole step, the optimizer made capturable
   // auto falling back to eager: the reasons (printed once by rank 0).
   std::vector<std::string> reasons;
 };
@@ -117,15 +103,12 @@ struct CudaGraphPlan {
 // --cuda-graphs=off: eager, no reasons. auto: capture when CudaGraphBlockers
 // is empty, else eager with its reasons. on: capture, or InvalidArgument
 // "--cuda-graphs=on: the step cannot be captured: <reason>; <reason>
-// (--cuda-graphs=auto runs eagerly instead)". A captured plan captures the
-// optimizer update unless OptimizerCaptureBlockers names a reason (not an
-// error under on: the step is captured, its update stays eager).
+// (--cuda-graphs=auto runs eagerly instead)".
 absl::StatusOr<CudaGraphPlan> PlanCudaGraphs(const Options& options, const CaptureEnvironment& env);
 
 // The line rank 0 prints for a plan: "cuda graphs: the step (forward,
 // backward, ..., the optimizer update) is captured after 3 eager steps and
-// replayed; ...", with "; the optimizer update stays eager after each
-// replay: <reason>" when it does, or "cuda graphs: eager step
+// replayed; ...", or "cuda graphs: eager step
 // (--cuda-graphs=auto): <reason>; <reason>"; empty for off.
 std::string DescribeCudaGraphPlan(const Options& options, const CudaGraphPlan& plan);
 
@@ -142,9 +125,10 @@ void SetStepLearningRate(torch::optim::Optimizer& optimizer, double lr);
 // found_inf for the captured update, computed on the device with no host
 // read: `found_inf` (float32, one element) := 1.0 when the step's `figures`
 // ([global mean loss, mean over ranks of "this rank's gradients hold NaN or
-// Inf"], float64 [2]) say the step is not finite — the global loss is NaN or
-// Inf, or the flag is not 0: exactly what CheckStepFinite refuses on the
-// host after the read (without --clip) — else 0.0.
+// Inf"], float64 [2], and with --clip the global gradient norm, [3]) say the
+// step is not finite — the global loss or the norm is NaN or Inf, or the
+// flag is not 0: exactly what CheckStepFinite refuses on the host after the
+// read — else 0.0.
 void WriteFoundInf(const at::Tensor& figures, at::Tensor& found_inf);
 
 // Which step of a graphed run: an eager warm-up step, the step captured

@@ -1,5 +1,5 @@
 // --cuda-graphs without a GPU: the decision (CudaGraphBlockers,
-// OptimizerCaptureBlockers, PlanCudaGraphs) for representative
+// PlanCudaGraphs) for representative
 // configurations, each reason's words; the host side of the captured
 // optimizer update (SetStepLearningRate, WriteFoundInf against
 // CheckStepFinite, RecordGraphedOptimizerStep's step counts through warm-up,
@@ -155,7 +155,7 @@ TEST(CudaGraphBlockersTest, TheEnvironmentsReasons) {
 TEST(CudaGraphBlockersTest, EveryReasonIsListedNotJustTheFirst) {
   Options o = CudaOptions();
   o.cpu_offload = true;
-  o.clip = 1.0;  // keeps the update eager (OptimizerCaptureBlockers), not the step
+  o.clip = 1.0;  // captured too: not a reason
   o.eval_every = 5;
   CaptureEnvironment gloo = Gpu();
   gloo.backend = "gloo";
@@ -178,27 +178,22 @@ TEST(PlanCudaGraphsTest, OffAutoAndOn) {
     auto plan = PlanCudaGraphs(o, Gpu());
     ASSERT_TRUE(plan.ok()) << plan.status();
     EXPECT_TRUE(plan->capture);
-    EXPECT_TRUE(plan->capture_optimizer);
-    EXPECT_THAT(plan->optimizer_reasons, IsEmpty());
     EXPECT_EQ(DescribeCudaGraphPlan(o, *plan),
               "cuda graphs: the step (forward, backward, its loss reduction, the optimizer "
               "update) is captured after 3 eager steps and replayed; the learning rate is "
               "written to the device before each replay");
-    // --clip: the step is still captured (on is not refused), its update
-    // stays eager after each replay, and the line says why.
+    // --clip: the clipping is captured with the rest (its all-reduce is
+    // ordered on the stream), and the line says so.
     Options clipped = o;
     clipped.clip = 1.0;
-    auto partial = PlanCudaGraphs(clipped, Gpu());
-    ASSERT_TRUE(partial.ok()) << partial.status();
-    EXPECT_TRUE(partial->capture);
-    EXPECT_FALSE(partial->capture_optimizer);
-    EXPECT_THAT(partial->optimizer_reasons, ElementsAre(HasSubstr("--clip: ")));
-    EXPECT_EQ(DescribeCudaGraphPlan(clipped, *partial),
-              "cuda graphs: the step (forward, backward, its loss reduction) is captured after 3 "
-              "eager steps and replayed; the optimizer update stays eager after each replay: "
-              "--clip: fsdp's clip_grad_norm_, which the update must follow, waits for its "
-              "norm's all-reduce on the host (comm::Work::wait with the group's timeout polls "
-              "the NCCL collective), which a capture cannot record");
+    auto with_clip = PlanCudaGraphs(clipped, Gpu());
+    ASSERT_TRUE(with_clip.ok()) << with_clip.status();
+    EXPECT_TRUE(with_clip->capture);
+    EXPECT_THAT(with_clip->reasons, IsEmpty());
+    EXPECT_EQ(DescribeCudaGraphPlan(clipped, *with_clip),
+              "cuda graphs: the step (forward, backward, its loss reduction, the clipping, the "
+              "optimizer update) is captured after 3 eager steps and replayed; the learning rate "
+              "is written to the device before each replay");
   }
 
   o.eval_every = 10;
@@ -220,21 +215,6 @@ TEST(PlanCudaGraphsTest, OffAutoAndOn) {
               AllOf(HasSubstr("--cuda-graphs=on: the step cannot be captured: --cpu-offload:"),
                     HasSubstr("; --eval-every: the evaluation's eager forward"),
                     HasSubstr("(--cuda-graphs=auto runs eagerly instead)")));
-}
-
-TEST(OptimizerCaptureBlockersTest, OnlyClipKeepsTheUpdateEager) {
-  EXPECT_THAT(OptimizerCaptureBlockers(CudaOptions()), IsEmpty());
-  for (OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
-    Options o = CudaOptions();
-    o.optimizer = kind;
-    o.grad_accum = 2;
-    o.mixed_precision = MixedPrecision::kBf16;
-    EXPECT_THAT(OptimizerCaptureBlockers(o), IsEmpty()) << Name(kind);
-  }
-  Options o = CudaOptions();
-  o.clip = 0.5;
-  EXPECT_THAT(OptimizerCaptureBlockers(o), ElementsAre(HasSubstr("--clip: fsdp's "
-                                                                 "clip_grad_norm_")));
 }
 
 // ---- the host side of a captured optimizer update, on the CPU ------------
@@ -289,6 +269,12 @@ TEST(WriteFoundInfTest, OneExactlyWhenTheHostCheckRefusesTheStep) {
     const bool refused = !CheckStepFinite(1, c.loss, -1, c.flag == 0.0).ok();
     EXPECT_EQ(found_inf.item<float>(), refused ? 1.0f : 0.0f) << c.loss << " " << c.flag;
   }
+  // With --clip the global gradient norm is the third figure.
+  for (double norm : {0.5, 1e30, nan, inf}) {
+    WriteFoundInf(torch::tensor({2.5, 0.0, norm}, torch::kFloat64), found_inf);
+    const bool refused = !CheckStepFinite(1, 2.5, norm, true).ok();
+    EXPECT_EQ(found_inf.item<float>(), refused ? 1.0f : 0.0f) << "norm " << norm;
+  }
   torch::Tensor shaped = torch::zeros({1});  // GradScaler's shape
   WriteFoundInf(torch::tensor({nan, 0.0}, torch::kFloat64), shaped);
   EXPECT_EQ(shaped.item<float>(), 1.0f);
@@ -300,7 +286,7 @@ int64_t HostStep(const torch::optim::Optimizer& opt, const torch::Tensor& p) {
 }
 
 // The trainer's order for a graphed run whose update is captured (train.cc's
-// FullyGraphedTrainStep), on a capturable AdamW on the CPU: every step
+// GraphedTrainStep), on a capturable AdamW on the CPU: every step
 // SetStepLearningRate, then the update (step() for the warm-up and the
 // capture; a replay runs no host code, so none here), then, once the host
 // knows whether the step was finite, RecordGraphedOptimizerStep. The host

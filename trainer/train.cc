@@ -425,10 +425,9 @@ struct GraphedStep {
   int64_t eager_steps = 0;
   torch::Tensor static_batch;    // this rank's rows, on the device, refilled before each replay
   torch::Tensor static_figures;  // what the captured body returned
-  // The plan's capture_optimizer: the update is in the graph, the optimizer
-  // capturable, reading `found_inf` (float32, on the device, made before the
-  // capture and written by WriteFoundInf in it).
-  bool optimizer_captured = false;
+  // The update is in the graph, the optimizer capturable, reading
+  // `found_inf` (float32, on the device, made before the capture and written
+  // by WriteFoundInf in it).
   torch::Tensor found_inf;
 };
 
@@ -450,8 +449,8 @@ torch::Tensor StepFigures(StepContext& c, const torch::Tensor& batch) {
 // returns the global mean loss. A non-finite loss, gradient or (--clip)
 // gradient norm on any rank ends the run here, before the optimizer update
 // (finite_state.h), on every rank alike: the loss and a "some gradient is
-// not finite" flag travel in one all-reduce. `graphed`: the step's forward
-// and backward run through the run's CUDA graph (nullptr: eagerly).
+// not finite" flag travel in one all-reduce. `graphed`: the step runs
+// through the run's CUDA graph (GraphedTrainStep; nullptr: eagerly).
 //
 // Host synchronisations on CUDA: one per step, the read of [loss, flag]
 // (and --clip's norm with them) just before the optimizer update, the
@@ -467,46 +466,20 @@ torch::Tensor StepFigures(StepContext& c, const torch::Tensor& batch) {
 // found_inf (only optim/'s capturable mode does), so reading first is what
 // keeps "a non-finite step stops before its optimizer update" exact, at the
 // cost of the GPU idling while the host launches the (fused: a few kernels)
-// update. With the optimizer update captured too
-// (graphed->optimizer_captured), FullyGraphedTrainStep reads after the
+// update. GraphedTrainStep, whose optimizer is capturable, reads after the
 // update instead, which found_inf withholds on the device.
-absl::StatusOr<double> FullyGraphedTrainStep(StepContext& c, int64_t step, double lr,
-                                             const torch::Tensor& batch, GraphedStep& g);
+absl::StatusOr<double> GraphedTrainStep(StepContext& c, int64_t step, double lr,
+                                        const torch::Tensor& batch, GraphedStep& g);
 
 absl::StatusOr<double> TrainStep(StepContext& c, int64_t step, double lr,
                                  const torch::Tensor& batch, AsyncSave* async,
                                  GraphedStep* graphed) {
-  if (graphed != nullptr && graphed->optimizer_captured) {
-    return FullyGraphedTrainStep(c, step, lr, batch, *graphed);
-  }
+  if (graphed != nullptr) return GraphedTrainStep(c, step, lr, batch, *graphed);
   SetStepLearningRate(c.optimizer, lr);  // the optimizer is not capturable here
-  torch::Tensor figures;
-  if (graphed == nullptr) {
-    // Python's zero_grad(): no detach_ per gradient (optim::zero_grad).
-    optim::zero_grad(c.optimizer);
-    figures = StepFigures(c, batch);
-  } else if (graphed->eager_steps < kCudaGraphWarmupSteps) {
-    optim::zero_grad(c.optimizer);
-    graphed->graph.RunOnSideStream([&] { figures = StepFigures(c, batch); });
-    ++graphed->eager_steps;
-  } else {
-    if (!graphed->graph.captured()) {
-      // Allocated before the capture, outside the graph's pool.
-      graphed->static_batch = batch.to(c.device);
-      // No gradient exists when the captured backward starts, so it
-      // allocates them in the graph's pool and every replay overwrites
-      // them in place: no zero_grad between replays.
-      optim::zero_grad(c.optimizer);
-      graphed->graph.Capture(
-          [&] { graphed->static_figures = StepFigures(c, graphed->static_batch); });
-    } else {
-      graphed->static_batch.copy_(batch.pin_memory(), /*non_blocking=*/true);
-    }
-    graphed->graph.Replay();
-    figures = graphed->static_figures;
-  }
-  // The norm over all ranks' shards (an all-reduce inside), eager after the
-  // replay like the update: the gradients it scales are the graph's.
+  // Python's zero_grad(): no detach_ per gradient (optim::zero_grad).
+  optim::zero_grad(c.optimizer);
+  const torch::Tensor figures = StepFigures(c, batch);
+  // The norm over all ranks' shards (an all-reduce inside).
   torch::Tensor norm;
   if (c.o.clip > 0) norm = c.fsdp_model.clip_grad_norm_(c.o.clip);
   // The step's one read of the device: the loss, the flag and the norm.
@@ -528,24 +501,28 @@ absl::StatusOr<double> TrainStep(StepContext& c, int64_t step, double lr,
   return global_loss;
 }
 
-// A step of a run whose graph holds the optimizer update too
-// (cuda_graphs.h): the learning rate is written to the device first (no
-// host synchronisation), then the step — forward and backward, [loss, flag]
-// all-reduced, found_inf from them, the capturable update, which found_inf
-// withholds on the device — runs eagerly on the side stream (warm-up), is
-// captured and replayed, or is replayed; then the step's one read of
-// [loss, flag]. A non-finite step ends the run as in TrainStep, its update
+// A step of a run with --cuda-graphs (cuda_graphs.h): the learning rate is
+// written to the device first (no host synchronisation), then the step —
+// forward and backward, [loss, flag] all-reduced, --clip's clipping (its
+// norm appended to them), found_inf from them, the capturable update, which
+// found_inf withholds on the device — runs eagerly on the side stream
+// (warm-up), is captured and replayed, or is replayed; then the step's one
+// read of [loss, flag(, norm)]. A non-finite step ends the run as in TrainStep, its update
 // already withheld; the optimizer's host step counts follow
 // (RecordGraphedOptimizerStep). No async save is in flight here
 // (--async-checkpoint cannot be captured).
-absl::StatusOr<double> FullyGraphedTrainStep(StepContext& c, int64_t step, double lr,
-                                             const torch::Tensor& batch, GraphedStep& g) {
+absl::StatusOr<double> GraphedTrainStep(StepContext& c, int64_t step, double lr,
+                                        const torch::Tensor& batch, GraphedStep& g) {
   auto& capturable = dynamic_cast<optim::Capturable&>(c.optimizer);
   SetStepLearningRate(c.optimizer, lr);
   // The same code eagerly, captured and so replayed: the warm-up creates
   // the optimizer's state and device step counts the capture then finds.
   auto body = [&](const torch::Tensor& rows) {
     torch::Tensor figures = StepFigures(c, rows);
+    if (c.o.clip > 0) {
+      const torch::Tensor norm = c.fsdp_model.clip_grad_norm_(c.o.clip);
+      figures = torch::cat({figures, norm.to(figures.device(), torch::kFloat64).reshape({1})});
+    }
     WriteFoundInf(figures, g.found_inf);
     c.optimizer.step();
     return figures;
@@ -582,8 +559,9 @@ absl::StatusOr<double> FullyGraphedTrainStep(StepContext& c, int64_t step, doubl
   const torch::Tensor read = figures.to(torch::kCPU);
   const double* values = read.data_ptr<double>();
   const double global_loss = values[0];
+  const double grad_norm = c.o.clip > 0 ? values[2] : -1;
   const absl::Status finite =
-      CheckStepFinite(step, global_loss, /*grad_norm=*/-1, /*grads_finite=*/values[1] == 0.0);
+      CheckStepFinite(step, global_loss, grad_norm, /*grads_finite=*/values[1] == 0.0);
   RecordGraphedOptimizerStep(capturable, phase, finite.ok());
   if (!finite.ok()) return finite;
   return global_loss;
@@ -846,15 +824,12 @@ absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGro
   std::unique_ptr<GraphedStep> graphed;
   if (graph_plan->capture) {
     graphed = std::make_unique<GraphedStep>(*device);
-    if (graph_plan->capture_optimizer) {
-      // The update reads its learning rate and found_inf from the device
-      // (optim/'s capturable mode); found_inf is made here, outside the pool.
-      auto& capturable = dynamic_cast<optim::Capturable&>(*optimizer);
-      capturable.set_capturable(true);
-      graphed->found_inf = torch::zeros({}, torch::dtype(torch::kFloat32).device(*device));
-      capturable.set_found_inf(graphed->found_inf);
-      graphed->optimizer_captured = true;
-    }
+    // The update reads its learning rate and found_inf from the device
+    // (optim/'s capturable mode); found_inf is made here, outside the pool.
+    auto& capturable = dynamic_cast<optim::Capturable&>(*optimizer);
+    capturable.set_capturable(true);
+    graphed->found_inf = torch::zeros({}, torch::dtype(torch::kFloat32).device(*device));
+    capturable.set_found_inf(graphed->found_inf);
   }
   for (int64_t step = result.first_step; step <= o.steps; ++step) {
     // The step's peaks (--log-json, an out-of-memory error) start here.

@@ -16,9 +16,9 @@
 //                        (a stand-in for a learning rate frozen at the
 //                        capture) must differ from the cosine run by more
 //                        than 100x that, or the comparison could not see a
-//                        frozen rate; the same pair with --clip (the step
-//                        captured, the clipping and update eager after each
-//                        replay) within rtol 1e-5; and a replayed step must
+//                        frozen rate; the same pair with --clip (the
+//                        clipping captured with the rest) within rtol 1e-5;
+//                        and a replayed step must
 //                        make no more host synchronisations than an eager one
 //                        (CUDA's sync-debug mode warn counts them; per step
 //                        from the difference between a 16-step and an 8-step

@@ -45,7 +45,10 @@ at::Tensor Runtime::clip_grad_norm(double max_norm, double norm_type) {
   const at::Tensor local = LocalGradNormPow(local_grads, norm_type, where);
   // Shards are disjoint within the shard group and identical across
   // replicas, so only the shard group is reduced over.
-  comm::all_reduce(shard_group_, sharded, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum).wait();
+  // Ordered on the stream, not the host (NCCL; Gloo waits): nothing here
+  // reads the device, so --cuda-graphs can capture the clipping.
+  comm::all_reduce(shard_group_, sharded, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum)
+      .wait_on_stream();
   at::Tensor total = inf ? at::maximum(sharded, local) : (sharded + local).pow(1.0 / norm_type);
   ClipGradsWithNorm(sharded_grads, max_norm, total);
   ClipGradsWithNorm(local_grads, max_norm, total);
