@@ -65,11 +65,15 @@ cc_library(
     # (its include directories reach their dependents): the rest of the tree
     # compiles the same in both configurations, and --config=cuda recompiles
     # only //comm:nccl and the binaries' own sources.
+    # Kept although nothing names their symbols (loading them registers the
+    # CUDA kernels). No "--as-needed" after them: Bazel's toolchain links
+    # --no-as-needed, and switching it on here dropped the Abseil libraries
+    # that only the project's shared libraries reference from every
+    # dynamically linked test (a symbol lookup error at start-up).
     linkopts = [
         "-Wl,--no-as-needed",
         "-ltorch_cuda",
         "-lc10_cuda",
-        "-Wl,--as-needed",
     ],
     deps = [":libtorch"],
 )
