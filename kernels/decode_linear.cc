@@ -28,56 +28,32 @@ struct Block {
 
 #if defined(__x86_64__)
 
-__attribute__((target("avx512f"))) void DotAvx512(const Block& b, int64_t begin, int64_t end) {
+// y[r, o + j] for every row r of x and j < kW: kW rows of W at a time, so
+// kW independent FMA chains (a chain of one waits out the FMA latency every
+// vector) and kW read streams. kW = 1 serves the rows left over; each
+// output is the same sum either way, so how a block is split does not
+// change a bit.
+template <int kW>
+__attribute__((target("avx512f"))) void RowsAvx512(const Block& b, int64_t o) {
   const int64_t in = b.in, full = in & ~int64_t{15};
   const __mmask16 tail = static_cast<__mmask16>((1u << (in - full)) - 1);
-  int64_t o = begin;
-  // Four rows of W at a time: four independent FMA chains (a chain of one
-  // waits out the FMA latency every 16 floats) and four read streams.
-  for (; o + 4 <= end; o += 4) {
-    const float* w0 = b.w + o * in;
-    const float* w1 = w0 + in;
-    const float* w2 = w1 + in;
-    const float* w3 = w2 + in;
-    for (int64_t r = 0; r < b.rows; ++r) {
-      const float* x = b.x + r * in;
-      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(),
-             a3 = _mm512_setzero_ps();
-      for (int64_t k = 0; k < full; k += 16) {
-        const __m512 xv = _mm512_loadu_ps(x + k);
-        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + k), xv, a0);
-        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + k), xv, a1);
-        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + k), xv, a2);
-        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + k), xv, a3);
-      }
-      if (tail != 0) {
-        const __m512 xv = _mm512_maskz_loadu_ps(tail, x + full);
-        a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w0 + full), xv, a0);
-        a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w1 + full), xv, a1);
-        a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w2 + full), xv, a2);
-        a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w3 + full), xv, a3);
-      }
-      float* y = b.y + r * b.out + o;
-      y[0] = _mm512_reduce_add_ps(a0);
-      y[1] = _mm512_reduce_add_ps(a1);
-      y[2] = _mm512_reduce_add_ps(a2);
-      y[3] = _mm512_reduce_add_ps(a3);
+  const float* w = b.w + o * in;
+  for (int64_t r = 0; r < b.rows; ++r) {
+    const float* x = b.x + r * in;
+    __m512 a[kW];
+    for (int j = 0; j < kW; ++j) a[j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < full; k += 16) {
+      const __m512 xv = _mm512_loadu_ps(x + k);
+      for (int j = 0; j < kW; ++j)
+        a[j] = _mm512_fmadd_ps(_mm512_loadu_ps(w + j * in + k), xv, a[j]);
     }
-  }
-  for (; o < end; ++o) {
-    const float* w = b.w + o * in;
-    for (int64_t r = 0; r < b.rows; ++r) {
-      const float* x = b.x + r * in;
-      __m512 a = _mm512_setzero_ps();
-      for (int64_t k = 0; k < full; k += 16) {
-        a = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a);
+    if (tail != 0) {
+      const __m512 xv = _mm512_maskz_loadu_ps(tail, x + full);
+      for (int j = 0; j < kW; ++j) {
+        a[j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w + j * in + full), xv, a[j]);
       }
-      if (tail != 0) {
-        a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w + full),
-                            _mm512_maskz_loadu_ps(tail, x + full), a);
-      }
-      b.y[r * b.out + o] = _mm512_reduce_add_ps(a);
     }
+    for (int j = 0; j < kW; ++j) b.y[r * b.out + o + j] = _mm512_reduce_add_ps(a[j]);
   }
 }
 
@@ -87,55 +63,37 @@ __attribute__((target("avx2,fma"))) float Sum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
 
-__attribute__((target("avx2,fma"))) void DotAvx2(const Block& b, int64_t begin, int64_t end) {
+// RowsAvx512 with 8-float vectors and the tail added one float at a time.
+template <int kW>
+__attribute__((target("avx2,fma"))) void RowsAvx2(const Block& b, int64_t o) {
   const int64_t in = b.in, full = in & ~int64_t{7};
-  int64_t o = begin;
-  for (; o + 4 <= end; o += 4) {
-    const float* w0 = b.w + o * in;
-    const float* w1 = w0 + in;
-    const float* w2 = w1 + in;
-    const float* w3 = w2 + in;
-    for (int64_t r = 0; r < b.rows; ++r) {
-      const float* x = b.x + r * in;
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
-             a3 = _mm256_setzero_ps();
-      for (int64_t k = 0; k < full; k += 8) {
-        const __m256 xv = _mm256_loadu_ps(x + k);
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), xv, a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + k), xv, a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + k), xv, a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + k), xv, a3);
-      }
-      float s0 = Sum8(a0), s1 = Sum8(a1), s2 = Sum8(a2), s3 = Sum8(a3);
-      for (int64_t k = full; k < in; ++k) {
-        s0 += w0[k] * x[k];
-        s1 += w1[k] * x[k];
-        s2 += w2[k] * x[k];
-        s3 += w3[k] * x[k];
-      }
-      float* y = b.y + r * b.out + o;
-      y[0] = s0;
-      y[1] = s1;
-      y[2] = s2;
-      y[3] = s3;
+  const float* w = b.w + o * in;
+  for (int64_t r = 0; r < b.rows; ++r) {
+    const float* x = b.x + r * in;
+    __m256 a[kW];
+    for (int j = 0; j < kW; ++j) a[j] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < full; k += 8) {
+      const __m256 xv = _mm256_loadu_ps(x + k);
+      for (int j = 0; j < kW; ++j)
+        a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(w + j * in + k), xv, a[j]);
     }
-  }
-  for (; o < end; ++o) {
-    const float* w = b.w + o * in;
-    for (int64_t r = 0; r < b.rows; ++r) {
-      const float* x = b.x + r * in;
-      __m256 a = _mm256_setzero_ps();
-      for (int64_t k = 0; k < full; k += 8) {
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a);
-      }
-      float s = Sum8(a);
-      for (int64_t k = full; k < in; ++k) s += w[k] * x[k];
-      b.y[r * b.out + o] = s;
+    for (int j = 0; j < kW; ++j) {
+      float sum = Sum8(a[j]);
+      for (int64_t k = full; k < in; ++k) sum += w[j * in + k] * x[k];
+      b.y[r * b.out + o + j] = sum;
     }
   }
 }
 
 #endif  // __x86_64__
+
+// Output features [begin, end): blocks of four rows of W, then one at a time.
+template <void (*Four)(const Block&, int64_t), void (*One)(const Block&, int64_t)>
+void Dot(const Block& b, int64_t begin, int64_t end) {
+  int64_t o = begin;
+  for (; o + 4 <= end; o += 4) Four(b, o);
+  for (; o < end; ++o) One(b, o);
+}
 
 void DotScalar(const Block& b, int64_t begin, int64_t end) {
   for (int64_t o = begin; o < end; ++o) {
@@ -153,8 +111,10 @@ using DotFn = void (*)(const Block&, int64_t, int64_t);
 
 DotFn ChooseDot() {
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f")) return DotAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return DotAvx2;
+  if (__builtin_cpu_supports("avx512f")) return Dot<RowsAvx512<4>, RowsAvx512<1>>;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return Dot<RowsAvx2<4>, RowsAvx2<1>>;
+  }
 #endif
   return DotScalar;
 }
