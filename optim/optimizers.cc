@@ -229,53 +229,13 @@ void fused_adam(Bucket<State>& b, const AdamHyper& h, bool decoupled, bool maxim
   count_adam_step(b, steps);
 }
 
-// Python's _multi_tensor_adam without capturable: bias corrections on the
-// host from the int64 steps.
-template <typename State>
-void foreach_adam(Bucket<State>& b, const AdamHyper& h, bool decoupled, bool maximize) {
-  std::vector<Tensor> grads = b.grads;
-  if (maximize) grads = at::_foreach_neg(grads);
-  if (h.weight_decay != 0) {
-    if (decoupled) {
-      at::_foreach_mul_(b.params, 1 - h.lr * h.weight_decay);
-    } else if (maximize) {
-      at::_foreach_add_(grads, b.params, h.weight_decay);
-    } else {
-      grads = at::_foreach_add(grads, b.params, h.weight_decay);
-    }
-  }
-  at::_foreach_lerp_(b.exp_avgs, grads, 1 - h.beta1);
-  at::_foreach_mul_(b.exp_avg_sqs, h.beta2);
-  at::_foreach_addcmul_(b.exp_avg_sqs, grads, grads, 1 - h.beta2);
-  grads.clear();
-  std::vector<at::Scalar> step_size, bias_correction2_sqrt;
-  for (State* s : b.states) {
-    s->step(s->step() + 1);
-    const double step = static_cast<double>(s->step());
-    step_size.emplace_back(-(h.lr / (1 - std::pow(h.beta1, step))));
-    bias_correction2_sqrt.emplace_back(std::sqrt(1 - std::pow(h.beta2, step)));
-  }
-  std::vector<Tensor> denom;
-  if (h.amsgrad) {
-    at::_foreach_maximum_(b.max_exp_avg_sqs, b.exp_avg_sqs);
-    denom = at::_foreach_sqrt(b.max_exp_avg_sqs);
-  } else {
-    denom = at::_foreach_sqrt(b.exp_avg_sqs);
-  }
-  at::_foreach_div_(denom, bias_correction2_sqrt);
-  at::_foreach_add_(denom, h.eps);
-  at::_foreach_addcdiv_(b.params, b.exp_avgs, denom, step_size);
-}
-
-// Python's _multi_tensor_adam with capturable=True: the step counts are
-// the device step tensors and the bias corrections are computed from them on
-// the device, the learning rate is the device tensor `lr`; nothing is read
-// back.
-template <typename State>
-void foreach_adam_capturable(Bucket<State>& b, const AdamHyper& h, bool decoupled, bool maximize,
-                             StepTensors& steps, const Tensor& lr, bool* wrote) {
-  const std::vector<Tensor> step_tensors = step_tensors_of(b, steps, wrote);
-  add_one_to_steps(step_tensors, b.device);
+// Both foreach Adams (Python's _multi_tensor_adam) up to the step size:
+// the gradients (negated for maximize, weight-decayed) into the first and
+// second moments. `lr` is the host number or, capturable, the device tensor:
+// decoupled weight decay scales the parameters by 1 - lr * weight_decay.
+template <typename State, typename Lr>
+void foreach_adam_moments(Bucket<State>& b, const AdamHyper& h, bool decoupled, bool maximize,
+                          const Lr& lr) {
   std::vector<Tensor> grads = b.grads;
   if (maximize) grads = at::_foreach_neg(grads);
   if (h.weight_decay != 0) {
@@ -290,7 +250,51 @@ void foreach_adam_capturable(Bucket<State>& b, const AdamHyper& h, bool decouple
   at::_foreach_lerp_(b.exp_avgs, grads, 1 - h.beta1);
   at::_foreach_mul_(b.exp_avg_sqs, h.beta2);
   at::_foreach_addcmul_(b.exp_avg_sqs, grads, grads, 1 - h.beta2);
-  grads.clear();
+}
+
+// sqrt(v) (amsgrad: of the running max of v) / sqrt(1 - beta2^t) + eps, per
+// parameter; the corrections host numbers or device tensors.
+template <typename State, typename Corrections>
+std::vector<Tensor> foreach_adam_denominators(Bucket<State>& b, const AdamHyper& h,
+                                              const Corrections& bias_correction2_sqrt) {
+  std::vector<Tensor> denom;
+  if (h.amsgrad) {
+    at::_foreach_maximum_(b.max_exp_avg_sqs, b.exp_avg_sqs);
+    denom = at::_foreach_sqrt(b.max_exp_avg_sqs);
+  } else {
+    denom = at::_foreach_sqrt(b.exp_avg_sqs);
+  }
+  at::_foreach_div_(denom, bias_correction2_sqrt);
+  at::_foreach_add_(denom, h.eps);
+  return denom;
+}
+
+// Python's _multi_tensor_adam without capturable: bias corrections on the
+// host from the int64 steps.
+template <typename State>
+void foreach_adam(Bucket<State>& b, const AdamHyper& h, bool decoupled, bool maximize) {
+  foreach_adam_moments(b, h, decoupled, maximize, h.lr);
+  std::vector<at::Scalar> step_size, bias_correction2_sqrt;
+  for (State* s : b.states) {
+    s->step(s->step() + 1);
+    const double step = static_cast<double>(s->step());
+    step_size.emplace_back(-(h.lr / (1 - std::pow(h.beta1, step))));
+    bias_correction2_sqrt.emplace_back(std::sqrt(1 - std::pow(h.beta2, step)));
+  }
+  const std::vector<Tensor> denom = foreach_adam_denominators(b, h, bias_correction2_sqrt);
+  at::_foreach_addcdiv_(b.params, b.exp_avgs, denom, step_size);
+}
+
+// Python's _multi_tensor_adam with capturable=True: the step counts are
+// the device step tensors and the bias corrections are computed from them on
+// the device, the learning rate is the device tensor `lr`; nothing is read
+// back.
+template <typename State>
+void foreach_adam_capturable(Bucket<State>& b, const AdamHyper& h, bool decoupled, bool maximize,
+                             StepTensors& steps, const Tensor& lr, bool* wrote) {
+  const std::vector<Tensor> step_tensors = step_tensors_of(b, steps, wrote);
+  add_one_to_steps(step_tensors, b.device);
+  foreach_adam_moments(b, h, decoupled, maximize, lr);
   // step_size = lr / (beta1^t - 1) = -lr / (1 - beta1^t) and
   // bias_correction2_sqrt = sqrt(1 - beta2^t), per parameter, on the device.
   std::vector<Tensor> step_size = at::_foreach_pow(h.beta1, step_tensors);
@@ -301,15 +305,7 @@ void foreach_adam_capturable(Bucket<State>& b, const AdamHyper& h, bool decouple
   at::_foreach_div_(step_size, lr);
   at::_foreach_reciprocal_(step_size);
   at::_foreach_sqrt_(bias_correction2_sqrt);
-  std::vector<Tensor> denom;
-  if (h.amsgrad) {
-    at::_foreach_maximum_(b.max_exp_avg_sqs, b.exp_avg_sqs);
-    denom = at::_foreach_sqrt(b.max_exp_avg_sqs);
-  } else {
-    denom = at::_foreach_sqrt(b.exp_avg_sqs);
-  }
-  at::_foreach_div_(denom, bias_correction2_sqrt);
-  at::_foreach_add_(denom, h.eps);
+  std::vector<Tensor> denom = foreach_adam_denominators(b, h, bias_correction2_sqrt);
   // denom = -(1 - beta1^t) (sqrt(v / (1 - beta2^t)) + eps) / lr
   at::_foreach_div_(denom, step_size);
   at::_foreach_addcdiv_(b.params, b.exp_avgs, denom);
