@@ -4,27 +4,18 @@
 // document.
 #include "tokenizer/documents.h"
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tokenizer/testing/golden.h"
 
 namespace tokenizer {
 namespace {
 
+using test_data::TestdataPath;
 using ::testing::HasSubstr;
-
-std::string TestdataPath(const std::string& name) {
-  const std::string relative = "tokenizer/testdata/" + name;
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir != nullptr && workspace != nullptr) {
-    return std::string(srcdir) + "/" + workspace + "/" + relative;
-  }
-  return relative;
-}
 
 Tokenizer Load(const std::string& name) {
   auto tok = Tokenizer::FromFile(TestdataPath(name + "/tokenizer.json"));

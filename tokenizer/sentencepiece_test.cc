@@ -13,23 +13,15 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tokenizer/testing/golden.h"
 #include "tokenizer/documents.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tokenizer {
 namespace {
 
+using test_data::TestdataPath;
 using ::testing::HasSubstr;
-
-std::string TestdataPath(const std::string& name) {
-  const std::string relative = "tokenizer/testdata/" + name;
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir != nullptr && workspace != nullptr) {
-    return std::string(srcdir) + "/" + workspace + "/" + relative;
-  }
-  return relative;
-}
 
 std::string ReadBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

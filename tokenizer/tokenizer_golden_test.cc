@@ -5,66 +5,27 @@
 // unk_token and missing bytes), each with the ids `tokenizers` gives for
 // every test string, with and without add_special_tokens, and what its
 // decode gives back.
-#include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tokenizer/testing/golden.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tokenizer {
 namespace {
 
+using test_data::Ids;
+using test_data::IdsDifference;
+using test_data::TestdataPath;
 using json = nlohmann::json;
-
-std::string TestdataPath(const std::string& name) {
-  const std::string relative = "tokenizer/testdata/" + name;
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir != nullptr && workspace != nullptr) {
-    return std::string(srcdir) + "/" + workspace + "/" + relative;
-  }
-  return relative;
-}
-
-json ReadJson(const std::string& name) {
-  std::ifstream in(TestdataPath(name));
-  EXPECT_TRUE(in) << TestdataPath(name);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return json::parse(buffer.str());
-}
-
-std::vector<TokenId> Ids(const json& value) { return value.get<std::vector<TokenId>>(); }
-
-// The first difference of two id lists, with the tokens around it.
-std::string Difference(const Tokenizer& tok, const std::vector<TokenId>& got,
-                       const std::vector<TokenId>& want) {
-  size_t i = 0;
-  while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
-  std::ostringstream out;
-  const auto show = [&](const std::vector<TokenId>& ids) {
-    for (size_t k = (i >= 3 ? i - 3 : 0); k < ids.size() && k < i + 4; ++k) {
-      auto token = tok.IdToToken(ids[k]);
-      out << " " << ids[k] << "=" << json(std::string(token.value_or("?"))).dump();
-    }
-  };
-  out << "first difference at " << i << " (got " << got.size() << " ids, want " << want.size()
-      << ")\n  got: ";
-  show(got);
-  out << "\n want:";
-  show(want);
-  return out.str();
-}
 
 class GoldenTest : public testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    strings_ = ReadJson("strings.json").get<std::vector<std::string>>();
-    expected_ = ReadJson(GetParam() + "/expected.json");
+    strings_ = test_data::ReadTestdataJson("strings.json").get<std::vector<std::string>>();
+    expected_ = test_data::ReadTestdataJson(GetParam() + "/expected.json");
     absl::StatusOr<Tokenizer> tok =
         Tokenizer::FromFile(TestdataPath(GetParam() + "/tokenizer.json"));
     ASSERT_TRUE(tok.ok()) << tok.status();
@@ -89,7 +50,7 @@ TEST_P(GoldenTest, IdsEqualTokenizers) {
     if (*got != want) {
       ++failures;
       ADD_FAILURE() << "string " << i << " " << json(strings_[i]).dump().substr(0, 300) << "\n"
-                    << Difference(*tok_, *got, want);
+                    << IdsDifference(*tok_, *got, want);
     }
     std::vector<TokenId> want_special = prefix;
     want_special.insert(want_special.end(), want.begin(), want.end());
@@ -118,36 +79,11 @@ TEST_P(GoldenTest, DecodeEqualsTokenizers) {
 
 TEST_P(GoldenTest, InvalidUtf8AcrossTokensDecodesAsTokenizers) {
   ASSERT_FALSE(expected_["decode_cases"].empty());
-  for (const json& c : expected_["decode_cases"]) {
-    const std::vector<TokenId> ids = Ids(c["ids"]);
-    absl::StatusOr<std::string> got = tok_->Decode(ids, {.skip_special_tokens = false});
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(*got, c["text"].get<std::string>()) << c["ids"].dump();
-    absl::StatusOr<std::string> got_skip = tok_->Decode(ids);
-    ASSERT_TRUE(got_skip.ok()) << got_skip.status();
-    EXPECT_EQ(*got_skip, c["text_skip"].get<std::string>()) << c["ids"].dump();
-  }
-}
-
-std::string FromHex(const std::string& hex) {
-  std::string bytes;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
-    bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-  }
-  return bytes;
+  test_data::ExpectDecodeCases(*tok_, expected_["decode_cases"]);
 }
 
 TEST_P(GoldenTest, InvalidUtf8IsReplacedAsPythonDoes) {
-  for (const json& c : expected_["invalid_utf8"]) {
-    const std::string bytes = FromHex(c["hex"].get<std::string>());
-    EncodeOptions options{.add_special_tokens = false,
-                          .invalid_utf8 = EncodeOptions::InvalidUtf8::kReplace};
-    absl::StatusOr<std::vector<TokenId>> got = tok_->Encode(bytes, options);
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(*got, Ids(c["ids"])) << c["hex"];
-    absl::StatusOr<std::vector<TokenId>> refused = tok_->Encode(bytes);
-    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << c["hex"];
-  }
+  test_data::ExpectInvalidUtf8Cases(*tok_, expected_["invalid_utf8"]);
 }
 
 TEST_P(GoldenTest, VocabularyAndSpecialTokens) {

@@ -3,43 +3,25 @@
 // of a cut character.
 #include "tokenizer/tokenizer.h"
 
-#include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tokenizer/testing/golden.h"
 
 namespace tokenizer {
 namespace {
 
+using test_data::TestdataPath;
 using json = nlohmann::json;
 using ::testing::HasSubstr;
 
-std::string TestdataPath(const std::string& name) {
-  const std::string relative = "tokenizer/testdata/" + name;
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir != nullptr && workspace != nullptr) {
-    return std::string(srcdir) + "/" + workspace + "/" + relative;
-  }
-  return relative;
-}
-
-json ReadJson(const std::string& name) {
-  std::ifstream in(TestdataPath(name));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return json::parse(buffer.str());
-}
-
 // A tokenizer.json (GPT-2's layout, Llama 3's) with one change.
 absl::Status Load(const std::string& base, const std::function<void(json&)>& change) {
-  json j = ReadJson(base + "/tokenizer.json");
+  json j = test_data::ReadTestdataJson(base + "/tokenizer.json");
   change(j);
   return Tokenizer::FromJson(j.dump(), "changed.json").status();
 }
