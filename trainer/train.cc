@@ -445,6 +445,29 @@ torch::Tensor StepFigures(StepContext& c, const torch::Tensor& batch) {
   return figures;
 }
 
+// With --clip: clips the gradients to it (fsdp's clip_grad_norm_: an
+// all-reduce over all ranks' shards, the scale on the device) and appends
+// the global norm to the step's [loss, flag]; else the figures as they are.
+torch::Tensor ClippedFigures(StepContext& c, const torch::Tensor& figures) {
+  if (c.o.clip <= 0) return figures;
+  const torch::Tensor norm = c.fsdp_model.clip_grad_norm_(c.o.clip);
+  return torch::cat({figures, norm.to(figures.device(), torch::kFloat64).reshape({1})});
+}
+
+// The step's one read of the device: [loss, flag(, norm)] to the host,
+// checked by CheckStepFinite; the global mean loss.
+absl::StatusOr<double> ReadStepFigures(const StepContext& c, int64_t step,
+                                       const torch::Tensor& figures) {
+  const torch::Tensor read = figures.to(torch::kCPU);
+  const double* values = read.data_ptr<double>();
+  const double grad_norm = c.o.clip > 0 ? values[2] : -1;
+  if (auto s = CheckStepFinite(step, values[0], grad_norm, /*grads_finite=*/values[1] == 0.0);
+      !s.ok()) {
+    return s;
+  }
+  return values[0];
+}
+
 // One optimizer step on this rank's rows `batch` at learning rate `lr`;
 // returns the global mean loss. A non-finite loss, gradient or (--clip)
 // gradient norm on any rank ends the run here, before the optimizer update
@@ -478,27 +501,14 @@ absl::StatusOr<double> TrainStep(StepContext& c, int64_t step, double lr,
   SetStepLearningRate(c.optimizer, lr);  // the optimizer is not capturable here
   // Python's zero_grad(): no detach_ per gradient (optim::zero_grad).
   optim::zero_grad(c.optimizer);
-  const torch::Tensor figures = StepFigures(c, batch);
-  // The norm over all ranks' shards (an all-reduce inside).
-  torch::Tensor norm;
-  if (c.o.clip > 0) norm = c.fsdp_model.clip_grad_norm_(c.o.clip);
-  // The step's one read of the device: the loss, the flag and the norm.
-  const torch::Tensor read =
-      (norm.defined()
-           ? torch::cat({figures, norm.to(figures.device(), torch::kFloat64).reshape({1})})
-           : figures)
-          .to(torch::kCPU);
-  const double* values = read.data_ptr<double>();
-  const double global_loss = values[0];
-  const bool grads_finite = values[1] == 0.0;
-  const double grad_norm = norm.defined() ? values[2] : -1;
-  if (auto s = CheckStepFinite(step, global_loss, grad_norm, grads_finite); !s.ok()) return s;
+  const auto global_loss = ReadStepFigures(c, step, ClippedFigures(c, StepFigures(c, batch)));
+  if (!global_loss.ok()) return global_loss.status();
   // An async save in flight writes the live parameters and optimizer
   // state: they may change only once it has written them (in the time of
   // this step's forward and backward, usually).
   if (async != nullptr) async->saver.WaitUntilWritten();
   c.optimizer.step();
-  return global_loss;
+  return *global_loss;
 }
 
 // A step of a run with --cuda-graphs (cuda_graphs.h): the learning rate is
@@ -518,11 +528,7 @@ absl::StatusOr<double> GraphedTrainStep(StepContext& c, int64_t step, double lr,
   // The same code eagerly, captured and so replayed: the warm-up creates
   // the optimizer's state and device step counts the capture then finds.
   auto body = [&](const torch::Tensor& rows) {
-    torch::Tensor figures = StepFigures(c, rows);
-    if (c.o.clip > 0) {
-      const torch::Tensor norm = c.fsdp_model.clip_grad_norm_(c.o.clip);
-      figures = torch::cat({figures, norm.to(figures.device(), torch::kFloat64).reshape({1})});
-    }
+    const torch::Tensor figures = ClippedFigures(c, StepFigures(c, rows));
     WriteFoundInf(figures, g.found_inf);
     c.optimizer.step();
     return figures;
@@ -555,15 +561,8 @@ absl::StatusOr<double> GraphedTrainStep(StepContext& c, int64_t step, double lr,
     g.graph.Replay();
     figures = g.static_figures;
   }
-  // The step's one read of the device.
-  const torch::Tensor read = figures.to(torch::kCPU);
-  const double* values = read.data_ptr<double>();
-  const double global_loss = values[0];
-  const double grad_norm = c.o.clip > 0 ? values[2] : -1;
-  const absl::Status finite =
-      CheckStepFinite(step, global_loss, grad_norm, /*grads_finite=*/values[1] == 0.0);
-  RecordGraphedOptimizerStep(capturable, phase, finite.ok());
-  if (!finite.ok()) return finite;
+  auto global_loss = ReadStepFigures(c, step, figures);
+  RecordGraphedOptimizerStep(capturable, phase, global_loss.ok());
   return global_loss;
 }
 
