@@ -128,16 +128,7 @@ TEST_P(SentencePieceGoldenTest, VocabularyAndSpecialPieces) {
 }
 
 TEST_P(SentencePieceGoldenTest, BatchEqualsSingle) {
-  for (int threads : {1, 2, 8}) {
-    absl::StatusOr<std::vector<std::vector<TokenId>>> batch =
-        tok_->EncodeBatch(strings_, {.add_special_tokens = false}, threads);
-    ASSERT_TRUE(batch.ok()) << batch.status();
-    ASSERT_EQ(batch->size(), strings_.size());
-    for (size_t i = 0; i < strings_.size(); ++i) {
-      EXPECT_EQ((*batch)[i], Ids(expected_["ids"][i]))
-          << "string " << i << ", " << threads << " threads";
-    }
-  }
+  test_data::ExpectBatchesEqual(*tok_, strings_, expected_["ids"], {1, 2, 8});
 }
 
 TEST_P(SentencePieceGoldenTest, DecodeOfEncodeIsTheText) {

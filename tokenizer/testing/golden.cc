@@ -55,6 +55,19 @@ std::string IdsDifference(const Tokenizer& tok, const std::vector<TokenId>& got,
   return out.str();
 }
 
+void ExpectBatchesEqual(const Tokenizer& tok, const std::vector<std::string>& strings,
+                        const nlohmann::json& ids, const std::vector<int>& threads) {
+  for (int n : threads) {
+    absl::StatusOr<std::vector<std::vector<TokenId>>> batch =
+        tok.EncodeBatch(strings, {.add_special_tokens = false}, n);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    ASSERT_EQ(batch->size(), strings.size());
+    for (size_t i = 0; i < strings.size(); ++i) {
+      EXPECT_EQ((*batch)[i], Ids(ids[i])) << "string " << i << ", " << n << " threads";
+    }
+  }
+}
+
 void ExpectDecodeCases(const Tokenizer& tok, const nlohmann::json& cases) {
   for (const nlohmann::json& c : cases) {
     const std::vector<TokenId> ids = Ids(c["ids"]);

@@ -30,6 +30,11 @@ std::string FromHex(const std::string& hex);
 std::string IdsDifference(const Tokenizer& tok, const std::vector<TokenId>& got,
                           const std::vector<TokenId>& want);
 
+// EncodeBatch of `strings` (no special tokens) on each number of `threads`
+// gives `ids` (a JSON list of id lists, one per string).
+void ExpectBatchesEqual(const Tokenizer& tok, const std::vector<std::string>& strings,
+                        const nlohmann::json& ids, const std::vector<int>& threads);
+
 // expected.json's "decode_cases" ({"ids", "text", "text_skip"}: id lists
 // whose bytes are not UTF-8 across tokens): Decode with and without the
 // special tokens gives each text.
