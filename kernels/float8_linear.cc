@@ -107,24 +107,35 @@ Float8Operand CastOperand(const internal::FusedOps* ops, const at::Tensor& x,
 
 struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
   // input [..., K], weight [N, K] -> [..., N] in input's dtype. `ops`: the
-  // cast's implementation (nullptr: the ATen recipe). grad_input,
-  // grad_weight: whether a backward may ask for them (grad mode on and the
-  // tensor requires grad; forward runs with grad mode off).
+  // cast's implementation (nullptr: the ATen recipe). `weight_cast`: the
+  // weight's cast made elsewhere (then weight's values are not read), or
+  // nullptr. grad_input, grad_weight: whether a backward may ask for them
+  // (grad mode on and the tensor requires grad; forward runs with grad mode
+  // off).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-                            const internal::FusedOps* ops, bool grad_input, bool grad_weight) {
+                            const internal::FusedOps* ops, const Float8Tensor* weight_cast,
+                            bool grad_input, bool grad_weight) {
     const int64_t k = weight.size(1);
     // Each cast also writes, in the same pass, the transposed bits the
     // backward's product needs (x's for grad_weight, w's for grad_input),
     // and only those are saved: the forward's layout is freed after the
     // product, so the backward makes no copies and holds 1 byte an element.
     const Float8Operand x = CastOperand(ops, input.reshape({-1, k}), kForwardDtype, grad_weight);
-    const Float8Operand w = CastOperand(ops, weight, kForwardDtype, grad_input);
+    // A given cast is saved as it is, row-major (its owner, e.g. fully_shard,
+    // frees and refills that memory between forward and backward as it does
+    // for any parameter autograd saved); the backward transposes it.
+    const Float8Operand w =
+        weight_cast != nullptr
+            ? Float8Operand{weight_cast->data, at::Tensor(), weight_cast->inv_scale}
+            : CastOperand(ops, weight, kForwardDtype, grad_input);
     // [M, K] x weight.t(): the column-major [K, N] view of w's row-major [N, K] bits.
     const at::Tensor out = ScaledMm(x.data, x.inv_scale, w.data.t(), w.inv_scale,
                                     input.scalar_type(), kOutputFastAccum);
     // The float8 casts, not the inputs: torchao casts input and weight again
     // in backward, to the same bits.
-    ctx->save_for_backward({x.data_t, x.inv_scale, w.data_t, w.inv_scale});
+    ctx->save_for_backward(
+        {x.data_t, x.inv_scale, weight_cast != nullptr ? w.data : w.data_t, w.inv_scale});
+    ctx->saved_data["weight_row_major"] = weight_cast != nullptr;
     ctx->saved_data["input_sizes"] = input.sizes().vec();
     ctx->saved_data["fused_ops"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(ops));
     std::vector<int64_t> out_sizes = input.sizes().vec();
@@ -142,10 +153,12 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
         static_cast<intptr_t>(ctx->saved_data["fused_ops"].toInt()));
     const at::Tensor& grad_out = grad_outputs[0];
     if (!grad_out.defined())
-      return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+      return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const at::Tensor& x_t = saved[0];  // [K, M]
     const at::Tensor& x_inv_scale = saved[1];
-    const at::Tensor& w_t = saved[2];  // [K, N]
+    // [K, N] row-major; a given weight cast was saved as it is, [N, K].
+    const at::Tensor w_t =
+        ctx->saved_data["weight_row_major"].toBool() ? saved[2].t().contiguous() : saved[2];
     const at::Tensor& w_inv_scale = saved[3];
     const bool need_input = ctx->needs_input_grad(0);
     const bool need_weight = ctx->needs_input_grad(1);
@@ -167,7 +180,7 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
       // [N, M] x [M, K]: g's bits transposed, row-major; x_t.t() is x's bits column-major.
       grad_weight = ScaledMm(g.data_t, g.inv_scale, x_t.t(), x_inv_scale, dtype, kGradFastAccum);
     }
-    return {grad_input, grad_weight, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_input, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -198,17 +211,21 @@ void WarnFallbackOnce(const at::Tensor& input, const at::Tensor& weight, int64_t
 
 }  // namespace
 
-Float8Tensor CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype) {
-  const double float8_max = Float8Max(float8_dtype);
+namespace {
+
+void CheckCastInput(const at::Tensor& x) {
   TORCH_CHECK(x.defined(), "kernels::CastToFloat8: x is undefined: expected a tensor");
   TORCH_CHECK(x.is_floating_point() && !at::isFloat8Type(x.scalar_type()),
               "kernels::CastToFloat8: x has dtype ", x.scalar_type(),
               ": expected a high-precision floating dtype (float32, bfloat16, float16, float64)");
   TORCH_CHECK(x.numel() > 0, "kernels::CastToFloat8: x has shape ", x.sizes(),
               ": expected at least one element (amax of an empty tensor is undefined)");
+}
+
+Float8Tensor CastWithAmax(const at::Tensor& x, at::ScalarType float8_dtype,
+                          const at::Tensor& amax) {
+  const double float8_max = Float8Max(float8_dtype);
   const at::NoGradGuard no_grad;
-  // tensor_to_amax: max(|x|) in x's dtype (exact in any dtype).
-  const at::Tensor amax = at::abs(x).max();
   // amax_to_scale: float64, `float8_max / clamp(amax, EPS)`, which Python
   // evaluates as Tensor.__rtruediv__: reciprocal, then multiply (a division
   // rounds differently); then float32.
@@ -222,8 +239,51 @@ Float8Tensor CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype) {
   return Float8Tensor{data, scale, scale.reciprocal(), x.scalar_type()};
 }
 
-at::Tensor Float8Linear(const at::Tensor& input, const at::Tensor& weight,
-                        const std::optional<at::Tensor>& bias) {
+}  // namespace
+
+Float8Tensor CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype) {
+  Float8Max(float8_dtype);  // the dtype's error before x's
+  CheckCastInput(x);
+  const at::NoGradGuard no_grad;
+  // tensor_to_amax: max(|x|) in x's dtype (exact in any dtype).
+  return CastWithAmax(x, float8_dtype, at::abs(x).max());
+}
+
+Float8Tensor CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype,
+                          const at::Tensor& amax) {
+  Float8Max(float8_dtype);
+  CheckCastInput(x);
+  TORCH_CHECK(amax.defined() && amax.numel() == 1 && amax.is_floating_point() &&
+                  !at::isFloat8Type(amax.scalar_type()),
+              "kernels::CastToFloat8: amax ",
+              amax.defined()
+                  ? "has shape " + c10::str(amax.sizes(), " and dtype ", amax.scalar_type())
+                  : std::string("is undefined"),
+              ": expected one high-precision floating element, max(|x|) over the tensor x is "
+              "part of");
+  TORCH_CHECK(amax.device() == x.device(), "kernels::CastToFloat8: amax is on ", amax.device(),
+              " and x on ", x.device(), ": expected one device");
+  return CastWithAmax(x, float8_dtype, amax.reshape({}));
+}
+
+namespace {
+
+// The weight a given cast stands for, in weight's dtype, as autograd's
+// value of `weight` (whose own values are not read): its gradient passes
+// to weight unchanged. torchao's Float8TrainingTensor dequantizes the same
+// way for an operator that is not a float8 matrix product.
+struct DequantizedWeight : torch::autograd::Function<DequantizedWeight> {
+  static at::Tensor forward(AutogradContext* /*ctx*/, const at::Tensor& weight,
+                            const Float8Tensor* weight_cast) {
+    return weight_cast->data.to(at::kFloat).mul(weight_cast->inv_scale).to(weight.scalar_type());
+  }
+  static variable_list backward(AutogradContext* /*ctx*/, variable_list grad_outputs) {
+    return {grad_outputs[0], at::Tensor()};
+  }
+};
+
+at::Tensor LinearImpl(const at::Tensor& input, const at::Tensor& weight,
+                      const Float8Tensor* weight_cast, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(input.defined() && weight.defined(),
               "kernels::Float8Linear: input and weight must be defined tensors");
   TORCH_CHECK(weight.dim() == 2, "kernels::Float8Linear: weight has shape ", weight.sizes(),
@@ -237,6 +297,24 @@ at::Tensor Float8Linear(const at::Tensor& input, const at::Tensor& weight,
               weight.scalar_type(), ": expected float32, bfloat16 or float16");
   TORCH_CHECK(input.device() == weight.device(), "kernels::Float8Linear: input is on ",
               input.device(), " and weight on ", weight.device(), ": expected one device");
+  if (weight_cast != nullptr) {
+    const at::Tensor& data = weight_cast->data;
+    const at::Tensor& inv = weight_cast->inv_scale;
+    TORCH_CHECK(data.defined() && data.scalar_type() == kForwardDtype &&
+                    data.sizes() == weight.sizes() && data.device() == weight.device(),
+                "kernels::Float8Linear: weight_cast.data is ",
+                data.defined()
+                    ? c10::str(data.scalar_type(), " ", data.sizes(), " on ", data.device())
+                    : std::string("undefined"),
+                ": expected ", kForwardDtype, " ", weight.sizes(), " on ", weight.device(),
+                " (weight's shape and device)");
+    TORCH_CHECK(inv.defined() && inv.numel() == 1 && inv.scalar_type() == at::kFloat &&
+                    inv.device() == weight.device(),
+                "kernels::Float8Linear: weight_cast.inv_scale is ",
+                inv.defined() ? c10::str(inv.scalar_type(), " ", inv.sizes(), " on ", inv.device())
+                              : std::string("undefined"),
+                ": expected one float32 element on ", weight.device());
+  }
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0),
@@ -250,7 +328,9 @@ at::Tensor Float8Linear(const at::Tensor& input, const at::Tensor& weight,
   const int64_t rows = k == 0 ? 0 : input.numel() / k;
   if (rows == 0 || k == 0 || n == 0 || rows % 16 != 0 || k % 16 != 0 || n % 16 != 0) {
     WarnFallbackOnce(input, weight, rows);
-    return at::linear(input, weight, has_bias ? *bias : std::optional<at::Tensor>());
+    const at::Tensor w =
+        weight_cast != nullptr ? DequantizedWeight::apply(weight, weight_cast) : weight;
+    return at::linear(input, w, has_bias ? *bias : std::optional<at::Tensor>());
   }
   // The casts: the fused kernel on CUDA (internal/fused_ops.h; without
   // //kernels:cuda in the binary, the ATen recipe with a warning, once);
@@ -258,14 +338,28 @@ at::Tensor Float8Linear(const at::Tensor& input, const at::Tensor& weight,
   const internal::FusedOps* ops = internal::ChooseFusedOps(
       internal::Op::kFloat8Linear, {input, weight}, [&](const internal::FusedOps& o) {
         std::string why = internal::UnsupportedFloat8Cast(o, input.reshape({-1, k}));
-        return why.empty() ? internal::UnsupportedFloat8Cast(o, weight) : why;
+        return why.empty() && weight_cast == nullptr ? internal::UnsupportedFloat8Cast(o, weight)
+                                                     : why;
       });
   const bool grad_mode = at::GradMode::is_enabled();
-  at::Tensor out = Float8LinearFunction::apply(
-      input, weight, ops, grad_mode && input.requires_grad(), grad_mode && weight.requires_grad());
+  at::Tensor out = Float8LinearFunction::apply(input, weight, ops, weight_cast,
+                                               grad_mode && input.requires_grad(),
+                                               grad_mode && weight.requires_grad());
   // Float8Linear.forward: `output + self.bias.to(output.dtype)`.
   if (has_bias) out = out + bias->to(out.scalar_type());
   return out;
+}
+
+}  // namespace
+
+at::Tensor Float8Linear(const at::Tensor& input, const at::Tensor& weight,
+                        const std::optional<at::Tensor>& bias) {
+  return LinearImpl(input, weight, nullptr, bias);
+}
+
+at::Tensor Float8Linear(const at::Tensor& input, const at::Tensor& weight,
+                        const Float8Tensor& weight_cast, const std::optional<at::Tensor>& bias) {
+  return LinearImpl(input, weight, &weight_cast, bias);
 }
 
 bool Float8MatmulSupported(const c10::Device& device, std::string* why) {

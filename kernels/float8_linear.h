@@ -78,6 +78,13 @@ struct Float8Tensor {
 // recipe Float8Linear's fused CUDA cast is held to.
 Float8Tensor CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype);
 
+// The same cast with amax given instead of computed: torchao's reduce_amax,
+// where x is one rank's shard of a tensor and `amax` max(|x|) over all the
+// shards (an all-reduce MAX of each one's), so every shard is cast with the
+// scale of the whole and the shards' bytes together are the whole's cast,
+// bit for bit. amax: one high-precision floating element on x's device.
+Float8Tensor CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype, const at::Tensor& amax);
+
 // F::linear(input, weight, bias) with float8 matrix products (see the top of
 // this file); an autograd function of input and weight (bias by ATen's own
 // add). input [..., K] and weight [N, K] float32, bfloat16 or float16 on one
@@ -85,6 +92,20 @@ Float8Tensor CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype);
 // Differentiable once (backward with create_graph=true is an error).
 at::Tensor Float8Linear(const at::Tensor& input, const at::Tensor& weight,
                         const std::optional<at::Tensor>& bias);
+
+// The same with the weight's cast given (torchao's Float8TrainingTensor
+// weight, as fully_shard's float8 all-gather delivers it:
+// fsdp::float8_unsharded_param): weight_cast.data (Float8_e4m3fn, weight's
+// shape and device) and inv_scale are multiplied as they are, and weight's
+// values are never read; weight is the autograd input its gradient (in
+// weight's dtype) goes to. The cast's data is saved for backward as it is
+// (no transposed copy held between forward and backward; the backward
+// makes one), so its owner may free and refill that memory in between, as
+// fully_shard does. Where the shape falls back to at::linear, the weight
+// used is the cast's dequantized values (data * inv_scale), and the
+// gradient still goes to weight.
+at::Tensor Float8Linear(const at::Tensor& input, const at::Tensor& weight,
+                        const Float8Tensor& weight_cast, const std::optional<at::Tensor>& bias);
 
 // Whether `device` has float8 matrix products that pay: CUDA with compute
 // capability >= 8.9. When not, false, and `why` (if not null) says why, e.g.

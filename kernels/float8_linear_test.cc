@@ -4,7 +4,8 @@
 // model's output and gradients bit for bit (float32 and bfloat16, with and
 // without bias); mutated recipes that the comparison must catch; the
 // high-precision fallback for shapes _scaled_mm cannot take; which devices
-// have float8 matrix products.
+// have float8 matrix products; a cast given instead of made (shards cast
+// with the whole's amax, a weight cast fully_shard gathered).
 #include "kernels/float8_linear.h"
 
 #include <limits>
@@ -339,6 +340,109 @@ TEST(LinearTest, DoubleBackwardIsAnError) {
   const at::Tensor y = Float8Linear(x, w, std::nullopt).sum();
   EXPECT_THAT([&] { torch::autograd::grad({y}, {x}, {}, /*retain_graph=*/true, true); },
               ::testing::ThrowsMessage<c10::Error>(HasSubstr("create_graph=true")));
+}
+
+// ---- a cast made elsewhere (fully_shard's float8 all-gather) ----------------
+
+// torchao's reduce_amax: shards cast with the whole's amax are the whole's
+// cast, bit for bit, whatever the cut (uneven, one shard holding the amax).
+TEST(ShardCastTest, ShardsCastWithTheWholesAmaxAreTheWholesCast) {
+  at::manual_seed(3);
+  at::Tensor x = at::randn({50, 32});
+  x[40][7] = 37.5;  // the amax, in the last shard only
+  const Float8Tensor whole = CastToFloat8(x, at::kFloat8_e4m3fn);
+  const at::Tensor amax = x.abs().max();
+  std::vector<at::Tensor> shards;
+  bool own_amax_differs = false;
+  for (const at::Tensor& shard : x.split(17, 0)) {
+    const Float8Tensor cast = CastToFloat8(shard, at::kFloat8_e4m3fn, amax);
+    EXPECT_TRUE(at::equal(cast.scale, whole.scale));
+    EXPECT_TRUE(at::equal(cast.inv_scale, whole.inv_scale));
+    shards.push_back(cast.data);
+    // Each shard's own amax (no reduction) gives other bits where it is smaller.
+    own_amax_differs |= BitsDiffer(CastToFloat8(shard, at::kFloat8_e4m3fn).data, cast.data) > 0;
+  }
+  EXPECT_EQ(BitsDiffer(at::cat(shards, 0), whole.data), 0);
+  EXPECT_TRUE(own_amax_differs);
+  // amax in any high-precision dtype and shape of one element.
+  EXPECT_EQ(BitsDiffer(CastToFloat8(x, at::kFloat8_e4m3fn, amax.to(at::kDouble).view({1})).data,
+                       whole.data),
+            0);
+}
+
+// Given the weight's cast, Float8Linear multiplies it and never reads the
+// weight: a NaN weight standing for it gives the cast weight's output and
+// gradients, bit for bit, and receives the weight's gradient.
+TEST(GivenWeightCastTest, BitForBitTheWeightItCasts) {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    at::manual_seed(4);
+    const at::Tensor x0 = at::randn({2, 16, 64}).to(dtype);
+    const at::Tensor w0 = (at::randn({48, 64}) * 0.1).to(dtype);
+    const at::Tensor b = at::randn({48}).to(dtype);
+    const at::Tensor g = at::randn({2, 16, 48}).to(dtype);
+    const Float8Tensor cast = CastToFloat8(w0, at::kFloat8_e4m3fn);
+
+    const at::Tensor x = x0.clone().requires_grad_();
+    const at::Tensor w = w0.clone().requires_grad_();
+    const at::Tensor y = Float8Linear(x, w, b);
+    y.backward(g);
+    const at::Tensor xc = x0.clone().requires_grad_();
+    const at::Tensor nan_weight = at::full_like(w0, NAN).requires_grad_();
+    const at::Tensor yc = Float8Linear(xc, nan_weight, cast, b);
+    yc.backward(g);
+    EXPECT_TRUE(at::equal(yc, y));
+    EXPECT_TRUE(at::equal(xc.grad(), x.grad()));
+    EXPECT_TRUE(at::equal(nan_weight.grad(), w.grad()));
+    EXPECT_EQ(nan_weight.grad().scalar_type(), dtype);
+  }
+}
+
+TEST(GivenWeightCastTest, FallbackUsesTheDequantizedCastAndGivesTheWeightItsGradient) {
+  at::manual_seed(5);
+  const at::Tensor x0 = at::randn({20, 64});  // M = 20: not a multiple of 16
+  const at::Tensor w0 = at::randn({48, 64}) * 0.1;
+  const Float8Tensor cast = CastToFloat8(w0, at::kFloat8_e4m3fn);
+  const at::Tensor dequantized = cast.data.to(at::kFloat) * cast.inv_scale;
+  testing::CollectWarnings warnings;
+  const at::Tensor x = x0.clone().requires_grad_();
+  const at::Tensor nan_weight = at::full_like(w0, NAN).requires_grad_();
+  const at::Tensor y = Float8Linear(x, nan_weight, cast, std::nullopt);
+  y.sum().backward();
+  const at::Tensor xr = x0.clone().requires_grad_();
+  const at::Tensor wr = dequantized.clone().requires_grad_();
+  at::linear(xr, wr).sum().backward();
+  EXPECT_TRUE(at::equal(y, at::linear(x0, dequantized)));
+  EXPECT_TRUE(at::equal(x.grad(), xr.grad()));
+  EXPECT_TRUE(at::equal(nan_weight.grad(), wr.grad()));
+  EXPECT_THAT(warnings.messages(), ElementsAre(HasSubstr("input [20, 64] x weight [48, 64]")));
+}
+
+TEST(GivenWeightCastTest, ErrorsNameTheCastAndTheExpectation) {
+  const at::Tensor x = at::zeros({16, 32});
+  const at::Tensor w = at::ones({16, 32});
+  const Float8Tensor cast = CastToFloat8(w, at::kFloat8_e4m3fn);
+  const auto fails = [&](const Float8Tensor& bad, const std::string& expected) {
+    EXPECT_THAT([&] { Float8Linear(x, w, bad, std::nullopt); },
+                ::testing::ThrowsMessage<c10::Error>(HasSubstr(expected)));
+  };
+  Float8Tensor e5m2 = CastToFloat8(w, at::kFloat8_e5m2);
+  fails(e5m2, "weight_cast.data is Float8_e5m2 [16, 32] on cpu: expected Float8_e4m3fn [16, 32]");
+  Float8Tensor transposed = cast;
+  transposed.data = cast.data.t();
+  fails(transposed, "weight_cast.data is Float8_e4m3fn [32, 16] on cpu: expected");
+  Float8Tensor no_scale = cast;
+  no_scale.inv_scale = at::Tensor();
+  fails(no_scale, "weight_cast.inv_scale is undefined: expected one float32 element on cpu");
+  Float8Tensor double_scale = cast;
+  double_scale.inv_scale = cast.inv_scale.to(at::kDouble);
+  fails(double_scale, "weight_cast.inv_scale is Double");
+
+  EXPECT_THAT([&] { CastToFloat8(w, at::kFloat8_e4m3fn, at::ones({2})); },
+              ::testing::ThrowsMessage<c10::Error>(
+                  HasSubstr("amax has shape [2] and dtype Float: expected one high-precision")));
+  EXPECT_THAT([&] { CastToFloat8(w, at::kFloat8_e4m3fn, at::Tensor()); },
+              ::testing::ThrowsMessage<c10::Error>(HasSubstr("amax is undefined")));
 }
 
 TEST(ArgumentTest, ErrorsNameTheArgumentAndTheExpectation) {
