@@ -182,6 +182,22 @@ int64_t resolve_shard_dim(const FullyShardOptions& options, const at::Tensor& pa
   return d;
 }
 
+// Whether options.float8_all_gather_fn picks `param`, checked.
+bool resolve_float8_all_gather(const FullyShardOptions& options, const at::Tensor& param,
+                               const std::string& param_name, int64_t shard_dim,
+                               const std::string& name) {
+  if (!options.float8_all_gather_fn || !options.float8_all_gather_fn(param)) return false;
+  TORCH_CHECK(param.is_floating_point() && !at::isFloat8Type(param.scalar_type()), "fully_shard(",
+              name, "): float8_all_gather_fn chose parameter '", param_name, "' of dtype ",
+              param.scalar_type(),
+              ": expected a high-precision floating parameter (float32, bfloat16, float16) to "
+              "cast to float8");
+  TORCH_CHECK(shard_dim == 0, "fully_shard(", name, "): float8_all_gather_fn chose parameter '",
+              param_name, "', which shard_placement_fn shards on dim ", shard_dim,
+              ": float8 all-gather gathers dim-0 shards only");
+  return true;
+}
+
 void check_dtypes(const Managed& managed, const std::string& name) {
   std::optional<c10::ScalarType> dtype;
   for (const auto& [names, p] : managed.params) {
@@ -244,7 +260,8 @@ FSDPModule fully_shard(const ModulePtr& module, const FullyShardOptions& options
       params.push_back(std::make_unique<FSDPParam>(
           names, p, group, post_forward_group, options.mp_policy.param_dtype,
           options.mp_policy.reduce_dtype, shard_dim, options.offload_policy.has_value(),
-          options.offload_policy.has_value() && options.offload_policy->pin_memory));
+          options.offload_policy.has_value() && options.offload_policy->pin_memory,
+          resolve_float8_all_gather(options, p, names.front(), shard_dim, name)));
     }
     param_group =
         std::make_unique<FSDPParamGroup>(module, std::move(params), group, groups.replicate,
@@ -265,6 +282,10 @@ std::optional<FSDPModule> as_fsdp_module(const torch::nn::Module& module) {
 
 std::optional<ShardedParamSpec> sharded_param_spec(const at::Tensor& param) {
   return internal::find_sharded_param(param);
+}
+
+std::optional<kernels::Float8Tensor> float8_unsharded_param(const at::Tensor& unsharded_param) {
+  return internal::find_unsharded_float8(unsharded_param);
 }
 
 std::shared_ptr<torch::nn::Module> FSDPModule::module() const { return state_->module(); }

@@ -120,6 +120,7 @@
 #include "comm/device_mesh.h"
 #include "comm/process_group.h"
 #include "comm/work.h"
+#include "kernels/float8_linear.h"
 
 namespace fsdp {
 
@@ -207,6 +208,32 @@ struct FullyShardOptions {
   std::function<std::optional<int64_t>(const at::Tensor& param)> shard_placement_fn;
   // PyTorch's offload_policy: unset is its OffloadPolicy() (no offload).
   std::optional<CPUOffloadPolicy> offload_policy;
+  // Float8 all-gather (torchao's enable_fsdp_float8_all_gather, its
+  // WeightWithDynamicFloat8CastTensor, with the amaxes reduced in one
+  // collective as its precompute_float8_dynamic_scale_for_fsdp does), for
+  // the weights of float8 linear layers (kernels::Float8Linear). Called
+  // once per managed parameter; where it returns true, every all-gather
+  // from the shards first all-reduces (MAX, one collective for the
+  // module) the parameter's amax over the shard group, casts this rank's
+  // shard to Float8_e4m3fn with the whole parameter's scale
+  // (kernels::CastToFloat8 with that amax) and gathers those bytes: 1 byte
+  // an element on the wire and in the gathered buffer instead of
+  // param_dtype's 2 or 4. The gathered bytes are, bit for bit, the whole
+  // parameter's tensorwise cast, what Float8Linear would make of it.
+  //   Unsharded, such a parameter's values are that cast, which
+  // float8_unsharded_param() returns for Float8Linear to multiply; the
+  // tensor the module's name holds is a stand-in of param_dtype and the
+  // parameter's shape whose elements all read NaN (no memory of its
+  // size): autograd's leaf, receiving the gradient, which is
+  // reduce-scattered in reduce_dtype as any other. Anything else reading
+  // the weight while unsharded (an ordinary linear, explicit unshard()
+  // followed by reading it) reads NaN. Shards, state dicts and optimizers
+  // are unchanged (high precision).
+  //   Pays where the all-gather moves bytes between GPUs (several ranks);
+  // on one rank it only moves the weight's cast from the forward to the
+  // gather. Errors: a parameter that is not of a floating dtype, or that
+  // shard_placement_fn shards on a dim other than 0.
+  std::function<bool(const at::Tensor& param)> float8_all_gather_fn;
 };
 
 // What a sharded parameter is (a DTensor's spec with placement
@@ -338,6 +365,18 @@ std::optional<FSDPModule> as_fsdp_module(const torch::nn::Module& module);
 // The spec of a parameter fully_shard sharded (its current shard tensor, as
 // named_parameters() returns it); nothing for any other tensor.
 std::optional<ShardedParamSpec> sharded_param_spec(const at::Tensor& param);
+
+// A float8-gathered parameter's cast (options.float8_all_gather_fn) while
+// its module is unsharded: `unsharded_param` is the tensor the module's
+// name holds then (the stand-in); data is the gathered Float8_e4m3fn bytes
+// in the parameter's shape, scale and inv_scale the whole parameter's.
+// Nothing for any other tensor, or while sharded. The tensors are
+// fully_shard's buffers: valid until the module reshards; autograd may
+// save them (they are refilled before backward reads them). A float8
+// linear computes
+//   if (auto cast = fsdp::float8_unsharded_param(weight))
+//     y = kernels::Float8Linear(x, weight, *cast, bias);
+std::optional<kernels::Float8Tensor> float8_unsharded_param(const at::Tensor& unsharded_param);
 
 // PyTorch's module.to_empty(device=device) on a module tree fully_shard
 // was applied to (FSDPModule._apply + FSDPParam.reset_sharded_param):

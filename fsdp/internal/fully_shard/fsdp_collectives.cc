@@ -18,11 +18,12 @@ namespace internal {
 namespace {
 
 // The dtype the group is gathered in: the parameters' when they share one,
-// bytes otherwise (PyTorch gathers mixed dtypes as uint8 too).
+// bytes otherwise (PyTorch gathers mixed dtypes as uint8 too), and bytes
+// for float8, which the backends need not know.
 c10::ScalarType gather_dtype(const std::vector<FSDPParam*>& params) {
-  const c10::ScalarType first = params.front()->param_dtype();
+  const c10::ScalarType first = params.front()->gather_dtype();
   for (const FSDPParam* p : params) {
-    if (p->param_dtype() != first) return at::kByte;
+    if (p->gather_dtype() != first || at::isFloat8Type(p->gather_dtype())) return at::kByte;
   }
   return first;
 }
@@ -30,6 +31,11 @@ c10::ScalarType gather_dtype(const std::vector<FSDPParam*>& params) {
 at::Tensor as_dtype(const at::Tensor& t, c10::ScalarType dtype) {
   if (t.scalar_type() == dtype) return t;
   return t.view(dtype);  // to bytes (only used for kByte)
+}
+
+// What a collective is handed: float8 as its bytes.
+at::Tensor on_the_wire(const at::Tensor& t) {
+  return at::isFloat8Type(t.scalar_type()) ? t.view(at::kByte) : t;
 }
 
 // The copies of the collectives' copy-in and copy-out move contiguous
@@ -119,8 +125,8 @@ AllGatherResult foreach_all_gather(const std::vector<FSDPParam*>& params,
       std::vector<at::Tensor> inputs, outputs;
       for (FSDPParam* p : params) {
         p->alloc_all_gather_output();
-        inputs.push_back(p->all_gather_input());
-        outputs.push_back(p->all_gather_output());
+        inputs.push_back(on_the_wire(p->all_gather_input()));
+        outputs.push_back(on_the_wire(p->all_gather_output()));
       }
       result.work = comm::all_gather_into_tensors(group, outputs, inputs);
       return result;

@@ -2,13 +2,16 @@
 
 #include <ATen/Context.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/abs.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 namespace fsdp {
@@ -41,7 +44,7 @@ FSDPParam::FSDPParam(std::vector<std::string> fqns, const at::Tensor& param,
                      const comm::ProcessGroup& group, const comm::ProcessGroup& post_forward_group,
                      std::optional<c10::ScalarType> param_dtype,
                      std::optional<c10::ScalarType> reduce_dtype, int64_t shard_dim,
-                     bool offload_to_cpu, bool pin_memory)
+                     bool offload_to_cpu, bool pin_memory, bool float8_all_gather)
     : fqns_(std::move(fqns)),
       orig_param_(c10::weak_intrusive_ptr<c10::TensorImpl>(param.getIntrusivePtr())),
       post_forward_group_(post_forward_group),
@@ -51,6 +54,7 @@ FSDPParam::FSDPParam(std::vector<std::string> fqns, const at::Tensor& param,
       requires_grad_(param.requires_grad()),
       offload_to_cpu_(offload_to_cpu),
       pin_memory_(pin_memory),
+      float8_all_gather_(float8_all_gather),
       orig_dtype_(param.scalar_type()) {
   const std::string& name = fqns_.front();
   TORCH_CHECK(param.dim() > 0, "fully_shard doesn't support scalar parameters. Change ", name,
@@ -59,6 +63,8 @@ FSDPParam::FSDPParam(std::vector<std::string> fqns, const at::Tensor& param,
               "parameters yet: parameter '", name, "' has shape ", param.sizes(), " and stride ",
               param.strides());
   TORCH_INTERNAL_ASSERT(shard_dim_ >= 0 && shard_dim_ < param.dim());
+  TORCH_INTERNAL_ASSERT(!float8_all_gather_ || (shard_dim_ == 0 && param.is_floating_point() &&
+                                                !at::isFloat8Type(orig_dtype_)));
   const bool floating = at::isFloatingType(orig_dtype_);
   param_dtype_ = floating && param_dtype ? *param_dtype : orig_dtype_;
   reduce_dtype_ = floating && reduce_dtype ? *reduce_dtype : param_dtype_;
@@ -101,10 +107,23 @@ FSDPParam::FSDPParam(std::vector<std::string> fqns, const at::Tensor& param,
   init_unsharded(param.options());
 }
 
+c10::ScalarType FSDPParam::gather_dtype() const {
+  return float8_all_gather_ ? at::kFloat8_e4m3fn : param_dtype_;
+}
+
 void FSDPParam::init_unsharded(const at::TensorOptions& options) {
-  const at::TensorOptions gathered = options.dtype(param_dtype_).requires_grad(false);
+  const at::TensorOptions gathered = options.dtype(gather_dtype()).requires_grad(false);
   all_gather_output_ = unallocated({padded_shard_numel_ * world_size_}, gathered);
-  if (shard_dim_ == 0) {
+  if (float8_all_gather_) {
+    unsharded_float8_ = storage_view(all_gather_output_, 0, global_shape_);
+    // The stand-in: one NaN of the parameter dtype seen through zero
+    // strides, a plain tensor (not an autograd view), so it can be a leaf.
+    const at::TensorOptions dtype = options.dtype(param_dtype_).requires_grad(false);
+    const at::Tensor nan = at::full({1}, std::numeric_limits<double>::quiet_NaN(), dtype);
+    unsharded_param_ = at::empty({0}, nan.options());
+    unsharded_param_.set_(nan.storage(), 0, global_shape_,
+                          std::vector<int64_t>(global_shape_.size(), 0));
+  } else if (shard_dim_ == 0) {
     unsharded_param_ = storage_view(all_gather_output_, 0, global_shape_);
   } else {
     unsharded_buffer_ = unallocated({c10::multiply_integers(global_shape_)}, gathered);
@@ -154,20 +173,47 @@ void FSDPParam::place_padded_shard(const at::Tensor& buffer, int64_t offset) {
   sharded_param_.set_requires_grad(requires_grad_);
 }
 
+at::Tensor FSDPParam::local_amax() const {
+  TORCH_INTERNAL_ASSERT(float8_all_gather_);
+  at::NoGradGuard no_grad;
+  // max(|x|) is exact in any dtype; the padding's zeros change nothing.
+  return at::abs(padded_shard_).max().to(device_, at::kFloat);
+}
+
+void FSDPParam::cast_to_float8(const at::Tensor& global_amax) {
+  TORCH_INTERNAL_ASSERT(float8_all_gather_ && state_ == ShardedState::kSharded);
+  // Offloaded: to the device first, in the shard's own dtype (torchao casts
+  // the shard as it is, not a param_dtype copy of it).
+  const at::Tensor source =
+      padded_shard_.device() == device_
+          ? padded_shard_
+          : padded_shard_.to(device_, /*non_blocking=*/padded_shard_.is_pinned());
+  kernels::Float8Tensor cast = kernels::CastToFloat8(source, at::kFloat8_e4m3fn, global_amax);
+  float8_input_ = std::move(cast.data);
+  float8_scale_ = std::move(cast.scale);
+  float8_inv_scale_ = std::move(cast.inv_scale);
+}
+
 at::Tensor FSDPParam::all_gather_input() const {
+  if (float8_all_gather_ && state_ == ShardedState::kSharded) {
+    TORCH_INTERNAL_ASSERT(float8_input_.defined(), "fully_shard: ", fqns_.front(),
+                          " was not cast to float8 before its all-gather");
+    return float8_input_;
+  }
   const at::Tensor& source =
       state_ == ShardedState::kShardedPostForward ? post_forward_shard_ : padded_shard_;
   if (source.device() != device_) {
     // Offloaded: host to device (asynchronous from pinned memory).
-    return source.to(device_, param_dtype_, /*non_blocking=*/source.is_pinned());
+    return source.to(device_, gather_dtype(), /*non_blocking=*/source.is_pinned());
   }
-  return source.scalar_type() == param_dtype_ ? source : source.to(param_dtype_);
+  return source.scalar_type() == gather_dtype() ? source : source.to(gather_dtype());
 }
 
 void FSDPParam::alloc_all_gather_output() { alloc_storage(all_gather_output_); }
 
 void FSDPParam::to_unsharded() {
   post_forward_shard_ = at::Tensor();
+  float8_input_ = at::Tensor();  // gathered (the all-gather was waited for)
   if (shard_dim_ != 0) {
     // all_gather_output_ is [W * global dim 0, ...] (the shards stacked on
     // dim 0): cat its W chunks on shard_dim_ into the unsharded buffer,
@@ -202,6 +248,11 @@ void FSDPParam::to_sharded_post_forward() {
   if (shard_dim_ != 0) free_storage(unsharded_buffer_);
   free_storage(all_gather_output_);
   state_ = ShardedState::kShardedPostForward;
+}
+
+std::optional<kernels::Float8Tensor> FSDPParam::unsharded_float8() const {
+  if (!float8_all_gather_ || state_ != ShardedState::kUnsharded) return std::nullopt;
+  return kernels::Float8Tensor{unsharded_float8_, float8_scale_, float8_inv_scale_, param_dtype_};
 }
 
 const at::Tensor& FSDPParam::module_tensor() const {

@@ -28,6 +28,20 @@
 // parameter and gathered buffers of their shapes (no memory) and device()
 // meta, until materialize() allocates the shard on a real device.
 //
+// Float8 all-gather (fully_shard's float8_all_gather_fn; torchao's
+// WeightWithDynamicFloat8CastTensor): before each all-gather from the
+// shards, the group all-reduces (MAX) every such parameter's amax over the
+// shard group and each shard is cast to Float8_e4m3fn with the whole's
+// scale (kernels::CastToFloat8 with that amax), so 1 byte an element is
+// gathered and the gathered bytes are the whole parameter's cast, bit for
+// bit. The gathered buffer is float8; unsharded, the parameter's values
+// are that cast (unsharded_float8(): what kernels::Float8Linear
+// multiplies), and the unsharded parameter the module sees is a stand-in of
+// the parameter dtype whose every element reads NaN (one element of
+// memory, zero strides): it is only autograd's leaf, where the gradient
+// arrives in the parameter dtype and is reduce-scattered as any other.
+// Post-forward shards keep the float8 bytes and the scale.
+//
 // Tensors that share memory are made with set_ (fresh TensorImpls, own
 // version counters), so writing a gathered buffer never bumps the version
 // of a tensor autograd saved (PyTorch uses _unsafe_preserve_version_counter
@@ -47,6 +61,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "kernels/float8_linear.h"
 #include "fsdp/internal/storage_view.h"
 
 namespace fsdp {
@@ -72,7 +87,8 @@ class FSDPParam {
   FSDPParam(std::vector<std::string> fqns, const at::Tensor& param, const comm::ProcessGroup& group,
             const comm::ProcessGroup& post_forward_group,
             std::optional<c10::ScalarType> param_dtype, std::optional<c10::ScalarType> reduce_dtype,
-            int64_t shard_dim = 0, bool offload_to_cpu = false, bool pin_memory = false);
+            int64_t shard_dim = 0, bool offload_to_cpu = false, bool pin_memory = false,
+            bool float8_all_gather = false);
 
   const std::vector<std::string>& fqns() const { return fqns_; }
   const at::Tensor& sharded_param() const { return sharded_param_; }
@@ -82,6 +98,10 @@ class FSDPParam {
   // What the parameter is gathered and computed in.
   c10::ScalarType param_dtype() const { return param_dtype_; }
   c10::ScalarType reduce_dtype() const { return reduce_dtype_; }
+  // Whether it is gathered in float8 (see above), and the dtype it is
+  // gathered in: Float8_e4m3fn then, else param_dtype().
+  bool float8_all_gather() const { return float8_all_gather_; }
+  c10::ScalarType gather_dtype() const;
   const std::vector<int64_t>& global_shape() const { return global_shape_; }
   // Where the module computes: the parameter's device at fully_shard (or
   // materialize()'s). The shard lives there too, or on the CPU when
@@ -123,10 +143,17 @@ class FSDPParam {
   // buffers are (unallocated) tensors on `device`. Only while is_meta().
   void materialize(const c10::Device& device, const at::Tensor& buffer = at::Tensor(),
                    int64_t offset = 0);
-  // What this rank contributes to the next all-gather (1-D, param_dtype):
-  // the padded shard, or the post-forward shard in kShardedPostForward.
+  // Float8 all-gather, before an all-gather from the shards: max(|shard|)
+  // (float32 scalar on device()), and the cast of the padded shard with
+  // the group's amax (all of the parameter's shards'), which the next
+  // all_gather_input() returns.
+  at::Tensor local_amax() const;
+  void cast_to_float8(const at::Tensor& global_amax);
+  // What this rank contributes to the next all-gather (1-D, gather_dtype):
+  // the padded shard (float8: its cast), or the post-forward shard in
+  // kShardedPostForward.
   at::Tensor all_gather_input() const;
-  // The gathered buffer (1-D, param_dtype, W*padded_shard_numel elements);
+  // The gathered buffer (1-D, gather_dtype, W*padded_shard_numel elements);
   // storage allocated by alloc_all_gather_output().
   const at::Tensor& all_gather_output() const { return all_gather_output_; }
   void alloc_all_gather_output();
@@ -139,6 +166,10 @@ class FSDPParam {
   void to_sharded_post_forward();
   // What the module's names hold in the current state.
   const at::Tensor& module_tensor() const;
+  // Float8 all-gather, unsharded: the parameter's cast (data: the gathered
+  // bytes as global_shape(); scale and inv_scale of the whole). Nothing
+  // otherwise.
+  std::optional<kernels::Float8Tensor> unsharded_float8() const;
 
   // The unsharded gradient autograd accumulated (undefined when none),
   // and its release.
@@ -168,6 +199,7 @@ class FSDPParam {
   bool requires_grad_ = false;
   bool offload_to_cpu_ = false;
   bool pin_memory_ = false;
+  bool float8_all_gather_ = false;
   c10::ScalarType orig_dtype_;
   c10::ScalarType param_dtype_;
   c10::ScalarType reduce_dtype_;
@@ -178,6 +210,11 @@ class FSDPParam {
   at::Tensor unsharded_buffer_;    // shard_dim_ != 0 only: 1-D, param dtype
   at::Tensor unsharded_param_;     // leaf over all_gather_output_ (or unsharded_buffer_)
   at::Tensor post_forward_shard_;  // 1-D, kShardedPostForward only
+  // Float8 all-gather only:
+  at::Tensor float8_input_;  // the padded shard's cast, until gathered
+  at::Tensor float8_scale_;  // the whole's, from the last cast
+  at::Tensor float8_inv_scale_;
+  at::Tensor unsharded_float8_;  // global_shape over all_gather_output_
   ShardedState state_ = ShardedState::kSharded;
 };
 

@@ -2,11 +2,13 @@
 
 #include <ATen/Context.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
 #include <c10/core/StreamGuard.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <utility>
 
+#include "comm/collectives.h"
 #include "functorch/module/named_member_accessor.h"
 
 namespace fsdp {
@@ -34,7 +36,7 @@ void FSDPParamGroup::place_shards_back_to_back() {
   int64_t total = 0;
   for (const auto& p : params_) {
     const at::Tensor& shard = p->padded_shard();
-    if (shard.scalar_type() != first.scalar_type() || p->param_dtype() != shard.scalar_type() ||
+    if (shard.scalar_type() != first.scalar_type() || p->gather_dtype() != shard.scalar_type() ||
         shard.device() != p->device() || shard.device() != first.device()) {
       return;
     }
@@ -62,8 +64,8 @@ void FSDPParamGroup::materialize(const c10::Device& device) {
   bool share = true;
   int64_t total = 0;
   for (const auto& p : params_) {
-    share = share && p->orig_dtype() == first.orig_dtype() && p->param_dtype() == p->orig_dtype() &&
-            shard_device(*p) == device;
+    share = share && p->orig_dtype() == first.orig_dtype() &&
+            p->gather_dtype() == p->orig_dtype() && shard_device(*p) == device;
     total += p->padded_shard_numel();
   }
   at::Tensor buffer;
@@ -140,11 +142,39 @@ void FSDPParamGroup::unshard(bool async) {
     // The shards as the compute stream left them (the optimizer's step).
     wait_stream(unshard_stream, current_stream(device()));
     c10::StreamGuard on_unshard_stream(unshard_stream);
+    cast_float8_inputs(/*on_stream=*/true);
     pending_ = foreach_all_gather(raw_params(), pending_group_, shard_buffer_);
   } else {
+    cast_float8_inputs(/*on_stream=*/false);
     pending_ = foreach_all_gather(raw_params(), pending_group_, shard_buffer_);
   }
   if (!async) wait_for_unshard();
+}
+
+void FSDPParamGroup::cast_float8_inputs(bool on_stream) {
+  // Post-forward shards are float8 bytes already, with their scale.
+  if (state() != ShardedState::kSharded) return;
+  std::vector<FSDPParam*> float8;
+  std::vector<at::Tensor> amaxes;
+  for (const auto& p : params_) {
+    if (!p->float8_all_gather()) continue;
+    float8.push_back(p.get());
+    amaxes.push_back(p->local_amax());
+  }
+  if (float8.empty()) return;
+  at::NoGradGuard no_grad;
+  // One all-reduce for all of them (torchao's precompute_float8_dynamic_
+  // scale_for_fsdp does the same for the whole model after the step).
+  at::Tensor amax = at::stack(amaxes);
+  if (group_.size() > 1) {
+    comm::Work work = comm::all_reduce(group_, amax, comm::ReduceOp::kMax);
+    if (on_stream) {
+      work.wait_on_stream();
+    } else {
+      work.wait();
+    }
+  }
+  for (size_t i = 0; i < float8.size(); ++i) float8[i]->cast_to_float8(amax[i]);
 }
 
 bool FSDPParamGroup::gathers_on_stream(const comm::ProcessGroup& group) const {

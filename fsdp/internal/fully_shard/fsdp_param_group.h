@@ -114,6 +114,10 @@ class FSDPParamGroup {
   void place_shards_back_to_back();
   // Whether an all-gather over `group` / this group's gradient reduction
   // runs on the context's streams (an accelerator, something to send).
+  // Float8 all-gather: the shards' amaxes all-reduced (MAX) over the shard
+  // group in one collective, and each float8 parameter's shard cast with
+  // its whole's (waited for on the current stream when `on_stream`).
+  void cast_float8_inputs(bool on_stream);
   bool gathers_on_stream(const comm::ProcessGroup& group) const;
   bool reduces_on_stream() const;
 

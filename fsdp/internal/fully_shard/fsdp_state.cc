@@ -120,21 +120,38 @@ ShardedParamSpec spec_of(const FSDPParamGroup& group, const FSDPParam& p) {
   return spec;
 }
 
+namespace {
+// The states of the live modules.
+std::vector<std::shared_ptr<FSDPState>> live_states() {
+  std::vector<std::shared_ptr<FSDPState>> states;
+  Registry& r = Registry::get();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (const auto& item : r.modules) {
+    if (item.second.state && !item.second.module.expired()) states.push_back(item.second.state);
+  }
+  return states;
+}
+}  // namespace
+
 std::optional<ShardedParamSpec> find_sharded_param(const at::Tensor& t) {
   if (!t.defined()) return std::nullopt;
-  std::vector<std::shared_ptr<FSDPState>> states;
-  {
-    Registry& r = Registry::get();
-    std::lock_guard<std::mutex> lock(r.mu);
-    for (const auto& item : r.modules) {
-      if (item.second.state && !item.second.module.expired()) states.push_back(item.second.state);
-    }
-  }
-  for (const auto& state : states) {
+  for (const auto& state : live_states()) {
     FSDPParamGroup* group = state->param_group();
     if (group == nullptr) continue;
     for (const auto& p : group->params()) {
       if (p->sharded_param().is_same(t)) return spec_of(*group, *p);
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<kernels::Float8Tensor> find_unsharded_float8(const at::Tensor& t) {
+  if (!t.defined()) return std::nullopt;
+  for (const auto& state : live_states()) {
+    FSDPParamGroup* group = state->param_group();
+    if (group == nullptr) continue;
+    for (const auto& p : group->params()) {
+      if (p->float8_all_gather() && p->unsharded_param().is_same(t)) return p->unsharded_float8();
     }
   }
   return std::nullopt;

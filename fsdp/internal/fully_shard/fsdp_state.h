@@ -109,6 +109,9 @@ void register_state(const std::shared_ptr<torch::nn::Module>& module,
 ShardedParamSpec spec_of(const FSDPParamGroup& group, const FSDPParam& p);
 // The spec of a sharded parameter (by TensorImpl), or nothing.
 std::optional<ShardedParamSpec> find_sharded_param(const at::Tensor& t);
+// The float8 cast of an unsharded parameter gathered in float8 (by the
+// TensorImpl of the stand-in the module holds), or nothing.
+std::optional<kernels::Float8Tensor> find_unsharded_float8(const at::Tensor& t);
 
 }  // namespace internal
 }  // namespace fsdp

@@ -1,0 +1,257 @@
+// fully_shard's float8 all-gather (FullyShardOptions::float8_all_gather_fn,
+// torchao's enable_fsdp_float8_all_gather) on 1-4 Gloo ranks against the
+// same model unsharded, whose float8 linears cast their own weights
+// (kernels::Float8Linear, itself held to torchao bit for bit by
+// //kernels:float8_linear_test): the gathered bytes are the whole weight's
+// cast bit for bit, the output is the unsharded model's bit for bit, the
+// gradients its gradients (bit for bit where averaging over the ranks is
+// exact: 1, 2 and 4 ranks), through SGD steps that change the weights and
+// so the scales; the post-forward shards of an int reshard_after_forward
+// keep the float8 bytes; mixed precision casts the float32 shards, not a
+// bfloat16 copy; bad choices of parameters are refused by name.
+//
+// Every rank computes on the whole batch, so the average of the ranks'
+// gradients is the batch's gradient whatever the world size.
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/nn/module.h>
+#include <torch/optim/sgd.h>
+
+#include "comm/process_group.h"
+#include "fsdp/fully_shard.h"
+#include "functorch/module/named_member_accessor.h"
+#include "kernels/float8_linear.h"
+#include "module_call/call.h"
+#include "testing/multiprocess.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+
+// A float8 linear as a model computes it under fully_shard: the gathered
+// cast when its weight was gathered in float8, its own cast otherwise.
+at::Tensor Float8LinearOf(const at::Tensor& x, const at::Tensor& weight) {
+  if (auto cast = fsdp::float8_unsharded_param(weight)) {
+    return kernels::Float8Linear(x, weight, *cast, std::nullopt);
+  }
+  return kernels::Float8Linear(x, weight, std::nullopt);
+}
+
+// Two float8 linears (64 rows over 3 ranks: uneven, padded) and a float32
+// scale the all-gather carries beside their float8 bytes.
+struct Float8MlpImpl : torch::nn::Module {
+  Float8MlpImpl() {
+    at::manual_seed(11);
+    w1 = register_parameter("w1", at::randn({64, 32}) * 0.2);
+    w2 = register_parameter("w2", at::randn({48, 64}) * 0.2);
+    w2.detach()[5][9] = 3.0;  // an amax in one rank's shard only
+    gain = register_parameter("gain", at::rand({32}) + 0.5);
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return Float8LinearOf(at::relu(Float8LinearOf(x * gain, w1)), w2);
+  }
+  at::Tensor w1, w2, gain;
+};
+TORCH_MODULE(Float8Mlp);
+const bool kFloat8MlpBound = functorch::RegisterModuleMembers<Float8MlpImpl>(
+    {{"w1", &Float8MlpImpl::w1}, {"w2", &Float8MlpImpl::w2}, {"gain", &Float8MlpImpl::gain}});
+
+at::Tensor Batch(int step) {
+  at::manual_seed(100 + step);
+  return at::randn({4, 8, 32});  // 32 rows: _scaled_mm's multiples of 16
+}
+
+at::Tensor Bits(const at::Tensor& float8) { return float8.contiguous().view(at::kByte); }
+
+fsdp::FullyShardOptions Float8Options(comm::ProcessGroup& pg) {
+  fsdp::FullyShardOptions options;
+  options.process_group = pg;
+  options.float8_all_gather_fn = [](const at::Tensor& p) { return p.dim() == 2; };
+  return options;
+}
+
+// The shard's rows of the unsharded `full`.
+at::Tensor ShardOf(const at::Tensor& shard, const at::Tensor& full) {
+  const std::optional<fsdp::ShardedParamSpec> spec = fsdp::sharded_param_spec(shard);
+  EXPECT_TRUE(spec.has_value());
+  if (!spec) return full;
+  return full.narrow(0, spec->dim0_offset, shard.size(0));
+}
+
+// Unsharded: the gathered bytes are the whole weight's cast; the names
+// hold NaN stand-ins; the float32 gain is gathered as it is.
+void ExpectGatheredCasts(fsdp::FSDPModule& root, Float8Mlp& sharded, Float8Mlp& reference) {
+  root.unshard();
+  for (const auto& [weight, full] : std::vector<std::pair<at::Tensor, at::Tensor>>{
+           {sharded->w1, reference->w1}, {sharded->w2, reference->w2}}) {
+    const std::optional<kernels::Float8Tensor> cast = fsdp::float8_unsharded_param(weight);
+    ASSERT_TRUE(cast.has_value());
+    const kernels::Float8Tensor whole = kernels::CastToFloat8(full, at::kFloat8_e4m3fn);
+    EXPECT_EQ(cast->data.scalar_type(), at::kFloat8_e4m3fn);
+    EXPECT_TRUE(at::equal(Bits(cast->data), Bits(whole.data)));
+    EXPECT_TRUE(at::equal(cast->scale, whole.scale));
+    EXPECT_TRUE(at::equal(cast->inv_scale, whole.inv_scale));
+    EXPECT_EQ(weight.sizes(), full.sizes());
+    EXPECT_TRUE(weight.isnan().all().item<bool>());
+  }
+  EXPECT_FALSE(fsdp::float8_unsharded_param(sharded->gain).has_value());
+  EXPECT_TRUE(at::equal(sharded->gain, reference->gain));
+  root.reshard();
+  EXPECT_FALSE(fsdp::float8_unsharded_param(sharded->w1).has_value());
+}
+
+// Three SGD steps sharded and unsharded, compared at each; the gathered
+// casts before and (where the steps were exact) after.
+void TrainAgainstUnsharded(comm::ProcessGroup& pg, fsdp::FullyShardOptions options,
+                           bool bit_exact_gradients) {
+  Float8Mlp reference;
+  Float8Mlp sharded;
+  fsdp::FSDPModule root = fsdp::fully_shard(sharded.ptr(), options);
+  torch::optim::SGD ref_optim(reference->parameters(), 0.5);
+  torch::optim::SGD optim(sharded->parameters(), 0.5);
+  ExpectGatheredCasts(root, sharded, reference);
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const at::Tensor x = Batch(step);
+    const at::Tensor g = at::randn({4, 8, 48});
+    ref_optim.zero_grad();
+    optim.zero_grad();
+    const at::Tensor y_ref = reference->forward(x);
+    y_ref.backward(g);
+    const at::Tensor y = module_call::call(sharded, x);
+    y.backward(g);
+    // The same float8 products of the same bits (after a step, of weights
+    // that differ in the last bits where averaging over 3 ranks rounds).
+    if (bit_exact_gradients || step == 0) {
+      EXPECT_TRUE(at::equal(y, y_ref));
+    } else {
+      EXPECT_TRUE(at::allclose(y, y_ref, 1e-2, 1e-3));
+    }
+    for (const auto& [name, ref] : std::vector<std::pair<std::string, at::Tensor>>{
+             {"w1", reference->w1}, {"w2", reference->w2}, {"gain", reference->gain}}) {
+      SCOPED_TRACE(name);
+      const at::Tensor shard = sharded->named_parameters()[name];
+      ASSERT_TRUE(shard.grad().defined());
+      const at::Tensor expected = ShardOf(shard, ref.grad());
+      if (bit_exact_gradients) {
+        EXPECT_TRUE(at::equal(shard.grad(), expected));
+      } else {
+        EXPECT_TRUE(at::allclose(shard.grad(), expected, 1e-5, 1e-6));
+      }
+      // Shards stay high precision.
+      EXPECT_EQ(shard.scalar_type(), at::kFloat);
+    }
+    ref_optim.step();
+    optim.step();
+  }
+
+  if (bit_exact_gradients) ExpectGatheredCasts(root, sharded, reference);
+}
+
+TEST(Float8AllGatherTest, OneRankIsTheUnshardedModel) {
+  comm::testing::RunOnRanks(1, [](comm::ProcessGroup& pg) {
+    TrainAgainstUnsharded(pg, Float8Options(pg), /*bit_exact_gradients=*/true);
+  });
+}
+
+TEST(Float8AllGatherTest, TwoRanksBitForBit) {
+  comm::testing::RunOnRanks(2, [](comm::ProcessGroup& pg) {
+    TrainAgainstUnsharded(pg, Float8Options(pg), /*bit_exact_gradients=*/true);
+  });
+}
+
+TEST(Float8AllGatherTest, ThreeRanksShardUnevenly) {
+  comm::testing::RunOnRanks(3, [](comm::ProcessGroup& pg) {
+    TrainAgainstUnsharded(pg, Float8Options(pg), /*bit_exact_gradients=*/false);
+  });
+}
+
+// reshard_after_forward = 2 on 4 ranks: backward gathers the float8
+// post-forward shards within pairs, with the forward's scale.
+TEST(Float8AllGatherTest, PostForwardShardsKeepTheFloat8Bytes) {
+  comm::testing::RunOnRanks(4, [](comm::ProcessGroup& pg) {
+    fsdp::FullyShardOptions options = Float8Options(pg);
+    options.reshard_after_forward = 2;
+    TrainAgainstUnsharded(pg, options, /*bit_exact_gradients=*/true);
+  });
+}
+
+// bfloat16 compute over float32 shards: torchao casts the float32 shard,
+// not a bfloat16 copy of it; the stand-in and its gradient are bfloat16,
+// the shards' .grad float32.
+TEST(Float8AllGatherTest, MixedPrecisionCastsTheFloat32Shards) {
+  comm::testing::RunOnRanks(2, [](comm::ProcessGroup& pg) {
+    Float8Mlp reference;
+    Float8Mlp sharded;
+    fsdp::FullyShardOptions options = Float8Options(pg);
+    options.mp_policy.param_dtype = at::kBFloat16;
+    options.mp_policy.reduce_dtype = at::kFloat;
+    fsdp::FSDPModule root = fsdp::fully_shard(sharded.ptr(), options);
+    root.unshard();
+    const std::optional<kernels::Float8Tensor> cast = fsdp::float8_unsharded_param(sharded->w2);
+    ASSERT_TRUE(cast.has_value());
+    EXPECT_TRUE(at::equal(Bits(cast->data),
+                          Bits(kernels::CastToFloat8(reference->w2, at::kFloat8_e4m3fn).data)));
+    EXPECT_EQ(sharded->w2.scalar_type(), at::kBFloat16);
+    root.reshard();
+
+    const at::Tensor x = Batch(0);
+    const at::Tensor y = module_call::call(sharded, x);
+    EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+    y.to(at::kFloat).square().sum().backward();
+    // Against the unsharded model at the same precision: bfloat16 inputs,
+    // the float32 weights' casts.
+    const at::Tensor xb = x.to(at::kBFloat16) * reference->gain.to(at::kBFloat16);
+    const at::Tensor w1 = at::full({64, 32}, NAN, at::kBFloat16).requires_grad_();
+    const at::Tensor w2 = at::full({48, 64}, NAN, at::kBFloat16).requires_grad_();
+    const at::Tensor h = at::relu(kernels::Float8Linear(
+        xb, w1, kernels::CastToFloat8(reference->w1, at::kFloat8_e4m3fn), std::nullopt));
+    const at::Tensor y_ref = kernels::Float8Linear(
+        h, w2, kernels::CastToFloat8(reference->w2, at::kFloat8_e4m3fn), std::nullopt);
+    EXPECT_TRUE(at::equal(y, y_ref));
+    y_ref.to(at::kFloat).square().sum().backward();
+    for (const auto& [shard, full_grad] : std::vector<std::pair<at::Tensor, at::Tensor>>{
+             {sharded->named_parameters()["w1"], w1.grad()},
+             {sharded->named_parameters()["w2"], w2.grad()}}) {
+      ASSERT_TRUE(shard.grad().defined());
+      EXPECT_EQ(shard.grad().scalar_type(), at::kFloat);
+      EXPECT_TRUE(at::equal(shard.grad(), ShardOf(shard, full_grad).to(at::kFloat)));
+    }
+  });
+}
+
+TEST(Float8AllGatherTest, BadChoicesAreRefusedByName) {
+  comm::testing::RunOnRanks(2, [](comm::ProcessGroup& pg) {
+    struct WithSteps : torch::nn::Module {
+      WithSteps() {
+        w = register_parameter("w", at::randn({32, 16}));
+        steps = register_parameter("steps", at::zeros({4}, at::kLong), /*requires_grad=*/false);
+      }
+      at::Tensor w, steps;
+    };
+    static const bool kBound = functorch::RegisterModuleMembers<WithSteps>(
+        {{"w", &WithSteps::w}, {"steps", &WithSteps::steps}});
+    (void)kBound;
+    fsdp::FullyShardOptions all = Float8Options(pg);
+    all.float8_all_gather_fn = [](const at::Tensor&) { return true; };
+    EXPECT_THAT([&] { fsdp::fully_shard(std::make_shared<WithSteps>(), all); },
+                ::testing::ThrowsMessage<c10::Error>(HasSubstr(
+                    "float8_all_gather_fn chose parameter 'steps' of dtype Long: expected a "
+                    "high-precision floating parameter")));
+    fsdp::FullyShardOptions on_dim1 = Float8Options(pg);
+    on_dim1.shard_placement_fn = [](const at::Tensor&) { return std::optional<int64_t>(1); };
+    EXPECT_THAT([&] { fsdp::fully_shard(Float8Mlp().ptr(), on_dim1); },
+                ::testing::ThrowsMessage<c10::Error>(
+                    HasSubstr("float8_all_gather_fn chose parameter 'w1', which "
+                              "shard_placement_fn shards on dim 1: float8 all-gather gathers "
+                              "dim-0 shards only")));
+  });
+}
+
+}  // namespace
