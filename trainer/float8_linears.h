@@ -5,8 +5,15 @@
 // in high precision (TorchTitan's Llama recipes filter `output` out too).
 // The parameters, their names and dtypes do not change: FSDP, checkpoints
 // and exports see the same model.
+//
+// --float8-all-gather (with --fsdp fully_shard): fully_shard gathers those
+// projections' weights as float8 (FullyShardOptions::float8_all_gather_fn,
+// torchao's enable_fsdp_float8_all_gather), and the projections multiply
+// the gathered casts (fsdp::float8_unsharded_param) instead of casting
+// their weights: half the bytes of a bf16 all-gather, the same bits.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include <c10/core/Device.h>
@@ -23,8 +30,17 @@ namespace trainer {
 absl::Status CheckFloat8Device(const c10::Device& device);
 
 // Sets every models::LlamaLinear under `model` except lm_head to compute
-// through kernels::Float8Linear; returns how many. InvalidArgument when
-// there is none (a model that is not a Llama).
-absl::StatusOr<int> ConvertLinearsToFloat8(torch::nn::Module& model);
+// through kernels::Float8Linear; returns how many. With
+// `fully_shard_gathers_weights` (--float8-all-gather) each multiplies the
+// float8 cast fully_shard gathered for its weight where there is one
+// (fsdp::float8_unsharded_param). InvalidArgument when there is none (a
+// model that is not a Llama).
+absl::StatusOr<int> ConvertLinearsToFloat8(torch::nn::Module& model,
+                                           bool fully_shard_gathers_weights = false);
+
+// FullyShardOptions::float8_all_gather_fn for --float8-all-gather: true for
+// the weights of the projections ConvertLinearsToFloat8 converted under
+// `model` (as they are now: call it before fully_shard replaces them).
+std::function<bool(const at::Tensor& param)> Float8ConvertedWeights(torch::nn::Module& model);
 
 }  // namespace trainer

@@ -1,7 +1,8 @@
 // --float8's conversion of a Llama: which projections change, that the
 // model's parameters do not, that the forward and backward stay close to
 // the high-precision model's (float8 e4m3/e5m2 round to 3/2 mantissa bits),
-// and the refusals (a model without Llama projections, the CPU).
+// --float8-all-gather's training equal to --float8's bit for bit on 2
+// ranks, and the refusals (a model without Llama projections, the CPU).
 #include "trainer/float8_linears.h"
 
 #include <cstdio>
@@ -15,8 +16,13 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "comm/process_group.h"
+#include "fsdp/fully_shard.h"
 #include "models/llama.h"
 #include "models/llama_config.h"
+#include "testing/multiprocess.h"
+#include "trainer/options.h"
+#include "trainer/wrap.h"
 
 namespace trainer {
 namespace {
@@ -74,6 +80,59 @@ TEST(Float8LinearsTest, ConvertsTheDecoderProjectionsOnly) {
     EXPECT_TRUE(torch::isfinite(p.value().grad()).all().item<bool>()) << p.key();
     EXPECT_LT(RelativeError(p.value().grad(), ref_grad), 0.25) << p.key();
   }
+}
+
+// --float8-all-gather gathers the projections' weights as float8 and they
+// multiply those casts: the casts of the whole weights, so training is
+// --float8's bit for bit (2 ranks average two equal gradients exactly).
+// The gathered path is the one taken: unsharded, the projections' weights
+// are NaN stand-ins, which a linear casting its own weight would turn into
+// a NaN loss.
+TEST(Float8LinearsTest, AllGatherInFloat8TrainsAsFloat8OnTwoRanks) {
+  comm::testing::RunOnRanks(2, [](comm::ProcessGroup& pg) {
+    const models::LlamaConfig config = SmallConfig();
+    torch::manual_seed(11);
+    const torch::Tensor batch = torch::randint(0, config.vocab_size, {2, 17});  // 32 rows
+    std::vector<std::vector<torch::Tensor>> runs;  // per run: losses and gradients
+    for (const bool gather : {false, true}) {
+      SCOPED_TRACE(gather ? "--float8-all-gather" : "--float8");
+      models::LlamaForCausalLM llama(config, c10::kCPU, 3);
+      Options o;
+      o.model = ModelKind::kLlama;
+      o.fsdp = FsdpApi::kFullyShard;
+      o.float8 = true;
+      o.float8_all_gather = gather;
+      ASSERT_TRUE(ConvertLinearsToFloat8(*llama, gather).ok());
+      auto wrapped = Wrap(o, llama.ptr(), c10::kCPU, pg);
+      ASSERT_TRUE(wrapped.ok()) << wrapped.status();
+      const TrainedModel model = wrapped->model();
+      torch::optim::SGD sgd(model.parameters(), 0.5);
+      std::vector<torch::Tensor> run;
+      for (int step = 0; step < 3; ++step) {
+        sgd.zero_grad();
+        const torch::Tensor loss = model.run([&] { return llama->Loss(batch); });
+        loss.backward();
+        run.push_back(loss.detach().clone());
+        for (const auto& p : model.parameters()) run.push_back(p.grad().clone());
+        sgd.step();
+      }
+      auto* layer = llama->model->layers[0]->as<models::LlamaDecoderLayerImpl>();
+      std::optional<fsdp::FSDPModule> unit = fsdp::as_fsdp_module(*layer);
+      ASSERT_TRUE(unit.has_value());
+      unit->unshard();
+      const torch::Tensor& q = layer->self_attn->q_proj->weight;
+      EXPECT_EQ(fsdp::float8_unsharded_param(q).has_value(), gather);
+      EXPECT_EQ(q.isnan().all().item<bool>(), gather);
+      EXPECT_FALSE(fsdp::float8_unsharded_param(layer->input_layernorm->weight).has_value());
+      unit->reshard();
+      runs.push_back(std::move(run));
+    }
+    ASSERT_EQ(runs[0].size(), runs[1].size());
+    EXPECT_TRUE(torch::isfinite(runs[1][0]).item<bool>());
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      EXPECT_TRUE(torch::equal(runs[1][i], runs[0][i])) << "tensor " << i;
+    }
+  });
 }
 
 TEST(Float8LinearsTest, RefusesAModelWithoutLlamaProjections) {

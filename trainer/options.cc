@@ -180,6 +180,10 @@ void DefineFlags(CLI::App& app, Options& o) {
             "--model llama: the decoder layers' projections through float8 matrix products "
             "(torchao's tensorwise recipe: kernels/float8_linear.h; lm_head stays high "
             "precision); needs a CUDA device of compute capability 8.9 or later");
+  AddSwitch(app, "--float8-all-gather", o.float8_all_gather,
+            "with --float8 and --fsdp fully_shard: the float8 projections' weights are "
+            "all-gathered as float8 (torchao's enable_fsdp_float8_all_gather: half a bf16 "
+            "all-gather's bytes; pays across GPUs)");
   app.add_option_function<std::string>(
          "--auto-wrap",
          [&o](const std::string& v) {
@@ -334,6 +338,12 @@ absl::Status ValidateOptions(const Options& o) {
         "--float8: expected --model=llama (it converts the Llama decoder layers' projections), "
         "got --model=",
         Name(o.model)));
+  }
+  if (o.float8_all_gather && (!o.float8 || o.fsdp != FsdpApi::kFullyShard)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--float8-all-gather: expected --float8 and --fsdp=fully_shard (fully_shard gathers the "
+        "float8 projections' weights), got --float8=",
+        o.float8 ? "on" : "off", " --fsdp=", Name(o.fsdp)));
   }
   if (!o.export_hf.empty() && o.export_hf == o.hf_checkpoint) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -612,6 +622,7 @@ std::vector<std::string> ToArgs(const Options& o) {
   if (!o.log_json.empty()) a.push_back("--log-json=" + o.log_json);
   if (!o.tokenizer.empty()) a.push_back("--tokenizer=" + o.tokenizer);
   if (o.float8) a.push_back("--float8");
+  if (o.float8_all_gather) a.push_back("--float8-all-gather");
   if (o.profile_step > 0) {
     a.push_back(absl::StrCat("--profile-step=", o.profile_step));
     a.push_back("--profile-trace=" + o.profile_trace);

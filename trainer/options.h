@@ -113,6 +113,8 @@ struct Options {
   MixedPrecision mixed_precision = MixedPrecision::kNone;
   bool cpu_offload = false;
   bool float8 = false;  // --float8: Llama projections through float8 matrix products
+  bool float8_all_gather =
+      false;  // --float8-all-gather: fully_shard gathers their weights in float8
   AutoWrap auto_wrap = AutoWrap::kBlock;
   int64_t auto_wrap_min_params = 0;  // N of --auto-wrap size:N
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;

@@ -759,7 +759,7 @@ absl::StatusOr<TrainResult> Train(const Options& options, const comm::ProcessGro
   for (const auto& p : model->named_parameters()) num_params += p.value().numel();
   if (auto s = CheckHfExportTarget(o, group); !s.ok()) return s;
   if (o.float8) {
-    auto converted = ConvertLinearsToFloat8(*model);
+    auto converted = ConvertLinearsToFloat8(*model, o.float8_all_gather);
     if (!converted.ok()) return converted.status();
   }
 

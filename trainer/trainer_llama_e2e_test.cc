@@ -224,6 +224,13 @@ TEST(TrainerLlamaE2eTest, BadInputIsRefusedBeforeAnyStep) {
       {"--model=llama" + ckpt + " --data=text --seq=16 --global-batch=4", "vocab_size=128"},
       {"--model=llama" + ckpt + base + " --float8", "--float8 on cpu: the CPU has no float8"},
       {"--model=transformer" + base + " --float8", "--float8: expected --model=llama"},
+      {"--model=llama" + ckpt + base + " --float8-all-gather",
+       "--float8-all-gather: expected --float8 and --fsdp=fully_shard (fully_shard gathers the "
+       "float8 projections' weights), got --float8=off --fsdp=fsdp1"},
+      {"--model=llama" + ckpt + base + " --float8 --float8-all-gather",
+       "got --float8=on --fsdp=fsdp1"},
+      {"--model=llama" + ckpt + base + " --fsdp=fully_shard --float8 --float8-all-gather",
+       "--float8 on cpu: the CPU has no float8"},
   };
   for (const auto& [flags, expected] : cases) {
     RunResult r = RunTrainer(flags + " --nproc=2");

@@ -16,6 +16,7 @@
 #include "module_call/call.h"
 #include "module_call/wrap_policy.h"
 #include "state_dict/fully_shard/fully_shard_state_dict.h"
+#include "trainer/float8_linears.h"
 
 namespace trainer {
 namespace {
@@ -223,6 +224,9 @@ absl::StatusOr<std::unique_ptr<FullyShardModel>> WrapModelFullyShard(
   // PyTorch's CPUOffloadPolicy: the shards, their gradients and the
   // optimizer state on the CPU, computing on `device`.
   if (o.cpu_offload) options.offload_policy = fsdp::CPUOffloadPolicy{};
+  // --float8-all-gather: the converted projections' weights (train.cc
+  // converted them before wrapping), gathered as float8.
+  if (o.float8_all_gather) options.float8_all_gather_fn = Float8ConvertedWeights(*model);
   // A model built on the meta device (too large for one rank: train.cc) is
   // sharded first and then allocated, shards only (to_empty, below).
   bool on_meta = false;
