@@ -36,6 +36,8 @@
 #include "fsdp/flat_param.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/fully_sharded_data_parallel.h"
+#include "functorch/module/named_member_accessor.h"
+#include "kernels/float8_linear.h"
 #include "launcher/launch.h"
 #include "module_call/call.h"
 #include "module_call/wrap_policy.h"
@@ -757,6 +759,93 @@ Result CheckStepNoSync(Shared& shared, const comm::ProcessGroup& group, bool ful
                 "mode error: no host synchronisation but the loss's"));
 }
 
+// Two float8 linears (bf16) whose weights fully_shard may gather as float8.
+struct Float8PairImpl : torch::nn::Module {
+  explicit Float8PairImpl(torch::Device device) {
+    torch::manual_seed(21);
+    const auto options = torch::TensorOptions().dtype(torch::kBFloat16).device(device);
+    w1 = register_parameter("w1", (torch::randn({256, 128}) * 0.1).to(options));
+    w2 = register_parameter("w2", (torch::randn({128, 256}) * 0.1).to(options));
+  }
+  static torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w) {
+    if (auto cast = fsdp::float8_unsharded_param(w)) {
+      return kernels::Float8Linear(x, w, *cast, std::nullopt);
+    }
+    return kernels::Float8Linear(x, w, std::nullopt);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return Linear(torch::relu(Linear(x, w1)), w2); }
+  torch::Tensor w1, w2;
+};
+TORCH_MODULE(Float8Pair);
+const bool kFloat8PairBound = functorch::RegisterModuleMembers<Float8PairImpl>(
+    {{"w1", &Float8PairImpl::w1}, {"w2", &Float8PairImpl::w2}});
+
+// fully_shard's float8 all-gather on the device (the world of 1: the amax
+// and the cast on the unshard stream, the gathered bytes on the device)
+// against the same model unsharded, whose float8 linears cast their own
+// weights (with //kernels:cuda's fused cast, which gpu_check holds to the
+// ATen recipe the gather's cast uses): 3 SGD steps' outputs and
+// gradients bit for bit, and the gathered bytes the whole weights' casts.
+Result CheckFloat8AllGather(Shared& shared, const comm::ProcessGroup& group, bool /*fully_shard*/) {
+  const torch::Device device = shared.device();
+  if (std::string why; device.is_cuda() && !kernels::Float8MatmulSupported(device, &why)) {
+    return Fail("float8 matrix products unavailable: " + why);
+  }
+  Problems problems;
+  Float8Pair reference(device);
+  Float8Pair sharded(device);
+  fsdp::FullyShardOptions options;
+  options.process_group = group;
+  options.float8_all_gather_fn = [](const torch::Tensor&) { return true; };
+  fsdp::FSDPModule root = fsdp::fully_shard(sharded.ptr(), options);
+  torch::optim::SGD ref_optim(reference->parameters(), 1e-3);
+  torch::optim::SGD optim(sharded->parameters(), 1e-3);
+  double max_output = 0;
+  for (int step = 0; step < 3; ++step) {
+    torch::manual_seed(300 + step);
+    const torch::Tensor x = torch::randn({64, 128}).to(device, torch::kBFloat16);
+    const torch::Tensor g = torch::randn({64, 128}).to(device, torch::kBFloat16);
+    ref_optim.zero_grad();
+    optim.zero_grad();
+    const torch::Tensor y_ref = reference->forward(x);
+    y_ref.backward(g);
+    const torch::Tensor y = module_call::call(sharded, x);
+    y.backward(g);
+    max_output = std::max(max_output, y_ref.abs().max().item<double>());
+    if (!torch::equal(y, y_ref)) {
+      problems.Add(absl::StrFormat(
+          "step %d: output differs by up to %.3g", step,
+          (y.to(torch::kFloat) - y_ref.to(torch::kFloat)).abs().max().item<double>()));
+    }
+    for (const char* name : {"w1", "w2"}) {
+      const torch::Tensor grad = sharded->named_parameters()[name].grad();
+      const torch::Tensor ref_grad = reference->named_parameters()[name].grad();
+      if (!grad.defined() || !torch::equal(grad, ref_grad)) {
+        problems.Add(absl::StrCat("step ", step, ": ", name, "'s gradient ",
+                                  grad.defined() ? "differs" : "is missing"));
+      }
+    }
+    ref_optim.step();
+    optim.step();
+  }
+  root.unshard();
+  for (const auto& [weight, full] : std::vector<std::pair<torch::Tensor, torch::Tensor>>{
+           {sharded->w1, reference->w1}, {sharded->w2, reference->w2}}) {
+    const std::optional<kernels::Float8Tensor> cast = fsdp::float8_unsharded_param(weight);
+    const kernels::Float8Tensor whole = kernels::CastToFloat8(full, torch::kFloat8_e4m3fn);
+    if (!cast || cast->data.device() != device ||
+        !torch::equal(cast->data.view(torch::kByte), whole.data.view(torch::kByte))) {
+      problems.Add("the gathered float8 bytes are not the whole weight's cast on the device");
+    }
+  }
+  root.reshard();
+  if (!problems.empty()) return Fail(problems.Joined());
+  return Pass(absl::StrFormat(
+      "3 SGD steps of two bf16 float8 linears [256x128, 128x256], weights gathered as e4m3: "
+      "outputs (up to %.3g) and gradients bit for bit the unsharded float8 model's",
+      max_output));
+}
+
 }  // namespace
 
 std::vector<gpu_check::Check> FsdpGpuChecks(c10::Device device) {
@@ -785,6 +874,7 @@ std::vector<gpu_check::Check> FsdpGpuChecks(c10::Device device) {
       {"fully_shard_parity_cpu_offload", on_world(CheckParityCpuOffload, true)},
       {"fully_shard_gloo_2_ranks_cuda", two_ranks(true)},
       {"fully_shard_step_no_sync", on_world(CheckStepNoSync, true)},
+      {"fully_shard_float8_all_gather", on_world(CheckFloat8AllGather, true)},
   };
 }
 

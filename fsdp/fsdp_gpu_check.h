@@ -25,6 +25,12 @@
 //                                 a warm-up step and a step that counts the
 //                                 synchronisations under mode warn: only the
 //                                 loss is read
+//   fully_shard_float8_all_gather two bf16 float8 linears whose weights
+//                                 are gathered as e4m3 (float8_all_gather_fn)
+//                                 against the same model unsharded casting
+//                                 its own: 3 SGD steps' outputs and
+//                                 gradients bit for bit, the gathered bytes
+//                                 the whole weights' casts (needs sm_89+)
 //
 // The checks train trainer/models.h's transformer (2 layers, width 64, seq
 // 32) for 5 SGD steps (lr 0.1, momentum 0.9) on one fixed batch of 8 rows,
