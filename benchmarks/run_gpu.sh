@@ -545,7 +545,12 @@ fi
 # (our first run's step PROFILE_STEP, TorchTitan's first compile_float8
 # run's) by kernel class (benchmarks/python/profile_table.py).
 # LLAMA_SHAPES="name|config|global batch|seq|variant variant ...;..." replaces
-# the shapes. --cpu: one tiny shape; TorchTitan is only checked (--dry-run:
+# the shapes. The final losses are set against TorchTitan's runs' range
+# (gpu_report.py's SUMMARY ... final loss); issue 47's 200-step comparison
+# of the losses (bf16 ours and TorchTitan, and --float8) is this part alone
+# with more steps, e.g. LLAMA_STEPS=200 LLAMA_SHAPES="8x2048|benchmarks/
+# llama/llama_8x2048_config.json|8|2048|eager:none compile_float8:none"
+# bash benchmarks/run_gpu.sh --no-check --no-toy (about 5 minutes). --cpu: one tiny shape; TorchTitan is only checked (--dry-run:
 # its arguments, model and data), as it cannot train without a GPU.
 if [ "$do_bench" = 1 ] && [ "$do_llama" = 1 ]; then
   llama_dir="$REPORT_DIR/llama"

@@ -17,8 +17,11 @@ backward of every parameter, attention's T^2 terms not counted; or
 largest per-step peak allocated / reserved bytes (the caching allocator's:
 ours from the trainer's --log-json, Python's from
 torch.cuda.max_memory_allocated / max_memory_reserved); "-" where a log has
-none (the CPU). A run whose log is missing or empty prints FAILED. Exit
-status 0, or 1 when any run failed.
+none (the CPU). The final losses: a SUMMARY line per kind of our run set
+against the Python runs' range (their variants differ in numerics only:
+eager, compiled, float8, recomputed), where all ran the same steps. A run
+whose log is missing or empty prints FAILED. Exit status 0, or 1 when any
+run failed.
 """
 
 import argparse
@@ -72,6 +75,7 @@ def main():
             "alloc": peak(steps, "cuda_peak_allocated_bytes"),
             "reserved": peak(steps, "cuda_peak_reserved_bytes"),
             "loss": steps[-1].get("loss"),
+            "final_step": steps[-1].get("step"),
         })
     python = [r for r in rows if r["label"].startswith("py:") and not r["failed"]]
     best = max(python, key=lambda r: r["tok_s"]) if python else None
@@ -98,10 +102,13 @@ def main():
     # Our runs by what ran, their repeats' trailing digits dropped: "ours1"
     # and "ours2" (the trainer's default, FSDP1) are "ours";
     # "ours_fully_shard1" is "ours_fully_shard".
+    # (A digit is a repeat's only where another run shares the rest of the
+    # label: "ours_float8" alone keeps its 8.)
+    ran = [r for r in rows if r["label"].startswith("ours") and not r["failed"]]
+    stems = [r["label"].rstrip("0123456789") for r in ran]
     groups = {}
-    for r in rows:
-        if r["label"].startswith("ours") and not r["failed"]:
-            groups.setdefault(r["label"].rstrip("0123456789"), []).append(r)
+    for r, stem in zip(ran, stems):
+        groups.setdefault(stem if stems.count(stem) > 1 else r["label"], []).append(r)
     best_alloc = min((r["alloc"] for r in python if r["alloc"] is not None), default=None)
     best_res = min((r["reserved"] for r in python if r["reserved"] is not None), default=None)
     for name, ours in groups.items():
@@ -116,7 +123,27 @@ def main():
             print(f"SUMMARY {args.title}: memory {name} / leanest Python: allocated "
                   f"{our_alloc / best_alloc:.3f}x ({gib(our_alloc)} vs {gib(best_alloc)}), "
                   f"reserved {our_res / best_res:.3f}x ({gib(our_res)} vs {gib(best_res)})")
+        if any(r["loss"] is not None for r in python):
+            print(loss_summary(args.title, name, ours, python))
     return 1 if failed else 0
+
+
+def loss_summary(title, name, ours, python):
+    """Our runs' final losses against the Python runs' range after the same steps."""
+    ran = [r for r in ours + python if r["loss"] is not None]
+    if not python or len(ran) < len(ours) + len(python):
+        return f"SUMMARY {title}: final loss {name}: not compared (a run logged no loss)"
+    if len({r["final_step"] for r in ran}) != 1:
+        return f"SUMMARY {title}: final loss {name}: not compared (the runs ended at different steps)"
+    low = min(r["loss"] for r in python)
+    high = max(r["loss"] for r in python)
+    parts = []
+    for r in ours:
+        gap = max(low - r["loss"], r["loss"] - high, 0.0)
+        parts.append(f"{r['loss']:.4f}" + (" (inside)" if gap == 0 else
+                                           f" ({gap:.4f} = {gap / high:.2%} outside)"))
+    return (f"SUMMARY {title}: final loss after step {ran[0]['final_step']}: {name} "
+            f"{', '.join(parts)}; Python's {len(python)} runs {low:.4f}..{high:.4f}")
 
 
 if __name__ == "__main__":
