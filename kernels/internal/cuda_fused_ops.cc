@@ -147,17 +147,28 @@ class Cuda final : public FusedOps {
     Float8CastOut out;
     out.data = at::empty({rows, cols}, x.options().dtype(float8_dtype));
     if (transposed) out.data_t = at::empty({cols, rows}, x.options().dtype(float8_dtype));
-    // scale, inv_scale and the amax scratch (its float32 bits) in one allocation.
-    const at::Tensor scalars = at::empty({3}, x.options().dtype(at::kFloat));
-    out.scale = scalars.select(0, 0);
-    out.inv_scale = scalars.select(0, 1);
-    auto* amax_bits = reinterpret_cast<uint32_t*>(scalars.data_ptr<float>() + 2);
+    // scale, inv_scale and the amax scratch (its float32 bits) in one
+    // allocation, each 16 bytes from the next: the scales go to
+    // _scaled_mm as cuBLASLt's scale pointers, which are then as aligned as
+    // a tensor of their own would be. Tensors over that storage, not views
+    // (FusedOps' outputs are never views).
+    constexpr int64_t kApart = 4;  // floats: 16 bytes
+    const at::Tensor scalars = at::empty({3 * kApart}, x.options().dtype(at::kFloat));
+    auto scalar_at = [&](int64_t i) {
+      at::Tensor t = at::empty({0}, scalars.options());
+      t.set_(scalars.storage(), i * kApart, {}, {});
+      return t;
+    };
+    out.scale = scalar_at(0);
+    out.inv_scale = scalar_at(1);
+    float* base = scalars.data_ptr<float>();
+    auto* amax_bits = reinterpret_cast<uint32_t*>(base + 2 * kApart);
     auto bytes = [](const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); };
     Check(cuda::CastToFloat8(
         KernelType(x),
         float8_dtype == at::kFloat8_e4m3fn ? cuda::Float8Type::kE4m3fn : cuda::Float8Type::kE5m2,
-        x.data_ptr(), bytes(out.data), transposed ? bytes(out.data_t) : nullptr,
-        scalars.data_ptr<float>(), scalars.data_ptr<float>() + 1, amax_bits, rows, cols, Stream()));
+        x.data_ptr(), bytes(out.data), transposed ? bytes(out.data_t) : nullptr, base,
+        base + kApart, amax_bits, rows, cols, Stream()));
     return out;
   }
 };
