@@ -7,7 +7,8 @@
 // gradients its gradients (bit for bit where averaging over the ranks is
 // exact: 1, 2 and 4 ranks), through SGD steps that change the weights and
 // so the scales; the post-forward shards of an int reshard_after_forward
-// keep the float8 bytes; mixed precision casts the float32 shards, not a
+// keep the float8 bytes; HSDP reduces the amaxes over the shard group;
+// mixed precision casts the float32 shards, not a
 // bfloat16 copy; bad choices of parameters are refused by name.
 //
 // Every rank computes on the whole batch, so the average of the ranks'
@@ -23,6 +24,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/sgd.h>
 
+#include "comm/device_mesh.h"
 #include "comm/process_group.h"
 #include "fsdp/fully_shard.h"
 #include "functorch/module/named_member_accessor.h"
@@ -178,6 +180,19 @@ TEST(Float8AllGatherTest, PostForwardShardsKeepTheFloat8Bytes) {
   comm::testing::RunOnRanks(4, [](comm::ProcessGroup& pg) {
     fsdp::FullyShardOptions options = Float8Options(pg);
     options.reshard_after_forward = 2;
+    TrainAgainstUnsharded(pg, options, /*bit_exact_gradients=*/true);
+  });
+}
+
+// HSDP (2 replicas x 2 shards): the amaxes are reduced over the shard
+// group, where the whole weight's shards are.
+TEST(Float8AllGatherTest, HybridShardingReducesTheAmaxOverTheShardGroup) {
+  comm::testing::RunOnRanks(4, [](comm::ProcessGroup& pg) {
+    fsdp::FullyShardOptions options = Float8Options(pg);
+    options.process_group.reset();
+    auto mesh = comm::init_hybrid_shard_mesh(pg, 2, 2);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    options.mesh = *mesh;
     TrainAgainstUnsharded(pg, options, /*bit_exact_gradients=*/true);
   });
 }
