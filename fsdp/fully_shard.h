@@ -209,8 +209,12 @@ struct FullyShardOptions {
   // PyTorch's offload_policy: unset is its OffloadPolicy() (no offload).
   std::optional<CPUOffloadPolicy> offload_policy;
   // Float8 all-gather (torchao's enable_fsdp_float8_all_gather, its
-  // WeightWithDynamicFloat8CastTensor, with the amaxes reduced in one
-  // collective as its precompute_float8_dynamic_scale_for_fsdp does), for
+  // WeightWithDynamicFloat8CastTensor: fsdp_pre_all_gather's
+  // hp_tensor_to_float8_dynamic with reduce_amax, the amaxes of a module
+  // reduced in one collective, as precompute_float8_dynamic_scale_for_fsdp
+  // batches them; its scale is the dynamic path's, reciprocal then
+  // multiply, where precompute's float64 division may differ in the last
+  // bit), for
   // the weights of float8 linear layers (kernels::Float8Linear). Called
   // once per managed parameter; where it returns true, every all-gather
   // from the shards first all-reduces (MAX, one collective for the
