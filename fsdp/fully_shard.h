@@ -214,9 +214,8 @@ struct FullyShardOptions {
   // reduced in one collective, as precompute_float8_dynamic_scale_for_fsdp
   // batches them; its scale is the dynamic path's, reciprocal then
   // multiply, where precompute's float64 division may differ in the last
-  // bit), for
-  // the weights of float8 linear layers (kernels::Float8Linear). Called
-  // once per managed parameter; where it returns true, every all-gather
+  // bit), for the weights of float8 linear layers (kernels::Float8Linear).
+  // Called once per managed parameter; where it returns true, every all-gather
   // from the shards first all-reduces (MAX, one collective for the
   // module) the parameter's amax over the shard group, casts this rank's
   // shard to Float8_e4m3fn with the whole parameter's scale
