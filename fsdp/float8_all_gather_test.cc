@@ -1,6 +1,7 @@
 // fully_shard's float8 all-gather (FullyShardOptions::float8_all_gather_fn,
-// torchao's enable_fsdp_float8_all_gather) on 1-4 Gloo ranks against the
-// same model unsharded, whose float8 linears cast their own weights
+// torchao's enable_fsdp_float8_all_gather) against torchao's own under
+// PyTorch's fully_shard (golden values, below), and on 1-4 Gloo ranks
+// against the same model unsharded, whose float8 linears cast their own weights
 // (kernels::Float8Linear, itself held to torchao bit for bit by
 // //kernels:float8_linear_test): the gathered bytes are the whole weight's
 // cast bit for bit, the output is the unsharded model's bit for bit, the
@@ -30,6 +31,7 @@
 #include "functorch/module/named_member_accessor.h"
 #include "kernels/float8_linear.h"
 #include "module_call/call.h"
+#include "testing/golden_fixture.h"
 #include "testing/multiprocess.h"
 
 namespace {
@@ -239,6 +241,63 @@ TEST(Float8AllGatherTest, MixedPrecisionCastsTheFloat32Shards) {
       EXPECT_TRUE(at::equal(shard.grad(), ShardOf(shard, full_grad).to(at::kFloat)));
     }
   });
+}
+
+// ---- against torchao's float8 all-gather under PyTorch's fully_shard --------
+
+// tools/golden/float8_all_gather_golden.py: torchao 0.17.0's
+// enable_fsdp_float8_all_gather under PyTorch 2.15's fully_shard, on the
+// CPU over Gloo, 3 SGD steps (lr 0.1) of the same model from the same
+// parameters on the same batches: every step's output and gradients bit
+// for bit (averaging over 2 or 4 ranks is exact).
+void TrainAgainstTorchao(comm::ProcessGroup& pg, const std::string& name,
+                         std::optional<at::ScalarType> param_dtype) {
+  const test_data::GoldenFixture golden(
+      test_data::RunfilePath("fsdp/testdata/float8_all_gather/golden.pt"));
+  ASSERT_EQ(golden[name + ".world"].item<int64_t>(), pg.size());
+  Float8Mlp model;
+  {
+    const at::NoGradGuard no_grad;
+    model->w1.copy_(golden[name + ".w1"]);
+    model->w2.copy_(golden[name + ".w2"]);
+    model->gain.copy_(golden[name + ".gain"]);
+  }
+  fsdp::FullyShardOptions options = Float8Options(pg);
+  options.mp_policy.param_dtype = param_dtype;
+  if (param_dtype) options.mp_policy.reduce_dtype = at::kFloat;
+  fsdp::fully_shard(model.ptr(), options);
+  torch::optim::SGD optim(model->parameters(), 0.1);
+  for (int step = 0; step < 3; ++step) {
+    const std::string key = name + ".step" + std::to_string(step);
+    SCOPED_TRACE(key);
+    optim.zero_grad();
+    const at::Tensor y = module_call::call(model, golden[key + ".x"]);
+    y.backward(golden[key + ".g"].to(y.scalar_type()));
+    EXPECT_EQ(y.scalar_type(), golden[key + ".y"].scalar_type());
+    EXPECT_TRUE(at::equal(y, golden[key + ".y"]));
+    for (const char* param : {"w1", "w2", "gain"}) {
+      SCOPED_TRACE(param);
+      const at::Tensor shard = model->named_parameters()[param];
+      ASSERT_TRUE(shard.grad().defined());
+      EXPECT_TRUE(at::equal(shard.grad(), ShardOf(shard, golden[key + ".grad." + param])));
+    }
+    optim.step();
+  }
+}
+
+TEST(Float8AllGatherGoldenTest, TorchaoTwoRanks) {
+  comm::testing::RunOnRanks(
+      2, [](comm::ProcessGroup& pg) { TrainAgainstTorchao(pg, "f32_w2", std::nullopt); });
+}
+
+TEST(Float8AllGatherGoldenTest, TorchaoFourRanks) {
+  comm::testing::RunOnRanks(
+      4, [](comm::ProcessGroup& pg) { TrainAgainstTorchao(pg, "f32_w4", std::nullopt); });
+}
+
+TEST(Float8AllGatherGoldenTest, TorchaoBfloat16ComputeTwoRanks) {
+  comm::testing::RunOnRanks(
+      2, [](comm::ProcessGroup& pg) { TrainAgainstTorchao(pg, "bf16_w2", at::kBFloat16); });
 }
 
 TEST(Float8AllGatherTest, BadChoicesAreRefusedByName) {
