@@ -546,11 +546,20 @@ fi
 # run's) by kernel class (benchmarks/python/profile_table.py).
 # LLAMA_SHAPES="name|config|global batch|seq|variant variant ...;..." replaces
 # the shapes. The final losses are set against TorchTitan's runs' range
-# (gpu_report.py's SUMMARY ... final loss); issue 47's 200-step comparison
-# of the losses (bf16 ours and TorchTitan, and --float8) is this part alone
-# with more steps, e.g. LLAMA_STEPS=200 LLAMA_SHAPES="8x2048|benchmarks/
-# llama/llama_8x2048_config.json|8|2048|eager:none compile_float8:none"
-# bash benchmarks/run_gpu.sh --no-check --no-toy (about 5 minutes). --cpu: one tiny shape; TorchTitan is only checked (--dry-run:
+# (gpu_report.py's SUMMARY ... final loss). Each side initialises the model
+# its own way unless LLAMA_SAME_INIT=1: then both start from one checkpoint,
+# TorchTitan's initialisation for --seed 0 written as a Hugging Face
+# checkpoint (titan_peer.py --write-hf, on the CPU), ours through
+# --hf-checkpoint, TorchTitan's through titan_peer.py --init-hf, so the
+# losses are comparable step by step. Issue 47's 200-step comparison of the
+# losses (bf16 ours and TorchTitan, and --float8) is this part alone with
+# more steps, e.g. LLAMA_SAME_INIT=1 LLAMA_STEPS=200 LLAMA_SHAPES="8x2048|
+# benchmarks/llama/llama_8x2048_config.json|8|2048|eager:none
+# compile_float8:none" bash benchmarks/run_gpu.sh --no-check --no-toy
+# (about 6 minutes). --cpu always checks the same-weights path: the first
+# batch's float32 loss of ours from the checkpoint (one step on the CPU)
+# against TorchTitan's model on the same weights (titan_peer.py --dry-run
+# --init-hf), within 1e-5 relative. --cpu: one tiny shape; TorchTitan is only checked (--dry-run:
 # its arguments, model and data), as it cannot train without a GPU.
 if [ "$do_bench" = 1 ] && [ "$do_llama" = 1 ]; then
   llama_dir="$REPORT_DIR/llama"
@@ -592,12 +601,50 @@ if [ "$do_bench" = 1 ] && [ "$do_llama" = 1 ]; then
     say ""
     say "== llama $name: $(basename "$config"), global batch $batch x seq $seq, $LLAMA_STEPS steps"
     runs=()
-    ours=("$TRAINER" --device "$BENCH_DEVICE" --nproc 1 --model llama --model-config "$config"
+    titan=(env PYTHONPATH="$titan_site${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON"
+           "$ROOT/benchmarks/torchtitan/titan_peer.py" --hf-config "$config" --seed 0)
+    # The model's shape (and, with the same initialisation, its weights).
+    model_flags=(--model-config "$config")
+    init_dir=""
+    if [ "${LLAMA_SAME_INIT:-0}" = 1 ] || [ "$cpu_mode" = 1 ]; then
+      init_dir="$bench_dir/${name}_init"
+      if [ "$titan_ok" = 1 ] && "${titan[@]}" --write-hf "$init_dir" > "$bench_dir/${name}_init.log" 2>&1; then
+        say "$(grep -m 1 '^titan: wrote' "$bench_dir/${name}_init.log")"
+        [ "${LLAMA_SAME_INIT:-0}" = 1 ] && model_flags=(--hf-checkpoint "$init_dir")
+        titan+=(--init-hf "$init_dir")
+      else
+        say "llama $name: no common initialisation (titan_peer.py --write-hf; the end of ${name}_init.log):"
+        tail -n 5 "$bench_dir/${name}_init.log" 2>/dev/null | tee -a "$REPORT"
+        init_dir=""
+        status=1
+      fi
+    fi
+    if [ "$cpu_mode" = 1 ] && [ -n "$init_dir" ]; then
+      # The same weights give the same first loss: ours in float32 on the
+      # CPU against TorchTitan's model (its dry run computes it).
+      "$TRAINER" --device cpu --nproc 1 --model llama --hf-checkpoint "$init_dir" --data synthetic \
+        --seed 0 --seq "$seq" --global-batch "$batch" --steps 1 \
+        --log-json "$bench_dir/${name}_same_init_ours.jsonl" > "$bench_dir/${name}_same_init_ours.log" 2>&1
+      "${titan[@]}" --dry-run -- --training.local_batch_size "$batch" --training.seq_len "$seq" \
+        --model.hf_assets_path "$llama_dir" > "$bench_dir/${name}_same_init_titan.log" 2>&1
+      if "$PYTHON" - "$bench_dir/${name}_same_init_ours.jsonl" "$bench_dir/${name}_same_init_titan.log" <<'PY' | tee -a "$REPORT"; [ "${PIPESTATUS[0]}" = 0 ]; then :; else status=1; fi
+import json, re, sys
+try:
+    ours = json.loads(open(sys.argv[1]).readline())["loss"]
+    titan = float(re.search(r"^titan: step-1 loss (\S+)", open(sys.argv[2]).read(), re.M).group(1))
+except Exception as e:  # a run that failed: its log says why
+    print(f"same weights: FAILED ({e!r}; see {sys.argv[1]} and {sys.argv[2]})")
+    sys.exit(1)
+rel = abs(ours - titan) / abs(titan)
+print(f"same weights: the first batch's float32 loss, ours {ours:.9g}, TorchTitan {titan:.9g}: "
+      f"relative difference {rel:.2e} ({'OK' if rel <= 1e-5 else 'FAILED'}: at most 1e-5)")
+sys.exit(0 if rel <= 1e-5 else 1)
+PY
+    fi
+    ours=("$TRAINER" --device "$BENCH_DEVICE" --nproc 1 --model llama "${model_flags[@]}"
           --fsdp fully_shard --mixed-precision bf16 --data synthetic --seed 0 --seq "$seq"
           --global-batch "$batch" --optimizer adamw --lr 3e-4 --lr-schedule constant
           --warmup-steps 10 --clip 1.0 --steps "$LLAMA_STEPS")
-    titan=(env PYTHONPATH="$titan_site${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON"
-           "$ROOT/benchmarks/torchtitan/titan_peer.py" --hf-config "$config" --seed 0)
     titan_common=(--training.local_batch_size "$batch" --training.seq_len "$seq"
                   --training.steps "$LLAMA_STEPS" --training.max_norm 1.0
                   --optimizer.lr 3e-4 --optimizer.beta2 0.999 --optimizer.weight_decay 0.01

@@ -2,7 +2,8 @@
 same tokens, one process on one GPU, logged as our trainer logs.
 
     python3 titan_peer.py --hf-config CONFIG.json --seed S --log-json OUT.jsonl \\
-        [--dry-run] -- <torchtitan.train arguments>
+        [--init-hf DIR] [--dry-run] -- <torchtitan.train arguments>
+    python3 titan_peer.py --hf-config CONFIG.json --seed S --write-hf DIR
 
 - Model: TorchTitan's own llama3 Transformer, registered as the model
   "llama3_synthetic" with one flavor, "from_config", whose shapes are those
@@ -26,7 +27,20 @@ same tokens, one process on one GPU, logged as our trainer logs.
   "titan: N parameters, F FLOP per token", check the first batch of the
   data loader against synthetic_tokens (and that against the C++'s pinned
   values), import torchao's float8 when a converter asks for it, and print
-  "DRY RUN OK".
+  "DRY RUN OK". With --init-hf, also the loss of the first batch on DIR's
+  weights, computed on the CPU in float32 ("titan: step-1 loss L on DIR"):
+  our trainer's first logged loss from --hf-checkpoint DIR is the same
+  number (run_gpu.sh --cpu compares them).
+- Same weights on both sides (for comparing losses, not only speed):
+  --write-hf DIR writes TorchTitan's own initialisation of the shape for
+  --seed (on the CPU) as a Hugging Face checkpoint (its state dict adapter's
+  to_hf: names and the q/k RoPE permutation; bf16 model.safetensors and
+  config.json), which our trainer loads with --hf-checkpoint DIR; --init-hf
+  DIR makes TorchTitan start from that checkpoint (after its init_weights,
+  every parameter is overwritten by the adapter's from_hf of DIR's tensors,
+  through the wrappers compile and activation checkpointing add to the
+  names, on the world of 1's whole local tensors). safetensors is read and
+  written here without the safetensors package.
 
 The single process is its own world of 1 (RANK=0, WORLD_SIZE=1, a free
 MASTER_PORT), as torchrun --nproc_per_node 1 would make it. Where
@@ -119,6 +133,122 @@ def model_args_from_config(path):
                                                          8192)))
 
 
+# safetensors' dtype names.
+SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def write_safetensors(path, tensors):
+    """The safetensors format: u64 header length, JSON header, raw bytes."""
+    import torch
+    names = {getattr(torch, v): k for k, v in SAFETENSORS_DTYPES.items()}
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        t = t.detach().contiguous().cpu()
+        blob = t.view(torch.uint8).numpy().tobytes()
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for blob in blobs:
+            f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_hf_tensors(directory):
+    """Every tensor of DIR's *.safetensors files (float32, bf16, float16)."""
+    import torch
+    files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+    if not files:
+        fail(f"--init-hf='{directory}': no .safetensors file there")
+    out = {}
+    for name in files:
+        with open(os.path.join(directory, name), "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+            data = f.read()
+        for key, info in header.items():
+            if key == "__metadata__":
+                continue
+            if info["dtype"] not in SAFETENSORS_DTYPES:
+                fail(f"--init-hf='{directory}': {key} has dtype {info['dtype']}; expected one of "
+                     f"{sorted(SAFETENSORS_DTYPES)}")
+            begin, end = info["data_offsets"]
+            dtype = getattr(torch, SAFETENSORS_DTYPES[info["dtype"]])
+            out[key] = torch.frombuffer(bytearray(data[begin:end]), dtype=dtype).reshape(
+                info["shape"])
+    return out
+
+
+def adapter_for(model_args):
+    from torchtitan.models.llama3.model.state_dict_adapter import Llama3StateDictAdapter
+    return Llama3StateDictAdapter(model_args, None)
+
+
+def write_hf(hf_config, seed, directory):
+    """TorchTitan's initialisation of the shape, as a Hugging Face checkpoint."""
+    import shutil
+    import torch
+    from torchtitan.models.llama3 import Transformer
+
+    model_args = model_args_from_config(hf_config)
+    torch.manual_seed(seed)
+    model = Transformer(model_args)
+    with torch.no_grad():
+        model.init_weights(buffer_device=torch.device("cpu"))
+    hf = adapter_for(model_args).to_hf(
+        {k: v.to(torch.bfloat16) for k, v in model.state_dict().items() if k != "freqs_cis"})
+    os.makedirs(directory, exist_ok=True)
+    write_safetensors(os.path.join(directory, "model.safetensors"), hf)
+    shutil.copyfile(hf_config, os.path.join(directory, "config.json"))
+    print(f"titan: wrote {len(hf)} tensors ({sum(t.numel() for t in hf.values())} parameters, "
+          f"bf16) of TorchTitan's initialisation for seed {seed} to {directory}")
+
+
+def load_hf_into(model, model_args, directory):
+    """Overwrites every parameter of `model` (TorchTitan's llama3, possibly
+    wrapped by compile, activation checkpointing and FSDP on a world of 1)
+    with DIR's weights through the adapter's from_hf."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    state = adapter_for(model_args).from_hf(read_hf_tensors(directory))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            key = name.replace("._orig_mod", "").replace("._checkpoint_wrapped_module", "")
+            if key not in state:
+                fail(f"--init-hf='{directory}': nothing for TorchTitan's parameter {key}")
+            source = state.pop(key)
+            local = param.to_local() if isinstance(param, DTensor) else param
+            if tuple(local.shape) != tuple(source.shape):
+                fail(f"--init-hf='{directory}': {key} is {tuple(source.shape)} there and "
+                     f"{tuple(local.shape)} here (a world of 1 holds whole tensors)")
+            local.copy_(source)
+    if state:
+        fail(f"--init-hf='{directory}': tensors TorchTitan's model lacks: {sorted(state)[:4]}")
+
+
+def start_from_hf(directory, model_args):
+    """TorchTitan's init_weights, then DIR's weights over every parameter."""
+    from torchtitan.models.llama3 import Transformer
+
+    original = Transformer.init_weights
+
+    def init_weights(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        load_hf_into(self, model_args, directory)
+        print(f"titan: parameters from {directory}", flush=True)
+
+    Transformer.init_weights = init_weights
+
+
 def synthetic_loader_class():
     from torchtitan.components.dataloader import BaseDataLoader
 
@@ -195,7 +325,7 @@ def log_steps_to(path):
     metrics.MetricsProcessor.log = log
 
 
-def dry_run(titan_args):
+def dry_run(titan_args, init_hf):
     import torch
     from torchtitan.config import ConfigManager
     from torchtitan.protocols.train_spec import get_train_spec
@@ -221,6 +351,17 @@ def dry_run(titan_args):
     if any("float8" in c for c in config.model.converters):
         import torchao.float8  # noqa: F401
         print("titan: torchao.float8 imports")
+    if init_hf:
+        # The model on the CPU in float32, from DIR's weights: the first
+        # batch's loss (TorchTitan's cross_entropy_loss over the tokens).
+        model = spec.model_cls(model_args)
+        with torch.no_grad():
+            model.init_weights(buffer_device=torch.device("cpu"))
+        load_hf_into(model, model_args, init_hf)
+        with torch.no_grad():
+            pred = model(inputs["input"])
+            loss = spec.build_loss_fn(config)(pred, labels) / labels.numel()
+        print(f"titan: step-1 loss {loss.item():.9g} on {init_hf}")
     print("DRY RUN OK")
 
 
@@ -230,6 +371,10 @@ def main():
     p.add_argument("--seed", type=int, default=0, help="the trainer's --seed (the tokens)")
     p.add_argument("--log-json", help="one JSON object per step")
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--init-hf", metavar="DIR",
+                   help="start from DIR's weights (a checkpoint --write-hf wrote)")
+    p.add_argument("--write-hf", metavar="DIR",
+                   help="write TorchTitan's initialisation for --seed to DIR, then exit")
     p.add_argument("titan_args", nargs="*", help="after --: torchtitan.train's arguments")
     args = p.parse_args()
     for flag in ("--model.name", "--model.flavor"):
@@ -240,10 +385,15 @@ def main():
         titan_args += ["--metrics.log_freq", "1"]
 
     install_stand_ins()
-    register(args.hf_config, args.seed)
-    if args.dry_run:
-        dry_run(titan_args)
+    if args.write_hf:
+        write_hf(args.hf_config, args.seed, args.write_hf)
         return
+    spec = register(args.hf_config, args.seed)
+    if args.dry_run:
+        dry_run(titan_args, args.init_hf)
+        return
+    if args.init_hf:
+        start_from_hf(args.init_hf, spec.model_args[FLAVOR])
     if not args.log_json:
         fail("--log-json: expected a path (where the per-step figures go)")
     log_steps_to(args.log_json)
