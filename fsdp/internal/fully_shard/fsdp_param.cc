@@ -1,8 +1,8 @@
 #include "fsdp/internal/fully_shard/fsdp_param.h"
 
 #include <ATen/Context.h>
-#include <ATen/ops/cat.h>
 #include <ATen/ops/abs.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
