@@ -8,7 +8,8 @@
 // gradients its gradients (bit for bit where averaging over the ranks is
 // exact: 1, 2 and 4 ranks), through SGD steps that change the weights and
 // so the scales; the post-forward shards of an int reshard_after_forward
-// keep the float8 bytes; HSDP reduces the amaxes over the shard group;
+// keep the float8 bytes; HSDP reduces the amaxes over the shard group; a
+// model built on the meta device materialises its float8 buffers;
 // mixed precision casts the float32 shards, not a
 // bfloat16 copy; bad choices of parameters are refused by name.
 //
@@ -50,12 +51,17 @@ at::Tensor Float8LinearOf(const at::Tensor& x, const at::Tensor& weight) {
 // Two float8 linears (64 rows over 3 ranks: uneven, padded) and a float32
 // scale the all-gather carries beside their float8 bytes.
 struct Float8MlpImpl : torch::nn::Module {
-  Float8MlpImpl() {
+  // on_meta: the parameters' shapes on the meta device, nothing allocated.
+  explicit Float8MlpImpl(bool on_meta = false) {
     at::manual_seed(11);
-    w1 = register_parameter("w1", at::randn({64, 32}) * 0.2);
-    w2 = register_parameter("w2", at::randn({48, 64}) * 0.2);
-    w2.detach()[5][9] = 3.0;  // an amax in one rank's shard only
-    gain = register_parameter("gain", at::rand({32}) + 0.5);
+    at::Tensor w1_init = at::randn({64, 32}) * 0.2;
+    at::Tensor w2_init = at::randn({48, 64}) * 0.2;
+    w2_init[5][9] = 3.0;  // an amax in one rank's shard only
+    at::Tensor gain_init = at::rand({32}) + 0.5;
+    const auto place = [on_meta](const at::Tensor& t) { return on_meta ? t.to(at::kMeta) : t; };
+    w1 = register_parameter("w1", place(w1_init));
+    w2 = register_parameter("w2", place(w2_init));
+    gain = register_parameter("gain", place(gain_init));
   }
   at::Tensor forward(const at::Tensor& x) {
     return Float8LinearOf(at::relu(Float8LinearOf(x * gain, w1)), w2);
@@ -113,10 +119,20 @@ void ExpectGatheredCasts(fsdp::FSDPModule& root, Float8Mlp& sharded, Float8Mlp& 
 // Three SGD steps sharded and unsharded, compared at each; the gathered
 // casts before and (where the steps were exact) after.
 void TrainAgainstUnsharded(comm::ProcessGroup& pg, fsdp::FullyShardOptions options,
-                           bool bit_exact_gradients) {
+                           bool bit_exact_gradients, bool on_meta = false) {
   Float8Mlp reference;
-  Float8Mlp sharded;
+  Float8Mlp sharded(on_meta);
   fsdp::FSDPModule root = fsdp::fully_shard(sharded.ptr(), options);
+  if (on_meta) {
+    // Deferred initialisation: this rank's rows of the reference's values.
+    fsdp::to_empty(*sharded, at::kCPU);
+    fsdp::init_sharded_states(*sharded, [&](const std::string& fqn, const at::Tensor& local,
+                                            const std::optional<fsdp::ShardedParamSpec>& spec) {
+      ASSERT_TRUE(spec.has_value()) << fqn;
+      const at::Tensor full = reference->named_parameters()[fqn];
+      local.copy_(full.narrow(0, spec->dim0_offset, local.size(0)));
+    });
+  }
   torch::optim::SGD ref_optim(reference->parameters(), 0.5);
   torch::optim::SGD optim(sharded->parameters(), 0.5);
   ExpectGatheredCasts(root, sharded, reference);
@@ -183,6 +199,15 @@ TEST(Float8AllGatherTest, PostForwardShardsKeepTheFloat8Bytes) {
     fsdp::FullyShardOptions options = Float8Options(pg);
     options.reshard_after_forward = 2;
     TrainAgainstUnsharded(pg, options, /*bit_exact_gradients=*/true);
+  });
+}
+
+// Built on the meta device, sharded, then materialised (fsdp::to_empty,
+// init_sharded_states), as the trainer builds models too large for a rank:
+// the float8 buffers and stand-ins are made on the real device.
+TEST(Float8AllGatherTest, MetaDeviceInitialisation) {
+  comm::testing::RunOnRanks(2, [](comm::ProcessGroup& pg) {
+    TrainAgainstUnsharded(pg, Float8Options(pg), /*bit_exact_gradients=*/true, /*on_meta=*/true);
   });
 }
 
