@@ -94,14 +94,20 @@ TEST(Float8LinearsTest, AllGatherInFloat8TrainsAsFloat8OnTwoRanks) {
     torch::manual_seed(11);
     const torch::Tensor batch = torch::randint(0, config.vocab_size, {2, 17});  // 32 rows
     std::vector<std::vector<torch::Tensor>> runs;  // per run: losses and gradients
-    for (const bool gather : {false, true}) {
-      SCOPED_TRACE(gather ? "--float8-all-gather" : "--float8");
+    // --float8, then --float8-all-gather without and with activation
+    // checkpointing (whose recomputed forward multiplies the casts backward
+    // gathers again).
+    for (const auto& [gather, recompute] :
+         std::vector<std::pair<bool, bool>>{{false, false}, {true, false}, {true, true}}) {
+      SCOPED_TRACE(std::string(gather ? "--float8-all-gather" : "--float8") +
+                   (recompute ? " --activation-checkpointing" : ""));
       models::LlamaForCausalLM llama(config, c10::kCPU, 3);
       Options o;
       o.model = ModelKind::kLlama;
       o.fsdp = FsdpApi::kFullyShard;
       o.float8 = true;
       o.float8_all_gather = gather;
+      if (recompute) o.activation_checkpointing = ActivationCheckpointing::kBlock;
       ASSERT_TRUE(ConvertLinearsToFloat8(*llama, gather).ok());
       auto wrapped = Wrap(o, llama.ptr(), c10::kCPU, pg);
       ASSERT_TRUE(wrapped.ok()) << wrapped.status();
@@ -127,10 +133,12 @@ TEST(Float8LinearsTest, AllGatherInFloat8TrainsAsFloat8OnTwoRanks) {
       unit->reshard();
       runs.push_back(std::move(run));
     }
-    ASSERT_EQ(runs[0].size(), runs[1].size());
     EXPECT_TRUE(torch::isfinite(runs[1][0]).item<bool>());
-    for (size_t i = 0; i < runs[0].size(); ++i) {
-      EXPECT_TRUE(torch::equal(runs[1][i], runs[0][i])) << "tensor " << i;
+    for (size_t run = 1; run < runs.size(); ++run) {
+      ASSERT_EQ(runs[run].size(), runs[0].size());
+      for (size_t i = 0; i < runs[0].size(); ++i) {
+        EXPECT_TRUE(torch::equal(runs[run][i], runs[0][i])) << "run " << run << ", tensor " << i;
+      }
     }
   });
 }
