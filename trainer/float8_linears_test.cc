@@ -5,6 +5,8 @@
 // ranks, and the refusals (a model without Llama projections, the CPU).
 #include "trainer/float8_linears.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -32,7 +34,9 @@ using ::testing::HasSubstr;
 // Every projection's dimensions are multiples of 16, as float8 matrix
 // products need: hidden 64, 4 heads of 16, 2 kv heads (32), FFN 128.
 models::LlamaConfig SmallConfig() {
-  const std::string path = ::testing::TempDir() + "/float8_config.json";
+  // One file per process: the ranks of a RunOnRanks test write theirs at once.
+  const std::string path =
+      ::testing::TempDir() + "/float8_config_" + std::to_string(::getpid()) + ".json";
   std::ofstream(path) << R"({"model_type": "llama", "vocab_size": 128, "hidden_size": 64,
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
     "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
