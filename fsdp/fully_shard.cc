@@ -192,6 +192,9 @@ bool resolve_float8_all_gather(const FullyShardOptions& options, const at::Tenso
               param.scalar_type(),
               ": expected a high-precision floating parameter (float32, bfloat16, float16) to "
               "cast to float8");
+  TORCH_CHECK(param.numel() > 0, "fully_shard(", name, "): float8_all_gather_fn chose parameter '",
+              param_name, "' of shape ", param.sizes(),
+              ": expected at least one element (an empty tensor has no amax to scale by)");
   TORCH_CHECK(shard_dim == 0, "fully_shard(", name, "): float8_all_gather_fn chose parameter '",
               param_name, "', which shard_placement_fn shards on dim ", shard_dim,
               ": float8 all-gather gathers dim-0 shards only");

@@ -219,7 +219,8 @@ struct FullyShardOptions {
   // from the shards first all-reduces (MAX, one collective for the
   // module) the parameter's amax over the shard group, casts this rank's
   // shard to Float8_e4m3fn with the whole parameter's scale
-  // (kernels::CastToFloat8 with that amax) and gathers those bytes: 1 byte
+  // (kernels::CastToFloat8Fused with that amax: one fused pass on CUDA)
+  // and gathers those bytes: 1 byte
   // an element on the wire and in the gathered buffer instead of
   // param_dtype's 2 or 4. The gathered bytes are, bit for bit, the whole
   // parameter's tensorwise cast, what Float8Linear would make of it.

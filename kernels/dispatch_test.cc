@@ -127,7 +127,8 @@ TEST(Unsupported, Float64IsTakenOnlyByTheAtenStandIn) {
                                              bool) const override {
       return {};
     }
-    Float8CastOut CastToFloat8(const at::Tensor&, at::ScalarType, bool) const override {
+    Float8CastOut CastToFloat8(const at::Tensor&, at::ScalarType, bool,
+                               const at::Tensor&) const override {
       return {};
     }
   } kernel_dtypes;

@@ -98,7 +98,7 @@ Float8Operand CastOperand(const internal::FusedOps* ops, const at::Tensor& x,
                           at::ScalarType float8_dtype, bool transposed) {
   if (ops != nullptr) {
     internal::FusedOps::Float8CastOut c =
-        ops->CastToFloat8(x.contiguous(), float8_dtype, transposed);
+        ops->CastToFloat8(x.contiguous(), float8_dtype, transposed, at::Tensor());
     return {c.data, c.data_t, c.inv_scale};
   }
   const Float8Tensor c = CastToFloat8(x, float8_dtype);
@@ -249,10 +249,8 @@ Float8Tensor CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype) {
   return CastWithAmax(x, float8_dtype, at::abs(x).max());
 }
 
-Float8Tensor CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype,
-                          const at::Tensor& amax) {
-  Float8Max(float8_dtype);
-  CheckCastInput(x);
+namespace {
+void CheckGivenAmax(const at::Tensor& x, const at::Tensor& amax) {
   TORCH_CHECK(amax.defined() && amax.numel() == 1 && amax.is_floating_point() &&
                   !at::isFloat8Type(amax.scalar_type()),
               "kernels::CastToFloat8: amax ",
@@ -263,7 +261,37 @@ Float8Tensor CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype,
               "part of");
   TORCH_CHECK(amax.device() == x.device(), "kernels::CastToFloat8: amax is on ", amax.device(),
               " and x on ", x.device(), ": expected one device");
+}
+}  // namespace
+
+Float8Tensor CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype,
+                          const at::Tensor& amax) {
+  Float8Max(float8_dtype);
+  CheckCastInput(x);
+  CheckGivenAmax(x, amax);
   return CastWithAmax(x, float8_dtype, amax.reshape({}));
+}
+
+Float8Tensor CastToFloat8Fused(const at::Tensor& x, at::ScalarType float8_dtype,
+                               const at::Tensor& amax) {
+  Float8Max(float8_dtype);
+  CheckCastInput(x);
+  CheckGivenAmax(x, amax);
+  // The kernel casts a [rows, cols] matrix: the leading dim by the rest.
+  const at::Tensor matrix = x.dim() == 2 ? x : x.reshape({x.dim() == 0 ? 1 : x.size(0), -1});
+  const internal::FusedOps* ops = internal::ChooseFusedOps(
+      internal::Op::kCastToFloat8Fused, {x, amax}, [&](const internal::FusedOps& o) {
+        if (float8_dtype != at::kFloat8_e4m3fn && float8_dtype != at::kFloat8_e5m2) {
+          return c10::str("float8_dtype is ", float8_dtype,
+                          ": the kernel writes Float8_e4m3fn or Float8_e5m2");
+        }
+        return internal::UnsupportedFloat8Cast(o, matrix);
+      });
+  if (ops == nullptr) return CastToFloat8(x, float8_dtype, amax);
+  const at::NoGradGuard no_grad;
+  const internal::FusedOps::Float8CastOut c = ops->CastToFloat8(
+      matrix.contiguous(), float8_dtype, /*transposed=*/false, amax.reshape({}).to(at::kFloat));
+  return Float8Tensor{c.data.view(x.sizes()), c.scale, c.inv_scale, x.scalar_type()};
 }
 
 namespace {

@@ -85,6 +85,14 @@ Float8Tensor CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype);
 // bit for bit. amax: one high-precision floating element on x's device.
 Float8Tensor CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype, const at::Tensor& amax);
 
+// CastToFloat8(x, float8_dtype, amax), the same bits, computed as
+// Float8Linear casts: on CUDA (a binary that links //kernels:cuda) by the
+// fused kernel in one pass over x, the scale on the device (without it, the
+// ATen recipe and a warning, once); elsewhere by the ATen recipe. What
+// fully_shard's float8 all-gather casts each shard with.
+Float8Tensor CastToFloat8Fused(const at::Tensor& x, at::ScalarType float8_dtype,
+                               const at::Tensor& amax);
+
 // F::linear(input, weight, bias) with float8 matrix products (see the top of
 // this file); an autograd function of input and weight (bias by ATen's own
 // add). input [..., K] and weight [N, K] float32, bfloat16 or float16 on one

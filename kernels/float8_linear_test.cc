@@ -370,6 +370,34 @@ TEST(ShardCastTest, ShardsCastWithTheWholesAmaxAreTheWholesCast) {
             0);
 }
 
+// CastToFloat8Fused: the same bits as the ATen recipe with that amax, on
+// the CPU (the recipe itself) and through the fused path (AtenFusedOps: the
+// reference's arithmetic, which the CUDA kernel's is step for step), for a
+// shard's 1-D, 2-D and 3-D shapes.
+TEST(ShardCastTest, FusedCastWithAGivenAmaxIsTheRecipes) {
+  at::manual_seed(6);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (at::ScalarType float8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
+      for (const std::vector<int64_t>& shape :
+           std::vector<std::vector<int64_t>>{{300}, {22, 32}, {3, 5, 16}}) {
+        SCOPED_TRACE(c10::str(dtype, " ", float8, " ", at::IntArrayRef(shape)));
+        const at::Tensor x = at::randn(shape).to(dtype);
+        const at::Tensor amax = x.abs().max().to(at::kFloat) * 1.7;  // a larger whole's
+        const Float8Tensor recipe = CastToFloat8(x, float8, amax);
+        const Float8Tensor cpu = CastToFloat8Fused(x, float8, amax);
+        EXPECT_EQ(BitsDiffer(cpu.data, recipe.data), 0);
+        EXPECT_TRUE(at::equal(cpu.scale, recipe.scale));
+        const internal::ScopedFusedOpsForTesting fused(internal::AtenFusedOps());
+        const Float8Tensor path = CastToFloat8Fused(x, float8, amax);
+        EXPECT_EQ(path.data.sizes(), x.sizes());
+        EXPECT_EQ(BitsDiffer(path.data, recipe.data), 0);
+        EXPECT_TRUE(at::equal(path.scale, recipe.scale));
+        EXPECT_TRUE(at::equal(path.inv_scale, recipe.inv_scale));
+      }
+    }
+  }
+}
+
 // Given the weight's cast, Float8Linear multiplies it and never reads the
 // weight: a NaN weight standing for it gives the cast weight's output and
 // gradients, bit for bit, and receives the weight's gradient.

@@ -461,7 +461,8 @@ gpu_check::Result CheckFloat8Cast(c10::Device device) {
     std::ostringstream name;
     name << "cast " << at::IntArrayRef(c.shape) << " " << DtypeName(c.dtype) << " -> " << c.float8
          << " " << values;
-    const internal::FusedOps::Float8CastOut fused = ops->CastToFloat8(x, c.float8, true);
+    const internal::FusedOps::Float8CastOut fused =
+        ops->CastToFloat8(x, c.float8, true, at::Tensor());
     const Float8Tensor aten = CastToFloat8(x, c.float8);
     if (!SameBits(fused.data, aten.data)) report.Fail(name.str() + ": data bytes differ");
     if (!SameBits(fused.data_t, aten.data.t().contiguous())) {
@@ -472,12 +473,23 @@ gpu_check::Result CheckFloat8Cast(c10::Device device) {
                   std::to_string(aten.scale.item<float>()));
     }
     if (!SameBits(fused.inv_scale, aten.inv_scale)) report.Fail(name.str() + ": inv_scale differs");
+    // With an amax given (twice x's: a larger whole's, as fully_shard's
+    // float8 all-gather reduces it over the shards), no amax pass.
+    const at::Tensor amax = x.abs().max().to(at::kFloat) * 2;
+    const internal::FusedOps::Float8CastOut given = ops->CastToFloat8(x, c.float8, false, amax);
+    const Float8Tensor aten_given = CastToFloat8(x, c.float8, amax);
+    if (!SameBits(given.data, aten_given.data) || !SameBits(given.scale, aten_given.scale)) {
+      report.Fail(name.str() + ": with a given amax, the bytes or the scale differ");
+    }
   }
-  report.Note("float8 bytes (both layouts) and scales bit for bit (a NaN's sign apart)");
+  report.Note(
+      "float8 bytes (both layouts) and scales bit for bit (a NaN's sign apart), with the amax "
+      "computed and given");
   if (!scope.dry_run()) {
     // A Llama 3 8B layer's activations at 8 x 2048 tokens, bf16, both layouts.
     const at::Tensor x = at::randn({16384, 4096}, options.dtype(at::kBFloat16));
-    const double fused = MedianMs(scope, [&] { ops->CastToFloat8(x, at::kFloat8_e4m3fn, true); });
+    const double fused =
+        MedianMs(scope, [&] { ops->CastToFloat8(x, at::kFloat8_e4m3fn, true, at::Tensor()); });
     const double aten = MedianMs(scope, [&] {
       const Float8Tensor t = CastToFloat8(x, at::kFloat8_e4m3fn);
       t.data.t().contiguous();

@@ -71,8 +71,8 @@ at::Tensor LinearCrossEntropy(const at::Tensor& hidden, const at::Tensor& weight
   return at::cross_entropy_loss(logits, targets, /*weight=*/{}, at::Reduction::Mean, ignore_index);
 }
 
-Float8Cast CastToFloat8Tensorwise(const at::Tensor& x, at::ScalarType float8_dtype,
-                                  bool transposed) {
+Float8Cast CastToFloat8Tensorwise(const at::Tensor& x, at::ScalarType float8_dtype, bool transposed,
+                                  const at::Tensor& given_amax) {
   TORCH_CHECK(float8_dtype == at::kFloat8_e4m3fn || float8_dtype == at::kFloat8_e5m2,
               "kernels::reference::CastToFloat8Tensorwise: float8_dtype is ", float8_dtype,
               ": expected Float8_e4m3fn or Float8_e5m2");
@@ -90,9 +90,13 @@ Float8Cast CastToFloat8Tensorwise(const at::Tensor& x, at::ScalarType float8_dty
         const scalar_t* v = in.const_data_ptr<scalar_t>();
         // amax: max |x| in x's precision (exact); a NaN is kept.
         double amax = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          const double a = std::abs(static_cast<double>(v[i]));
-          if (std::isnan(a) || a > amax) amax = std::isnan(amax) ? amax : a;
+        if (given_amax.defined()) {
+          amax = given_amax.item<double>();
+        } else {
+          for (int64_t i = 0; i < n; ++i) {
+            const double a = std::abs(static_cast<double>(v[i]));
+            if (std::isnan(a) || a > amax) amax = std::isnan(amax) ? amax : a;
+          }
         }
         // amax_to_scale: clamp_min (NaN stays), reciprocal, times max, float32.
         const double clamped = amax < 1e-12 ? 1e-12 : amax;

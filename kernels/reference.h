@@ -58,15 +58,17 @@ at::Tensor LinearCrossEntropy(const at::Tensor& hidden, const at::Tensor& weight
 //   data_t    = data transposed, row-major [cols, rows] (when `transposed`)
 // x: [rows, cols], float32, bfloat16, float16 or float64, on any device
 // (computed on the CPU, returned on x's device); float8_dtype:
-// Float8_e4m3fn or Float8_e5m2. float8_linear_test holds it to
-// kernels::CastToFloat8 and to torchao bit for bit.
+// Float8_e4m3fn or Float8_e5m2. With `amax` (one element, any floating
+// dtype and device) that is the amax instead of max |x| (torchao's
+// reduce_amax). float8_linear_test holds it to kernels::CastToFloat8 and to
+// torchao bit for bit.
 struct Float8Cast {
   at::Tensor data;       // float8_dtype [rows, cols]
   at::Tensor data_t;     // float8_dtype [cols, rows]; undefined unless `transposed`
   at::Tensor scale;      // float32 scalar
   at::Tensor inv_scale;  // float32 scalar
 };
-Float8Cast CastToFloat8Tensorwise(const at::Tensor& x, at::ScalarType float8_dtype,
-                                  bool transposed);
+Float8Cast CastToFloat8Tensorwise(const at::Tensor& x, at::ScalarType float8_dtype, bool transposed,
+                                  const at::Tensor& amax = at::Tensor());
 
 }  // namespace kernels::reference

@@ -135,9 +135,9 @@ class Aten final : public FusedOps {
   // The kernel's arithmetic is the reference's, element by element (not
   // tensor expressions: ATen's recipe, kernels::CastToFloat8, is what the
   // reference is held to).
-  Float8CastOut CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype,
-                             bool transposed) const override {
-    reference::Float8Cast c = reference::CastToFloat8Tensorwise(x, float8_dtype, transposed);
+  Float8CastOut CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype, bool transposed,
+                             const at::Tensor& amax) const override {
+    reference::Float8Cast c = reference::CastToFloat8Tensorwise(x, float8_dtype, transposed, amax);
     return {c.data, c.data_t, c.scale, c.inv_scale};
   }
 };

@@ -137,8 +137,8 @@ class Cuda final : public FusedOps {
     return {q_out, k_out};
   }
 
-  Float8CastOut CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype,
-                             bool transposed) const override {
+  Float8CastOut CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype, bool transposed,
+                             const at::Tensor& amax) const override {
     const c10::cuda::CUDAGuard guard(x.device());
     TORCH_CHECK(float8_dtype == at::kFloat8_e4m3fn || float8_dtype == at::kFloat8_e5m2,
                 "kernels: float8 dtype ", float8_dtype,
@@ -162,13 +162,23 @@ class Cuda final : public FusedOps {
     out.scale = scalar_at(0);
     out.inv_scale = scalar_at(1);
     float* base = scalars.data_ptr<float>();
-    auto* amax_bits = reinterpret_cast<uint32_t*>(base + 2 * kApart);
+    // A given amax (float32, on x's device) is read where it is: the kernel
+    // takes its bits.
+    const bool amax_given = amax.defined();
+    if (amax_given) {
+      TORCH_CHECK(
+          amax.scalar_type() == at::kFloat && amax.numel() == 1 && amax.device() == x.device(),
+          "kernels: the float8 cast's amax is ", amax.scalar_type(), " ", amax.sizes(), " on ",
+          amax.device(), ": expected one float32 element on ", x.device());
+    }
+    auto* amax_bits = amax_given ? reinterpret_cast<uint32_t*>(amax.data_ptr<float>())
+                                 : reinterpret_cast<uint32_t*>(base + 2 * kApart);
     auto bytes = [](const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); };
     Check(cuda::CastToFloat8(
         KernelType(x),
         float8_dtype == at::kFloat8_e4m3fn ? cuda::Float8Type::kE4m3fn : cuda::Float8Type::kE5m2,
         x.data_ptr(), bytes(out.data), transposed ? bytes(out.data_t) : nullptr, base,
-        base + kApart, amax_bits, rows, cols, Stream()));
+        base + kApart, amax_bits, amax_given, rows, cols, Stream()));
     return out;
   }
 };

@@ -430,16 +430,19 @@ __global__ void ScaleCastKernel(const T* __restrict__ x, uint8_t* __restrict__ d
 
 template <typename T, Float8Type F>
 int LaunchCastToFloat8(const void* x, uint8_t* data, uint8_t* data_t, float* scale_out,
-                       float* inv_scale_out, uint32_t* amax_bits, int64_t rows, int64_t cols,
-                       cudaStream_t stream) {
+                       float* inv_scale_out, uint32_t* amax_bits, bool amax_given, int64_t rows,
+                       int64_t cols, cudaStream_t stream) {
   const int64_t n = rows * cols;
-  const cudaError_t zeroed = cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream);
-  if (zeroed != cudaSuccess) return static_cast<int>(zeroed);
-  const auto amax_blocks = static_cast<unsigned>(
-      std::min<int64_t>((n + kAmaxThreads - 1) / kAmaxThreads, kAmaxMaxBlocks));
-  AbsMaxKernel<T><<<amax_blocks, kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n, amax_bits);
-  const cudaError_t launched = cudaGetLastError();
-  if (launched != cudaSuccess) return static_cast<int>(launched);
+  if (!amax_given) {
+    const cudaError_t zeroed = cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream);
+    if (zeroed != cudaSuccess) return static_cast<int>(zeroed);
+    const auto amax_blocks = static_cast<unsigned>(
+        std::min<int64_t>((n + kAmaxThreads - 1) / kAmaxThreads, kAmaxMaxBlocks));
+    AbsMaxKernel<T>
+        <<<amax_blocks, kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n, amax_bits);
+    const cudaError_t launched = cudaGetLastError();
+    if (launched != cudaSuccess) return static_cast<int>(launched);
+  }
   const int64_t col_tiles = (cols + kCastTile - 1) / kCastTile;
   const int64_t tiles = (rows + kCastTile - 1) / kCastTile * col_tiles;
   ScaleCastKernel<T, F>
@@ -544,8 +547,8 @@ int RopeQK(DType t, const RopeTensor& q, const RopeTensor& k, const void* cos, c
 }
 
 int CastToFloat8(DType t, Float8Type f8, const void* x, uint8_t* data, uint8_t* data_t,
-                 float* scale_out, float* inv_scale_out, uint32_t* amax_bits, int64_t rows,
-                 int64_t cols, void* stream) {
+                 float* scale_out, float* inv_scale_out, uint32_t* amax_bits, bool amax_given,
+                 int64_t rows, int64_t cols, void* stream) {
   // An empty tensor has no amax (CastToFloat8 refuses it); one block per
   // tile: gridDim.x is at most 2^31 - 1.
   if (rows <= 0 || cols <= 0) return static_cast<int>(cudaErrorInvalidValue);
@@ -557,10 +560,10 @@ int CastToFloat8(DType t, Float8Type f8, const void* x, uint8_t* data, uint8_t* 
     using T = std::remove_pointer_t<decltype(tp)>;
     if (f8 == Float8Type::kE4m3fn) {
       return LaunchCastToFloat8<T, Float8Type::kE4m3fn>(x, data, data_t, scale_out, inv_scale_out,
-                                                        amax_bits, rows, cols, s);
+                                                        amax_bits, amax_given, rows, cols, s);
     }
     return LaunchCastToFloat8<T, Float8Type::kE5m2>(x, data, data_t, scale_out, inv_scale_out,
-                                                    amax_bits, rows, cols, s);
+                                                    amax_bits, amax_given, rows, cols, s);
   });
 }
 

@@ -95,10 +95,13 @@ enum class Float8Type : int { kE4m3fn = 0, kE5m2 = 1 };
 //                    rounded)
 //      in one pass over x: each element read once, its float8 byte written
 //      to data and, through a shared-memory tile, to data_t.
-// amax_bits is scratch the launcher zeroes first (cudaMemsetAsync). The
-// arithmetic is kernels::reference::CastToFloat8Tensorwise's, step for step.
+// amax_bits is scratch the launcher zeroes first (cudaMemsetAsync); with
+// amax_given it already holds the amax to scale by (a non-negative float32's
+// bits, e.g. max|x| reduced over the ranks whose shards x is one of), and
+// step 1 does not run. The arithmetic is
+// kernels::reference::CastToFloat8Tensorwise's, step for step.
 int CastToFloat8(DType t, Float8Type f8, const void* x, uint8_t* data, uint8_t* data_t,
-                 float* scale_out, float* inv_scale_out, uint32_t* amax_bits, int64_t rows,
-                 int64_t cols, void* stream);
+                 float* scale_out, float* inv_scale_out, uint32_t* amax_bits, bool amax_given,
+                 int64_t rows, int64_t cols, void* stream);
 
 }  // namespace kernels::cuda

@@ -71,6 +71,7 @@ const char* OpName(Op op) {
     case Op::kSwiGlu: return "kernels::SwiGlu";
     case Op::kApplyRopeQK: return "kernels::ApplyRopeQK";
     case Op::kFloat8Linear: return "kernels::Float8Linear";
+    case Op::kCastToFloat8Fused: return "kernels::CastToFloat8Fused";
   }
   return "kernels::?";
 }

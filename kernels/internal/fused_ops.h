@@ -83,14 +83,18 @@ class FusedOps {
   // torchao's tensorwise dynamic cast of x (contiguous [rows, cols], rows
   // and cols >= 1) to float8_dtype (Float8_e4m3fn or Float8_e5m2), as
   // reference::CastToFloat8Tensorwise defines it, with the transposed copy
-  // that _scaled_mm's column-major operands need when `transposed`.
+  // that _scaled_mm's column-major operands need when `transposed`. `amax`:
+  // undefined (max|x| is computed), or the amax to scale by (one float32
+  // element on x's device, >= 0: torchao's reduce_amax over the shards x is
+  // one of).
   virtual Float8CastOut CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype,
-                                     bool transposed) const = 0;
+                                     bool transposed, const at::Tensor& amax) const = 0;
 };
 
 // The ops whose choice is made here (and warned about once each).
-// kFloat8Linear: its float8 casts (float8_linear.h).
-enum class Op { kRmsNorm, kAddRmsNorm, kSwiGlu, kApplyRopeQK, kFloat8Linear };
+// kFloat8Linear: its float8 casts; kCastToFloat8Fused: that function's
+// (float8_linear.h).
+enum class Op { kRmsNorm, kAddRmsNorm, kSwiGlu, kApplyRopeQK, kFloat8Linear, kCastToFloat8Fused };
 const char* OpName(Op op);  // "kernels::RmsNorm", ...
 
 // What `ops` does not take, as a reason ("x has dtype Double: the kernel

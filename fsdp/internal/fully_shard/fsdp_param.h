@@ -32,7 +32,7 @@
 // WeightWithDynamicFloat8CastTensor): before each all-gather from the
 // shards, the group all-reduces (MAX) every such parameter's amax over the
 // shard group and each shard is cast to Float8_e4m3fn with the whole's
-// scale (kernels::CastToFloat8 with that amax), so 1 byte an element is
+// scale (kernels::CastToFloat8Fused with that amax), so 1 byte an element is
 // gathered and the gathered bytes are the whole parameter's cast, bit for
 // bit. The gathered buffer is float8; unsharded, the parameter's values
 // are that cast (unsharded_float8(): what kernels::Float8Linear
