@@ -343,6 +343,16 @@ TEST(Float8AllGatherTest, BadChoicesAreRefusedByName) {
                 ::testing::ThrowsMessage<c10::Error>(HasSubstr(
                     "float8_all_gather_fn chose parameter 'steps' of dtype Long: expected a "
                     "high-precision floating parameter")));
+    struct Empty : torch::nn::Module {
+      Empty() { w = register_parameter("w", at::zeros({0, 16})); }
+      at::Tensor w;
+    };
+    static const bool kEmptyBound = functorch::RegisterModuleMembers<Empty>({{"w", &Empty::w}});
+    (void)kEmptyBound;
+    EXPECT_THAT([&] { fsdp::fully_shard(std::make_shared<Empty>(), all); },
+                ::testing::ThrowsMessage<c10::Error>(
+                    HasSubstr("float8_all_gather_fn chose parameter 'w' of shape [0, 16]: "
+                              "expected at least one element")));
     fsdp::FullyShardOptions on_dim1 = Float8Options(pg);
     on_dim1.shard_placement_fn = [](const at::Tensor&) { return std::optional<int64_t>(1); };
     EXPECT_THAT([&] { fsdp::fully_shard(Float8Mlp().ptr(), on_dim1); },
