@@ -209,10 +209,6 @@ void WarnFallbackOnce(const at::Tensor& input, const at::Tensor& weight, int64_t
              "16; running the high-precision at::linear instead (said once per shape)");
 }
 
-}  // namespace
-
-namespace {
-
 void CheckCastInput(const at::Tensor& x) {
   TORCH_CHECK(x.defined(), "kernels::CastToFloat8: x is undefined: expected a tensor");
   TORCH_CHECK(x.is_floating_point() && !at::isFloat8Type(x.scalar_type()),
@@ -220,6 +216,19 @@ void CheckCastInput(const at::Tensor& x) {
               ": expected a high-precision floating dtype (float32, bfloat16, float16, float64)");
   TORCH_CHECK(x.numel() > 0, "kernels::CastToFloat8: x has shape ", x.sizes(),
               ": expected at least one element (amax of an empty tensor is undefined)");
+}
+
+void CheckGivenAmax(const at::Tensor& x, const at::Tensor& amax) {
+  TORCH_CHECK(amax.defined() && amax.numel() == 1 && amax.is_floating_point() &&
+                  !at::isFloat8Type(amax.scalar_type()),
+              "kernels::CastToFloat8: amax ",
+              amax.defined()
+                  ? "has shape " + c10::str(amax.sizes(), " and dtype ", amax.scalar_type())
+                  : std::string("is undefined"),
+              ": expected one high-precision floating element, max(|x|) over the tensor x is "
+              "part of");
+  TORCH_CHECK(amax.device() == x.device(), "kernels::CastToFloat8: amax is on ", amax.device(),
+              " and x on ", x.device(), ": expected one device");
 }
 
 Float8Tensor CastWithAmax(const at::Tensor& x, at::ScalarType float8_dtype,
@@ -249,21 +258,6 @@ Float8Tensor CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype) {
   return CastWithAmax(x, float8_dtype, at::abs(x).max());
 }
 
-namespace {
-void CheckGivenAmax(const at::Tensor& x, const at::Tensor& amax) {
-  TORCH_CHECK(amax.defined() && amax.numel() == 1 && amax.is_floating_point() &&
-                  !at::isFloat8Type(amax.scalar_type()),
-              "kernels::CastToFloat8: amax ",
-              amax.defined()
-                  ? "has shape " + c10::str(amax.sizes(), " and dtype ", amax.scalar_type())
-                  : std::string("is undefined"),
-              ": expected one high-precision floating element, max(|x|) over the tensor x is "
-              "part of");
-  TORCH_CHECK(amax.device() == x.device(), "kernels::CastToFloat8: amax is on ", amax.device(),
-              " and x on ", x.device(), ": expected one device");
-}
-}  // namespace
-
 Float8Tensor CastToFloat8(const at::Tensor& x, at::ScalarType float8_dtype,
                           const at::Tensor& amax) {
   Float8Max(float8_dtype);
@@ -287,7 +281,7 @@ Float8Tensor CastToFloat8Fused(const at::Tensor& x, at::ScalarType float8_dtype,
         }
         return internal::UnsupportedFloat8Cast(o, matrix);
       });
-  if (ops == nullptr) return CastToFloat8(x, float8_dtype, amax);
+  if (ops == nullptr) return CastWithAmax(x, float8_dtype, amax.reshape({}));
   const at::NoGradGuard no_grad;
   const internal::FusedOps::Float8CastOut c = ops->CastToFloat8(
       matrix.contiguous(), float8_dtype, /*transposed=*/false, amax.reshape({}).to(at::kFloat));
