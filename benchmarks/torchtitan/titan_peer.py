@@ -173,7 +173,7 @@ def read_hf_tensors(directory):
         with open(os.path.join(directory, name), "rb") as f:
             size = int.from_bytes(f.read(8), "little")
             header = json.loads(f.read(size))
-            data = f.read()
+            data = bytearray(f.read())  # the tensors are views of it: no copy each
         for key, info in header.items():
             if key == "__metadata__":
                 continue
@@ -182,7 +182,8 @@ def read_hf_tensors(directory):
                      f"{sorted(SAFETENSORS_DTYPES)}")
             begin, end = info["data_offsets"]
             dtype = getattr(torch, SAFETENSORS_DTYPES[info["dtype"]])
-            out[key] = torch.frombuffer(bytearray(data[begin:end]), dtype=dtype).reshape(
+            count = (end - begin) // dtype.itemsize
+            out[key] = torch.frombuffer(data, dtype=dtype, count=count, offset=begin).reshape(
                 info["shape"])
     return out
 
